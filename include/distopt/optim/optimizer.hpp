@@ -1,0 +1,150 @@
+// Optimizer: torch.optim.Optimizer's bookkeeping around an update rule.
+//
+// Parameters are views into caller-owned memory (usually the flat buffers of
+// a model). Each has a gradient view of the same dtype and size and a
+// `has_grad` flag: a parameter without a gradient at a step is skipped
+// exactly as torch skips `p.grad is None` -- no state is created, no step is
+// counted, no decay applied. Groups carry torch-named options that users and
+// schedulers may change between steps (set_option validates). State is
+// created lazily on a parameter's first step (Adagrad: at construction).
+// bf16/f16 parameters get fp32 master weights; all state is fp32.
+//
+// step() runs one fused pass per parameter over the rule's kernel, spread
+// over the thread pool in chunks; after the first step it allocates nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "distopt/core/buffer.hpp"
+#include "distopt/core/tensor.hpp"
+#include "distopt/core/thread_pool.hpp"
+#include "distopt/optim/options.hpp"
+#include "distopt/optim/rule.hpp"
+
+namespace distopt {
+
+struct Param {
+  std::string name;
+  TensorView value;  // the parameter
+  TensorView grad;   // its gradient: same dtype and number of elements
+  bool has_grad = false;
+};
+
+struct ParamGroup {
+  std::vector<std::size_t> params;  // indices into Optimizer::params()
+  OptionMap options;                // complete: defaults filled in
+};
+
+// What a group looks like when it is handed to the optimizer.
+struct ParamGroupSpec {
+  std::vector<Param> params;
+  OptionMap options;  // overrides of the optimizer's defaults
+};
+
+// torch-like state_dict: state keyed by parameter index (only parameters
+// that have state), and the groups with their options and index lists.
+struct StateTensor {
+  Shape shape;
+  std::vector<float> data;
+};
+using StateValue = std::variant<double, StateTensor>;
+struct StateDict {
+  std::map<std::size_t, std::map<std::string, StateValue>> state;
+  std::vector<ParamGroup> param_groups;
+};
+
+struct OptimizerConfig {
+  ThreadPool* pool = nullptr;              // nullptr: run on the calling thread
+  std::size_t chunk_elements = 1u << 16;  // work item size for the pool
+};
+
+class Optimizer {
+ public:
+  // `defaults` overrides the rule's defaults for every group; each group's
+  // own options override those. Throws InvalidInput for unknown rules,
+  // unknown options and invalid values (torch's checks).
+  Optimizer(std::string_view rule, std::vector<ParamGroupSpec> groups, OptionMap defaults = {},
+            OptimizerConfig config = {});
+  // One group holding `params`.
+  Optimizer(std::string_view rule, std::vector<Param> params, OptionMap defaults = {},
+            OptimizerConfig config = {});
+  ~Optimizer();
+  Optimizer(Optimizer&&) noexcept;
+  Optimizer& operator=(Optimizer&&) noexcept;
+
+  const RuleInfo& rule() const { return *rule_; }
+  const OptionMap& defaults() const { return defaults_; }
+
+  void add_param_group(ParamGroupSpec group);
+  std::size_t num_groups() const { return groups_.size(); }
+  const ParamGroup& group(std::size_t g) const;
+  // Changes one option of one group (e.g. "lr"), validated like the
+  // constructor's. The next step uses it.
+  void set_option(std::size_t g, std::string_view option, OptionValue value);
+  double lr(std::size_t g) const { return group(g).options.at("lr").number(); }
+  void set_lr(std::size_t g, double lr) { set_option(g, "lr", lr); }
+
+  std::size_t num_params() const { return params_.size(); }
+  Param& param(std::size_t i);
+  const Param& param(std::size_t i) const;
+
+  // One optimizer step over every parameter that has a gradient.
+  void step();
+  // set_to_none: mark every gradient absent; otherwise zero them.
+  void zero_grad(bool set_to_none = true);
+
+  // State of parameter i, by torch key; empty before its first step.
+  bool has_state(std::size_t i) const;
+  std::span<const float> state_tensor(std::size_t i, std::string_view key) const;
+  double state_scalar(std::size_t i, std::string_view key) const;
+
+  StateDict state_dict() const;
+  // Validates the dict against this optimizer (group count and sizes, state
+  // keys and shapes) before changing anything; throws InvalidInput.
+  void load_state_dict(const StateDict& dict);
+
+  // Bytes of optimizer state (and fp32 master weights) currently held.
+  std::size_t state_bytes() const;
+
+ private:
+  struct ParamState;
+  struct GroupLayout {
+    StateLayout layout;
+    std::uint64_t version = 0;
+  };
+  struct WorkItem {
+    std::size_t param;
+    std::size_t begin, end;
+  };
+  void add_group(ParamGroupSpec&& spec);
+  std::size_t group_of(std::size_t param) const;
+  // Creates or completes the state of parameter i for its group's layout;
+  // returns true when any state tensor was created.
+  bool ensure_state(std::size_t i, std::size_t g);
+  void check_grad(std::size_t i) const;
+  Slice slice_of(std::size_t i, std::size_t begin, std::size_t end) const;
+
+  const RuleInfo* rule_;
+  OptionMap defaults_;
+  OptimizerConfig config_;
+  std::vector<Param> params_;
+  std::vector<ParamGroup> groups_;
+  std::vector<GroupLayout> layouts_;  // one per group
+  std::vector<std::size_t> group_of_;  // group index of each param
+  std::uint64_t next_version_ = 1;
+  std::vector<std::unique_ptr<ParamState>> state_;  // one per param
+  // Reused every step (capacity kept), so step() does not allocate.
+  std::vector<RuleBlob> parsed_;
+  std::vector<RuleBlob> coeffs_;
+  std::vector<WorkItem> work_;
+};
+
+}  // namespace distopt

@@ -1,0 +1,102 @@
+// Update rules: the math of one optimizer, separate from bookkeeping.
+//
+// A rule is an options struct, a per-parameter state (fp32 tensors shaped
+// like the parameter plus a few fp32 scalars such as `step`) and a kernel
+// that updates a contiguous slice of one parameter given per-step scalars
+// computed once on the host. Kernels allocate nothing and communicate
+// nothing. Every rule declares its locality (DESIGN.md): a pointwise rule's
+// update of element i reads only element i of the parameter, gradient and
+// state, so any slicing of a tensor -- across threads or across ranks --
+// gives bitwise the same result as one call over the whole tensor.
+//
+// RuleInfo is the type-erased table through which Optimizer and, later, the
+// sharding engine drive a rule. Rules are looked up by their torch name.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "distopt/core/dtype.hpp"
+#include "distopt/optim/options.hpp"
+
+namespace distopt {
+
+enum class Locality { pointwise, tensor_stats, whole_tensor };
+std::string_view name_of(Locality l);
+
+inline constexpr int kMaxStateTensors = 4;
+inline constexpr int kMaxStateScalars = 4;
+
+struct OptionSpec {
+  std::string_view name;
+  OptionValue default_value;
+  std::string_view help;
+};
+
+// Storage big enough for any rule's parsed options or per-step coefficients.
+struct alignas(16) RuleBlob {
+  unsigned char bytes[256];
+  template <class T>
+  T& as() {
+    static_assert(sizeof(T) <= sizeof(bytes) && alignof(T) <= 16);
+    return *reinterpret_cast<T*>(bytes);
+  }
+  template <class T>
+  const T& as() const {
+    static_assert(sizeof(T) <= sizeof(bytes) && alignof(T) <= 16);
+    return *reinterpret_cast<const T*>(bytes);
+  }
+};
+
+// Which state a parameter needs under given options.
+struct StateLayout {
+  std::vector<std::string_view> tensors;  // fp32, one element per parameter element
+  std::vector<std::string_view> scalars;  // fp32 scalars, e.g. "step"
+};
+
+// One contiguous piece of one parameter, as a kernel sees it.
+struct Slice {
+  DType dtype = DType::f32;       // of the parameter and its gradient
+  void* param = nullptr;          // the parameter's elements
+  const void* grad = nullptr;     // the gradient's elements
+  float* master = nullptr;        // fp32 master weights (bf16/f16 params), else null
+  float* state[kMaxStateTensors] = {};  // in StateLayout::tensors order
+  std::size_t n = 0;
+};
+
+struct RuleInfo {
+  std::string_view name;
+  Locality locality;
+  std::span<const OptionSpec> options;
+  // Throws InvalidInput (torch's message) for a bad combination of options.
+  void (*validate)(const OptionMap& options);
+  StateLayout (*layout)(const OptionMap& options);
+  // True when state exists from construction, before any step (Adagrad).
+  bool eager_state;
+  // Initial value of each state tensor and scalar (layout order).
+  void (*init)(const OptionMap& options, float* tensor_fill, float* scalars);
+  // Parses a group's options into a typed struct (once per group and step).
+  void (*parse)(const OptionMap& options, RuleBlob& parsed);
+  // Advances a parameter's scalar state by one step and computes the
+  // per-step coefficients. `fresh` is true on the parameter's first step.
+  void (*prepare)(const RuleBlob& parsed, float* scalars, bool fresh, RuleBlob& coeffs);
+  // Updates one slice.
+  void (*apply)(const RuleBlob& coeffs, const Slice& slice);
+};
+
+// Every rule, in a stable order; the registry feeds the property tests.
+std::span<const RuleInfo* const> all_rules();
+// nullptr when unknown.
+const RuleInfo* find_rule(std::string_view name);
+// Like find_rule, but throws InvalidInput listing the known names.
+const RuleInfo& rule_or_throw(std::string_view name);
+
+// The option's default; throws InvalidInput for names the rule lacks.
+const OptionSpec& option_spec(const RuleInfo& rule, std::string_view option);
+// Defaults overlaid with `given`; unknown names and wrongly typed values
+// throw InvalidInput. Does not validate ranges (see RuleInfo::validate).
+OptionMap resolve_options(const RuleInfo& rule, const OptionMap& given);
+
+}  // namespace distopt

@@ -1,0 +1,343 @@
+#include "distopt/optim/optimizer.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+
+#include "distopt/core/error.hpp"
+
+namespace distopt {
+
+struct Optimizer::ParamState {
+  bool initialized = false;
+  std::uint64_t layout_version = 0;
+  std::vector<std::string_view> tensor_names;  // matches tensors
+  std::vector<Buffer> tensors;
+  std::vector<std::string_view> scalar_names;
+  float scalars[kMaxStateScalars] = {};
+  Buffer master;  // fp32 copy of a bf16/f16 parameter
+};
+
+namespace {
+
+// Stagger slots: 0 = parameter, 1 = gradient (by convention of the callers
+// that allocate them), 2 = master weights, 3.. = state tensors.
+constexpr int kMasterSlot = 2;
+constexpr int kFirstStateSlot = 3;
+
+std::string param_label(const Param& p, std::size_t i) {
+  return p.name.empty() ? str("parameter ", i) : str("parameter ", i, " ('", p.name, "')");
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::string_view rule, std::vector<ParamGroupSpec> groups, OptionMap defaults,
+                     OptimizerConfig config)
+    : rule_(&rule_or_throw(rule)), config_(config) {
+  defaults_ = resolve_options(*rule_, defaults);
+  rule_->validate(defaults_);
+  if (groups.empty()) throw InvalidInput("optimizer got an empty parameter list");
+  for (auto& g : groups) add_param_group(std::move(g));
+}
+
+Optimizer::Optimizer(std::string_view rule, std::vector<Param> params, OptionMap defaults,
+                     OptimizerConfig config)
+    : Optimizer(rule, [&] {
+        if (params.empty()) throw InvalidInput("optimizer got an empty parameter list");
+        std::vector<ParamGroupSpec> g(1);
+        g[0].params = std::move(params);
+        return g;
+      }(), std::move(defaults), config) {}
+
+Optimizer::~Optimizer() = default;
+Optimizer::Optimizer(Optimizer&&) noexcept = default;
+Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
+
+void Optimizer::add_param_group(ParamGroupSpec spec) {
+  // Validate everything before changing anything.
+  OptionMap options = defaults_;
+  for (const auto& [name, value] : resolve_options(*rule_, spec.options))
+    if (spec.options.count(name)) options[name] = value;
+  rule_->validate(options);
+  std::set<const void*> seen;
+  for (const Param& p : params_) seen.insert(p.value.data);
+  for (std::size_t k = 0; k < spec.params.size(); ++k) {
+    const Param& p = spec.params[k];
+    const std::size_t i = params_.size() + k;
+    if (p.value.numel() > 0 && !seen.insert(p.value.data).second)
+      throw InvalidInput(str(param_label(p, i), " appears in more than one parameter group"));
+    if (p.value.numel() > 0 && p.value.data == nullptr)
+      throw InvalidInput(str(param_label(p, i), " has no data"));
+  }
+  ParamGroup group;
+  group.options = std::move(options);
+  for (Param& p : spec.params) {
+    group.params.push_back(params_.size());
+    group_of_.push_back(groups_.size());
+    params_.push_back(std::move(p));
+    state_.push_back(std::make_unique<ParamState>());
+  }
+  layouts_.push_back({rule_->layout(group.options), next_version_++});
+  groups_.push_back(std::move(group));
+  parsed_.resize(groups_.size());
+  coeffs_.resize(params_.size());
+  if (rule_->eager_state)
+    for (std::size_t i : groups_.back().params) ensure_state(i, groups_.size() - 1);
+}
+
+const ParamGroup& Optimizer::group(std::size_t g) const {
+  DISTOPT_CHECK(g < groups_.size(), "group ", g, " of ", groups_.size());
+  return groups_[g];
+}
+
+void Optimizer::set_option(std::size_t g, std::string_view option, OptionValue value) {
+  DISTOPT_CHECK(g < groups_.size(), "group ", g, " of ", groups_.size());
+  OptionMap options = groups_[g].options;
+  (void)resolve_options(*rule_, OptionMap{{std::string(option), value}});  // name and kind
+  options[std::string(option)] = value;
+  rule_->validate(options);
+  groups_[g].options = std::move(options);
+  StateLayout layout = rule_->layout(groups_[g].options);
+  if (layout.tensors != layouts_[g].layout.tensors || layout.scalars != layouts_[g].layout.scalars)
+    layouts_[g] = {std::move(layout), next_version_++};
+}
+
+Param& Optimizer::param(std::size_t i) {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  return params_[i];
+}
+const Param& Optimizer::param(std::size_t i) const {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  return params_[i];
+}
+
+std::size_t Optimizer::group_of(std::size_t i) const { return group_of_[i]; }
+
+bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
+  ParamState& st = *state_[i];
+  const GroupLayout& gl = layouts_[g];
+  if (st.initialized && st.layout_version == gl.version) return false;
+  const Param& p = params_[i];
+  const auto n = static_cast<std::size_t>(p.value.numel());
+  float fill[kMaxStateTensors] = {};
+  float scalars[kMaxStateScalars] = {};
+  rule_->init(groups_[g].options, fill, scalars);
+  bool created = false;
+  // Keep tensors that exist under the new layout, create the missing ones.
+  std::vector<Buffer> tensors;
+  for (std::size_t k = 0; k < gl.layout.tensors.size(); ++k) {
+    auto it = std::find(st.tensor_names.begin(), st.tensor_names.end(), gl.layout.tensors[k]);
+    if (it != st.tensor_names.end()) {
+      tensors.push_back(std::move(st.tensors[it - st.tensor_names.begin()]));
+      continue;
+    }
+    Buffer b(n * sizeof(float), kFirstStateSlot + static_cast<int>(k));
+    if (fill[k] != 0.0f) std::fill_n(b.as<float>(), n, fill[k]);
+    tensors.push_back(std::move(b));
+    created = true;
+  }
+  float kept[kMaxStateScalars];
+  for (std::size_t k = 0; k < gl.layout.scalars.size(); ++k) {
+    auto it = std::find(st.scalar_names.begin(), st.scalar_names.end(), gl.layout.scalars[k]);
+    kept[k] = it != st.scalar_names.end() ? st.scalars[it - st.scalar_names.begin()] : scalars[k];
+  }
+  std::copy_n(kept, gl.layout.scalars.size(), st.scalars);
+  st.tensors = std::move(tensors);
+  st.tensor_names = gl.layout.tensors;
+  st.scalar_names = gl.layout.scalars;
+  if (!st.initialized && p.value.dtype != DType::f32) {
+    st.master = Buffer(n * sizeof(float), kMasterSlot);
+    float* m = st.master.as<float>();
+    dispatch_dtype(p.value.dtype, [&]<class T>() {
+      const T* src = p.value.as<T>();
+      for (std::size_t e = 0; e < n; ++e) m[e] = to_float(src[e]);
+    });
+  }
+  st.initialized = true;
+  st.layout_version = gl.version;
+  return created || gl.layout.tensors.empty();
+}
+
+void Optimizer::check_grad(std::size_t i) const {
+  const Param& p = params_[i];
+  if (p.grad.data == nullptr && p.value.numel() > 0)
+    throw InvalidInput(str(param_label(p, i), " is marked as having a gradient but has no gradient storage"));
+  if (p.grad.numel() != p.value.numel())
+    throw InvalidInput(str("gradient of ", param_label(p, i), " has ", p.grad.numel(), " elements (shape ",
+                           to_string(p.grad.shape), "), the parameter has ", p.value.numel(), " (shape ",
+                           to_string(p.value.shape), ")"));
+  if (p.grad.dtype != p.value.dtype)
+    throw InvalidInput(str("gradient of ", param_label(p, i), " is ", name_of(p.grad.dtype),
+                           ", the parameter is ", name_of(p.value.dtype)));
+}
+
+Slice Optimizer::slice_of(std::size_t i, std::size_t begin, std::size_t end) const {
+  const Param& p = params_[i];
+  const ParamState& st = *state_[i];
+  const std::size_t es = size_of(p.value.dtype);
+  Slice s;
+  s.dtype = p.value.dtype;
+  s.param = static_cast<char*>(p.value.data) + begin * es;
+  s.grad = static_cast<const char*>(p.grad.data) + begin * es;
+  s.master = st.master.empty() ? nullptr : const_cast<float*>(st.master.as<float>()) + begin;
+  for (std::size_t k = 0; k < st.tensors.size(); ++k)
+    s.state[k] = const_cast<float*>(st.tensors[k].as<float>()) + begin;
+  s.n = end - begin;
+  return s;
+}
+
+void Optimizer::step() {
+  // Check every gradient first so that a bad one leaves all parameters as they were.
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (params_[i].has_grad) check_grad(i);
+  work_.clear();
+  const bool threaded = config_.pool != nullptr && config_.pool->size() > 1;
+  const std::size_t chunk = threaded ? std::max<std::size_t>(config_.chunk_elements, 64) : SIZE_MAX;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    rule_->parse(groups_[g].options, parsed_[g]);
+    for (std::size_t i : groups_[g].params) {
+      if (!params_[i].has_grad) continue;  // torch skips p.grad is None entirely
+      const bool fresh = ensure_state(i, g);
+      rule_->prepare(parsed_[g], state_[i]->scalars, fresh, coeffs_[i]);
+      const auto n = static_cast<std::size_t>(params_[i].value.numel());
+      for (std::size_t b = 0; b < n; b += std::min(chunk, n - b)) work_.push_back({i, b, b + std::min(chunk, n - b)});
+    }
+  }
+  auto run = [&](std::size_t k) {
+    const WorkItem& w = work_[k];
+    rule_->apply(coeffs_[w.param], slice_of(w.param, w.begin, w.end));
+  };
+  if (threaded) config_.pool->parallel_for(work_.size(), run);
+  else
+    for (std::size_t k = 0; k < work_.size(); ++k) run(k);
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (Param& p : params_) {
+    if (set_to_none) p.has_grad = false;
+    else if (p.grad.data != nullptr) std::memset(p.grad.data, 0, p.grad.size_bytes());
+  }
+}
+
+bool Optimizer::has_state(std::size_t i) const {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  return state_[i]->initialized;
+}
+
+std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view key) const {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  const ParamState& st = *state_[i];
+  const auto n = static_cast<std::size_t>(params_[i].value.numel());
+  if (key == "master_param" && !st.master.empty()) return {st.master.as<float>(), n};
+  for (std::size_t k = 0; k < st.tensor_names.size(); ++k)
+    if (st.tensor_names[k] == key) return {st.tensors[k].as<float>(), n};
+  throw InvalidInput(str("parameter ", i, " has no state tensor '", key, "'"));
+}
+
+double Optimizer::state_scalar(std::size_t i, std::string_view key) const {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  const ParamState& st = *state_[i];
+  for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
+    if (st.scalar_names[k] == key) return st.scalars[k];
+  throw InvalidInput(str("parameter ", i, " has no state scalar '", key, "'"));
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict d;
+  d.param_groups = groups_;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamState& st = *state_[i];
+    if (!st.initialized) continue;
+    auto& entry = d.state[i];
+    const Shape& shape = params_[i].value.shape;
+    for (std::size_t k = 0; k < st.scalar_names.size(); ++k) entry[std::string(st.scalar_names[k])] = double{st.scalars[k]};
+    for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
+      auto span = state_tensor(i, st.tensor_names[k]);
+      entry[std::string(st.tensor_names[k])] = StateTensor{shape, {span.begin(), span.end()}};
+    }
+    if (!st.master.empty()) {
+      auto span = state_tensor(i, "master_param");
+      entry["master_param"] = StateTensor{shape, {span.begin(), span.end()}};
+    }
+  }
+  return d;
+}
+
+void Optimizer::load_state_dict(const StateDict& dict) {
+  // Validate the whole dict before touching anything.
+  if (dict.param_groups.size() != groups_.size())
+    throw InvalidInput(str("loaded state dict has ", dict.param_groups.size(),
+                           " parameter groups, the optimizer has ", groups_.size()));
+  std::vector<OptionMap> options(groups_.size());
+  std::vector<StateLayout> layouts(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (dict.param_groups[g].params.size() != groups_[g].params.size())
+      throw InvalidInput(str("loaded state dict contains a parameter group (", g, ") of ",
+                             dict.param_groups[g].params.size(), " parameters that doesn't match the size of "
+                             "optimizer's group (", groups_[g].params.size(), ")"));
+    options[g] = resolve_options(*rule_, dict.param_groups[g].options);
+    rule_->validate(options[g]);
+    layouts[g] = rule_->layout(options[g]);
+  }
+  // Saved ids map to current parameters by position, as in torch.
+  std::map<std::size_t, std::size_t> id_to_param;
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t k = 0; k < groups_[g].params.size(); ++k)
+      id_to_param[dict.param_groups[g].params[k]] = groups_[g].params[k];
+  for (const auto& [id, entry] : dict.state) {
+    auto it = id_to_param.find(id);
+    if (it == id_to_param.end()) throw InvalidInput(str("loaded state refers to unknown parameter id ", id));
+    const std::size_t i = it->second;
+    const StateLayout& l = layouts[group_of_[i]];
+    const auto n = static_cast<std::size_t>(params_[i].value.numel());
+    auto need = [&](std::string_view key, bool tensor) {
+      auto e = entry.find(std::string(key));
+      if (e == entry.end()) throw InvalidInput(str("loaded state of parameter ", id, " lacks '", key, "'"));
+      if (tensor != std::holds_alternative<StateTensor>(e->second))
+        throw InvalidInput(str("loaded state '", key, "' of parameter ", id, " must be a ",
+                               tensor ? "tensor" : "number"));
+      if (tensor && std::get<StateTensor>(e->second).data.size() != n)
+        throw InvalidInput(str("loaded state '", key, "' of parameter ", id, " has ",
+                               std::get<StateTensor>(e->second).data.size(), " elements, the parameter has ", n));
+    };
+    for (auto key : l.tensors) need(key, true);
+    for (auto key : l.scalars) need(key, false);
+    if (params_[i].value.dtype != DType::f32) need("master_param", true);
+  }
+  // Apply.
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].options = std::move(options[g]);
+    layouts_[g] = {std::move(layouts[g]), next_version_++};
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) *state_[i] = ParamState{};
+  for (const auto& [id, entry] : dict.state) {
+    const std::size_t i = id_to_param.at(id);
+    const std::size_t g = group_of_[i];
+    ensure_state(i, g);
+    ParamState& st = *state_[i];
+    for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
+      const auto& t = std::get<StateTensor>(entry.at(std::string(st.tensor_names[k])));
+      std::copy(t.data.begin(), t.data.end(), st.tensors[k].as<float>());
+    }
+    for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
+      st.scalars[k] = static_cast<float>(std::get<double>(entry.at(std::string(st.scalar_names[k]))));
+    if (!st.master.empty()) {
+      const auto& t = std::get<StateTensor>(entry.at("master_param"));
+      std::copy(t.data.begin(), t.data.end(), st.master.as<float>());
+    }
+  }
+  // Eager-state rules (Adagrad) have state for every parameter.
+  if (rule_->eager_state)
+    for (std::size_t i = 0; i < params_.size(); ++i) ensure_state(i, group_of_[i]);
+}
+
+std::size_t Optimizer::state_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& st : state_) {
+    for (const Buffer& b : st->tensors) bytes += b.size_bytes();
+    bytes += st->master.size_bytes();
+  }
+  return bytes;
+}
+
+}  // namespace distopt

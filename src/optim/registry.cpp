@@ -1,0 +1,75 @@
+// The table of update rules, by torch name.
+#include <array>
+#include <string>
+
+#include "rule_impl.hpp"
+
+namespace distopt {
+namespace rules {
+const RuleInfo& sgd_rule();
+const RuleInfo& adam_rule();
+const RuleInfo& adamw_rule();
+const RuleInfo& adamax_rule();
+const RuleInfo& adadelta_rule();
+const RuleInfo& adagrad_rule();
+const RuleInfo& rmsprop_rule();
+const RuleInfo& nadam_rule();
+const RuleInfo& radam_rule();
+const RuleInfo& rprop_rule();
+const RuleInfo& asgd_rule();
+const RuleInfo& lion_rule();
+}  // namespace rules
+
+std::string_view name_of(Locality l) {
+  switch (l) {
+    case Locality::pointwise: return "pointwise";
+    case Locality::tensor_stats: return "tensor_stats";
+    case Locality::whole_tensor: return "whole_tensor";
+  }
+  return "?";
+}
+
+std::span<const RuleInfo* const> all_rules() {
+  static const std::array<const RuleInfo*, 12> rules = {
+      &rules::sgd_rule(),     &rules::adam_rule(),    &rules::adamw_rule(), &rules::adamax_rule(),
+      &rules::adadelta_rule(), &rules::adagrad_rule(), &rules::rmsprop_rule(), &rules::nadam_rule(),
+      &rules::radam_rule(),   &rules::rprop_rule(),   &rules::asgd_rule(),  &rules::lion_rule(),
+  };
+  return rules;
+}
+
+const RuleInfo* find_rule(std::string_view name) {
+  for (const RuleInfo* r : all_rules())
+    if (r->name == name) return r;
+  return nullptr;
+}
+
+const RuleInfo& rule_or_throw(std::string_view name) {
+  if (const RuleInfo* r = find_rule(name)) return *r;
+  std::string known;
+  for (const RuleInfo* r : all_rules()) known += (known.empty() ? "" : ", ") + std::string(r->name);
+  throw InvalidInput(str("unknown optimizer '", name, "' (known: ", known, ")"));
+}
+
+const OptionSpec& option_spec(const RuleInfo& rule, std::string_view option) {
+  for (const OptionSpec& s : rule.options)
+    if (s.name == option) return s;
+  std::string known;
+  for (const OptionSpec& s : rule.options) known += (known.empty() ? "" : ", ") + std::string(s.name);
+  throw InvalidInput(str("unknown option '", option, "' for optimizer ", rule.name, " (known: ", known, ")"));
+}
+
+OptionMap resolve_options(const RuleInfo& rule, const OptionMap& given) {
+  OptionMap out;
+  for (const OptionSpec& s : rule.options) out.emplace(std::string(s.name), s.default_value);
+  for (const auto& [name, value] : given) {
+    const OptionSpec& spec = option_spec(rule, name);
+    if (value.kind() != spec.default_value.kind())
+      throw InvalidInput(str("option '", name, "' of optimizer ", rule.name, " must be ",
+                             name_of(spec.default_value.kind()), ", got ", value.to_string()));
+    out[name] = value;
+  }
+  return out;
+}
+
+}  // namespace distopt

@@ -1,0 +1,103 @@
+// Private helpers for writing update rules (src/optim/rules/*.cpp).
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "distopt/core/error.hpp"
+#include "distopt/optim/rule.hpp"
+
+namespace distopt::rules {
+
+// Option readers; resolve_options has already checked names and kinds.
+inline double num(const OptionMap& m, std::string_view k) { return m.find(k)->second.number(); }
+inline bool flag(const OptionMap& m, std::string_view k) { return m.find(k)->second.flag(); }
+inline std::array<double, 2> pair(const OptionMap& m, std::string_view k) {
+  return m.find(k)->second.pair();
+}
+
+// Throws InvalidInput with torch's wording when `ok` is false.
+template <class... Args>
+void require(bool ok, const Args&... message) {
+  if (!ok) throw InvalidInput(str(message...));
+}
+
+// The checks torch's constructors make, shared by many rules.
+inline void check_lr(double lr) { require(lr >= 0.0, "Invalid learning rate: ", lr); }
+inline void check_eps(double eps) { require(eps >= 0.0, "Invalid epsilon value: ", eps); }
+inline void check_weight_decay(double wd) { require(wd >= 0.0, "Invalid weight_decay value: ", wd); }
+inline void check_betas(std::array<double, 2> b) {
+  require(0.0 <= b[0] && b[0] < 1.0, "Invalid beta parameter at index 0: ", b[0]);
+  require(0.0 <= b[1] && b[1] < 1.0, "Invalid beta parameter at index 1: ", b[1]);
+}
+
+// A slice with its element type resolved. `p` is the fp32 value being
+// updated (the parameter itself, or its fp32 master copy); for bf16/f16
+// parameters `lp` receives the rounded result.
+template <class T>
+struct Typed {
+  float* p;
+  T* lp;
+  const T* g;
+  float* const* s;
+  std::size_t n;
+};
+
+template <class T>
+inline void store(T* __restrict lp, std::size_t i, float v) {
+  if constexpr (!std::is_same_v<T, float>) lp[i] = from_float<T>(v);
+}
+
+inline float sign(float x) { return static_cast<float>((x > 0.0f) - (x < 0.0f)); }
+
+// Builds the type-erased table from a rule struct R (see adam.cpp for the
+// shape every rule has).
+template <class R>
+RuleInfo make_rule_info() {
+  RuleInfo info{};
+  info.name = R::kName;
+  info.locality = R::kLocality;
+  info.options = std::span<const OptionSpec>(R::kOptions);
+  info.eager_state = R::kEagerState;
+  info.validate = [](const OptionMap& m) { R::validate(R::parse(m)); };
+  info.layout = [](const OptionMap& m) { return R::layout(R::parse(m)); };
+  info.init = [](const OptionMap& m, float* fill, float* scalars) { R::init(R::parse(m), fill, scalars); };
+  info.parse = [](const OptionMap& m, RuleBlob& out) { out.as<typename R::Options>() = R::parse(m); };
+  info.prepare = [](const RuleBlob& parsed, float* scalars, bool fresh, RuleBlob& coeffs) {
+    coeffs.as<typename R::Coeffs>() = R::prepare(parsed.as<typename R::Options>(), scalars, fresh);
+  };
+  info.apply = [](const RuleBlob& coeffs, const Slice& s) {
+    const auto& c = coeffs.as<typename R::Coeffs>();
+    dispatch_dtype(s.dtype, [&]<class T>() {
+      if constexpr (std::is_same_v<T, float>) {
+        R::template kernel<float>(c, Typed<float>{static_cast<float*>(s.param), nullptr,
+                                                  static_cast<const float*>(s.grad), s.state, s.n});
+      } else {
+        R::template kernel<T>(c, Typed<T>{s.master, static_cast<T*>(s.param),
+                                          static_cast<const T*>(s.grad), s.state, s.n});
+      }
+    });
+  };
+  static_assert(std::is_trivially_copyable_v<typename R::Options>);
+  static_assert(std::is_trivially_copyable_v<typename R::Coeffs>);
+  return info;
+}
+
+}  // namespace distopt::rules
+
+namespace distopt::rules {
+
+// Calls f(std::bool_constant<b0>{}, std::bool_constant<b1>{}, ...): turns
+// run-time flags into compile-time ones so each kernel variant is a plain,
+// branch-free, vectorizable loop.
+template <class F>
+void dispatch_bools(F&& f) {
+  f();
+}
+template <class F, class... B>
+void dispatch_bools(F&& f, bool b, B... rest) {
+  if (b) dispatch_bools([&](auto... xs) { f(std::true_type{}, xs...); }, rest...);
+  else dispatch_bools([&](auto... xs) { f(std::false_type{}, xs...); }, rest...);
+}
+
+}  // namespace distopt::rules

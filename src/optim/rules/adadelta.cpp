@@ -1,0 +1,92 @@
+// Adadelta (Zeiler 2012; torch.optim.Adadelta, spec/optimizers.md §2):
+//   g <- -g if maximize;  g <- g + wd*p
+//   v <- v*rho + (1-rho)*g*g
+//   d <- sqrt(u + eps) / sqrt(v + eps) * g
+//   u <- u*rho + (1-rho)*d*d
+//   p <- p - lr*d
+// Pointwise. eps sits inside both square roots.
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+struct AdadeltaRule {
+  static constexpr std::string_view kName = "adadelta";
+  static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr bool kEagerState = false;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 1.0, "scale of the update"},
+      {"rho", 0.9, "decay rate of the running averages"},
+      {"eps", 1e-6, "added inside the square roots"},
+      {"weight_decay", 0.0, "L2 penalty"},
+      {"maximize", false, "maximize the objective"},
+  };
+  struct Options {
+    double lr, rho, eps, weight_decay;
+    bool maximize;
+  };
+  static Options parse(const OptionMap& m) {
+    return {num(m, "lr"), num(m, "rho"), num(m, "eps"), num(m, "weight_decay"), flag(m, "maximize")};
+  }
+  static void validate(const Options& o) {
+    check_lr(o.lr);
+    require(0.0 <= o.rho && o.rho <= 1.0, "Invalid rho value: ", o.rho);
+    check_eps(o.eps);
+    check_weight_decay(o.weight_decay);
+  }
+  static StateLayout layout(const Options&) { return {{"square_avg", "acc_delta"}, {"step"}}; }
+  static void init(const Options&, float* fill, float* scalars) {
+    fill[0] = fill[1] = 0.0f;
+    scalars[0] = 0.0f;
+  }
+  struct Coeffs {
+    float grad_sign, wd, rho, one_minus_rho, eps, neg_lr;
+    bool l2;
+  };
+  static Coeffs prepare(const Options& o, float* scalars, bool) {
+    scalars[0] += 1.0f;
+    Coeffs c{};
+    c.grad_sign = o.maximize ? -1.0f : 1.0f;
+    c.l2 = o.weight_decay != 0.0;
+    c.wd = static_cast<float>(o.weight_decay);
+    c.rho = static_cast<float>(o.rho);
+    c.one_minus_rho = static_cast<float>(1.0 - o.rho);
+    c.eps = static_cast<float>(o.eps);
+    c.neg_lr = static_cast<float>(-o.lr);
+    return c;
+  }
+  template <class T>
+  static void kernel(const Coeffs& c, const Typed<T>& s) {
+    dispatch_bools(
+        [&](auto l2) {
+          float* __restrict p = s.p;
+          T* __restrict lp = s.lp;
+          const T* __restrict g = s.g;
+          float* __restrict v = s.s[0];
+          float* __restrict u = s.s[1];
+          for (std::size_t i = 0; i < s.n; ++i) {
+            float pi = p[i];
+            float gi = to_float(g[i]) * c.grad_sign;
+            if constexpr (l2) gi = gi + c.wd * pi;
+            const float vi = v[i] * c.rho + c.one_minus_rho * gi * gi;
+            const float std_i = std::sqrt(vi + c.eps);
+            const float d = std::sqrt(u[i] + c.eps) / std_i * gi;
+            v[i] = vi;
+            u[i] = u[i] * c.rho + c.one_minus_rho * d * d;
+            pi = pi + c.neg_lr * d;
+            p[i] = pi;
+            store(lp, i, pi);
+          }
+        },
+        c.l2);
+  }
+};
+
+}  // namespace
+
+const RuleInfo& adadelta_rule() {
+  static const RuleInfo info = make_rule_info<AdadeltaRule>();
+  return info;
+}
+
+}  // namespace distopt::rules

@@ -1,0 +1,90 @@
+// Adagrad, diagonal (Duchi et al. 2011; torch.optim.Adagrad,
+// spec/optimizers.md §2):
+//   g <- -g if maximize;  g <- g + wd*p
+//   clr = lr / (1 + (t-1)*lr_decay)
+//   S <- S + g*g;   p <- p - clr * g / (sqrt(S) + eps)
+// Pointwise (element i reads only its own accumulator). Like torch, the
+// state exists from construction: sum = initial_accumulator_value, step = 0.
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+struct AdagradRule {
+  static constexpr std::string_view kName = "adagrad";
+  static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr bool kEagerState = true;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 1e-2, "learning rate"},
+      {"lr_decay", 0.0, "learning-rate decay per step"},
+      {"weight_decay", 0.0, "L2 penalty"},
+      {"initial_accumulator_value", 0.0, "initial value of the sum of squares"},
+      {"eps", 1e-10, "added to the denominator"},
+      {"maximize", false, "maximize the objective"},
+  };
+  struct Options {
+    double lr, lr_decay, weight_decay, initial_accumulator_value, eps;
+    bool maximize;
+  };
+  static Options parse(const OptionMap& m) {
+    return {num(m, "lr"),  num(m, "lr_decay"), num(m, "weight_decay"), num(m, "initial_accumulator_value"),
+            num(m, "eps"), flag(m, "maximize")};
+  }
+  static void validate(const Options& o) {
+    check_lr(o.lr);
+    require(o.lr_decay >= 0.0, "Invalid lr_decay value: ", o.lr_decay);
+    check_weight_decay(o.weight_decay);
+    require(o.initial_accumulator_value >= 0.0, "Invalid initial_accumulator_value value: ",
+            o.initial_accumulator_value);
+    check_eps(o.eps);
+  }
+  static StateLayout layout(const Options&) { return {{"sum"}, {"step"}}; }
+  static void init(const Options& o, float* fill, float* scalars) {
+    fill[0] = static_cast<float>(o.initial_accumulator_value);
+    scalars[0] = 0.0f;
+  }
+  struct Coeffs {
+    float grad_sign, wd, eps, neg_clr;
+    bool l2;
+  };
+  static Coeffs prepare(const Options& o, float* scalars, bool) {
+    const double t = scalars[0] += 1.0f;
+    Coeffs c{};
+    c.grad_sign = o.maximize ? -1.0f : 1.0f;
+    c.l2 = o.weight_decay != 0.0;
+    c.wd = static_cast<float>(o.weight_decay);
+    c.eps = static_cast<float>(o.eps);
+    c.neg_clr = static_cast<float>(-(o.lr / (1.0 + (t - 1.0) * o.lr_decay)));
+    return c;
+  }
+  template <class T>
+  static void kernel(const Coeffs& c, const Typed<T>& s) {
+    dispatch_bools(
+        [&](auto l2) {
+          float* __restrict p = s.p;
+          T* __restrict lp = s.lp;
+          const T* __restrict g = s.g;
+          float* __restrict sum = s.s[0];
+          for (std::size_t i = 0; i < s.n; ++i) {
+            float pi = p[i];
+            float gi = to_float(g[i]) * c.grad_sign;
+            if constexpr (l2) gi = gi + c.wd * pi;
+            const float si = sum[i] + 1.0f * gi * gi;
+            sum[i] = si;
+            pi = pi + c.neg_clr * gi / (std::sqrt(si) + c.eps);
+            p[i] = pi;
+            store(lp, i, pi);
+          }
+        },
+        c.l2);
+  }
+};
+
+}  // namespace
+
+const RuleInfo& adagrad_rule() {
+  static const RuleInfo info = make_rule_info<AdagradRule>();
+  return info;
+}
+
+}  // namespace distopt::rules

@@ -1,0 +1,121 @@
+// Adam and AdamW (Kingma & Ba 2015; Loshchilov & Hutter 2019), as
+// torch.optim.Adam / AdamW compute them on the CPU single-tensor path
+// (spec/optimizers.md §2; torch 1.13 rounding: m = m*b1 + (1-b1)*g).
+//   g  <- -g if maximize;  L2: g <- g + wd*p   |  decoupled: p <- p*(1 - lr*wd)
+//   m  <- m*b1 + (1-b1)*g;  v <- v*b2 + (1-b2)*g*g;  amsgrad: vmax <- max(vmax, v)
+//   p  <- p - (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps),  bc_k = 1 - b_k^t
+// AdamW is Adam with decoupled weight decay forced on and weight_decay 1e-2.
+// Pointwise. Bias corrections are computed once per step in double.
+#include <algorithm>
+
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+template <bool kAdamW>
+struct AdamRule {
+  static constexpr std::string_view kName = kAdamW ? "adamw" : "adam";
+  static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr bool kEagerState = false;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 1e-3, "learning rate"},
+      {"betas", OptionValue(0.9, 0.999), "decay rates of the first and second moments"},
+      {"eps", 1e-8, "added to the denominator"},
+      {"weight_decay", kAdamW ? 1e-2 : 0.0, "weight decay (L2 for adam, decoupled for adamw)"},
+      {"amsgrad", false, "use the maximum of past second moments"},
+      {"maximize", false, "maximize the objective"},
+      {"decoupled_weight_decay", kAdamW, "decoupled (AdamW) weight decay; always on for adamw"},
+  };
+  struct Options {
+    double lr, beta1, beta2, eps, weight_decay;
+    bool amsgrad, maximize, decoupled;
+  };
+  static Options parse(const OptionMap& m) {
+    const auto b = pair(m, "betas");
+    return {num(m, "lr"), b[0], b[1], num(m, "eps"), num(m, "weight_decay"), flag(m, "amsgrad"),
+            flag(m, "maximize"), kAdamW || flag(m, "decoupled_weight_decay")};
+  }
+  static void validate(const Options& o) {
+    check_lr(o.lr);
+    check_eps(o.eps);
+    check_betas({o.beta1, o.beta2});
+    check_weight_decay(o.weight_decay);
+  }
+  static StateLayout layout(const Options& o) {
+    StateLayout l{{"exp_avg", "exp_avg_sq"}, {"step"}};
+    if (o.amsgrad) l.tensors.push_back("max_exp_avg_sq");
+    return l;
+  }
+  static void init(const Options&, float* fill, float* scalars) {
+    fill[0] = fill[1] = fill[2] = 0.0f;
+    scalars[0] = 0.0f;
+  }
+  struct Coeffs {
+    float grad_sign, wd, decay, beta1, one_minus_beta1, beta2, one_minus_beta2;
+    float bc2_sqrt, eps, neg_step_size;
+    bool l2, amsgrad;
+  };
+  static Coeffs prepare(const Options& o, float* scalars, bool) {
+    const double t = scalars[0] += 1.0f;
+    const double bc1 = 1.0 - std::pow(o.beta1, t);
+    const double bc2 = 1.0 - std::pow(o.beta2, t);
+    Coeffs c{};
+    c.grad_sign = o.maximize ? -1.0f : 1.0f;
+    c.l2 = !o.decoupled && o.weight_decay != 0.0;
+    c.wd = static_cast<float>(o.weight_decay);
+    c.decay = static_cast<float>(o.decoupled ? 1.0 - o.lr * o.weight_decay : 1.0);
+    c.beta1 = static_cast<float>(o.beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+    c.beta2 = static_cast<float>(o.beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+    c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    c.eps = static_cast<float>(o.eps);
+    c.neg_step_size = static_cast<float>(-(o.lr / bc1));
+    c.amsgrad = o.amsgrad;
+    return c;
+  }
+  template <class T>
+  static void kernel(const Coeffs& c, const Typed<T>& s) {
+    dispatch_bools(
+        [&](auto l2, auto amsgrad) {
+          float* __restrict p = s.p;
+          T* __restrict lp = s.lp;
+          const T* __restrict g = s.g;
+          float* __restrict m = s.s[0];
+          float* __restrict v = s.s[1];
+          float* __restrict vmax = s.s[2];
+          for (std::size_t i = 0; i < s.n; ++i) {
+            float gi = to_float(g[i]) * c.grad_sign;
+            float pi = p[i] * c.decay;
+            if constexpr (l2) gi = gi + c.wd * pi;
+            const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
+            float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            if constexpr (amsgrad) {
+              vi = std::max(vmax[i], vi);
+              vmax[i] = vi;
+            }
+            const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
+            pi = pi + c.neg_step_size * mi / denom;
+            p[i] = pi;
+            store(lp, i, pi);
+          }
+        },
+        c.l2, c.amsgrad);
+  }
+};
+
+}  // namespace
+
+const RuleInfo& adam_rule() {
+  static const RuleInfo info = make_rule_info<AdamRule<false>>();
+  return info;
+}
+const RuleInfo& adamw_rule() {
+  static const RuleInfo info = make_rule_info<AdamRule<true>>();
+  return info;
+}
+
+}  // namespace distopt::rules

@@ -1,0 +1,93 @@
+// Adamax (Kingma & Ba 2015, §7; torch.optim.Adamax, spec/optimizers.md §2):
+//   g <- -g if maximize;  g <- g + wd*p
+//   m <- m*b1 + (1-b1)*g;  u <- max(u*b2, |g| + eps)
+//   p <- p - (lr / (1 - b1^t)) * m / u
+// Pointwise.
+#include <algorithm>
+
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+struct AdamaxRule {
+  static constexpr std::string_view kName = "adamax";
+  static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr bool kEagerState = false;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 2e-3, "learning rate"},
+      {"betas", OptionValue(0.9, 0.999), "decay rates of the moment and of the infinity norm"},
+      {"eps", 1e-8, "added to |g| before the maximum"},
+      {"weight_decay", 0.0, "L2 penalty"},
+      {"maximize", false, "maximize the objective"},
+  };
+  struct Options {
+    double lr, beta1, beta2, eps, weight_decay;
+    bool maximize;
+  };
+  static Options parse(const OptionMap& m) {
+    const auto b = pair(m, "betas");
+    return {num(m, "lr"), b[0], b[1], num(m, "eps"), num(m, "weight_decay"), flag(m, "maximize")};
+  }
+  static void validate(const Options& o) {
+    check_lr(o.lr);
+    check_eps(o.eps);
+    check_betas({o.beta1, o.beta2});
+    check_weight_decay(o.weight_decay);
+  }
+  static StateLayout layout(const Options&) { return {{"exp_avg", "exp_inf"}, {"step"}}; }
+  static void init(const Options&, float* fill, float* scalars) {
+    fill[0] = fill[1] = 0.0f;
+    scalars[0] = 0.0f;
+  }
+  struct Coeffs {
+    float grad_sign, wd, beta1, one_minus_beta1, beta2, eps, neg_clr;
+    bool l2;
+  };
+  static Coeffs prepare(const Options& o, float* scalars, bool) {
+    const double t = scalars[0] += 1.0f;
+    Coeffs c{};
+    c.grad_sign = o.maximize ? -1.0f : 1.0f;
+    c.l2 = o.weight_decay != 0.0;
+    c.wd = static_cast<float>(o.weight_decay);
+    c.beta1 = static_cast<float>(o.beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+    c.beta2 = static_cast<float>(o.beta2);
+    c.eps = static_cast<float>(o.eps);
+    c.neg_clr = static_cast<float>(-(o.lr / (1.0 - std::pow(o.beta1, t))));
+    return c;
+  }
+  template <class T>
+  static void kernel(const Coeffs& c, const Typed<T>& s) {
+    dispatch_bools(
+        [&](auto l2) {
+          float* __restrict p = s.p;
+          T* __restrict lp = s.lp;
+          const T* __restrict g = s.g;
+          float* __restrict m = s.s[0];
+          float* __restrict u = s.s[1];
+          for (std::size_t i = 0; i < s.n; ++i) {
+            float pi = p[i];
+            float gi = to_float(g[i]) * c.grad_sign;
+            if constexpr (l2) gi = gi + c.wd * pi;
+            const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
+            const float ui = std::max(u[i] * c.beta2, std::fabs(gi) + c.eps);
+            m[i] = mi;
+            u[i] = ui;
+            pi = pi + c.neg_clr * mi / ui;
+            p[i] = pi;
+            store(lp, i, pi);
+          }
+        },
+        c.l2);
+  }
+};
+
+}  // namespace
+
+const RuleInfo& adamax_rule() {
+  static const RuleInfo info = make_rule_info<AdamaxRule>();
+  return info;
+}
+
+}  // namespace distopt::rules

@@ -1,0 +1,98 @@
+// Averaged SGD (Polyak & Juditsky 1992; torch.optim.ASGD,
+// spec/optimizers.md §2):
+//   g <- -g if maximize;  g <- g + wd*p
+//   p <- p*(1 - lambd*eta);  p <- p - eta*g
+//   ax <- ax + (p - ax)*mu if mu != 1, else ax <- p
+//   eta <- lr / (1 + lambd*lr*t)^alpha;  mu <- 1/max(1, t - t0)
+// eta and mu are float32 state re-rounded every step, as in torch.
+// Pointwise.
+#include <algorithm>
+
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+struct AsgdRule {
+  static constexpr std::string_view kName = "asgd";
+  static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr bool kEagerState = false;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 1e-2, "learning rate"},
+      {"lambd", 1e-4, "decay term"},
+      {"alpha", 0.75, "power for the eta update"},
+      {"t0", 1e6, "step at which averaging starts"},
+      {"weight_decay", 0.0, "L2 penalty"},
+      {"maximize", false, "maximize the objective"},
+  };
+  struct Options {
+    double lr, lambd, alpha, t0, weight_decay;
+    bool maximize;
+  };
+  static Options parse(const OptionMap& m) {
+    return {num(m, "lr"), num(m, "lambd"), num(m, "alpha"), num(m, "t0"), num(m, "weight_decay"),
+            flag(m, "maximize")};
+  }
+  static void validate(const Options& o) {
+    check_lr(o.lr);
+    check_weight_decay(o.weight_decay);
+  }
+  static StateLayout layout(const Options&) { return {{"ax"}, {"step", "eta", "mu"}}; }
+  static void init(const Options& o, float* fill, float* scalars) {
+    fill[0] = 0.0f;
+    scalars[0] = 0.0f;
+    scalars[1] = static_cast<float>(o.lr);
+    scalars[2] = 1.0f;
+  }
+  struct Coeffs {
+    float grad_sign, wd, decay, neg_eta, mu;
+    bool l2, average;
+  };
+  static Coeffs prepare(const Options& o, float* scalars, bool) {
+    const double t = scalars[0] += 1.0f;
+    const double eta = scalars[1];
+    const double mu = scalars[2];
+    Coeffs c{};
+    c.grad_sign = o.maximize ? -1.0f : 1.0f;
+    c.l2 = o.weight_decay != 0.0;
+    c.wd = static_cast<float>(o.weight_decay);
+    c.decay = static_cast<float>(1.0 - o.lambd * eta);
+    c.neg_eta = static_cast<float>(-eta);
+    c.mu = static_cast<float>(mu);
+    c.average = mu != 1.0;
+    scalars[1] = static_cast<float>(o.lr / std::pow(1.0 + o.lambd * o.lr * t, o.alpha));
+    scalars[2] = static_cast<float>(1.0 / std::max(1.0, t - o.t0));
+    return c;
+  }
+  template <class T>
+  static void kernel(const Coeffs& c, const Typed<T>& s) {
+    dispatch_bools(
+        [&](auto l2, auto average) {
+          float* __restrict p = s.p;
+          T* __restrict lp = s.lp;
+          const T* __restrict g = s.g;
+          float* __restrict ax = s.s[0];
+          for (std::size_t i = 0; i < s.n; ++i) {
+            float pi = p[i];
+            float gi = to_float(g[i]) * c.grad_sign;
+            if constexpr (l2) gi = gi + c.wd * pi;
+            pi = pi * c.decay;
+            pi = pi + c.neg_eta * gi;
+            if constexpr (average) ax[i] = ax[i] + (pi - ax[i]) * c.mu;
+            else ax[i] = pi;
+            p[i] = pi;
+            store(lp, i, pi);
+          }
+        },
+        c.l2, c.average);
+  }
+};
+
+}  // namespace
+
+const RuleInfo& asgd_rule() {
+  static const RuleInfo info = make_rule_info<AsgdRule>();
+  return info;
+}
+
+}  // namespace distopt::rules

@@ -1,0 +1,116 @@
+// NAdam (Dozat 2016; torch.optim.NAdam, spec/optimizers.md §2):
+//   g <- -g if maximize;  L2: g <- g + wd*p  |  decoupled: p <- p*(1 - lr*wd)
+//   mu_t = b1*(1 - 0.5*0.96^(t*psi)),  mu_t+1 likewise
+//   P_t <- P_{t-1}*mu_t            (mu_product, a float32 re-rounded every step)
+//   m <- m*b1 + (1-b1)*g;  v <- v*b2 + (1-b2)*g*g;  denom = sqrt(v/bc2) + eps
+//   p <- p - lr*(1-mu_t)/(1-P_t) * g/denom
+//   p <- p - lr*mu_t+1/(1-Pn) * m/denom
+// Pn is torch 1.13's `mu_product * mu * mu_next` (float32 products). torch
+// 2.x computes P_t * mu_t+1 instead; spec/optimizers.md lets the golden files
+// (torch 1.13) decide, and docs/optimizers.md records the difference.
+// decoupled_weight_decay and maximize follow torch 2.x (1.13 lacks them).
+// Pointwise.
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+struct NadamRule {
+  static constexpr std::string_view kName = "nadam";
+  static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr bool kEagerState = false;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 2e-3, "learning rate"},
+      {"betas", OptionValue(0.9, 0.999), "decay rates of the first and second moments"},
+      {"eps", 1e-8, "added to the denominator"},
+      {"weight_decay", 0.0, "weight decay (L2 unless decoupled)"},
+      {"momentum_decay", 4e-3, "psi, the momentum schedule's decay"},
+      {"decoupled_weight_decay", false, "AdamW-style decoupled weight decay (torch 2.x)"},
+      {"maximize", false, "maximize the objective (torch 2.x)"},
+  };
+  struct Options {
+    double lr, beta1, beta2, eps, weight_decay, momentum_decay;
+    bool decoupled, maximize;
+  };
+  static Options parse(const OptionMap& m) {
+    const auto b = pair(m, "betas");
+    return {num(m, "lr"), b[0], b[1], num(m, "eps"), num(m, "weight_decay"), num(m, "momentum_decay"),
+            flag(m, "decoupled_weight_decay"), flag(m, "maximize")};
+  }
+  static void validate(const Options& o) {
+    check_lr(o.lr);
+    check_eps(o.eps);
+    check_betas({o.beta1, o.beta2});
+    check_weight_decay(o.weight_decay);
+    require(o.momentum_decay >= 0.0, "Invalid momentum_decay value: ", o.momentum_decay);
+  }
+  static StateLayout layout(const Options&) { return {{"exp_avg", "exp_avg_sq"}, {"step", "mu_product"}}; }
+  static void init(const Options&, float* fill, float* scalars) {
+    fill[0] = fill[1] = 0.0f;
+    scalars[0] = 0.0f;
+    scalars[1] = 1.0f;
+  }
+  struct Coeffs {
+    float grad_sign, wd, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2, eps;
+    float coef_grad, coef_avg;
+    bool l2;
+  };
+  static Coeffs prepare(const Options& o, float* scalars, bool) {
+    const double t = scalars[0] += 1.0f;
+    const double bc2 = 1.0 - std::pow(o.beta2, t);
+    const double mu = o.beta1 * (1.0 - 0.5 * std::pow(0.96, t * o.momentum_decay));
+    const double mu_next = o.beta1 * (1.0 - 0.5 * std::pow(0.96, (t + 1.0) * o.momentum_decay));
+    const float mu_product = scalars[1] * static_cast<float>(mu);
+    scalars[1] = mu_product;
+    const float mu_product_next = mu_product * static_cast<float>(mu) * static_cast<float>(mu_next);
+    Coeffs c{};
+    c.grad_sign = o.maximize ? -1.0f : 1.0f;
+    c.l2 = !o.decoupled && o.weight_decay != 0.0;
+    c.wd = static_cast<float>(o.weight_decay);
+    c.decay = static_cast<float>(o.decoupled ? 1.0 - o.lr * o.weight_decay : 1.0);
+    c.beta1 = static_cast<float>(o.beta1);
+    c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+    c.beta2 = static_cast<float>(o.beta2);
+    c.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+    c.bc2 = static_cast<float>(bc2);
+    c.eps = static_cast<float>(o.eps);
+    c.coef_grad = static_cast<float>(-o.lr * (1.0 - mu) / (1.0 - static_cast<double>(mu_product)));
+    c.coef_avg = static_cast<float>(-o.lr * mu_next / (1.0 - static_cast<double>(mu_product_next)));
+    return c;
+  }
+  template <class T>
+  static void kernel(const Coeffs& c, const Typed<T>& s) {
+    dispatch_bools(
+        [&](auto l2) {
+          float* __restrict p = s.p;
+          T* __restrict lp = s.lp;
+          const T* __restrict g = s.g;
+          float* __restrict m = s.s[0];
+          float* __restrict v = s.s[1];
+          for (std::size_t i = 0; i < s.n; ++i) {
+            float pi = p[i] * c.decay;
+            float gi = to_float(g[i]) * c.grad_sign;
+            if constexpr (l2) gi = gi + c.wd * pi;
+            const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
+            const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            const float denom = std::sqrt(vi / c.bc2) + c.eps;
+            pi = pi + c.coef_grad * gi / denom;
+            pi = pi + c.coef_avg * mi / denom;
+            p[i] = pi;
+            store(lp, i, pi);
+          }
+        },
+        c.l2);
+  }
+};
+
+}  // namespace
+
+const RuleInfo& nadam_rule() {
+  static const RuleInfo info = make_rule_info<NadamRule>();
+  return info;
+}
+
+}  // namespace distopt::rules

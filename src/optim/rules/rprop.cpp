@@ -1,0 +1,82 @@
+// Rprop (Riedmiller & Braun 1993; torch.optim.Rprop, spec/optimizers.md §2):
+//   g <- -g if maximize
+//   s = sign(g*prev) mapped to eta+ (s>0), eta- (s<0), 1 (s=0)
+//   step_size <- clamp(step_size*s, step_min, step_max)
+//   g' = 0 where s == eta-, else g
+//   p <- p - sign(g')*step_size;   prev <- g'
+// Pointwise. step_size starts at lr, prev at zero. No weight decay.
+#include <algorithm>
+
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+struct RpropRule {
+  static constexpr std::string_view kName = "rprop";
+  static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr bool kEagerState = false;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 1e-2, "initial step size"},
+      {"etas", OptionValue(0.5, 1.2), "(eta-, eta+): step-size factors"},
+      {"step_sizes", OptionValue(1e-6, 50.0), "(min, max) step size"},
+      {"maximize", false, "maximize the objective"},
+  };
+  struct Options {
+    double lr, eta_minus, eta_plus, step_min, step_max;
+    bool maximize;
+  };
+  static Options parse(const OptionMap& m) {
+    const auto e = pair(m, "etas");
+    const auto s = pair(m, "step_sizes");
+    return {num(m, "lr"), e[0], e[1], s[0], s[1], flag(m, "maximize")};
+  }
+  static void validate(const Options& o) {
+    check_lr(o.lr);
+    require(0.0 < o.eta_minus && o.eta_minus < 1.0 && 1.0 < o.eta_plus, "Invalid eta values: ", o.eta_minus,
+            ", ", o.eta_plus);
+  }
+  static StateLayout layout(const Options&) { return {{"prev", "step_size"}, {"step"}}; }
+  static void init(const Options& o, float* fill, float* scalars) {
+    fill[0] = 0.0f;
+    fill[1] = static_cast<float>(o.lr);
+    scalars[0] = 0.0f;
+  }
+  struct Coeffs {
+    float grad_sign, eta_minus, eta_plus, step_min, step_max;
+  };
+  static Coeffs prepare(const Options& o, float* scalars, bool) {
+    scalars[0] += 1.0f;
+    return {o.maximize ? -1.0f : 1.0f, static_cast<float>(o.eta_minus), static_cast<float>(o.eta_plus),
+            static_cast<float>(o.step_min), static_cast<float>(o.step_max)};
+  }
+  template <class T>
+  static void kernel(const Coeffs& c, const Typed<T>& s) {
+    float* __restrict p = s.p;
+    T* __restrict lp = s.lp;
+    const T* __restrict g = s.g;
+    float* __restrict prev = s.s[0];
+    float* __restrict step_size = s.s[1];
+    for (std::size_t i = 0; i < s.n; ++i) {
+      float gi = to_float(g[i]) * c.grad_sign;
+      const float prod = gi * prev[i];
+      const float factor = prod > 0.0f ? c.eta_plus : (prod < 0.0f ? c.eta_minus : 1.0f);
+      const float ss = std::min(std::max(step_size[i] * factor, c.step_min), c.step_max);
+      step_size[i] = ss;
+      if (factor == c.eta_minus) gi = 0.0f;
+      const float pi = p[i] + -1.0f * sign(gi) * ss;
+      prev[i] = gi;
+      p[i] = pi;
+      store(lp, i, pi);
+    }
+  }
+};
+
+}  // namespace
+
+const RuleInfo& rprop_rule() {
+  static const RuleInfo info = make_rule_info<RpropRule>();
+  return info;
+}
+
+}  // namespace distopt::rules

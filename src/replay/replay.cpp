@@ -1,0 +1,313 @@
+#include "distopt/replay/replay.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "distopt/core/error.hpp"
+#include "distopt/optim/optimizer.hpp"
+
+namespace distopt::replay {
+
+using nlohmann::json;
+
+namespace {
+
+class Reader {
+ public:
+  explicit Reader(const std::string& source) : source_(source) {}
+
+  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+    throw InvalidInput(str(source_, ": ", where, ": ", what));
+  }
+
+  const json& member(const json& obj, const char* key, const std::string& where) const {
+    if (!obj.is_object()) fail(where, "must be an object");
+    auto it = obj.find(key);
+    if (it == obj.end()) fail(where, str("missing member '", key, "'"));
+    return *it;
+  }
+
+  double number(const json& v, const std::string& where) const {
+    if (v.is_number()) return v.get<double>();
+    if (v.is_string()) {  // JSON has no NaN/Infinity literals
+      const auto& s = v.get_ref<const std::string&>();
+      if (s == "NaN" || s == "nan") return std::numeric_limits<double>::quiet_NaN();
+      if (s == "Infinity" || s == "inf") return std::numeric_limits<double>::infinity();
+      if (s == "-Infinity" || s == "-inf") return -std::numeric_limits<double>::infinity();
+    }
+    fail(where, str("expected a number, got ", v.dump()));
+  }
+
+  std::vector<float> floats(const json& v, const std::string& where) const {
+    if (!v.is_array()) fail(where, "must be an array of numbers");
+    std::vector<float> out;
+    out.reserve(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i)
+      out.push_back(static_cast<float>(number(v[i], str(where, "[", i, "]"))));
+    return out;
+  }
+
+  std::size_t index(const json& v, const std::string& where) const {
+    if (!v.is_number_integer() || v.get<long long>() < 0) fail(where, "must be a non-negative integer");
+    return v.get<std::size_t>();
+  }
+
+  OptionMap options(const json& v, const std::string& where) const {
+    if (!v.is_object()) fail(where, "must be an object");
+    OptionMap out;
+    for (const auto& [name, value] : v.items()) {
+      const std::string at = str(where, ".", name);
+      if (value.is_boolean()) out[name] = OptionValue(value.get<bool>());
+      else if (value.is_number()) out[name] = OptionValue(value.get<double>());
+      else if (value.is_array() && value.size() == 2)
+        out[name] = OptionValue(number(value[0], at + "[0]"), number(value[1], at + "[1]"));
+      else fail(at, str("must be a number, a boolean or a pair of numbers, got ", value.dump()));
+    }
+    return out;
+  }
+
+ private:
+  const std::string& source_;
+};
+
+}  // namespace
+
+Case parse_case(const std::string& text, const std::string& source) {
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    throw InvalidInput(str(source, ": malformed JSON: ", what));
+  }
+  Reader r(source);
+  Case c;
+  c.source = source;
+  const json& format = r.member(doc, "format", "case");
+  if (!format.is_string() || format.get<std::string>() != "distopt-replay/1")
+    r.fail("format", str("expected \"distopt-replay/1\", got ", format.dump()));
+
+  const json& opt = r.member(doc, "optimizer", "case");
+  const json& name = r.member(opt, "name", "optimizer");
+  if (!name.is_string()) r.fail("optimizer.name", "must be a string");
+  c.optimizer = name.get<std::string>();
+  if (opt.contains("options")) c.options = r.options(opt["options"], "optimizer.options");
+
+  const json& params = r.member(doc, "params", "case");
+  if (!params.is_array() || params.empty()) r.fail("params", "must be a non-empty array");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string at = str("params[", i, "]");
+    const json& shape = r.member(params[i], "shape", at);
+    if (!shape.is_array()) r.fail(at + ".shape", "must be an array of sizes");
+    Shape s;
+    for (std::size_t d = 0; d < shape.size(); ++d) s.push_back(static_cast<std::int64_t>(r.index(shape[d], str(at, ".shape[", d, "]"))));
+    std::vector<float> data = r.floats(r.member(params[i], "data", at), at + ".data");
+    if (static_cast<std::int64_t>(data.size()) != numel(s))
+      r.fail(at + ".data", str("has ", data.size(), " values, shape ", to_string(s), " needs ", numel(s)));
+    c.shapes.push_back(std::move(s));
+    c.params.push_back(std::move(data));
+  }
+
+  std::vector<int> owner(c.params.size(), -1);
+  if (doc.contains("param_groups")) {
+    const json& groups = doc["param_groups"];
+    if (!groups.is_array() || groups.empty()) r.fail("param_groups", "must be a non-empty array");
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const std::string at = str("param_groups[", g, "]");
+      GroupCase gc;
+      const json& ids = r.member(groups[g], "params", at);
+      if (!ids.is_array()) r.fail(at + ".params", "must be an array of parameter indices");
+      for (std::size_t k = 0; k < ids.size(); ++k) {
+        const std::size_t i = r.index(ids[k], str(at, ".params[", k, "]"));
+        if (i >= c.params.size())
+          r.fail(str(at, ".params[", k, "]"), str("parameter ", i, " does not exist (", c.params.size(), " parameters)"));
+        if (owner[i] >= 0) r.fail(str(at, ".params[", k, "]"), str("parameter ", i, " is already in group ", owner[i]));
+        owner[i] = static_cast<int>(g);
+        gc.params.push_back(i);
+      }
+      if (groups[g].contains("options")) gc.options = r.options(groups[g]["options"], at + ".options");
+      c.groups.push_back(std::move(gc));
+    }
+    for (std::size_t i = 0; i < owner.size(); ++i)
+      if (owner[i] < 0) r.fail("param_groups", str("parameter ", i, " is in no group"));
+  } else {
+    GroupCase gc;
+    for (std::size_t i = 0; i < c.params.size(); ++i) gc.params.push_back(i);
+    c.groups.push_back(std::move(gc));
+  }
+
+  const json& steps = r.member(doc, "steps", "case");
+  if (!steps.is_array()) r.fail("steps", "must be an array");
+  for (std::size_t k = 0; k < steps.size(); ++k) {
+    const std::string at = str("steps[", k, "]");
+    StepCase sc;
+    const json& grads = r.member(steps[k], "grads", at);
+    if (!grads.is_array() || grads.size() != c.params.size())
+      r.fail(at + ".grads", str("must list one gradient (or null) per parameter: ", c.params.size()));
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      if (grads[i].is_null()) {
+        sc.grads.emplace_back();
+        continue;
+      }
+      std::vector<float> g = r.floats(grads[i], str(at, ".grads[", i, "]"));
+      if (g.size() != c.params[i].size())
+        r.fail(str(at, ".grads[", i, "]"), str("has ", g.size(), " values, parameter ", i, " has ", c.params[i].size()));
+      sc.grads.emplace_back(std::move(g));
+    }
+    if (steps[k].contains("metric")) sc.metric = r.number(steps[k]["metric"], at + ".metric");
+    c.steps.push_back(std::move(sc));
+  }
+
+  if (doc.contains("scheduler") && !doc["scheduler"].is_null())
+    r.fail("scheduler", "learning-rate schedulers are not supported by this version of distopt yet");
+
+  if (doc.contains("expected")) {
+    const json& e = doc["expected"];
+    Result res;
+    const json& ep = r.member(e, "params", "expected");
+    if (!ep.is_array() || ep.size() != c.params.size())
+      r.fail("expected.params", str("must hold ", c.params.size(), " parameters"));
+    for (std::size_t i = 0; i < ep.size(); ++i) {
+      res.params.push_back(r.floats(ep[i], str("expected.params[", i, "]")));
+      if (res.params.back().size() != c.params[i].size())
+        r.fail(str("expected.params[", i, "]"), str("has ", res.params.back().size(), " values, parameter ", i,
+                                                     " has ", c.params[i].size()));
+    }
+    if (e.contains("lr")) {
+      const json& lr = e["lr"];
+      if (!lr.is_array() || lr.size() != c.groups.size())
+        r.fail("expected.lr", str("must hold one list per group: ", c.groups.size()));
+      for (std::size_t g = 0; g < lr.size(); ++g) {
+        if (!lr[g].is_array() || lr[g].size() != c.steps.size())
+          r.fail(str("expected.lr[", g, "]"), str("must hold one lr per step: ", c.steps.size()));
+        std::vector<double> v;
+        for (std::size_t k = 0; k < lr[g].size(); ++k) v.push_back(r.number(lr[g][k], str("expected.lr[", g, "][", k, "]")));
+        res.lr.push_back(std::move(v));
+      }
+    }
+    c.expected = std::move(res);
+  }
+  return c;
+}
+
+Case load_case(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(str(path, ": cannot open file"));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw IoError(str(path, ": read error"));
+  return parse_case(text.str(), path);
+}
+
+Result run(const Case& c, ThreadPool* pool) {
+  // Parameters and gradients live in buffers the replay owns, as a model's would.
+  std::vector<Buffer> values, grads;
+  std::vector<ParamGroupSpec> groups(c.groups.size());
+  std::vector<std::size_t> position(c.params.size());  // param index -> optimizer index
+  std::size_t next = 0;
+  values.reserve(c.params.size());
+  grads.reserve(c.params.size());
+  for (std::size_t i = 0; i < c.params.size(); ++i) {
+    values.emplace_back(c.params[i].size() * sizeof(float), 0);
+    grads.emplace_back(c.params[i].size() * sizeof(float), 1);
+    std::copy(c.params[i].begin(), c.params[i].end(), values[i].as<float>());
+  }
+  for (std::size_t g = 0; g < c.groups.size(); ++g) {
+    groups[g].options = c.groups[g].options;
+    for (std::size_t i : c.groups[g].params) {
+      Param p;
+      p.name = str("params[", i, "]");
+      p.value = {values[i].data(), DType::f32, c.shapes[i]};
+      p.grad = {grads[i].data(), DType::f32, c.shapes[i]};
+      groups[g].params.push_back(std::move(p));
+      position[i] = next++;
+    }
+  }
+  OptimizerConfig config;
+  config.pool = pool;
+  Optimizer opt(c.optimizer, std::move(groups), c.options, config);
+  Result r;
+  r.lr.resize(c.groups.size());
+  for (const StepCase& s : c.steps) {
+    for (std::size_t i = 0; i < c.params.size(); ++i) {
+      Param& p = opt.param(position[i]);
+      p.has_grad = s.grads[i].has_value();
+      if (p.has_grad) std::copy(s.grads[i]->begin(), s.grads[i]->end(), grads[i].as<float>());
+    }
+    opt.step();
+    for (std::size_t g = 0; g < c.groups.size(); ++g) r.lr[g].push_back(opt.lr(g));
+  }
+  for (std::size_t i = 0; i < c.params.size(); ++i)
+    r.params.emplace_back(values[i].as<float>(), values[i].as<float>() + c.params[i].size());
+  return r;
+}
+
+Comparison compare(const Result& ours, const Result& expected, Tolerance tol) {
+  Comparison cmp;
+  auto check = [&](double a, double e, const std::string& where) {
+    ++cmp.compared;
+    const double err = std::fabs(a - e);
+    const bool same_nan = std::isnan(a) && std::isnan(e);
+    if (!same_nan && !(a == e)) cmp.max_abs_error = std::max(cmp.max_abs_error, std::isnan(err) ? INFINITY : err);
+    if (same_nan || a == e || err <= tol.atol + tol.rtol * std::fabs(e)) return;
+    if (cmp.mismatches++ == 0)
+      cmp.first_mismatch = str(where, ": ours ", a, ", expected ", e, " (|diff| ", err, " > ",
+                               tol.atol + tol.rtol * std::fabs(e), ")");
+  };
+  DISTOPT_CHECK(ours.params.size() == expected.params.size(), ours.params.size(), " vs ", expected.params.size());
+  for (std::size_t i = 0; i < ours.params.size(); ++i) {
+    DISTOPT_CHECK(ours.params[i].size() == expected.params[i].size());
+    for (std::size_t e = 0; e < ours.params[i].size(); ++e)
+      check(ours.params[i][e], expected.params[i][e], str("params[", i, "][", e, "]"));
+  }
+  for (std::size_t g = 0; g < expected.lr.size() && g < ours.lr.size(); ++g)
+    for (std::size_t k = 0; k < expected.lr[g].size() && k < ours.lr[g].size(); ++k)
+      check(ours.lr[g][k], expected.lr[g][k], str("lr[", g, "][", k, "]"));
+  return cmp;
+}
+
+namespace {
+template <class T>
+void append_number(std::string& out, T v) {
+  if (std::isnan(v)) {
+    out += "\"NaN\"";
+    return;
+  }
+  if (std::isinf(v)) {
+    out += v > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+    return;
+  }
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  out.append(buf, res.ptr);
+}
+template <class T>
+void append_lists(std::string& out, const std::vector<std::vector<T>>& lists) {
+  out += '[';
+  for (std::size_t i = 0; i < lists.size(); ++i) {
+    out += i ? ", [" : "[";
+    for (std::size_t k = 0; k < lists[i].size(); ++k) {
+      if (k) out += ", ";
+      append_number(out, lists[i][k]);
+    }
+    out += ']';
+  }
+  out += ']';
+}
+}  // namespace
+
+std::string to_json(const Result& r) {
+  std::string out = "{\"params\": ";
+  append_lists(out, r.params);
+  out += ", \"lr\": ";
+  append_lists(out, r.lr);
+  out += '}';
+  return out;
+}
+
+}  // namespace distopt::replay

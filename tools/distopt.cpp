@@ -1,0 +1,47 @@
+// distopt: train models with distributed optimizers; replay and check
+// optimizer trajectories against PyTorch; benchmark the kernels.
+//
+// Errors: bad input exits with status 2 and one line on stderr,
+// "distopt: error: ..."; a failed conformance check exits with status 1.
+#include <cstdio>
+#include <exception>
+#include <map>
+
+#include "commands.hpp"
+#include "distopt/core/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"distopt: distributed optimizers, torch.optim-compatible", "distopt"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "distopt 0.1.0");
+  std::map<CLI::App*, distopt::cli::Runner> runners;
+  auto add = [&](distopt::cli::Runner (*fn)(CLI::App&)) {
+    auto runner = fn(app);
+    runners[app.get_subcommands({}).back()] = std::move(runner);
+  };
+  add(distopt::cli::add_replay);
+  add(distopt::cli::add_bench);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "distopt: error: %s (see distopt --help)\n", e.what());
+    return 2;
+  }
+  try {
+    for (auto& [sub, run] : runners)
+      if (sub->parsed()) return run();
+  } catch (const distopt::Error& e) {
+    std::fprintf(stderr, "distopt: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "distopt: internal error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}

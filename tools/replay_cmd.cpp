@@ -1,0 +1,105 @@
+// distopt replay CASE.json [--json]
+// distopt replay --check CASE.json... [--json] [--atol A] [--rtol R]
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/replay/replay.hpp"
+
+namespace distopt::cli {
+
+namespace {
+struct ReplayArgs {
+  std::vector<std::string> files;
+  bool check = false;
+  bool json = false;
+  int threads = 1;
+  replay::Tolerance tol;
+};
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    if (static_cast<unsigned char>(ch) < 0x20) continue;
+    out += ch;
+  }
+  return out;
+}
+
+int run_replay(const ReplayArgs& a) {
+  ThreadPool pool(a.threads);
+  if (!a.check) {
+    if (a.files.size() != 1) throw InvalidInput("replay takes one case file (use --check for several)");
+    const replay::Case c = replay::load_case(a.files[0]);
+    const replay::Result r = replay::run(c, &pool);
+    if (!a.json) std::fprintf(stderr, "%s: %s, %zu steps, %zu parameters\n", c.source.c_str(),
+                              c.optimizer.c_str(), c.steps.size(), c.params.size());
+    std::printf("%s\n", replay::to_json(r).c_str());
+    return 0;
+  }
+  // --check: every file is judged; bad files count as failures with their error.
+  std::size_t passed = 0, failed = 0;
+  std::string failures;
+  for (const std::string& f : a.files) {
+    std::string verdict;
+    try {
+      const replay::Case c = replay::load_case(f);
+      if (!c.expected) throw InvalidInput(str(f, ": no 'expected' member to check against"));
+      const replay::Comparison cmp = replay::compare(replay::run(c, &pool), *c.expected, a.tol);
+      if (cmp.ok()) {
+        ++passed;
+        if (!a.json) std::fprintf(stderr, "PASS %s (%zu values, max |diff| %.3g)\n", f.c_str(), cmp.compared,
+                                  cmp.max_abs_error);
+        continue;
+      }
+      verdict = str(cmp.mismatches, " of ", cmp.compared, " values differ; first: ", cmp.first_mismatch);
+    } catch (const Error& e) {
+      verdict = e.what();
+    }
+    ++failed;
+    std::fprintf(stderr, "FAIL %s: %s\n", f.c_str(), verdict.c_str());
+    failures += str(failures.empty() ? "" : ", ", "{\"file\": \"", json_escape(f), "\", \"error\": \"",
+                    json_escape(verdict), "\"}");
+  }
+  if (a.json) std::printf("{\"passed\": %zu, \"failed\": %zu, \"failures\": [%s]}\n", passed, failed, failures.c_str());
+  else std::printf("replay --check: %zu passed, %zu failed\n", passed, failed);
+  return failed == 0 ? 0 : 1;
+}
+}  // namespace
+
+Runner add_replay(CLI::App& app) {
+  auto args = std::make_shared<ReplayArgs>();
+  CLI::App* sub = app.add_subcommand("replay", "replay an optimizer trajectory (distopt-replay/1 case files)");
+  sub->add_option("cases", args->files, "case file(s); with --check, directories are searched for *.json")
+      ->required();
+  sub->add_flag("--check", args->check, "compare each case with its 'expected' member; exit 1 on any mismatch");
+  sub->add_flag("--json", args->json, "print one JSON object as the last line of stdout");
+  sub->add_option("--threads", args->threads, "threads for the optimizer step")->check(CLI::Range(1, 256));
+  sub->add_option("--atol", args->tol.atol, "absolute tolerance of --check")->check(CLI::NonNegativeNumber);
+  sub->add_option("--rtol", args->tol.rtol, "relative tolerance of --check")->check(CLI::NonNegativeNumber);
+  return [args] {
+    if (args->check) {  // expand directories
+      std::vector<std::string> files;
+      for (const std::string& f : args->files) {
+        if (std::filesystem::is_directory(f)) {
+          std::vector<std::string> found;
+          for (const auto& e : std::filesystem::directory_iterator(f))
+            if (e.path().extension() == ".json") found.push_back(e.path().string());
+          std::sort(found.begin(), found.end());
+          if (found.empty()) throw InvalidInput(str(f, ": no *.json case files in this directory"));
+          files.insert(files.end(), found.begin(), found.end());
+        } else {
+          files.push_back(f);
+        }
+      }
+      args->files = std::move(files);
+    }
+    return run_replay(*args);
+  };
+}
+
+}  // namespace distopt::cli
