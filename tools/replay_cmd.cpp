@@ -16,6 +16,7 @@ struct ReplayArgs {
   std::vector<std::string> files;
   bool check = false;
   bool json = false;
+  bool verbose = false;
   int threads = 1;
   replay::Tolerance tol;
 };
@@ -52,7 +53,7 @@ int run_replay(const ReplayArgs& a) {
       const replay::Comparison cmp = replay::compare(replay::run(c, &pool), *c.expected, a.tol);
       if (cmp.ok()) {
         ++passed;
-        if (!a.json) std::fprintf(stderr, "PASS %s (%zu values, max |diff| %.3g)\n", f.c_str(), cmp.compared,
+        if (a.verbose) std::fprintf(stderr, "PASS %s (%zu values, max |diff| %.3g)\n", f.c_str(), cmp.compared,
                                   cmp.max_abs_error);
         continue;
       }
@@ -77,6 +78,7 @@ Runner add_replay(CLI::App& app) {
   sub->add_option("cases", args->files, "case file(s); with --check, directories are searched for *.json")
       ->required();
   sub->add_flag("--check", args->check, "compare each case with its 'expected' member; exit 1 on any mismatch");
+  sub->add_flag("-v,--verbose", args->verbose, "with --check, also list the cases that pass");
   sub->add_flag("--json", args->json, "print one JSON object as the last line of stdout");
   sub->add_option("--threads", args->threads, "threads for the optimizer step")->check(CLI::Range(1, 256));
   sub->add_option("--atol", args->tol.atol, "absolute tolerance of --check")->check(CLI::NonNegativeNumber);

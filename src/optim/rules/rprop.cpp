@@ -58,14 +58,17 @@ struct RpropRule {
     float* __restrict prev = s.s[0];
     float* __restrict step_size = s.s[1];
     for (std::size_t i = 0; i < s.n; ++i) {
-      float gi = to_float(g[i]) * c.grad_sign;
+      const float gi = to_float(g[i]) * c.grad_sign;
       const float prod = gi * prev[i];
+      // Written as selects so the loop vectorizes. The factor is eta- exactly
+      // when prod < 0 (eta- < 1 < eta+), which is torch's sign.eq(etaminus).
       const float factor = prod > 0.0f ? c.eta_plus : (prod < 0.0f ? c.eta_minus : 1.0f);
       const float ss = std::min(std::max(step_size[i] * factor, c.step_min), c.step_max);
+      const float gz = prod < 0.0f ? 0.0f : gi;
+      const float direction = gz > 0.0f ? 1.0f : (gz < 0.0f ? -1.0f : 0.0f);
+      const float pi = p[i] + -1.0f * direction * ss;
       step_size[i] = ss;
-      if (factor == c.eta_minus) gi = 0.0f;
-      const float pi = p[i] + -1.0f * sign(gi) * ss;
-      prev[i] = gi;
+      prev[i] = gz;
       p[i] = pi;
       store(lp, i, pi);
     }

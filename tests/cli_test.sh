@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The command-line contract (spec/cli-contract.md), checked from outside:
+# exit codes, one-line errors on stderr, --json as the last line of stdout.
+set -u
+bin=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# expect_error STATUS PATTERN -- ARGS...: exit status, one line on stderr matching PATTERN.
+expect_error() {
+  local want=$1 pattern=$2
+  shift 3
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  [ "$got" = "$want" ] || fail "distopt $*: exit $got, want $want"
+  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "distopt $*: stderr is not one line: $(cat "$tmp/err")"
+  grep -q -- "$pattern" "$tmp/err" || fail "distopt $*: stderr '$(cat "$tmp/err")' lacks '$pattern'"
+}
+
+golden=$src/tests/golden/optim/adam_004_ams_wd.json
+# replay --json: exactly one JSON object as the last line, with params and lr.
+"$bin" replay "$golden" --json >"$tmp/out" 2>"$tmp/err" || fail "replay --json exited $?"
+tail -n 1 "$tmp/out" | grep -q '^{"params": \[\[.*\]\], "lr": \[\[.*\]\]}$' || fail "replay --json last line: $(tail -n 1 "$tmp/out")"
+# ... and the printed floats reproduce the golden values (compared by --check through a rebuilt case).
+/usr/bin/env python3 - "$golden" "$tmp/out" <<'PY' || fail "replay output does not match expected within tolerance"
+import json, sys
+case = json.load(open(sys.argv[1]))
+out = json.loads(open(sys.argv[2]).read().strip().splitlines()[-1])
+for ours, want in zip(out["params"], case["expected"]["params"]):
+    assert len(ours) == len(want)
+    for a, b in zip(ours, want):
+        assert abs(a - b) <= 1e-6 + 1e-5 * abs(b), (a, b)
+PY
+
+# --check on a tampered golden file fails with status 1 and names the value.
+/usr/bin/env python3 - "$golden" "$tmp/bad.json" <<'PY'
+import json, sys
+case = json.load(open(sys.argv[1]))
+case["expected"]["params"][0][0] += 1e-3
+json.dump(case, open(sys.argv[2], "w"))
+PY
+"$bin" replay --check "$tmp/bad.json" --json >"$tmp/out" 2>"$tmp/err"
+[ $? = 1 ] || fail "replay --check on a wrong expectation did not exit 1"
+tail -n 1 "$tmp/out" | grep -q '"passed": 0, "failed": 1' || fail "replay --check --json summary: $(tail -n 1 "$tmp/out")"
+grep -q 'params\[0\]\[0\]' "$tmp/err" || fail "replay --check does not name the mismatching value"
+
+# Bad input: one line on stderr, status 2.
+head -c 300 "$golden" >"$tmp/truncated.json"
+expect_error 2 "malformed JSON" -- replay "$tmp/truncated.json"
+expect_error 2 "cannot open file" -- replay "$tmp/missing.json"
+expect_error 2 "The following argument was not expected: --frobnicate" -- replay "$golden" --frobnicate
+expect_error 2 "unknown benchmark rule 'adamm'" -- bench optim --rules adamm
+expect_error 2 "unknown benchmark case '3M'" -- bench optim --cases 3M
+sed 's/"name":"adam"/"name":"adamm"/' "$golden" >"$tmp/unknown.json"
+expect_error 2 "unknown optimizer 'adamm'" -- replay "$tmp/unknown.json"
+sed 's/"options":{/"options":{"lrr":1,/' "$golden" >"$tmp/option.json"
+expect_error 2 "unknown option 'lrr' for optimizer adam" -- replay "$tmp/option.json"
+
+# bench optim --json: a small run prints the contract's fields.
+"$bin" bench optim --rules adam --cases 1000x16K --threads 1 --repeats 1 --json >"$tmp/out" 2>/dev/null || fail "bench optim exited $?"
+tail -n 1 "$tmp/out" | grep -q '^{"results": \[{"rule": "adam", "case": "1000x16K", "threads": 1, "gbps": [0-9.]*, "roofline_gbps": [0-9.]*, "fraction": [0-9.]*}\]}$' \
+  || fail "bench optim --json: $(tail -n 1 "$tmp/out")"
+
+if [ "$failures" = 0 ]; then echo "cli contract: all checks passed"; exit 0; fi
+echo "cli contract: $failures failed"
+exit 1

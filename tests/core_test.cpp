@@ -1,0 +1,232 @@
+// Core: dtype conversions, buffers, thread pool, errors.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <set>
+#include <stdexcept>
+
+#include "distopt/core/buffer.hpp"
+#include "distopt/core/dtype.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/core/tensor.hpp"
+#include "distopt/core/thread_pool.hpp"
+
+namespace distopt {
+namespace {
+
+bool is_nan_f16(std::uint16_t h) { return (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0; }
+bool is_nan_bf16(std::uint16_t b) { return (b & 0x7f80) == 0x7f80 && (b & 0x7f) != 0; }
+
+TEST(Dtype, F16RoundTripsEveryPattern) {
+  for (std::uint32_t h = 0; h < 65536; ++h) {
+    const float f = f16_bits_to_float(static_cast<std::uint16_t>(h));
+    const std::uint16_t back = float_to_f16_bits(f);
+    if (is_nan_f16(static_cast<std::uint16_t>(h))) {
+      EXPECT_TRUE(std::isnan(f)) << h;
+      EXPECT_TRUE(is_nan_f16(back)) << h;
+      EXPECT_EQ(back & 0x8000, h & 0x8000) << h;
+    } else {
+      ASSERT_EQ(back, h) << "pattern " << h << " -> " << f;
+    }
+  }
+}
+
+TEST(Dtype, Bf16RoundTripsEveryPattern) {
+  for (std::uint32_t b = 0; b < 65536; ++b) {
+    const float f = bf16_bits_to_float(static_cast<std::uint16_t>(b));
+    const std::uint16_t back = float_to_bf16_bits(f);
+    if (is_nan_bf16(static_cast<std::uint16_t>(b))) {
+      EXPECT_TRUE(std::isnan(f));
+      EXPECT_TRUE(is_nan_bf16(back));
+    } else {
+      ASSERT_EQ(back, b) << "pattern " << b;
+    }
+  }
+}
+
+// Independent reference: the nearest representable value by exhaustive
+// comparison of the two neighbours, ties to the even mantissa, computed in
+// double.
+template <class Widen>
+std::uint16_t nearest_even(float f, std::uint16_t lo, Widen widen) {
+  const std::uint16_t hi = static_cast<std::uint16_t>(lo + 1);
+  const double dl = std::fabs(static_cast<double>(f) - widen(lo));
+  const double dh = std::fabs(static_cast<double>(f) - widen(hi));
+  if (dl < dh) return lo;
+  if (dh < dl) return hi;
+  return (lo & 1) ? hi : lo;
+}
+
+double widen_f16(std::uint16_t h) {  // via the definition, not the code under test
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double s = (h & 0x8000) ? -1.0 : 1.0;
+  if (e == 0x1f) return m ? NAN : s * INFINITY;
+  if (e == 0) return s * std::ldexp(m, -24);
+  return s * std::ldexp(1024 + m, e - 25);
+}
+double widen_bf16(std::uint16_t b) {
+  const int e = (b >> 7) & 0xff, m = b & 0x7f;
+  const double s = (b & 0x8000) ? -1.0 : 1.0;
+  if (e == 0xff) return m ? NAN : s * INFINITY;
+  if (e == 0) return s * std::ldexp(m, -133);
+  return s * std::ldexp(128 + m, e - 134);
+}
+
+TEST(Dtype, FloatToF16RoundsToNearestEven) {
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  int checked = 0;
+  for (int k = 0; k < 2'000'000; ++k) {
+    // Random floats concentrated in and around f16's range.
+    std::uint32_t x = bits(rng);
+    x = (x & 0x807fffffu) | ((static_cast<std::uint32_t>(96 + (x >> 23) % 50)) << 23);
+    const float f = std::bit_cast<float>(x);
+    const double a = std::fabs(static_cast<double>(f));
+    const std::uint16_t got = float_to_f16_bits(f);
+    if (a >= 65520.0) {
+      ASSERT_EQ(got & 0x7fff, 0x7c00) << f;
+      continue;
+    }
+    // Truncation toward zero gives the lower neighbour of |f|.
+    std::uint16_t lo = 0;
+    for (int step = 1 << 14; step; step >>= 1)
+      if (lo + step <= 0x7bff && widen_f16(static_cast<std::uint16_t>(lo + step)) <= a) lo += step;
+    const std::uint16_t want = nearest_even(static_cast<float>(a), lo, widen_f16);
+    ASSERT_EQ(got & 0x7fff, want) << "f=" << f;
+    ASSERT_EQ(got & 0x8000, (x >> 16) & 0x8000);
+    ++checked;
+  }
+  EXPECT_GT(checked, 1'000'000);
+  // Exact ties: halfway between 1 and 1+2^-10 rounds to even (1); the next tie rounds up.
+  EXPECT_EQ(float_to_f16_bits(1.0f + 0x1p-11f), 0x3c00);
+  EXPECT_EQ(float_to_f16_bits(1.0f + 3 * 0x1p-11f), 0x3c02);
+  EXPECT_EQ(float_to_f16_bits(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_f16_bits(65519.99f), 0x7bff);
+  EXPECT_EQ(float_to_f16_bits(65520.0f), 0x7c00);
+  EXPECT_EQ(float_to_f16_bits(0x1p-25f), 0x0000);       // tie between 0 and the smallest subnormal
+  EXPECT_EQ(float_to_f16_bits(0x1.000002p-25f), 0x0001);
+  EXPECT_EQ(float_to_f16_bits(-0.0f), 0x8000);
+}
+
+TEST(Dtype, FloatToBf16RoundsToNearestEven) {
+  std::mt19937 rng(2);
+  std::uniform_int_distribution<std::uint32_t> bits;
+  for (int k = 0; k < 2'000'000; ++k) {
+    const std::uint32_t x = bits(rng);
+    const float f = std::bit_cast<float>(x);
+    if (std::isnan(f)) continue;
+    const std::uint16_t got = float_to_bf16_bits(f);
+    const double a = std::fabs(static_cast<double>(f));
+    const std::uint16_t lo = static_cast<std::uint16_t>((x & 0x7fffffffu) >> 16);  // truncation
+    std::uint16_t want;
+    if (lo == 0x7f7f && a > widen_bf16(0x7f7f)) {  // above the largest finite
+      want = a - widen_bf16(0x7f7f) >= std::ldexp(1.0, 127 - 8) ? 0x7f80 : 0x7f7f;
+    } else if (lo >= 0x7f80) {
+      want = lo;  // infinity
+    } else {
+      want = nearest_even(static_cast<float>(a), lo, widen_bf16);
+    }
+    ASSERT_EQ(got & 0x7fff, want) << "x=" << std::hex << x;
+  }
+  EXPECT_EQ(float_to_bf16_bits(1.0f + 0x1p-8f), 0x3f80);  // tie to even
+  EXPECT_EQ(float_to_bf16_bits(1.0f + 3 * 0x1p-8f), 0x3f82);
+  EXPECT_TRUE(is_nan_bf16(float_to_bf16_bits(std::bit_cast<float>(0x7f800001u))));  // NaN stays NaN
+}
+
+TEST(Dtype, Names) {
+  DType t;
+  EXPECT_TRUE(parse_dtype("bfloat16", &t));
+  EXPECT_EQ(t, DType::bf16);
+  EXPECT_TRUE(parse_dtype("half", &t));
+  EXPECT_EQ(t, DType::f16);
+  EXPECT_FALSE(parse_dtype("f8", &t));
+  EXPECT_EQ(size_of(DType::f32), 4u);
+  EXPECT_EQ(name_of(DType::bf16), "bf16");
+}
+
+TEST(Buffer, SmallBuffersAreCacheLineAlignedAndZero) {
+  for (std::size_t bytes : {1u, 7u, 64u, 4096u, 100000u}) {
+    Buffer b(bytes);
+    ASSERT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % kCacheLine, 0u);
+    for (std::size_t i = 0; i < bytes; ++i) ASSERT_EQ(b.as<unsigned char>()[i], 0);
+  }
+  Buffer empty(0);
+  EXPECT_TRUE(empty.empty());
+}
+
+TEST(Buffer, LargeBuffersAreHugePageAlignedPlusStagger) {
+  const std::size_t bytes = std::size_t{8} << 20;
+  std::set<std::uintptr_t> offsets;
+  for (int slot = 0; slot < 6; ++slot) {
+    Buffer b(bytes, slot);
+    const auto addr = reinterpret_cast<std::uintptr_t>(b.data());
+    EXPECT_EQ(addr % kHugePage, slot * kStaggerStep % kHugePage) << "slot " << slot;
+    offsets.insert(addr % kHugePage);
+    EXPECT_EQ(b.as<unsigned char>()[bytes - 1], 0);
+    b.as<unsigned char>()[bytes - 1] = 1;  // writable to the end
+  }
+  EXPECT_EQ(offsets.size(), 6u);
+}
+
+TEST(Buffer, MoveTransfersOwnership) {
+  Buffer a(std::size_t{2} << 20, 1);
+  void* p = a.data();
+  Buffer b(std::move(a));
+  EXPECT_EQ(b.data(), p);
+  EXPECT_EQ(a.data(), nullptr);
+  Buffer c;
+  c = std::move(b);
+  EXPECT_EQ(c.data(), p);
+}
+
+TEST(Tensor, Numel) {
+  EXPECT_EQ(numel({}), 1);
+  EXPECT_EQ(numel({3, 4}), 12);
+  EXPECT_EQ(numel({3, 0, 4}), 0);
+  EXPECT_THROW(numel({2, -1}), PreconditionError);
+  EXPECT_EQ(to_string({2, 3}), "[2, 3]");
+}
+
+TEST(ThreadPool, RunsEveryItemOnce) {
+  for (int threads : {1, 2, 3, 8}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (std::size_t n : {0u, 1u, 2u, 7u, 1000u}) {
+      std::vector<std::atomic<int>> hits(n);
+      pool.parallel_for(n, [&](std::size_t i) { hits[i]++; });
+      for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << threads << " " << n << " " << i;
+    }
+  }
+}
+
+TEST(ThreadPool, RethrowsAndStaysUsable) {
+  ThreadPool pool(3);
+  EXPECT_THROW(pool.parallel_for(100, [](std::size_t i) {
+    if (i == 37) throw std::runtime_error("boom");
+  }), std::runtime_error);
+  std::atomic<int> sum{0};
+  pool.parallel_for(10, [&](std::size_t i) { sum += static_cast<int>(i); });
+  EXPECT_EQ(sum.load(), 45);
+}
+
+TEST(Errors, PreconditionNamesFileLineAndValues) {
+  try {
+    const int a = 3, b = 4;
+    DISTOPT_CHECK(a == b, "a=", a, " b=", b);
+    FAIL();
+  } catch (const PreconditionError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("core_test.cpp:"), std::string::npos) << what;
+    EXPECT_NE(what.find("a == b"), std::string::npos) << what;
+    EXPECT_NE(what.find("a=3 b=4"), std::string::npos) << what;
+  }
+  EXPECT_TRUE((std::is_base_of_v<Error, InvalidInput>));
+  EXPECT_TRUE((std::is_base_of_v<Error, IoError>));
+}
+
+}  // namespace
+}  // namespace distopt

@@ -1,0 +1,482 @@
+// Update rules and the Optimizer: every rule against an independent double
+// reference, then properties checked over the whole registry (slicing and
+// threading invariance, misaligned starts, bf16/f16 master weights, state_dict
+// round trips, torch's skip semantics, no allocation in step, bad input).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include "distopt/core/error.hpp"
+#include "distopt/optim/optimizer.hpp"
+#include "optim_reference.hpp"
+
+// Counts heap allocations made through operator new (std::vector, strings,
+// std::function ...), to check that a steady-state step allocates nothing.
+static std::atomic<long> g_news{0};
+void* operator new(std::size_t n) {
+  g_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+namespace distopt {
+namespace {
+
+std::vector<float> random_vector(std::size_t n, std::uint32_t seed, float scale = 1.0f, bool zeros = true) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = (zeros && i % 11 == 3) ? 0.0f : d(rng);
+  return v;
+}
+
+// A single f32 parameter with its own gradient buffer.
+struct Tensor1 {
+  Buffer value, grad;
+  std::size_t n, off;
+  explicit Tensor1(const std::vector<float>& init, std::size_t offset = 0)
+      : value((init.size() + offset) * 4 + 4, 0), grad((init.size() + offset) * 4 + 4, 1), n(init.size()),
+        off(offset) {
+    std::copy(init.begin(), init.end(), data());
+  }
+  float* data() { return value.as<float>() + off; }
+  float* g() { return grad.as<float>() + off; }
+  Param param() {
+    Param p;
+    p.value = {data(), DType::f32, {static_cast<std::int64_t>(n)}};
+    p.grad = {g(), DType::f32, {static_cast<std::int64_t>(n)}};
+    return p;
+  }
+};
+
+struct RefCase {
+  std::string rule;
+  OptionMap options;
+};
+
+std::vector<RefCase> reference_cases() {
+  return {
+      {"sgd", {{"lr", 0.1}}},
+      {"sgd", {{"lr", 0.1}, {"momentum", 0.9}}},
+      {"sgd", {{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.3}, {"weight_decay", 0.1}}},
+      {"sgd", {{"lr", 0.1}, {"momentum", 0.9}, {"nesterov", true}, {"weight_decay", 0.05}, {"maximize", true}}},
+      {"adam", {}},
+      {"adam", {{"lr", 0.01}, {"amsgrad", true}, {"weight_decay", 0.1}, {"eps", 0.1}}},
+      {"adam", {{"maximize", true}, {"betas", OptionValue(0.8, 0.9)}}},
+      {"adam", {{"decoupled_weight_decay", true}, {"weight_decay", 0.2}, {"lr", 0.05}}},
+      {"adamw", {}},
+      {"adamw", {{"amsgrad", true}, {"weight_decay", 0.3}, {"lr", 0.05}, {"eps", 0.05}}},
+      {"adamax", {}},
+      {"adamax", {{"weight_decay", 0.1}, {"eps", 0.1}, {"maximize", true}}},
+      {"adadelta", {}},
+      {"adadelta", {{"rho", 0.5}, {"eps", 0.01}, {"weight_decay", 0.1}, {"maximize", true}}},
+      {"adagrad", {}},
+      {"adagrad", {{"lr_decay", 0.1}, {"initial_accumulator_value", 0.5}, {"eps", 0.1}, {"weight_decay", 0.1},
+                   {"maximize", true}}},
+      {"rmsprop", {}},
+      {"rmsprop", {{"centered", true}}},
+      {"rmsprop", {{"centered", true}, {"momentum", 0.5}, {"eps", 0.1}, {"weight_decay", 0.1}, {"alpha", 0.9}}},
+      {"rmsprop", {{"momentum", 0.9}, {"maximize", true}}},
+      {"nadam", {}},
+      {"nadam", {{"weight_decay", 0.1}, {"momentum_decay", 0.01}, {"eps", 0.1}}},
+      {"nadam", {{"decoupled_weight_decay", true}, {"weight_decay", 0.2}, {"maximize", true}}},
+      {"radam", {}},
+      {"radam", {{"betas", OptionValue(0.9, 0.99)}, {"weight_decay", 0.1}, {"eps", 0.1}}},
+      {"radam", {{"decoupled_weight_decay", true}, {"weight_decay", 0.1}, {"maximize", true}}},
+      {"rprop", {}},
+      {"rprop", {{"etas", OptionValue(0.3, 1.5)}, {"step_sizes", OptionValue(1e-3, 0.05)}, {"maximize", true}}},
+      {"asgd", {}},
+      {"asgd", {{"t0", 3.0}, {"lambd", 0.01}, {"alpha", 0.5}, {"weight_decay", 0.1}, {"maximize", true}}},
+      {"lion", {}},
+      {"lion", {{"lr", 0.01}, {"weight_decay", 0.1}, {"betas", OptionValue(0.8, 0.95)}, {"maximize", true}}},
+  };
+}
+
+std::string case_name(const RefCase& c) {
+  std::string s = c.rule;
+  for (const auto& [k, v] : c.options) s += " " + k + "=" + v.to_string();
+  return s;
+}
+
+TEST(Rules, MatchDoublePrecisionReference) {
+  for (const RefCase& c : reference_cases()) {
+    SCOPED_TRACE(case_name(c));
+    const std::size_t n = 33;
+    const auto init = random_vector(n, 7, 1.0f, false);
+    Tensor1 t(init);
+    Optimizer opt(c.rule, std::vector<Param>{t.param()}, c.options);
+    std::vector<double> ref(init.begin(), init.end());
+    reference::State state;
+    const OptionMap resolved = opt.group(0).options;
+    for (int k = 0; k < 12; ++k) {
+      const auto g = random_vector(n, 100 + k, k % 3 == 2 ? 0.1f : 1.0f);
+      std::copy(g.begin(), g.end(), t.g());
+      opt.param(0).has_grad = true;
+      opt.step();
+      reference::step(c.rule, resolved, ref, std::vector<double>(g.begin(), g.end()), state);
+      for (std::size_t i = 0; i < n; ++i)
+        ASSERT_NEAR(t.data()[i], ref[i], 1e-5 + 1e-4 * std::fabs(ref[i])) << "step " << k + 1 << " element " << i;
+    }
+    // The state the reference keeps is the state torch keeps.
+    for (const auto& [key, values] : state.tensors) {
+      const StateLayout l = opt.rule().layout(resolved);
+      if (std::find(l.tensors.begin(), l.tensors.end(), key) == l.tensors.end()) continue;
+      const auto ours = opt.state_tensor(0, key);
+      for (std::size_t i = 0; i < n; ++i) ASSERT_NEAR(ours[i], values[i], 1e-5 + 1e-4 * std::fabs(values[i])) << key;
+    }
+  }
+}
+
+TEST(Rules, DefaultsAreTorchs) {
+  // torch.optim defaults (lion: the paper's reference code).
+  const std::vector<std::tuple<std::string, std::string, OptionValue>> torch = {
+      {"sgd", "momentum", 0.0},        {"adam", "lr", 1e-3},          {"adam", "betas", OptionValue(0.9, 0.999)},
+      {"adam", "eps", 1e-8},           {"adam", "weight_decay", 0.0}, {"adamw", "weight_decay", 1e-2},
+      {"adamax", "lr", 2e-3},          {"adadelta", "lr", 1.0},       {"adadelta", "rho", 0.9},
+      {"adadelta", "eps", 1e-6},       {"adagrad", "lr", 1e-2},       {"adagrad", "eps", 1e-10},
+      {"rmsprop", "lr", 1e-2},         {"rmsprop", "alpha", 0.99},    {"nadam", "lr", 2e-3},
+      {"nadam", "momentum_decay", 4e-3}, {"radam", "lr", 1e-3},       {"rprop", "etas", OptionValue(0.5, 1.2)},
+      {"rprop", "step_sizes", OptionValue(1e-6, 50.0)}, {"asgd", "lambd", 1e-4}, {"asgd", "alpha", 0.75},
+      {"asgd", "t0", 1e6},             {"lion", "lr", 1e-4},          {"lion", "betas", OptionValue(0.9, 0.99)},
+  };
+  for (const auto& [rule, option, value] : torch)
+    EXPECT_EQ(option_spec(rule_or_throw(rule), option).default_value, value) << rule << "." << option;
+}
+
+TEST(Registry, EveryRuleIsPointwiseAndFindable) {
+  EXPECT_EQ(all_rules().size(), 12u);
+  for (const RuleInfo* r : all_rules()) {
+    EXPECT_EQ(r->locality, Locality::pointwise) << r->name;
+    EXPECT_EQ(find_rule(r->name), r);
+  }
+  EXPECT_EQ(find_rule("lamb"), nullptr);
+}
+
+// Runs `steps` steps of `rule` over a tensor of n elements placed `offset`
+// floats past an aligned start, with a pool of `threads` and work chunks of
+// `chunk` elements; returns the parameters.
+std::vector<float> run_rule(const RuleInfo& rule, std::size_t n, std::size_t offset, int threads, std::size_t chunk,
+                            int steps = 3) {
+  Tensor1 t(random_vector(n, 3), offset);
+  ThreadPool pool(threads);
+  OptimizerConfig cfg;
+  cfg.pool = &pool;
+  cfg.chunk_elements = chunk;
+  OptionMap options;
+  if (rule.name == "sgd") options = {{"lr", 0.1}, {"momentum", 0.9}};
+  Optimizer opt(rule.name, std::vector<Param>{t.param()}, options, cfg);
+  for (int k = 0; k < steps; ++k) {
+    const auto g = random_vector(n, 50 + k);
+    std::copy(g.begin(), g.end(), t.g());
+    opt.param(0).has_grad = true;
+    opt.step();
+  }
+  return {t.data(), t.data() + n};
+}
+
+bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
+}
+
+TEST(Rules, SlicingThreadingAndAlignmentDoNotChangeBits) {
+  for (const RuleInfo* rule : all_rules()) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}, (std::size_t{1} << 20) + 3}) {
+      SCOPED_TRACE(std::string(rule->name) + " n=" + std::to_string(n));
+      const auto whole = run_rule(*rule, n, 0, 1, 1u << 30);
+      EXPECT_TRUE(bitwise_equal(whole, run_rule(*rule, n, 0, 3, 1000))) << "threaded, chunks of 1000";
+      EXPECT_TRUE(bitwise_equal(whole, run_rule(*rule, n, 1, 1, 1u << 30))) << "start misaligned by 4 bytes";
+      EXPECT_TRUE(bitwise_equal(whole, run_rule(*rule, n, 3, 2, 777))) << "misaligned and threaded";
+    }
+  }
+}
+
+template <class T>
+void check_low_precision_master_weights(DType dtype) {
+  const std::size_t n = 1000;
+  for (const RuleInfo* rule : all_rules()) {
+    SCOPED_TRACE(std::string(rule->name) + " " + std::string(name_of(dtype)));
+    // Low-precision parameter and gradient...
+    std::vector<T> value(n), grad(n);
+    const auto init = random_vector(n, 9);
+    for (std::size_t i = 0; i < n; ++i) value[i] = from_float<T>(init[i]);
+    Param lp;
+    lp.value = {value.data(), dtype, {static_cast<std::int64_t>(n)}};
+    lp.grad = {grad.data(), dtype, {static_cast<std::int64_t>(n)}};
+    // ... and an fp32 run over exactly the widened values.
+    std::vector<float> widened(n);
+    for (std::size_t i = 0; i < n; ++i) widened[i] = to_float(value[i]);
+    Tensor1 f(widened);
+    OptionMap options;
+    if (rule->name == "sgd") options = {{"lr", 0.1}, {"momentum", 0.9}};
+    Optimizer a(rule->name, std::vector<Param>{lp}, options);
+    Optimizer b(rule->name, std::vector<Param>{f.param()}, options);
+    for (int k = 0; k < 4; ++k) {
+      const auto g = random_vector(n, 70 + k);
+      for (std::size_t i = 0; i < n; ++i) {
+        grad[i] = from_float<T>(g[i]);
+        f.g()[i] = to_float(grad[i]);
+      }
+      a.param(0).has_grad = b.param(0).has_grad = true;
+      a.step();
+      b.step();
+    }
+    const auto master = a.state_tensor(0, "master_param");
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::memcmp(&master[i], &f.data()[i], 4), 0) << "master weight " << i;
+      ASSERT_EQ(std::memcmp(&value[i], &static_cast<const T&>(from_float<T>(master[i])), 2), 0) << "rounded param " << i;
+    }
+  }
+}
+
+TEST(Rules, Bf16ParamsKeepFp32MasterWeights) { check_low_precision_master_weights<bf16>(DType::bf16); }
+TEST(Rules, F16ParamsKeepFp32MasterWeights) { check_low_precision_master_weights<f16>(DType::f16); }
+
+TEST(Optimizer, StateDictRoundTripIsBitwise) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const RuleInfo* rule : all_rules()) {
+      SCOPED_TRACE(std::string(rule->name) + " " + std::string(name_of(dtype)));
+      const std::size_t n = 257;
+      // Two runs over identical storage: one straight through, one stopped,
+      // saved, reloaded into a fresh optimizer and continued.
+      std::vector<float> init = random_vector(n, 5);
+      std::vector<std::vector<std::uint16_t>> lp(2, std::vector<std::uint16_t>(n)), lpg(2, std::vector<std::uint16_t>(n));
+      std::vector<std::vector<float>> fp(2, init), fpg(2, std::vector<float>(n));
+      auto make_param = [&](int run) {
+        Param p;
+        if (dtype == DType::f32) {
+          p.value = {fp[run].data(), dtype, {static_cast<std::int64_t>(n)}};
+          p.grad = {fpg[run].data(), dtype, {static_cast<std::int64_t>(n)}};
+        } else {
+          for (std::size_t i = 0; i < n; ++i) lp[run][i] = float_to_bf16_bits(init[i]);
+          p.value = {lp[run].data(), dtype, {static_cast<std::int64_t>(n)}};
+          p.grad = {lpg[run].data(), dtype, {static_cast<std::int64_t>(n)}};
+        }
+        return p;
+      };
+      OptionMap options{{"lr", 0.01}};
+      ParamGroupSpec g0{{make_param(0)}, {}}, g1{{make_param(1)}, {}};
+      Optimizer straight(rule->name, std::vector<ParamGroupSpec>{g0}, options);
+      auto feed = [&](Optimizer& o, int run, int k) {
+        const auto g = random_vector(n, 200 + k);
+        for (std::size_t i = 0; i < n; ++i) {
+          fpg[run][i] = g[i];
+          lpg[run][i] = float_to_bf16_bits(g[i]);
+        }
+        o.param(0).has_grad = true;
+        o.step();
+      };
+      auto first = std::make_unique<Optimizer>(rule->name, std::vector<ParamGroupSpec>{g1}, options);
+      for (int k = 0; k < 5; ++k) {
+        feed(straight, 0, k);
+        feed(*first, 1, k);
+      }
+      const StateDict saved = first->state_dict();
+      first.reset();
+      Optimizer resumed(rule->name, std::vector<ParamGroupSpec>{ParamGroupSpec{{make_param(1)}, {}}}, {{"lr", 0.5}});
+      // make_param re-initialised run 1's bf16 storage; restore the values it had.
+      if (dtype != DType::f32)
+        for (std::size_t i = 0; i < n; ++i)
+          lp[1][i] = float_to_bf16_bits(std::get<StateTensor>(saved.state.at(0).at("master_param")).data[i]);
+      resumed.load_state_dict(saved);
+      EXPECT_EQ(resumed.lr(0), 0.01);  // options come from the dict
+      for (int k = 5; k < 10; ++k) {
+        feed(straight, 0, k);
+        feed(resumed, 1, k);
+      }
+      if (dtype == DType::f32) EXPECT_TRUE(bitwise_equal(fp[0], fp[1]));
+      else EXPECT_EQ(lp[0], lp[1]);
+      const StateDict a = straight.state_dict(), b = resumed.state_dict();
+      ASSERT_EQ(a.state.size(), b.state.size());
+      for (const auto& [key, value] : a.state.at(0)) {
+        if (std::holds_alternative<double>(value)) EXPECT_EQ(std::get<double>(value), std::get<double>(b.state.at(0).at(key))) << key;
+        else EXPECT_EQ(std::get<StateTensor>(value).data, std::get<StateTensor>(b.state.at(0).at(key)).data) << key;
+      }
+    }
+  }
+}
+
+TEST(Optimizer, ParamWithoutGradIsSkippedLikeTorch) {
+  Tensor1 a(random_vector(8, 1)), b(random_vector(8, 2));
+  const std::vector<float> b_before(b.data(), b.data() + 8);
+  Optimizer opt("adam", std::vector<Param>{a.param(), b.param()}, {{"weight_decay", 0.1}});
+  for (int k = 0; k < 3; ++k) {
+    opt.param(0).has_grad = true;
+    opt.param(1).has_grad = false;
+    std::fill_n(a.g(), 8, 0.5f);
+    opt.step();
+  }
+  EXPECT_EQ(opt.state_scalar(0, "step"), 3.0);
+  EXPECT_FALSE(opt.has_state(1));
+  EXPECT_TRUE(bitwise_equal(b_before, std::vector<float>(b.data(), b.data() + 8)));  // no decay either
+  opt.param(1).has_grad = true;
+  std::fill_n(b.g(), 8, 0.0f);  // a zero gradient does take a step
+  opt.step();
+  EXPECT_EQ(opt.state_scalar(1, "step"), 1.0);
+  EXPECT_EQ(opt.state_scalar(0, "step"), 4.0);
+  EXPECT_FALSE(bitwise_equal(b_before, std::vector<float>(b.data(), b.data() + 8)));
+  EXPECT_EQ(opt.state_dict().state.size(), 2u);
+}
+
+TEST(Optimizer, AdagradStateExistsBeforeTheFirstStep) {
+  Tensor1 a(random_vector(4, 1));
+  Optimizer opt("adagrad", std::vector<Param>{a.param()}, {{"initial_accumulator_value", 0.25}});
+  ASSERT_TRUE(opt.has_state(0));
+  EXPECT_EQ(opt.state_tensor(0, "sum")[3], 0.25f);
+  EXPECT_EQ(opt.state_scalar(0, "step"), 0.0);
+}
+
+TEST(Optimizer, GroupsOptionsAndSchedulerStyleChanges) {
+  Tensor1 a(random_vector(4, 1)), b(random_vector(4, 2)), c(random_vector(4, 3));
+  Optimizer opt("sgd", std::vector<ParamGroupSpec>{{{a.param(), b.param()}, {}}, {{c.param()}, {{"lr", 0.5}}}},
+                {{"lr", 0.1}, {"momentum", 0.9}});
+  EXPECT_EQ(opt.num_groups(), 2u);
+  EXPECT_EQ(opt.lr(0), 0.1);
+  EXPECT_EQ(opt.lr(1), 0.5);
+  EXPECT_EQ(opt.group(1).options.at("momentum").number(), 0.9);  // defaults fill the rest
+  Tensor1 t4(random_vector(2, 9));
+  opt.add_param_group({{t4.param()}, {{"momentum", 0.0}}});
+  EXPECT_EQ(opt.num_groups(), 3u);
+  EXPECT_EQ(opt.group(2).params, std::vector<std::size_t>{3});
+  // A changed lr is used by the next step.
+  std::fill_n(c.g(), 4, 1.0f);
+  const float before = c.data()[0];
+  opt.set_lr(1, 0.25);
+  opt.param(2).has_grad = true;
+  opt.step();
+  EXPECT_FLOAT_EQ(c.data()[0], before - 0.25f);
+  const StateDict d = opt.state_dict();
+  ASSERT_EQ(d.param_groups.size(), 3u);
+  EXPECT_EQ(d.param_groups[0].params, (std::vector<std::size_t>{0, 1}));
+  EXPECT_EQ(d.param_groups[1].options.at("lr").number(), 0.25);
+  EXPECT_EQ(d.state.count(2), 1u);
+  EXPECT_EQ(d.state.count(0), 0u);
+}
+
+TEST(Optimizer, TogglingAmsgradLaterCreatesTheMissingState) {
+  Tensor1 a(random_vector(16, 1));
+  Optimizer opt("adam", std::vector<Param>{a.param()});
+  opt.param(0).has_grad = true;
+  opt.step();
+  EXPECT_THROW(opt.state_tensor(0, "max_exp_avg_sq"), InvalidInput);
+  opt.set_option(0, "amsgrad", true);
+  opt.step();
+  EXPECT_EQ(opt.state_scalar(0, "step"), 2.0);
+  EXPECT_EQ(opt.state_tensor(0, "max_exp_avg_sq").size(), 16u);
+}
+
+TEST(Optimizer, ZeroGrad) {
+  Tensor1 a(random_vector(4, 1));
+  Optimizer opt("sgd", std::vector<Param>{a.param()}, {{"lr", 0.1}});
+  opt.param(0).has_grad = true;
+  std::fill_n(a.g(), 4, 3.0f);
+  opt.zero_grad(false);
+  EXPECT_TRUE(opt.param(0).has_grad);
+  EXPECT_EQ(a.g()[2], 0.0f);
+  opt.zero_grad();
+  EXPECT_FALSE(opt.param(0).has_grad);
+}
+
+TEST(Optimizer, SteadyStateStepAllocatesNothing) {
+  for (const RuleInfo* rule : all_rules()) {
+    std::vector<Tensor1> ts;
+    ts.reserve(20);
+    std::vector<Param> params;
+    for (int i = 0; i < 20; ++i) {
+      ts.emplace_back(random_vector(5000, i));
+      params.push_back(ts.back().param());
+      params.back().has_grad = true;
+    }
+    ThreadPool pool(2);
+    OptimizerConfig cfg;
+    cfg.pool = &pool;
+    cfg.chunk_elements = 1024;
+    OptionMap options;
+    if (rule->name == "sgd") options = {{"lr", 0.1}, {"momentum", 0.9}};
+    Optimizer opt(rule->name, params, options, cfg);
+    opt.step();  // creates state
+    const long before = g_news.load();
+    for (int k = 0; k < 5; ++k) opt.step();
+    EXPECT_EQ(g_news.load() - before, 0) << rule->name;
+  }
+}
+
+// --- bad input: clear errors, nothing changed ----------------------------
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(BadInput, WrongGradientSizeLeavesEveryParameterUntouched) {
+  Tensor1 a(random_vector(8, 1)), b(random_vector(8, 2));
+  Optimizer opt("adam", std::vector<Param>{a.param(), b.param()});
+  opt.param(0).has_grad = opt.param(1).has_grad = true;
+  opt.param(1).grad.shape = {7};
+  const std::vector<float> a0(a.data(), a.data() + 8);
+  const std::string e = error_of([&] { opt.step(); });
+  EXPECT_NE(e.find("gradient of parameter 1 has 7 elements"), std::string::npos) << e;
+  EXPECT_TRUE(bitwise_equal(a0, std::vector<float>(a.data(), a.data() + 8)));
+  EXPECT_FALSE(opt.has_state(0));
+  opt.param(1).grad.shape = {8};
+  opt.param(1).grad.dtype = DType::bf16;
+  EXPECT_NE(error_of([&] { opt.step(); }).find("is bf16, the parameter is f32"), std::string::npos);
+}
+
+TEST(BadInput, OptionsAreCheckedLikeTorch) {
+  Tensor1 a(random_vector(4, 1));
+  auto make = [&](const std::string& rule, OptionMap o) {
+    return error_of([&] { Optimizer(rule, std::vector<Param>{a.param()}, o); });
+  };
+  EXPECT_EQ(make("adam", {{"lr", -1.0}}), "Invalid learning rate: -1");
+  EXPECT_EQ(make("adam", {{"betas", OptionValue(1.0, 0.999)}}), "Invalid beta parameter at index 0: 1");
+  EXPECT_EQ(make("adamw", {{"betas", OptionValue(0.9, -0.1)}}), "Invalid beta parameter at index 1: -0.1");
+  EXPECT_EQ(make("adam", {{"eps", -1e-8}}), "Invalid epsilon value: -1e-08");
+  EXPECT_EQ(make("sgd", {{"weight_decay", -0.1}}), "Invalid weight_decay value: -0.1");
+  EXPECT_EQ(make("sgd", {{"nesterov", true}}), "Nesterov momentum requires a momentum and zero dampening");
+  EXPECT_EQ(make("rprop", {{"etas", OptionValue(1.5, 1.2)}}), "Invalid eta values: 1.5, 1.2");
+  EXPECT_EQ(make("adadelta", {{"rho", 1.5}}), "Invalid rho value: 1.5");
+  EXPECT_NE(make("adam", {{"betaz", 0.9}}).find("unknown option 'betaz' for optimizer adam (known: lr, betas"),
+            std::string::npos);
+  EXPECT_EQ(make("adam", {{"amsgrad", 1.0}}), "option 'amsgrad' of optimizer adam must be a boolean, got 1");
+  EXPECT_NE(make("adamm", {}).find("unknown optimizer 'adamm' (known: sgd, adam"), std::string::npos);
+  EXPECT_EQ(error_of([&] { Optimizer("sgd", std::vector<Param>{}); }), "optimizer got an empty parameter list");
+  EXPECT_NE(error_of([&] { Optimizer("sgd", std::vector<Param>{a.param(), a.param()}); }).find("more than one"),
+            std::string::npos);
+}
+
+TEST(BadInput, RejectedSetOptionKeepsTheOldValue) {
+  Tensor1 a(random_vector(4, 1));
+  Optimizer opt("adam", std::vector<Param>{a.param()});
+  EXPECT_EQ(error_of([&] { opt.set_option(0, "lr", -0.5); }), "Invalid learning rate: -0.5");
+  EXPECT_EQ(opt.lr(0), 1e-3);
+}
+
+TEST(BadInput, MismatchedStateDictIsRejectedBeforeAnyChange) {
+  Tensor1 a(random_vector(4, 1)), b(random_vector(4, 2));
+  Optimizer opt("adam", std::vector<Param>{a.param()});
+  opt.param(0).has_grad = true;
+  opt.step();
+  StateDict d = opt.state_dict();
+  Optimizer two("adam", std::vector<Param>{a.param(), b.param()});
+  EXPECT_NE(error_of([&] { two.load_state_dict(d); }).find("doesn't match the size of optimizer's group"),
+            std::string::npos);
+  d.param_groups[0].options["amsgrad"] = true;  // layout now needs max_exp_avg_sq
+  Optimizer fresh("adam", std::vector<Param>{a.param()});
+  EXPECT_NE(error_of([&] { fresh.load_state_dict(d); }).find("lacks 'max_exp_avg_sq'"), std::string::npos);
+  EXPECT_FALSE(fresh.group(0).options.at("amsgrad").flag());
+  EXPECT_FALSE(fresh.has_state(0));
+}
+
+}  // namespace
+}  // namespace distopt
