@@ -1,0 +1,144 @@
+// Communicator: the small, typed, order-contracted interface every backend
+// implements (threads: ranks are threads of one process; mpi: Open MPI).
+//
+// Contract:
+//  * Every rank of a communicator issues the same collectives in the same
+//    order (blocking and non-blocking alike). Nothing coordinates beyond that.
+//  * One thread uses a communicator at a time. Non-blocking collectives run,
+//    in issue order, on the communicator's own progress thread; a blocking
+//    collective issued while some are pending waits its turn.
+//  * Every wait has a deadline (timeout(), default 300 s, settable). Past it,
+//    CommTimeout names the operation and the peers that did not answer.
+//    When a rank of the threads backend fails, the others are woken with
+//    CommAborted. After any CommError the communicator is broken.
+//  * all_reduce is reduce_scatter followed by all_gather over the pieces of
+//    piece_of(), and reductions combine ranks in order 0, 1, ..., n-1
+//    (reduce_ordered). Results are therefore bitwise identical between
+//    all_reduce and all_gather(reduce_scatter), and between backends.
+//  * Buffers: counts are in elements. `send` and `recv` may be the same
+//    pointer (in place) where noted.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "distopt/comm/types.hpp"
+
+namespace distopt {
+
+class Request {
+ public:
+  virtual ~Request() = default;
+  // True when the operation completed; rethrows its failure.
+  virtual bool test() = 0;
+  // Blocks until completion (or the communicator's timeout); rethrows.
+  virtual void wait() = 0;
+};
+
+class Communicator {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::chrono::milliseconds kDefaultTimeout{300'000};
+
+  virtual ~Communicator();
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string_view backend() const = 0;
+
+  void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // recv[i] = op over ranks of send[i]; `count` elements. In place allowed.
+  void all_reduce(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op);
+  // send holds size()*recv_count elements; rank r receives the reduction of
+  // piece r (elements [r*recv_count, (r+1)*recv_count)).
+  void reduce_scatter(const void* send, void* recv, std::size_t recv_count, ElemType type, ReduceOp op);
+  // recv (size()*send_count elements) = the ranks' send buffers in rank order.
+  void all_gather(const void* send, void* recv, std::size_t send_count, ElemType type);
+  // As all_gather with per-rank counts (any counts, e.g. uneven shards).
+  // `send` may be recv + (offset of this rank's piece): in place.
+  void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type);
+  void broadcast(void* buf, std::size_t count, ElemType type, int root);
+  void barrier();
+
+  void send(const void* buf, std::size_t count, ElemType type, int peer, int tag = 0);
+  void recv(void* buf, std::size_t count, ElemType type, int peer, int tag = 0);
+  virtual std::unique_ptr<Request> isend(const void* buf, std::size_t count, ElemType type, int peer, int tag = 0) = 0;
+  virtual std::unique_ptr<Request> irecv(void* buf, std::size_t count, ElemType type, int peer, int tag = 0) = 0;
+
+  // Non-blocking collectives: buffers must stay valid until wait()/test().
+  std::unique_ptr<Request> iall_reduce(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op);
+  std::unique_ptr<Request> ireduce_scatter(const void* send, void* recv, std::size_t recv_count, ElemType type,
+                                           ReduceOp op);
+  std::unique_ptr<Request> iall_gather(const void* send, void* recv, std::size_t send_count, ElemType type);
+  std::unique_ptr<Request> ibroadcast(void* buf, std::size_t count, ElemType type, int root);
+
+  // Collective: ranks with the same color form a new communicator, ordered
+  // by (key, rank). A negative color returns nullptr for that rank.
+  std::unique_ptr<Communicator> split(int color, int key);
+
+  // Typed conveniences.
+  template <class T>
+  void all_reduce(std::span<T> buf, ReduceOp op);
+
+ protected:
+  Communicator() = default;
+  Clock::time_point deadline() const { return Clock::now() + timeout_; }
+
+  // Backend primitives. rank r of the result holds op over ranks of
+  // send[offset_r .. offset_r + counts[r]) (offsets = prefix sums).
+  virtual void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
+                                   ReduceOp op) = 0;
+  virtual void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) = 0;
+  virtual void do_broadcast(void* buf, std::size_t bytes, int root) = 0;
+  virtual void do_barrier() = 0;
+  virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
+  // Backends call this first thing in their destructor: it finishes queued
+  // non-blocking collectives and joins the progress thread while the
+  // backend's members still exist.
+  void stop_progress();
+
+ private:
+  struct Task;
+  class TaskRequest;
+  // Runs a collective in issue order: inline when nothing is pending,
+  // otherwise after the pending ones (on the progress thread).
+  void run_ordered(std::function<void()> fn);
+  void all_reduce_now(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op);
+  std::unique_ptr<Request> enqueue(std::function<void()> fn);
+  void progress_loop();
+  void check_rank(int r, const char* what) const;
+
+  std::chrono::milliseconds timeout_ = kDefaultTimeout;
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<std::shared_ptr<Task>> queue_;
+  bool busy_ = false;  // the progress thread is running a task
+  bool stop_ = false;
+  std::thread progress_;
+};
+
+template <class T>
+void Communicator::all_reduce(std::span<T> buf, ReduceOp op) {
+  ElemType t;
+  if constexpr (std::is_same_v<T, float>) t = ElemType::f32;
+  else if constexpr (std::is_same_v<T, double>) t = ElemType::f64;
+  else if constexpr (std::is_same_v<T, std::int32_t>) t = ElemType::i32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) t = ElemType::i64;
+  else if constexpr (std::is_same_v<T, std::uint8_t>) t = ElemType::u8;
+  else if constexpr (std::is_same_v<T, bf16>) t = ElemType::bf16;
+  else t = ElemType::f16;
+  all_reduce(buf.data(), buf.data(), buf.size(), t, op);
+}
+
+}  // namespace distopt

@@ -1,0 +1,200 @@
+#include "distopt/comm/communicator.hpp"
+
+#include <vector>
+
+namespace distopt {
+
+struct Communicator::Task {
+  std::function<void()> fn;
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+
+  void finish(std::exception_ptr e) {
+    std::lock_guard lock(m);
+    error = e;
+    done = true;
+    cv.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return done; });
+    if (error) std::rethrow_exception(error);
+  }
+};
+
+class Communicator::TaskRequest : public Request {
+ public:
+  explicit TaskRequest(std::shared_ptr<Task> t) : task_(std::move(t)) {}
+  bool test() override {
+    std::lock_guard lock(task_->m);
+    if (task_->done && task_->error) std::rethrow_exception(task_->error);
+    return task_->done;
+  }
+  // The task carries the communicator's deadlines itself, so this returns.
+  void wait() override { task_->wait(); }
+
+ private:
+  std::shared_ptr<Task> task_;
+};
+
+Communicator::~Communicator() { stop_progress(); }
+
+void Communicator::stop_progress() {
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (!progress_.joinable()) return;
+    stop_ = true;
+  }
+  queue_cv_.notify_all();
+  progress_.join();
+}
+
+void Communicator::progress_loop() {
+  for (;;) {
+    std::shared_ptr<Task> task;
+    {
+      std::unique_lock lock(queue_mutex_);
+      queue_cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
+      if (queue_.empty()) return;  // stop requested and nothing left
+      task = queue_.front();
+      queue_.pop_front();
+      busy_ = true;
+    }
+    std::exception_ptr error;
+    try {
+      task->fn();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    {
+      std::lock_guard lock(queue_mutex_);
+      busy_ = false;
+    }
+    queue_cv_.notify_all();
+    task->finish(error);
+  }
+}
+
+std::unique_ptr<Request> Communicator::enqueue(std::function<void()> fn) {
+  auto task = std::make_shared<Task>();
+  task->fn = std::move(fn);
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (!progress_.joinable()) progress_ = std::thread([this] { progress_loop(); });
+    queue_.push_back(task);
+  }
+  queue_cv_.notify_all();
+  return std::make_unique<TaskRequest>(std::move(task));
+}
+
+void Communicator::run_ordered(std::function<void()> fn) {
+  std::shared_ptr<Task> task;
+  {
+    std::lock_guard lock(queue_mutex_);
+    if (!queue_.empty() || busy_) {  // pending non-blocking collectives go first
+      task = std::make_shared<Task>();
+      task->fn = std::move(fn);
+      queue_.push_back(task);
+    }
+  }
+  if (!task) {
+    fn();
+    return;
+  }
+  queue_cv_.notify_all();
+  task->wait();
+}
+
+void Communicator::check_rank(int r, const char* what) const {
+  if (r < 0 || r >= size()) throw InvalidInput(str(what, ": rank ", r, " is outside the communicator (size ", size(), ")"));
+}
+
+namespace {
+std::vector<std::size_t> equal_counts(int n, std::size_t c) { return std::vector<std::size_t>(n, c); }
+}  // namespace
+
+// The determinism contract: reduce-scatter of the pieces, then all-gather.
+void Communicator::all_reduce_now(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op) {
+    const int n = size();
+    std::vector<std::size_t> counts(n);
+    for (int r = 0; r < n; ++r) counts[r] = piece_of(count, n, r).count;
+    char* mine = static_cast<char*>(recv) + piece_of(count, n, rank()).offset * size_of(type);
+    do_reduce_scatter_v(send, mine, counts, type, op);
+    do_all_gather_v(mine, recv, counts, type);
+}
+
+void Communicator::all_reduce(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op) {
+  if (op == ReduceOp::avg && !is_floating(type))
+    throw InvalidInput(str("all_reduce: op avg needs a floating-point type, got ", name_of(type)));
+  run_ordered([=, this] { all_reduce_now(send, recv, count, type, op); });
+}
+
+void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, ElemType type, ReduceOp op) {
+  if (op == ReduceOp::avg && !is_floating(type))
+    throw InvalidInput(str("reduce_scatter: op avg needs a floating-point type, got ", name_of(type)));
+  run_ordered([=, this] { do_reduce_scatter_v(send, recv, equal_counts(size(), recv_count), type, op); });
+}
+
+void Communicator::all_gather(const void* send, void* recv, std::size_t send_count, ElemType type) {
+  run_ordered([=, this] { do_all_gather_v(send, recv, equal_counts(size(), send_count), type); });
+}
+
+void Communicator::all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) {
+  if (counts.size() != static_cast<std::size_t>(size()))
+    throw InvalidInput(str("all_gather_v: ", counts.size(), " counts for ", size(), " ranks"));
+  std::vector<std::size_t> c(counts.begin(), counts.end());
+  run_ordered([=, this] { do_all_gather_v(send, recv, c, type); });
+}
+
+void Communicator::broadcast(void* buf, std::size_t count, ElemType type, int root) {
+  check_rank(root, "broadcast");
+  run_ordered([=, this] { do_broadcast(buf, count * size_of(type), root); });
+}
+
+void Communicator::barrier() {
+  run_ordered([this] { do_barrier(); });
+}
+
+void Communicator::send(const void* buf, std::size_t count, ElemType type, int peer, int tag) {
+  check_rank(peer, "send");
+  isend(buf, count, type, peer, tag)->wait();
+}
+
+void Communicator::recv(void* buf, std::size_t count, ElemType type, int peer, int tag) {
+  check_rank(peer, "recv");
+  irecv(buf, count, type, peer, tag)->wait();
+}
+
+std::unique_ptr<Request> Communicator::iall_reduce(const void* send, void* recv, std::size_t count, ElemType type,
+                                                   ReduceOp op) {
+  if (op == ReduceOp::avg && !is_floating(type))
+    throw InvalidInput(str("iall_reduce: op avg needs a floating-point type, got ", name_of(type)));
+  return enqueue([=, this] { all_reduce_now(send, recv, count, type, op); });
+}
+
+std::unique_ptr<Request> Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                                       ElemType type, ReduceOp op) {
+  if (op == ReduceOp::avg && !is_floating(type))
+    throw InvalidInput(str("ireduce_scatter: op avg needs a floating-point type, got ", name_of(type)));
+  return enqueue([=, this] { do_reduce_scatter_v(send, recv, equal_counts(size(), recv_count), type, op); });
+}
+
+std::unique_ptr<Request> Communicator::iall_gather(const void* send, void* recv, std::size_t send_count,
+                                                   ElemType type) {
+  return enqueue([=, this] { do_all_gather_v(send, recv, equal_counts(size(), send_count), type); });
+}
+
+std::unique_ptr<Request> Communicator::ibroadcast(void* buf, std::size_t count, ElemType type, int root) {
+  check_rank(root, "ibroadcast");
+  return enqueue([=, this] { do_broadcast(buf, count * size_of(type), root); });
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  std::unique_ptr<Communicator> out;
+  run_ordered([&] { out = do_split(color, key); });
+  return out;
+}
+
+}  // namespace distopt

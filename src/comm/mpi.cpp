@@ -1,0 +1,267 @@
+// MPI backend: see include/distopt/comm/mpi.hpp and docs/algorithms.md.
+#include "distopt/comm/mpi.hpp"
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "distopt/core/buffer.hpp"
+
+namespace distopt {
+
+namespace {
+
+void check(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  throw CommError(str(what, ": MPI error: ", std::string(text, static_cast<std::size_t>(len))));
+}
+
+int to_int(std::size_t bytes, const char* what) {
+  if (bytes > static_cast<std::size_t>(INT_MAX))
+    throw InvalidInput(str(what, ": a message of ", bytes, " bytes exceeds MPI's int count"));
+  return static_cast<int>(bytes);
+}
+
+std::string seconds(std::chrono::milliseconds t) { return str(t.count() / 1000.0, " s"); }
+
+class MpiComm;
+
+// Waits for `reqs` until the deadline, polling; names the peers of the
+// requests still open on expiry. `peers[i]` is -1 for "the collective".
+void wait_all(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, const char* op, int rank,
+              std::chrono::milliseconds timeout) {
+  if (reqs.empty()) return;
+  const auto until = Communicator::Clock::now() + timeout;
+  for (;;) {
+    int done = 0;
+    check(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE), op);
+    if (done) return;
+    if (Communicator::Clock::now() > until) break;
+    std::this_thread::yield();
+  }
+  std::string missing;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    int flag = 1;
+    if (reqs[i] != MPI_REQUEST_NULL) MPI_Request_get_status(reqs[i], &flag, MPI_STATUS_IGNORE);
+    if (!flag) missing += (missing.empty() ? "" : ", ") + (peers[i] < 0 ? std::string("the other ranks") : std::to_string(peers[i]));
+  }
+  throw CommTimeout(str(op, " on rank ", rank, ": timed out after ", seconds(timeout), " waiting for rank(s) ", missing,
+                        " (mpi backend)"));
+}
+
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MPI_Request r, const char* op, int rank, int peer, int tag, std::size_t expect_bytes,
+             std::chrono::milliseconds timeout)
+      : req_(r), op_(op), rank_(rank), peer_(peer), tag_(tag), expect_(expect_bytes), timeout_(timeout) {}
+  ~MpiRequest() override {
+    if (req_ != MPI_REQUEST_NULL && !done_) {  // abandoned: let MPI finish it
+      if (std::string_view(op_) == "recv") MPI_Cancel(&req_);
+      MPI_Request_free(&req_);
+    }
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    MPI_Status status;
+    check(MPI_Test(&req_, &flag, &status), op_);
+    if (flag) finish(status);
+    return done_;
+  }
+  void wait() override {
+    if (done_) return;
+    const auto until = Communicator::Clock::now() + timeout_;
+    while (!test()) {
+      if (Communicator::Clock::now() > until)
+        throw CommTimeout(str(op_, " on rank ", rank_, ": timed out after ", seconds(timeout_), " waiting for rank ",
+                              peer_, " (tag ", tag_, ", mpi backend)"));
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  void finish(const MPI_Status& status) {
+    done_ = true;
+    if (std::string_view(op_) != "recv") return;
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    if (static_cast<std::size_t>(got) != expect_)
+      throw CommError(str("recv on rank ", rank_, " from rank ", peer_, " (tag ", tag_, "): expected ", expect_,
+                          " bytes, the message has ", got));
+  }
+  MPI_Request req_;
+  const char* op_;
+  int rank_, peer_, tag_;
+  std::size_t expect_;
+  std::chrono::milliseconds timeout_;
+  bool done_ = false;
+};
+
+class MpiComm final : public Communicator {
+ public:
+  // Takes ownership of `comm`; collectives run on a duplicate so that user
+  // point-to-point tags never meet internal messages.
+  explicit MpiComm(MPI_Comm comm) : p2p_(comm) {
+    check(MPI_Comm_set_errhandler(p2p_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_dup(p2p_, &coll_), "MPI_Comm_dup");
+    check(MPI_Comm_set_errhandler(coll_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    check(MPI_Comm_rank(p2p_, &rank_), "MPI_Comm_rank");
+    check(MPI_Comm_size(p2p_, &size_), "MPI_Comm_size");
+  }
+  ~MpiComm() override {
+    stop_progress();
+    MPI_Comm_free(&coll_);
+    MPI_Comm_free(&p2p_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string_view backend() const override { return "mpi"; }
+
+  std::unique_ptr<Request> isend(const void* buf, std::size_t count, ElemType type, int peer, int tag) override {
+    if (peer < 0 || peer >= size_) throw InvalidInput(str("isend: rank ", peer, " is outside the communicator (size ", size_, ")"));
+    MPI_Request r;
+    const std::size_t bytes = count * size_of(type);
+    check(MPI_Isend(buf, to_int(bytes, "send"), MPI_BYTE, peer, tag, p2p_, &r), "MPI_Isend");
+    return std::make_unique<MpiRequest>(r, "send", rank_, peer, tag, bytes, timeout());
+  }
+  std::unique_ptr<Request> irecv(void* buf, std::size_t count, ElemType type, int peer, int tag) override {
+    if (peer < 0 || peer >= size_) throw InvalidInput(str("irecv: rank ", peer, " is outside the communicator (size ", size_, ")"));
+    MPI_Request r;
+    const std::size_t bytes = count * size_of(type);
+    check(MPI_Irecv(buf, to_int(bytes, "recv"), MPI_BYTE, peer, tag, p2p_, &r), "MPI_Irecv");
+    return std::make_unique<MpiRequest>(r, "recv", rank_, peer, tag, bytes, timeout());
+  }
+
+ protected:
+  // Pairwise exchange of pieces (each rank receives its piece from every
+  // other rank), then one ordered reduction over all n contributions.
+  void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
+                           ReduceOp op) override {
+    const std::size_t es = size_of(type);
+    std::vector<std::size_t> offsets(size_ + 1, 0);
+    for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + counts[r];
+    const std::size_t mine = counts[rank_] * es;
+    if (scratch_.size_bytes() < mine * size_) scratch_ = Buffer(mine * size_, 5);
+    std::vector<MPI_Request> reqs;
+    std::vector<int> peers;
+    for (int j = 1; j < size_; ++j) {  // start with the next rank: spreads the load
+      const int peer = (rank_ + j) % size_;
+      reqs.emplace_back();
+      peers.push_back(peer);
+      check(MPI_Irecv(scratch_.as<char>() + peer * mine, to_int(mine, "reduce_scatter"), MPI_BYTE, peer, kTagRs,
+                      coll_, &reqs.back()),
+            "MPI_Irecv");
+    }
+    for (int j = 1; j < size_; ++j) {
+      const int peer = (rank_ + j) % size_;
+      reqs.emplace_back();
+      peers.push_back(peer);
+      check(MPI_Isend(static_cast<const char*>(send) + offsets[peer] * es, to_int(counts[peer] * es, "reduce_scatter"),
+                      MPI_BYTE, peer, kTagRs, coll_, &reqs.back()),
+            "MPI_Isend");
+    }
+    wait_all(reqs, peers, "reduce_scatter", rank_, timeout());
+    std::vector<const void*> inputs(size_);
+    for (int r = 0; r < size_; ++r)
+      inputs[r] = r == rank_ ? static_cast<const char*>(send) + offsets[rank_] * es : scratch_.as<char>() + r * mine;
+    reduce_ordered(inputs.data(), size_, recv, counts[rank_], type, op);
+  }
+
+  void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override {
+    const std::size_t es = size_of(type);
+    std::vector<std::size_t> offsets(size_ + 1, 0);
+    for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + counts[r];
+    std::vector<MPI_Request> reqs;
+    std::vector<int> peers;
+    for (int j = 1; j < size_; ++j) {
+      const int peer = (rank_ + size_ - j) % size_;
+      reqs.emplace_back();
+      peers.push_back(peer);
+      check(MPI_Irecv(static_cast<char*>(recv) + offsets[peer] * es, to_int(counts[peer] * es, "all_gather"), MPI_BYTE,
+                      peer, kTagAg, coll_, &reqs.back()),
+            "MPI_Irecv");
+    }
+    for (int j = 1; j < size_; ++j) {
+      const int peer = (rank_ + j) % size_;
+      reqs.emplace_back();
+      peers.push_back(peer);
+      check(MPI_Isend(send, to_int(counts[rank_] * es, "all_gather"), MPI_BYTE, peer, kTagAg, coll_, &reqs.back()),
+            "MPI_Isend");
+    }
+    char* own = static_cast<char*>(recv) + offsets[rank_] * es;
+    if (own != send && counts[rank_] > 0) std::memcpy(own, send, counts[rank_] * es);
+    wait_all(reqs, peers, "all_gather", rank_, timeout());
+  }
+
+  void do_broadcast(void* buf, std::size_t bytes, int root) override {
+    std::vector<MPI_Request> reqs(1);
+    check(MPI_Ibcast(buf, to_int(bytes, "broadcast"), MPI_BYTE, root, coll_, reqs.data()), "MPI_Ibcast");
+    wait_all(reqs, {rank_ == root ? -1 : root}, "broadcast", rank_, timeout());
+  }
+
+  void do_barrier() override {
+    std::vector<MPI_Request> reqs(1);
+    check(MPI_Ibarrier(coll_, reqs.data()), "MPI_Ibarrier");
+    wait_all(reqs, {-1}, "barrier", rank_, timeout());
+  }
+
+  std::unique_ptr<Communicator> do_split(int color, int key) override {
+    MPI_Comm out;
+    check(MPI_Comm_split(coll_, color < 0 ? MPI_UNDEFINED : color, key, &out), "MPI_Comm_split");
+    if (out == MPI_COMM_NULL) return nullptr;
+    auto comm = std::make_unique<MpiComm>(out);
+    comm->set_timeout(timeout());
+    return comm;
+  }
+
+ private:
+  static constexpr int kTagRs = 1, kTagAg = 2;
+  MPI_Comm p2p_ = MPI_COMM_NULL, coll_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+  Buffer scratch_;  // receives the other ranks' pieces in reduce_scatter
+};
+
+}  // namespace
+
+MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) throw CommError("MPI is already initialized (one MpiEnvironment per process)");
+  int provided = 0;
+  check(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+  if (provided < MPI_THREAD_MULTIPLE) {
+    MPI_Finalize();
+    throw CommError("this MPI library does not provide MPI_THREAD_MULTIPLE, which distopt needs");
+  }
+}
+
+MpiEnvironment::~MpiEnvironment() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void MpiEnvironment::abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+std::unique_ptr<Communicator> make_mpi_world() {
+  MPI_Comm comm;
+  check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+  return std::make_unique<MpiComm>(comm);
+}
+
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+}  // namespace distopt

@@ -1,0 +1,315 @@
+// Threads backend: see include/distopt/comm/threads.hpp.
+//
+// Each communicator group shares a Group: a barrier with per-rank arrival
+// marks (so a time-out can name the ranks that did not arrive), one slot per
+// rank where a collective posts its buffers, and mailboxes for
+// point-to-point messages. A collective is: post slot, barrier, work on the
+// posted buffers, barrier (nobody leaves while others still read its memory).
+#include "distopt/comm/threads.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <tuple>
+
+namespace distopt {
+
+namespace {
+
+std::string seconds(std::chrono::milliseconds t) { return str(t.count() / 1000.0, " s"); }
+
+// Abort state shared by every group of one world.
+struct World {
+  std::atomic<bool> aborted{false};
+  std::mutex m;
+  std::string reason;
+  std::vector<std::weak_ptr<struct Group>> groups;
+  void abort(const std::string& why);
+};
+
+struct Slot {
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int color = 0, key = 0;
+};
+
+struct Group {
+  Group(int n, std::shared_ptr<World> w) : size(n), world(std::move(w)), arrived_gen(n, 0), slots(n) {}
+  const int size;
+  std::shared_ptr<World> world;
+  std::mutex m;
+  std::condition_variable cv;
+  std::uint64_t generation = 0;
+  int arrived = 0;
+  std::vector<std::uint64_t> arrived_gen;  // generation + 1 once a rank arrived
+  std::vector<Slot> slots;
+  std::map<std::pair<std::uint64_t, int>, std::shared_ptr<Group>> children;  // (split #, color)
+  std::map<std::tuple<int, int, int>, std::deque<std::vector<unsigned char>>> mail;  // (src, dst, tag)
+};
+
+void World::abort(const std::string& why) {
+  std::vector<std::shared_ptr<Group>> live;
+  {
+    std::lock_guard lock(m);
+    if (aborted.exchange(true)) return;
+    reason = why;
+    for (auto& w : groups)
+      if (auto g = w.lock()) live.push_back(std::move(g));
+  }
+  for (auto& g : live) {
+    std::lock_guard lock(g->m);  // no waiter can miss the flag
+    g->cv.notify_all();
+  }
+}
+
+std::shared_ptr<Group> new_group(int n, const std::shared_ptr<World>& world) {
+  auto g = std::make_shared<Group>(n, world);
+  std::lock_guard lock(world->m);
+  world->groups.push_back(g);
+  return g;
+}
+
+class ThreadsComm final : public Communicator {
+ public:
+  ThreadsComm(std::shared_ptr<Group> g, int rank) : g_(std::move(g)), rank_(rank) {}
+  ~ThreadsComm() override { stop_progress(); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return g_->size; }
+  std::string_view backend() const override { return "threads"; }
+
+  std::unique_ptr<Request> isend(const void* buf, std::size_t count, ElemType type, int peer, int tag) override;
+  std::unique_ptr<Request> irecv(void* buf, std::size_t count, ElemType type, int peer, int tag) override;
+
+  World& world() { return *g_->world; }
+
+ protected:
+  void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
+                           ReduceOp op) override {
+    rendezvous("reduce_scatter", Slot{send, recv});
+    const std::size_t es = size_of(type);
+    std::size_t offset = 0;
+    for (int r = 0; r < rank_; ++r) offset += counts[r];
+    std::vector<const void*> inputs(g_->size);
+    for (int r = 0; r < g_->size; ++r) inputs[r] = static_cast<const char*>(g_->slots[r].send) + offset * es;
+    reduce_ordered(inputs.data(), g_->size, recv, counts[rank_], type, op);
+    rendezvous("reduce_scatter");
+  }
+
+  void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override {
+    rendezvous("all_gather", Slot{send, recv});
+    const std::size_t es = size_of(type);
+    std::size_t offset = 0;
+    for (int r = 0; r < g_->size; ++r) {
+      char* dst = static_cast<char*>(recv) + offset * es;
+      const void* src = g_->slots[r].send;
+      if (dst != src && counts[r] > 0) std::memcpy(dst, src, counts[r] * es);
+      offset += counts[r];
+    }
+    rendezvous("all_gather");
+  }
+
+  void do_broadcast(void* buf, std::size_t bytes, int root) override {
+    rendezvous("broadcast", Slot{buf, buf});
+    if (rank_ != root && bytes > 0) std::memcpy(buf, g_->slots[root].send, bytes);
+    rendezvous("broadcast");
+  }
+
+  void do_barrier() override { rendezvous("barrier"); }
+
+  std::unique_ptr<Communicator> do_split(int color, int key) override {
+    Slot mine;
+    mine.color = color;
+    mine.key = key;
+    rendezvous("split", mine);
+    const std::uint64_t id = split_count_++;
+    std::vector<std::pair<int, int>> members;  // (key, parent rank)
+    for (int r = 0; r < g_->size; ++r)
+      if (g_->slots[r].color == color) members.push_back({g_->slots[r].key, r});
+    std::sort(members.begin(), members.end());
+    std::shared_ptr<Group> child;
+    if (color >= 0) {
+      std::lock_guard lock(g_->m);
+      auto& slot = g_->children[{id, color}];
+      if (!slot) slot = new_group(static_cast<int>(members.size()), g_->world);
+      child = slot;
+    }
+    rendezvous("split");
+    if (rank_ == 0) {
+      std::lock_guard lock(g_->m);
+      for (auto it = g_->children.begin(); it != g_->children.end();)
+        it = it->first.first == id ? g_->children.erase(it) : std::next(it);
+    }
+    if (color < 0) return nullptr;
+    const int new_rank = static_cast<int>(
+        std::find_if(members.begin(), members.end(), [&](auto& m) { return m.second == rank_; }) - members.begin());
+    auto comm = std::make_unique<ThreadsComm>(std::move(child), new_rank);
+    comm->set_timeout(timeout());
+    return comm;
+  }
+
+ private:
+  friend class MailRecv;
+  [[noreturn]] void throw_aborted(const char* op) {
+    std::lock_guard lock(g_->world->m);
+    throw CommAborted(str(op, " on rank ", rank_, ": aborted because ", g_->world->reason));
+  }
+
+  // Posts this rank's slot (when given) and waits until every rank of the
+  // group arrived. The closing rendezvous of a collective posts nothing:
+  // slower ranks may still be reading the slots of the opening one.
+  void rendezvous(const char* op, std::optional<Slot> slot = std::nullopt) {
+    const auto until = deadline();
+    std::unique_lock lock(g_->m);
+    if (g_->world->aborted) {
+      lock.unlock();
+      throw_aborted(op);
+    }
+    if (slot) g_->slots[rank_] = *slot;
+    const std::uint64_t gen = g_->generation;
+    g_->arrived_gen[rank_] = gen + 1;
+    if (++g_->arrived == g_->size) {
+      g_->arrived = 0;
+      ++g_->generation;
+      g_->cv.notify_all();
+      return;
+    }
+    const bool released = g_->cv.wait_until(lock, until, [&] { return g_->generation != gen || g_->world->aborted; });
+    if (g_->generation != gen) return;
+    if (g_->world->aborted) {
+      lock.unlock();
+      throw_aborted(op);
+    }
+    (void)released;
+    std::string missing;
+    for (int r = 0; r < g_->size; ++r)
+      if (g_->arrived_gen[r] != gen + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    throw CommTimeout(str(op, " on rank ", rank_, ": timed out after ", seconds(timeout()),
+                          " waiting for rank(s) ", missing, " (threads backend)"));
+  }
+
+  std::shared_ptr<Group> g_;
+  const int rank_;
+  std::uint64_t split_count_ = 0;
+};
+
+class DoneRequest final : public Request {
+ public:
+  bool test() override { return true; }
+  void wait() override {}
+};
+
+class MailRecv final : public Request {
+ public:
+  MailRecv(ThreadsComm* c, void* buf, std::size_t bytes, int peer, int tag)
+      : c_(c), buf_(buf), bytes_(bytes), peer_(peer), tag_(tag) {}
+
+  bool test() override {
+    if (done_) return true;
+    std::lock_guard lock(c_->g_->m);
+    return take();
+  }
+
+  void wait() override {
+    if (done_) return;
+    const auto until = c_->deadline();
+    std::unique_lock lock(c_->g_->m);
+    c_->g_->cv.wait_until(lock, until, [&] { return ready() || c_->g_->world->aborted; });
+    if (take()) return;
+    if (c_->g_->world->aborted) {
+      lock.unlock();
+      c_->throw_aborted("recv");
+    }
+    throw CommTimeout(str("recv on rank ", c_->rank(), ": timed out after ", seconds(c_->timeout()),
+                          " waiting for rank ", peer_, " (tag ", tag_, ", threads backend)"));
+  }
+
+ private:
+  std::deque<std::vector<unsigned char>>& box() { return c_->g_->mail[{peer_, c_->rank(), tag_}]; }
+  bool ready() { return !box().empty(); }
+  // Caller holds the group's mutex.
+  bool take() {
+    auto& b = box();
+    if (b.empty()) return false;
+    std::vector<unsigned char> msg = std::move(b.front());
+    b.pop_front();
+    if (msg.size() != bytes_)
+      throw CommError(str("recv on rank ", c_->rank(), " from rank ", peer_, " (tag ", tag_, "): expected ", bytes_,
+                          " bytes, the message has ", msg.size()));
+    if (bytes_ > 0) std::memcpy(buf_, msg.data(), bytes_);
+    done_ = true;
+    return true;
+  }
+  ThreadsComm* c_;
+  void* buf_;
+  std::size_t bytes_;
+  int peer_, tag_;
+  bool done_ = false;
+};
+
+std::unique_ptr<Request> ThreadsComm::isend(const void* buf, std::size_t count, ElemType type, int peer, int tag) {
+  if (peer < 0 || peer >= size()) throw InvalidInput(str("isend: rank ", peer, " is outside the communicator (size ", size(), ")"));
+  const std::size_t bytes = count * size_of(type);
+  std::vector<unsigned char> msg(static_cast<const unsigned char*>(buf), static_cast<const unsigned char*>(buf) + bytes);
+  {
+    std::lock_guard lock(g_->m);
+    if (g_->world->aborted) throw CommAborted(str("send on rank ", rank_, ": aborted because ", g_->world->reason));
+    g_->mail[{rank_, peer, tag}].push_back(std::move(msg));
+  }
+  g_->cv.notify_all();
+  return std::make_unique<DoneRequest>();
+}
+
+std::unique_ptr<Request> ThreadsComm::irecv(void* buf, std::size_t count, ElemType type, int peer, int tag) {
+  if (peer < 0 || peer >= size()) throw InvalidInput(str("irecv: rank ", peer, " is outside the communicator (size ", size(), ")"));
+  return std::make_unique<MailRecv>(this, buf, count * size_of(type), peer, tag);
+}
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_threads_world(int n) {
+  if (n < 1) throw InvalidInput(str("world size must be at least 1, got ", n));
+  auto world = std::make_shared<World>();
+  auto group = new_group(n, world);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  for (int r = 0; r < n; ++r) comms.push_back(std::make_unique<ThreadsComm>(group, r));
+  return comms;
+}
+
+void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout) {
+  auto comms = make_threads_world(n);
+  World& world = static_cast<ThreadsComm&>(*comms[0]).world();
+  std::vector<std::exception_ptr> errors(n);
+  std::vector<bool> consequence(n, false);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    comms[r]->set_timeout(timeout);
+    threads.emplace_back([&, r] {
+      try {
+        fn(*comms[r]);
+      } catch (const CommAborted&) {
+        errors[r] = std::current_exception();
+        consequence[r] = true;
+      } catch (const std::exception& e) {
+        errors[r] = std::current_exception();
+        world.abort(str("rank ", r, " failed: ", e.what()));
+      } catch (...) {
+        errors[r] = std::current_exception();
+        world.abort(str("rank ", r, " failed"));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  comms.clear();
+  for (int r = 0; r < n; ++r)
+    if (errors[r] && !consequence[r]) std::rethrow_exception(errors[r]);
+  for (int r = 0; r < n; ++r)
+    if (errors[r]) std::rethrow_exception(errors[r]);
+}
+
+}  // namespace distopt

@@ -1,0 +1,279 @@
+// The threads backend and the Communicator contract, swept over world sizes
+// 1-8, element counts 0, 1, 7, 4096 and 2^20+3, every element type and op.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "comm_values.hpp"
+#include "distopt/comm/threads.hpp"
+
+namespace distopt {
+namespace {
+
+using testing::expected;
+using testing::filled;
+using testing::get;
+using testing::value;
+using namespace std::chrono_literals;
+
+const std::vector<std::size_t> kCounts = {0, 1, 7, 4096, (std::size_t{1} << 20) + 3};
+
+std::vector<ReduceOp> ops_for(ElemType t) {
+  if (is_floating(t)) return {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min};
+  return {ReduceOp::sum, ReduceOp::max, ReduceOp::min};
+}
+
+// Large counts only for a few types, to keep the suite fast.
+bool wanted(ElemType t, std::size_t count) {
+  return count < 100000 || t == ElemType::f32 || t == ElemType::bf16 || t == ElemType::i64;
+}
+
+class Worlds : public ::testing::TestWithParam<int> {};
+INSTANTIATE_TEST_SUITE_P(Threads, Worlds, ::testing::Range(1, 9));
+
+TEST_P(Worlds, AllReduceEveryTypeOpAndCount) {
+  const int n = GetParam();
+  spawn(n, [&](Communicator& c) {
+    for (ElemType t : testing::all_types())
+      for (std::size_t count : kCounts) {
+        if (!wanted(t, count)) continue;
+        for (ReduceOp op : ops_for(t))
+          for (bool in_place : {false, true}) {
+            auto send = filled(t, count, c.rank());
+            std::vector<unsigned char> out(count * size_of(t) + 1, 0xee);
+            void* recv = in_place ? send.data() : out.data();
+            c.all_reduce(send.data(), recv, count, t, op);
+            for (std::size_t i = 0; i < count; ++i)
+              if (get(t, recv, i) != expected(op, n, i))
+                FAIL() << "rank " << c.rank() << " " << name_of(t) << " " << name_of(op) << " count " << count
+                       << (in_place ? " in place" : "") << " [" << i << "] = " << get(t, recv, i) << ", want "
+                       << expected(op, n, i);
+          }
+      }
+  });
+}
+
+TEST_P(Worlds, ReduceScatterAllGatherBroadcast) {
+  const int n = GetParam();
+  spawn(n, [&](Communicator& c) {
+    for (ElemType t : testing::all_types())
+      for (std::size_t per : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}}) {
+        // reduce_scatter: piece r of the sum lands on rank r.
+        auto send = filled(t, per * n, c.rank());
+        std::vector<unsigned char> piece(per * size_of(t) + 1);
+        c.reduce_scatter(send.data(), piece.data(), per, t, ReduceOp::sum);
+        for (std::size_t i = 0; i < per; ++i)
+          ASSERT_EQ(get(t, piece.data(), i), expected(ReduceOp::sum, n, c.rank() * per + i)) << name_of(t);
+        // all_gather: rank order.
+        auto mine = filled(t, per, c.rank());
+        std::vector<unsigned char> all(per * n * size_of(t) + 1);
+        c.all_gather(mine.data(), all.data(), per, t);
+        for (int r = 0; r < n; ++r)
+          for (std::size_t i = 0; i < per; ++i) ASSERT_EQ(get(t, all.data(), r * per + i), value(r, i));
+        // broadcast from every root.
+        for (int root = 0; root < n; ++root) {
+          auto buf = filled(t, per, c.rank());
+          c.broadcast(buf.data(), per, t, root);
+          for (std::size_t i = 0; i < per; ++i) ASSERT_EQ(get(t, buf.data(), i), value(root, i));
+        }
+      }
+  });
+}
+
+TEST_P(Worlds, AllGatherVWithUnevenCountsInPlace) {
+  const int n = GetParam();
+  spawn(n, [&](Communicator& c) {
+    std::vector<std::size_t> counts(n);
+    std::size_t total = 0;
+    for (int r = 0; r < n; ++r) total += counts[r] = static_cast<std::size_t>(r * 3 % 5);  // includes zeros
+    std::vector<float> buf(total + 1, -1.0f);
+    std::size_t off = 0;
+    for (int r = 0; r < c.rank(); ++r) off += counts[r];
+    for (std::size_t i = 0; i < counts[c.rank()]; ++i) buf[off + i] = static_cast<float>(c.rank() * 100 + i);
+    c.all_gather_v(buf.data() + off, buf.data(), counts, ElemType::f32);
+    std::size_t k = 0;
+    for (int r = 0; r < n; ++r)
+      for (std::size_t i = 0; i < counts[r]; ++i) ASSERT_EQ(buf[k++], static_cast<float>(r * 100 + i));
+  });
+}
+
+// Determinism contract (a): all_reduce == all_gather(reduce_scatter), bit for
+// bit, and both equal a sum taken in rank order ((x0 + x1) + x2) + ...
+TEST_P(Worlds, AllReduceIsReduceScatterThenAllGatherBitwise) {
+  const int n = GetParam();
+  for (std::size_t per : {std::size_t{7}, std::size_t{4099}}) {
+    const std::size_t count = per * n;
+    std::vector<std::vector<float>> inputs;
+    for (int r = 0; r < n; ++r) inputs.push_back(testing::noisy(count, r));
+    std::vector<float> ordered(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      float s = inputs[0][i];
+      for (int r = 1; r < n; ++r) s = s + inputs[r][i];
+      ordered[i] = s;
+    }
+    spawn(n, [&](Communicator& c) {
+      std::vector<float> a(count), piece(per), b(count);
+      c.all_reduce(inputs[c.rank()].data(), a.data(), count, ElemType::f32, ReduceOp::sum);
+      c.reduce_scatter(inputs[c.rank()].data(), piece.data(), per, ElemType::f32, ReduceOp::sum);
+      c.all_gather(piece.data(), b.data(), per, ElemType::f32);
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), count * 4), 0);
+      ASSERT_EQ(std::memcmp(a.data(), ordered.data(), count * 4), 0);
+    });
+  }
+}
+
+TEST_P(Worlds, SendRecvRingAndTags) {
+  const int n = GetParam();
+  spawn(n, [&](Communicator& c) {
+    const int next = (c.rank() + 1) % n, prev = (c.rank() + n - 1) % n;
+    std::vector<std::int64_t> out = {c.rank(), 10 + c.rank()}, in(2), in2(1);
+    std::int64_t tagged = 1000 + c.rank();
+    c.isend(&tagged, 1, ElemType::i64, next, 7);
+    c.send(out.data(), 2, ElemType::i64, next, 0);
+    c.recv(in.data(), 2, ElemType::i64, prev, 0);  // tag 0 first although tag 7 arrived earlier
+    auto r = c.irecv(in2.data(), 1, ElemType::i64, prev, 7);
+    r->wait();
+    EXPECT_TRUE(r->test());
+    EXPECT_EQ(in[0], prev);
+    EXPECT_EQ(in[1], 10 + prev);
+    EXPECT_EQ(in2[0], 1000 + prev);
+  });
+}
+
+TEST_P(Worlds, NonBlockingCollectivesKeepIssueOrder) {
+  const int n = GetParam();
+  spawn(n, [&](Communicator& c) {
+    std::vector<float> a(5000, 1.0f + c.rank()), b(3, 2.0f), d(64, 0.0f);
+    auto ra = c.iall_reduce(a.data(), a.data(), a.size(), ElemType::f32, ReduceOp::sum);
+    auto rb = c.ibroadcast(d.data(), d.size(), ElemType::f32, n - 1);
+    c.all_reduce(b.data(), b.data(), b.size(), ElemType::f32, ReduceOp::max);  // waits for the two above
+    ra->wait();
+    rb->wait();
+    EXPECT_EQ(a[4999], n * (n + 1) / 2.0f);
+    EXPECT_EQ(b[0], 2.0f);
+    EXPECT_TRUE(ra->test());
+  });
+}
+
+TEST_P(Worlds, SplitIntoEvenAndOddRanks) {
+  const int n = GetParam();
+  spawn(n, [&](Communicator& c) {
+    // Reverse order inside each color through the key; rank 0 opts out when n > 2.
+    const int color = (n > 2 && c.rank() == 0) ? -1 : c.rank() % 2;
+    auto sub = c.split(color, -c.rank());
+    if (color < 0) {
+      EXPECT_EQ(sub, nullptr);
+      return;
+    }
+    int members = 0, highest = -1;
+    for (int r = 0; r < n; ++r)
+      if (!(n > 2 && r == 0) && r % 2 == color) {
+        ++members;
+        highest = std::max(highest, r);
+      }
+    ASSERT_EQ(sub->size(), members);
+    // key = -rank: the highest parent rank becomes rank 0.
+    std::int32_t first = sub->rank() == 0 ? c.rank() : -1;
+    sub->all_reduce(std::span<std::int32_t>(&first, 1), ReduceOp::max);
+    EXPECT_EQ(first, highest);
+    std::int32_t one = 1;
+    sub->all_reduce(std::span<std::int32_t>(&one, 1), ReduceOp::sum);
+    EXPECT_EQ(one, members);
+  });
+}
+
+TEST(Failure, ThrowingRankWakesTheOthersQuickly) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::atomic<int> aborted{0};
+  try {
+    spawn(4, [&](Communicator& c) {
+      std::vector<float> x(100, 1.0f);
+      c.all_reduce(x.data(), x.data(), x.size(), ElemType::f32, ReduceOp::sum);
+      if (c.rank() == 2) throw std::runtime_error("rank two gave up");
+      try {
+        c.all_reduce(x.data(), x.data(), x.size(), ElemType::f32, ReduceOp::sum);
+      } catch (const CommAborted& e) {
+        EXPECT_NE(std::string(e.what()).find("aborted because rank 2 failed: rank two gave up"), std::string::npos)
+            << e.what();
+        ++aborted;
+        throw;
+      }
+    }, 60s);
+    FAIL() << "spawn did not rethrow";
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "rank two gave up");  // the root cause, not a consequence
+  }
+  EXPECT_EQ(aborted.load(), 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);  // woken, not timed out (60 s)
+}
+
+TEST(Failure, AbsentRankTimesOutNamingIt) {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    spawn(3, [&](Communicator& c) {
+      if (c.rank() == 1) return;  // never joins
+      std::vector<float> x(10, 1.0f);
+      c.all_reduce(x.data(), x.data(), x.size(), ElemType::f32, ReduceOp::sum);
+    }, 300ms);
+    FAIL() << "no time-out";
+  } catch (const CommTimeout& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce_scatter on rank"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("timed out after 0.3 s waiting for rank(s) 1"), std::string::npos) << e.what();
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(elapsed, 300ms);
+  EXPECT_LT(elapsed, 5s);
+}
+
+TEST(Failure, RecvTimesOutNamingThePeer) {
+  try {
+    spawn(2, [&](Communicator& c) {
+      if (c.rank() == 0) return;
+      int x;
+      c.recv(&x, 1, ElemType::i32, 0, 3);
+    }, 200ms);
+    FAIL();
+  } catch (const CommTimeout& e) {
+    EXPECT_NE(std::string(e.what()).find("recv on rank 1: timed out after 0.2 s waiting for rank 0 (tag 3"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(BadInput, Rejected) {
+  spawn(2, [&](Communicator& c) {
+    int x = 1;
+    EXPECT_THROW(c.all_reduce(&x, &x, 1, ElemType::i32, ReduceOp::avg), InvalidInput);
+    EXPECT_THROW(c.broadcast(&x, 1, ElemType::i32, 2), InvalidInput);
+    EXPECT_THROW(c.send(&x, 1, ElemType::i32, -1), InvalidInput);
+    std::size_t counts[1] = {1};
+    EXPECT_THROW(c.all_gather_v(&x, &x, counts, ElemType::i32), InvalidInput);
+    // A message of the wrong size is an error on the receiver.
+    if (c.rank() == 0) {
+      std::int64_t big = 5;
+      c.send(&big, 1, ElemType::i64, 1);
+    } else {
+      EXPECT_THROW(c.recv(&x, 1, ElemType::i32, 0), CommError);
+    }
+  });
+  EXPECT_THROW(make_threads_world(0), InvalidInput);
+}
+
+TEST(Pieces, CoverTheBufferInOrder) {
+  for (int n = 1; n <= 9; ++n)
+    for (std::size_t count : {0u, 1u, 7u, 100u, 1025u}) {
+      std::size_t next = 0;
+      for (int r = 0; r < n; ++r) {
+        const Piece p = piece_of(count, n, r);
+        EXPECT_EQ(p.offset, next);
+        EXPECT_LE(p.count, count / n + 1);
+        next += p.count;
+      }
+      EXPECT_EQ(next, count);
+    }
+}
+
+}  // namespace
+}  // namespace distopt
