@@ -1,15 +1,20 @@
 // distopt bench optim [--json] [--rules a,b] [--cases 16M,1000x16K] [--threads 1,2]
+// distopt bench comm [--backend threads|mpi] [--world N] [--json] [--collectives ...]
 #include <memory>
 
+#include "backends.hpp"
 #include "commands.hpp"
+#include "distopt/bench/comm_bench.hpp"
 #include "distopt/bench/optim_bench.hpp"
 
 namespace distopt::cli {
 
 Runner add_bench(CLI::App& app) {
   auto o = std::make_shared<bench::OptimBenchOptions>();
+  auto c = std::make_shared<bench::CommBenchOptions>();
   CLI::App* sub = app.add_subcommand("bench", "benchmarks that report ratios measured in the same run");
   sub->require_subcommand(1);
+
   CLI::App* optim = sub->add_subcommand("optim", "optimizer step throughput against a memory-bandwidth roofline");
   optim->add_option("--rules", o->rules, "rules to measure (default: all)")->delimiter(',');
   optim->add_option("--cases", o->cases, "16M and/or 1000x16K (default: both)")->delimiter(',');
@@ -18,7 +23,30 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::Range(1, 1000));
   optim->add_flag("--json", o->json, "print {\"results\": [...]} as the last line of stdout");
   optim->add_flag("--placement", o->placement, "also compare buffer placements for the adam kernel");
-  return [o, optim] { return optim->parsed() ? bench::run_optim_bench(*o) : 2; };
+
+  CLI::App* comm = sub->add_subcommand("comm", "collectives (nccl-tests style) against the backend's raw primitive");
+  comm->add_option("--backend", c->backend, "threads (default) or mpi (start with mpirun)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  comm->add_option("--world", c->world, "ranks of the threads backend (default 2)")->check(CLI::Range(1, 64));
+  comm->add_option("--collectives", c->collectives, "all_reduce, reduce_scatter, all_gather, broadcast")
+      ->delimiter(',');
+  comm->add_option("--min-bytes", c->min_bytes, "smallest size (default 4096)");
+  comm->add_option("--max-bytes", c->max_bytes, "largest size (default 268435456)");
+  comm->add_flag("--json", c->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");
+
+  return [o, c, optim, comm] {
+    if (optim->parsed()) return bench::run_optim_bench(*o);
+    if (c->backend == "threads") return bench::run_comm_bench_threads(*c);
+    auto world = open_mpi_world();
+    try {
+      return bench::run_comm_bench(world->comm(), &world->raw(), *c);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "distopt: error (rank %d): %s\n", world->comm().rank(), e.what());
+      std::fflush(stderr);
+      world->abort(2);
+    }
+    return 2;  // not reached: abort ends the job
+  };
 }
 
 }  // namespace distopt::cli

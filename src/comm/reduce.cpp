@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "distopt/comm/types.hpp"
+#include "distopt/core/copy.hpp"
 
 namespace distopt {
 
@@ -66,8 +67,11 @@ void reduce_typed(const void* const* inputs, int n, void* out_raw, std::size_t c
   using A = typename Acc<T>::type;
   T* out = static_cast<T*>(out_raw);
   // Blocks keep the running values in cache while each input streams by.
+  // Large outputs leave through non-temporal stores (core/copy.hpp).
   constexpr std::size_t kBlock = 2048;
   A acc[kBlock];
+  T staged[kBlock];
+  const bool stream = count * sizeof(T) >= kStreamBytes;
   for (std::size_t b = 0; b < count; b += kBlock) {
     const std::size_t m = std::min(kBlock, count - b);
     const T* x0 = static_cast<const T*>(inputs[0]) + b;
@@ -85,8 +89,14 @@ void reduce_typed(const void* const* inputs, int n, void* out_raw, std::size_t c
       const A div = static_cast<A>(n);
       for (std::size_t i = 0; i < m; ++i) acc[i] = acc[i] / div;
     }
-    for (std::size_t i = 0; i < m; ++i) out[b + i] = Acc<T>::store(acc[i]);
+    if (stream) {
+      for (std::size_t i = 0; i < m; ++i) staged[i] = Acc<T>::store(acc[i]);
+      stream_bytes(out + b, staged, m * sizeof(T), /*fence=*/false);
+    } else {
+      for (std::size_t i = 0; i < m; ++i) out[b + i] = Acc<T>::store(acc[i]);
+    }
   }
+  if (stream) stream_fence();
 }
 
 template <class T>

@@ -7,6 +7,8 @@
 // posted buffers, barrier (nobody leaves while others still read its memory).
 #include "distopt/comm/threads.hpp"
 
+#include "distopt/core/copy.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -108,7 +110,7 @@ class ThreadsComm final : public Communicator {
     for (int r = 0; r < g_->size; ++r) {
       char* dst = static_cast<char*>(recv) + offset * es;
       const void* src = g_->slots[r].send;
-      if (dst != src && counts[r] > 0) std::memcpy(dst, src, counts[r] * es);
+      if (dst != src) copy_bytes(dst, src, counts[r] * es);
       offset += counts[r];
     }
     rendezvous("all_gather");
@@ -116,7 +118,7 @@ class ThreadsComm final : public Communicator {
 
   void do_broadcast(void* buf, std::size_t bytes, int root) override {
     rendezvous("broadcast", Slot{buf, buf});
-    if (rank_ != root && bytes > 0) std::memcpy(buf, g_->slots[root].send, bytes);
+    if (rank_ != root) copy_bytes(buf, g_->slots[root].send, bytes);
     rendezvous("broadcast");
   }
 
