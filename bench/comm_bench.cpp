@@ -73,6 +73,20 @@ void run_op(Communicator& comm, Collective c, const float* send, float* recv, st
   }
 }
 
+// In place, as nccl-tests' second column: all_reduce on one buffer,
+// reduce_scatter leaving the rank's piece where it lies, all_gather with the
+// rank's piece already in place (what sharded training does).
+void run_op_in_place(Communicator& comm, Collective c, float* buf, std::size_t total) {
+  const std::size_t per = total / comm.size();
+  float* mine = buf + comm.rank() * per;
+  switch (c) {
+    case Collective::all_reduce: return comm.all_reduce(buf, buf, total, ElemType::f32, ReduceOp::sum);
+    case Collective::reduce_scatter: return comm.reduce_scatter(buf, mine, per, ElemType::f32, ReduceOp::sum);
+    case Collective::all_gather: return comm.all_gather_v(mine, buf, std::vector<std::size_t>(comm.size(), per), ElemType::f32);
+    case Collective::broadcast: return comm.broadcast(buf, total, ElemType::f32, 0);
+  }
+}
+
 int iterations(std::size_t bytes) {
   return static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 29) / std::max<std::size_t>(bytes, 1), 3, 100));
 }
@@ -123,6 +137,7 @@ struct Row {
   Collective c;
   std::size_t bytes;
   double us, algbw, busbw;
+  double inplace_busbw;
   double raw_busbw;  // the backend's primitive (NaN under threads)
   double copy_gbps;  // memcpy of `bytes` per rank, all ranks at once (NaN under MPI)
   long wrong;
@@ -150,10 +165,12 @@ std::vector<Row> sweep(Communicator& comm, RawCollectives* raw, const CommBenchO
         const double tc = seconds_per_op(comm, iters, [&] { std::memcpy(recv, send, bytes); });
         copy_gbps = bytes / tc / 1e9;
       }
+      const double tip = seconds_per_op(comm, iters, [&] { run_op_in_place(comm, c, recv, total); });
       const long wrong = check(comm, c, send, recv, total);
       for (std::size_t i = 0; i < max_floats; ++i) send[i] = 1.0f;
       const double algbw = bytes / t / 1e9;
-      rows.push_back({c, bytes, t * 1e6, algbw, algbw * bus_factor(c, n), raw_busbw, copy_gbps, wrong});
+      rows.push_back({c, bytes, t * 1e6, algbw, algbw * bus_factor(c, n), bytes / tip / 1e9 * bus_factor(c, n), raw_busbw,
+                      copy_gbps, wrong});
     }
   }
   return rows;
@@ -172,26 +189,26 @@ int report(const std::vector<Row>& rows, const std::string& backend, int n, cons
   bool first = true;
   for (const Row& r : rows) {
     if (first || r.c != last) {
-      std::fprintf(table, "\n# %s\n%10s %12s %10s %10s %12s %8s %7s\n", name_of(r.c), "size", "time (us)", "algbw",
-                   "busbw", peer.c_str(), "ratio", "#wrong");
+      std::fprintf(table, "\n# %s (GB/s)\n%10s %12s %10s %10s %8s %10s %8s %14s %7s\n", name_of(r.c), "size", "time (us)",
+                   "algbw", "busbw", "ratio", "in-place", "ratio", peer.c_str(), "#wrong");
       first = false;
       last = r.c;
     }
     const double ref = std::isnan(r.raw_busbw) ? r.copy_gbps : r.raw_busbw;
-    std::fprintf(table, "%10s %12.1f %10.2f %10.2f %12.2f %8.3f %7ld\n", human(r.bytes).c_str(), r.us, r.algbw, r.busbw,
-                 ref, r.busbw / ref, r.wrong);
+    std::fprintf(table, "%10s %12.1f %10.2f %10.2f %8.3f %10.2f %8.3f %14.2f %7ld\n", human(r.bytes).c_str(), r.us, r.algbw,
+                 r.busbw, r.busbw / ref, r.inplace_busbw, r.inplace_busbw / ref, ref, r.wrong);
   }
   if (json) {
     std::string out = "{\"backend\": \"" + backend + "\", \"world\": " + std::to_string(n);
     out += ", \"results\": [";
     for (std::size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      char buf[400];
+      char buf[512];
       std::snprintf(buf, sizeof(buf),
                     "%s{\"backend\": \"%s\", \"collective\": \"%s\", \"bytes\": %zu, \"time_us\": %.2f, "
-                    "\"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, \"raw_busbw_gbps\": %s, \"copy_gbps\": %s, "
+                    "\"algbw_gbps\": %.3f, \"busbw_gbps\": %.3f, \"inplace_busbw_gbps\": %.3f, \"raw_busbw_gbps\": %s, \"copy_gbps\": %s, "
                     "\"wrong\": %ld}",
-                    i ? ", " : "", backend.c_str(), name_of(r.c), r.bytes, r.us, r.algbw, r.busbw,
+                    i ? ", " : "", backend.c_str(), name_of(r.c), r.bytes, r.us, r.algbw, r.busbw, r.inplace_busbw,
                     std::isnan(r.raw_busbw) ? "null" : str(r.raw_busbw).c_str(),
                     std::isnan(r.copy_gbps) ? "null" : str(r.copy_gbps).c_str(), r.wrong);
       out += buf;

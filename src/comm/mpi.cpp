@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "distopt/core/buffer.hpp"
+#include "distopt/core/copy.hpp"
 
 namespace distopt {
 
@@ -196,9 +197,11 @@ class MpiComm final : public Communicator {
       check(MPI_Isend(send, to_int(counts[rank_] * es, "all_gather"), MPI_BYTE, peer, kTagAg, coll_, &reqs.back()),
             "MPI_Isend");
     }
-    char* own = static_cast<char*>(recv) + offsets[rank_] * es;
-    if (own != send && counts[rank_] > 0) std::memcpy(own, send, counts[rank_] * es);
     wait_all(reqs, peers, "all_gather", rank_, timeout());
+    // The own piece last: copying while messages are in flight would stall
+    // the shared-memory transport, which progresses only inside MPI calls.
+    char* own = static_cast<char*>(recv) + offsets[rank_] * es;
+    if (own != send) copy_bytes(own, send, counts[rank_] * es);
   }
 
   void do_broadcast(void* buf, std::size_t bytes, int root) override {

@@ -1,6 +1,7 @@
 // The one reduction kernel of the communication layer (see types.hpp).
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "distopt/comm/types.hpp"
 #include "distopt/core/copy.hpp"
@@ -42,6 +43,8 @@ bool parse_elem_type(std::string_view s, ElemType* out) {
 
 namespace {
 
+constexpr std::size_t kBlock = 2048;
+
 // Storage type T, accumulation type A.
 template <class T>
 struct Acc {
@@ -62,50 +65,80 @@ struct Acc<f16> {
   static f16 store(float v) { return from_float<f16>(v); }
 };
 
-template <class T, ReduceOp kOp>
-void reduce_typed(const void* const* inputs, int n, void* out_raw, std::size_t count) {
+template <ReduceOp kOp, class A>
+inline A combine(A acc, A v) {
+  if constexpr (kOp == ReduceOp::sum || kOp == ReduceOp::avg) return static_cast<A>(acc + v);
+  else if constexpr (kOp == ReduceOp::max) return v > acc ? v : acc;
+  else return v < acc ? v : acc;
+}
+
+// One block of m elements: staged[i] = op over the N inputs, in rank order.
+// N is a compile-time constant for small worlds, so the rank loop unrolls and
+// the element loop vectorizes; kN = 0 is the general loop.
+template <class T, ReduceOp kOp, int kN>
+void reduce_block(const T* const* x, int n, T* __restrict staged, std::size_t m) {
   using A = typename Acc<T>::type;
-  T* out = static_cast<T*>(out_raw);
-  // Blocks keep the running values in cache while each input streams by.
-  // Large outputs leave through non-temporal stores (core/copy.hpp).
-  constexpr std::size_t kBlock = 2048;
-  A acc[kBlock];
-  T staged[kBlock];
-  const bool stream = count * sizeof(T) >= kStreamBytes;
-  for (std::size_t b = 0; b < count; b += kBlock) {
-    const std::size_t m = std::min(kBlock, count - b);
-    const T* x0 = static_cast<const T*>(inputs[0]) + b;
-    for (std::size_t i = 0; i < m; ++i) acc[i] = Acc<T>::load(x0[i]);
-    for (int r = 1; r < n; ++r) {
-      const T* x = static_cast<const T*>(inputs[r]) + b;
-      for (std::size_t i = 0; i < m; ++i) {
-        const A v = Acc<T>::load(x[i]);
-        if constexpr (kOp == ReduceOp::sum || kOp == ReduceOp::avg) acc[i] = static_cast<A>(acc[i] + v);
-        else if constexpr (kOp == ReduceOp::max) acc[i] = v > acc[i] ? v : acc[i];
-        else acc[i] = v < acc[i] ? v : acc[i];
-      }
+  if constexpr (kN > 0) {
+    const T* xs[kN];
+    for (int r = 0; r < kN; ++r) xs[r] = x[r];
+    for (std::size_t i = 0; i < m; ++i) {
+      A acc = Acc<T>::load(xs[0][i]);
+      for (int r = 1; r < kN; ++r) acc = combine<kOp>(acc, Acc<T>::load(xs[r][i]));
+      if constexpr (kOp == ReduceOp::avg) acc = acc / static_cast<A>(kN);
+      staged[i] = Acc<T>::store(acc);
     }
-    if constexpr (kOp == ReduceOp::avg) {
-      const A div = static_cast<A>(n);
-      for (std::size_t i = 0; i < m; ++i) acc[i] = acc[i] / div;
-    }
-    if (stream) {
-      for (std::size_t i = 0; i < m; ++i) staged[i] = Acc<T>::store(acc[i]);
-      stream_bytes(out + b, staged, m * sizeof(T), /*fence=*/false);
-    } else {
-      for (std::size_t i = 0; i < m; ++i) out[b + i] = Acc<T>::store(acc[i]);
+  } else {
+    A acc[kBlock];
+    for (std::size_t i = 0; i < m; ++i) acc[i] = Acc<T>::load(x[0][i]);
+    for (int r = 1; r < n; ++r)
+      for (std::size_t i = 0; i < m; ++i) acc[i] = combine<kOp>(acc[i], Acc<T>::load(x[r][i]));
+    for (std::size_t i = 0; i < m; ++i) {
+      if constexpr (kOp == ReduceOp::avg) acc[i] = acc[i] / static_cast<A>(n);
+      staged[i] = Acc<T>::store(acc[i]);
     }
   }
+}
+
+template <class T, ReduceOp kOp, int kN>
+void reduce_typed(const void* const* inputs, int n, void* out_raw, std::size_t count) {
+  T* out = static_cast<T*>(out_raw);
+  // Results are staged in a small block (out may alias an input) and leave
+  // through non-temporal stores when the output is large (core/copy.hpp).
+  const bool stream = count * sizeof(T) >= kStreamBytes;
+  alignas(64) T staged[kBlock];
+  std::vector<const T*> x(n);
+  for (std::size_t b = 0; b < count; b += kBlock) {
+    const std::size_t m = std::min(kBlock, count - b);
+    for (int r = 0; r < n; ++r) x[r] = static_cast<const T*>(inputs[r]) + b;
+    reduce_block<T, kOp, kN>(x.data(), n, staged, m);
+    if (stream) stream_bytes(out + b, staged, m * sizeof(T), /*fence=*/false);
+    else std::memcpy(out + b, staged, m * sizeof(T));
+  }
   if (stream) stream_fence();
+}
+
+template <class T, ReduceOp kOp>
+void reduce_n(const void* const* inputs, int n, void* out, std::size_t count) {
+  switch (n) {
+    case 1: return reduce_typed<T, kOp, 1>(inputs, n, out, count);
+    case 2: return reduce_typed<T, kOp, 2>(inputs, n, out, count);
+    case 3: return reduce_typed<T, kOp, 3>(inputs, n, out, count);
+    case 4: return reduce_typed<T, kOp, 4>(inputs, n, out, count);
+    case 5: return reduce_typed<T, kOp, 5>(inputs, n, out, count);
+    case 6: return reduce_typed<T, kOp, 6>(inputs, n, out, count);
+    case 7: return reduce_typed<T, kOp, 7>(inputs, n, out, count);
+    case 8: return reduce_typed<T, kOp, 8>(inputs, n, out, count);
+    default: return reduce_typed<T, kOp, 0>(inputs, n, out, count);
+  }
 }
 
 template <class T>
 void reduce_op(const void* const* inputs, int n, void* out, std::size_t count, ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return reduce_typed<T, ReduceOp::sum>(inputs, n, out, count);
-    case ReduceOp::avg: return reduce_typed<T, ReduceOp::avg>(inputs, n, out, count);
-    case ReduceOp::max: return reduce_typed<T, ReduceOp::max>(inputs, n, out, count);
-    case ReduceOp::min: return reduce_typed<T, ReduceOp::min>(inputs, n, out, count);
+    case ReduceOp::sum: return reduce_n<T, ReduceOp::sum>(inputs, n, out, count);
+    case ReduceOp::avg: return reduce_n<T, ReduceOp::avg>(inputs, n, out, count);
+    case ReduceOp::max: return reduce_n<T, ReduceOp::max>(inputs, n, out, count);
+    case ReduceOp::min: return reduce_n<T, ReduceOp::min>(inputs, n, out, count);
   }
 }
 
