@@ -152,9 +152,11 @@ std::vector<Row> sweep(Communicator& comm, RawCollectives* raw, const CommBenchO
   for (std::size_t i = 0; i < max_floats; ++i) send[i] = 1.0f;
   std::vector<Row> rows;
   for (Collective c : parse_collectives(o.collectives)) {
-    for (std::size_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 2) {
-      const std::size_t total = bytes / 4;
-      if (total % n != 0 || total == 0) continue;
+    for (std::size_t size = o.min_bytes; size <= o.max_bytes; size *= 2) {
+      // Round down to whole float pieces per rank, as nccl-tests does.
+      const std::size_t total = size / 4 / n * n;
+      if (total == 0) continue;
+      const std::size_t bytes = total * 4;
       const int iters = iterations(bytes);
       const double t = seconds_per_op(comm, iters, [&] { run_op(comm, c, send, recv, total); });
       double raw_busbw = NAN, copy_gbps = NAN;

@@ -64,6 +64,17 @@ expect_error 2 "unknown option 'lrr' for optimizer adam" -- replay "$tmp/option.
 tail -n 1 "$tmp/out" | grep -q '^{"results": \[{"rule": "adam", "case": "1000x16K", "threads": 1, "gbps": [0-9.]*, "roofline_gbps": [0-9.]*, "fraction": [0-9.]*}\]}$' \
   || fail "bench optim --json: $(tail -n 1 "$tmp/out")"
 
+# bench comm --json (threads backend): the contract's fields, no wrong results.
+"$bin" bench comm --world 3 --min-bytes 4096 --max-bytes 65536 --json >"$tmp/out" 2>/dev/null || fail "bench comm exited $?"
+tail -n 1 "$tmp/out" | grep -q '^{"backend": "threads", "world": 3, "results": \[{"backend": "threads", "collective": "all_reduce", "bytes": [0-9]*, .*"busbw_gbps": [0-9.]*, .*"raw_busbw_gbps": null, .*"wrong": 0}' \
+  || fail "bench comm --json: $(tail -n 1 "$tmp/out" | cut -c1-300)"
+tail -n 1 "$tmp/out" | grep -q '"wrong": [1-9]' && fail "bench comm reported wrong results"
+expect_error 2 "--world: Value 0 not in range" -- bench comm --world 0
+expect_error 2 "unknown collective 'allreduce'" -- bench comm --collectives allreduce
+if env | grep -q '^OMPI_COMM_WORLD_SIZE='; then :; else
+  expect_error 2 "needs to be started by mpirun" -- bench comm --backend mpi
+fi
+
 if [ "$failures" = 0 ]; then echo "cli contract: all checks passed"; exit 0; fi
 echo "cli contract: $failures failed"
 exit 1
