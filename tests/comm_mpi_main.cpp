@@ -78,6 +78,18 @@ void closed_form(Communicator& c, Checks& k) {
     }
 }
 
+// all_reduce of noisy() inputs on an in-process threads world of n ranks.
+std::vector<float> threads_all_reduce(int n, std::size_t count) {
+  std::vector<float> result(count);
+  spawn(n, [&](Communicator& t) {
+    const auto in = noisy(count, t.rank());
+    std::vector<float> out(count);
+    t.all_reduce(in.data(), out.data(), count, ElemType::f32, ReduceOp::sum);
+    if (t.rank() == 0) result = out;
+  });
+  return result;
+}
+
 // Determinism: (a) all_reduce == all_gather(reduce_scatter) bitwise;
 // (b) the MPI result is bitwise the threads backend's on the same inputs.
 void determinism(Communicator& c, Checks& k) {
@@ -90,13 +102,7 @@ void determinism(Communicator& c, Checks& k) {
     c.reduce_scatter(mine.data(), piece.data(), per, ElemType::f32, ReduceOp::sum);
     c.all_gather(piece.data(), b.data(), per, ElemType::f32);
     k.expect(std::memcmp(a.data(), b.data(), count * 4) == 0, str("(a) all_reduce != all_gather(reduce_scatter), count ", count));
-    std::vector<float> threads_result(count);
-    spawn(n, [&](Communicator& t) {
-      const auto in = noisy(count, t.rank());
-      std::vector<float> out(count);
-      t.all_reduce(in.data(), out.data(), count, ElemType::f32, ReduceOp::sum);
-      if (t.rank() == 0) threads_result = out;
-    });
+    std::vector<float> threads_result = threads_all_reduce(n, count);
     k.expect(std::memcmp(a.data(), threads_result.data(), count * 4) == 0,
              str("(b) mpi all_reduce differs from threads all_reduce, count ", count));
     // Uneven count: all_reduce pieces of different sizes, same comparison.
@@ -104,12 +110,7 @@ void determinism(Communicator& c, Checks& k) {
     const auto mine_odd = noisy(odd, c.rank());
     std::vector<float> c_odd(odd);
     c.all_reduce(mine_odd.data(), c_odd.data(), odd, ElemType::f32, ReduceOp::sum);
-    spawn(n, [&](Communicator& t) {
-      const auto in = noisy(odd, t.rank());
-      std::vector<float> out(odd);
-      t.all_reduce(in.data(), out.data(), odd, ElemType::f32, ReduceOp::sum);
-      if (t.rank() == 0) threads_result = out;
-    });
+    threads_result = threads_all_reduce(n, odd);
     k.expect(std::memcmp(c_odd.data(), threads_result.data(), odd * 4) == 0,
              str("(b) uneven count ", odd, ": mpi differs from threads"));
   }

@@ -112,6 +112,11 @@ void Communicator::check_rank(int r, const char* what) const {
 }
 
 namespace {
+void check_op(const char* what, ElemType type, ReduceOp op) {
+  if (op == ReduceOp::avg && !is_floating(type))
+    throw InvalidInput(str(what, ": op avg needs a floating-point type, got ", name_of(type)));
+}
+
 std::vector<std::size_t> equal_counts(int n, std::size_t c) { return std::vector<std::size_t>(n, c); }
 }  // namespace
 
@@ -126,14 +131,12 @@ void Communicator::all_reduce_now(const void* send, void* recv, std::size_t coun
 }
 
 void Communicator::all_reduce(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op) {
-  if (op == ReduceOp::avg && !is_floating(type))
-    throw InvalidInput(str("all_reduce: op avg needs a floating-point type, got ", name_of(type)));
+  check_op("all_reduce", type, op);
   run_ordered([=, this] { all_reduce_now(send, recv, count, type, op); });
 }
 
 void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv_count, ElemType type, ReduceOp op) {
-  if (op == ReduceOp::avg && !is_floating(type))
-    throw InvalidInput(str("reduce_scatter: op avg needs a floating-point type, got ", name_of(type)));
+  check_op("reduce_scatter", type, op);
   run_ordered([=, this] { do_reduce_scatter_v(send, recv, equal_counts(size(), recv_count), type, op); });
 }
 
@@ -169,15 +172,13 @@ void Communicator::recv(void* buf, std::size_t count, ElemType type, int peer, i
 
 std::unique_ptr<Request> Communicator::iall_reduce(const void* send, void* recv, std::size_t count, ElemType type,
                                                    ReduceOp op) {
-  if (op == ReduceOp::avg && !is_floating(type))
-    throw InvalidInput(str("iall_reduce: op avg needs a floating-point type, got ", name_of(type)));
+  check_op("iall_reduce", type, op);
   return enqueue([=, this] { all_reduce_now(send, recv, count, type, op); });
 }
 
 std::unique_ptr<Request> Communicator::ireduce_scatter(const void* send, void* recv, std::size_t recv_count,
                                                        ElemType type, ReduceOp op) {
-  if (op == ReduceOp::avg && !is_floating(type))
-    throw InvalidInput(str("ireduce_scatter: op avg needs a floating-point type, got ", name_of(type)));
+  check_op("ireduce_scatter", type, op);
   return enqueue([=, this] { do_reduce_scatter_v(send, recv, equal_counts(size(), recv_count), type, op); });
 }
 
