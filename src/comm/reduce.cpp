@@ -1,10 +1,16 @@
 // The one reduction kernel of the communication layer (see types.hpp).
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "distopt/comm/types.hpp"
 #include "distopt/core/copy.hpp"
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
 
 namespace distopt {
 
@@ -99,9 +105,43 @@ void reduce_block(const T* const* x, int n, T* __restrict staged, std::size_t m)
   }
 }
 
+#if defined(__AVX__)
+// f32 sum/avg of a large output, the gradient all-reduce's case: the same
+// additions in the same order as reduce_block (vaddps rounds each lane as
+// a scalar add does), written straight out with non-temporal stores.
+template <ReduceOp kOp, int kN>
+void reduce_f32_stream(const float* const* x, float* out, std::size_t count) {
+  const float* xs[kN];
+  for (int r = 0; r < kN; ++r) xs[r] = x[r];
+  std::size_t i = 0;
+  auto scalar = [&](std::size_t j) {
+    float acc = xs[0][j];
+    for (int r = 1; r < kN; ++r) acc = acc + xs[r][j];
+    if constexpr (kOp == ReduceOp::avg) acc = acc / static_cast<float>(kN);
+    out[j] = acc;
+  };
+  for (; i < count && reinterpret_cast<std::uintptr_t>(out + i) % 32 != 0; ++i) scalar(i);
+  const __m256 div = _mm256_set1_ps(static_cast<float>(kN));
+  for (; i + 8 <= count; i += 8) {
+    __m256 acc = _mm256_loadu_ps(xs[0] + i);
+    for (int r = 1; r < kN; ++r) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xs[r] + i));
+    if constexpr (kOp == ReduceOp::avg) acc = _mm256_div_ps(acc, div);
+    _mm256_stream_ps(out + i, acc);
+  }
+  for (; i < count; ++i) scalar(i);
+  stream_fence();
+}
+#endif
+
 template <class T, ReduceOp kOp, int kN>
 void reduce_typed(const void* const* inputs, int n, void* out_raw, std::size_t count) {
   T* out = static_cast<T*>(out_raw);
+#if defined(__AVX__)
+  if constexpr (std::is_same_v<T, float> && kN > 0 && (kOp == ReduceOp::sum || kOp == ReduceOp::avg)) {
+    if (count * sizeof(T) >= kStreamBytes)
+      return reduce_f32_stream<kOp, kN>(reinterpret_cast<const float* const*>(inputs), out, count);
+  }
+#endif
   // Results are staged in a small block (out may alias an input) and leave
   // through non-temporal stores when the output is large (core/copy.hpp).
   const bool stream = count * sizeof(T) >= kStreamBytes;
