@@ -88,7 +88,12 @@ void run_op_in_place(Communicator& comm, Collective c, float* buf, std::size_t t
 }
 
 int iterations(std::size_t bytes) {
-  return static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 29) / std::max<std::size_t>(bytes, 1), 3, 100));
+  return static_cast<int>(std::clamp<std::size_t>((std::size_t{1} << 28) / std::max<std::size_t>(bytes, 1), 2, 100));
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 float value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * (i % 7 + 1)); }
@@ -157,17 +162,19 @@ std::vector<Row> sweep(Communicator& comm, RawCollectives* raw, const CommBenchO
       const std::size_t total = size / 4 / n * n;
       if (total == 0) continue;
       const std::size_t bytes = total * 4;
+      // Three rounds, each timing ours, the peer and ours in place back to
+      // back; medians keep a shared machine's drift out of the ratios.
       const int iters = iterations(bytes);
-      const double t = seconds_per_op(comm, iters, [&] { run_op(comm, c, send, recv, total); });
-      double raw_busbw = NAN, copy_gbps = NAN;
-      if (raw) {
-        const double tr = seconds_per_op(comm, iters, [&] { raw->run(c, send, recv, total); });
-        raw_busbw = bytes / tr / 1e9 * bus_factor(c, n);
-      } else {
-        const double tc = seconds_per_op(comm, iters, [&] { std::memcpy(recv, send, bytes); });
-        copy_gbps = bytes / tc / 1e9;
+      std::vector<double> t_ours, t_peer, t_in_place;
+      for (int round = 0; round < 3; ++round) {
+        t_ours.push_back(seconds_per_op(comm, iters, [&] { run_op(comm, c, send, recv, total); }));
+        if (raw) t_peer.push_back(seconds_per_op(comm, iters, [&] { raw->run(c, send, recv, total); }));
+        else t_peer.push_back(seconds_per_op(comm, iters, [&] { std::memcpy(recv, send, bytes); }));
+        t_in_place.push_back(seconds_per_op(comm, iters, [&] { run_op_in_place(comm, c, recv, total); }));
       }
-      const double tip = seconds_per_op(comm, iters, [&] { run_op_in_place(comm, c, recv, total); });
+      const double t = median(t_ours), tp = median(t_peer), tip = median(t_in_place);
+      const double raw_busbw = raw ? bytes / tp / 1e9 * bus_factor(c, n) : NAN;
+      const double copy_gbps = raw ? NAN : bytes / tp / 1e9;
       const long wrong = check(comm, c, send, recv, total);
       for (std::size_t i = 0; i < max_floats; ++i) send[i] = 1.0f;
       const double algbw = bytes / t / 1e9;
