@@ -65,18 +65,16 @@ Shape2 parse_case(const std::string& s) {
   throw InvalidInput(str("unknown benchmark case '", s, "' (known: 16M, 1000x16K)"));
 }
 
-// The streaming roofline: reads R arrays, writes the first W of them (plus
-// array 0, the parameter).
+// The streaming roofline over R arrays: array 0 (the parameter) and arrays
+// 2.. (state) are read and written, array 1 (the gradient) is only read.
 template <int R>
-void stream(float* const* a, std::size_t n, int writes) {
+void stream(float* const* a, std::size_t n) {
   float* __restrict a0 = a[0];
   const float* __restrict a1 = a[1];
   float* __restrict a2 = R > 2 ? a[2] : nullptr;
   float* __restrict a3 = R > 3 ? a[3] : nullptr;
   float* __restrict a4 = R > 4 ? a[4] : nullptr;
   float* __restrict a5 = R > 5 ? a[5] : nullptr;
-  // Arrays 2.. are state: read and written. Array 1 (the gradient) is read only.
-  (void)writes;
   for (std::size_t i = 0; i < n; ++i) {
     const float g = a1[i];
     if constexpr (R > 2) a2[i] = a2[i] * 0.5f + g;
@@ -89,11 +87,11 @@ void stream(float* const* a, std::size_t n, int writes) {
 
 void stream_any(int reads, float* const* a, std::size_t n) {
   switch (reads) {
-    case 2: return stream<2>(a, n, 1);
-    case 3: return stream<3>(a, n, 2);
-    case 4: return stream<4>(a, n, 3);
-    case 5: return stream<5>(a, n, 4);
-    case 6: return stream<6>(a, n, 5);
+    case 2: return stream<2>(a, n);
+    case 3: return stream<3>(a, n);
+    case 4: return stream<4>(a, n);
+    case 5: return stream<5>(a, n);
+    case 6: return stream<6>(a, n);
   }
   DISTOPT_CHECK(false, "unsupported stream width ", reads);
 }

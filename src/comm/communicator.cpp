@@ -122,12 +122,12 @@ std::vector<std::size_t> equal_counts(int n, std::size_t c) { return std::vector
 
 // The determinism contract: reduce-scatter of the pieces, then all-gather.
 void Communicator::all_reduce_now(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op) {
-    const int n = size();
-    std::vector<std::size_t> counts(n);
-    for (int r = 0; r < n; ++r) counts[r] = piece_of(count, n, r).count;
-    char* mine = static_cast<char*>(recv) + piece_of(count, n, rank()).offset * size_of(type);
-    do_reduce_scatter_v(send, mine, counts, type, op);
-    do_all_gather_v(mine, recv, counts, type);
+  const int n = size();
+  std::vector<std::size_t> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = piece_of(count, n, r).count;
+  char* mine = static_cast<char*>(recv) + piece_of(count, n, rank()).offset * size_of(type);
+  do_reduce_scatter_v(send, mine, counts, type, op);
+  do_all_gather_v(mine, recv, counts, type);
 }
 
 void Communicator::all_reduce(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op) {
@@ -161,13 +161,21 @@ void Communicator::barrier() {
 }
 
 void Communicator::send(const void* buf, std::size_t count, ElemType type, int peer, int tag) {
-  check_rank(peer, "send");
   isend(buf, count, type, peer, tag)->wait();
 }
 
 void Communicator::recv(void* buf, std::size_t count, ElemType type, int peer, int tag) {
-  check_rank(peer, "recv");
   irecv(buf, count, type, peer, tag)->wait();
+}
+
+std::unique_ptr<Request> Communicator::isend(const void* buf, std::size_t count, ElemType type, int peer, int tag) {
+  check_rank(peer, "send");
+  return do_isend(buf, count * size_of(type), peer, tag);
+}
+
+std::unique_ptr<Request> Communicator::irecv(void* buf, std::size_t count, ElemType type, int peer, int tag) {
+  check_rank(peer, "recv");
+  return do_irecv(buf, count * size_of(type), peer, tag);
 }
 
 std::unique_ptr<Request> Communicator::iall_reduce(const void* send, void* recv, std::size_t count, ElemType type,

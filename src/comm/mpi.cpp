@@ -126,29 +126,24 @@ class MpiComm final : public Communicator {
   int size() const override { return size_; }
   std::string_view backend() const override { return "mpi"; }
 
-  std::unique_ptr<Request> isend(const void* buf, std::size_t count, ElemType type, int peer, int tag) override {
-    if (peer < 0 || peer >= size_) throw InvalidInput(str("isend: rank ", peer, " is outside the communicator (size ", size_, ")"));
+ protected:
+  std::unique_ptr<Request> do_isend(const void* buf, std::size_t bytes, int peer, int tag) override {
     MPI_Request r;
-    const std::size_t bytes = count * size_of(type);
     check(MPI_Isend(buf, to_int(bytes, "send"), MPI_BYTE, peer, tag, p2p_, &r), "MPI_Isend");
     return std::make_unique<MpiRequest>(r, "send", rank_, peer, tag, bytes, timeout());
   }
-  std::unique_ptr<Request> irecv(void* buf, std::size_t count, ElemType type, int peer, int tag) override {
-    if (peer < 0 || peer >= size_) throw InvalidInput(str("irecv: rank ", peer, " is outside the communicator (size ", size_, ")"));
+  std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) override {
     MPI_Request r;
-    const std::size_t bytes = count * size_of(type);
     check(MPI_Irecv(buf, to_int(bytes, "recv"), MPI_BYTE, peer, tag, p2p_, &r), "MPI_Irecv");
     return std::make_unique<MpiRequest>(r, "recv", rank_, peer, tag, bytes, timeout());
   }
 
- protected:
   // Pairwise exchange of pieces (each rank receives its piece from every
   // other rank), then one ordered reduction over all n contributions.
   void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
                            ReduceOp op) override {
     const std::size_t es = size_of(type);
-    std::vector<std::size_t> offsets(size_ + 1, 0);
-    for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + counts[r];
+    const auto offsets = offsets_of(counts);
     const std::size_t mine = counts[rank_] * es;
     if (scratch_.size_bytes() < mine * size_) scratch_ = Buffer(mine * size_, 5);
     std::vector<MPI_Request> reqs;
@@ -178,8 +173,7 @@ class MpiComm final : public Communicator {
 
   void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override {
     const std::size_t es = size_of(type);
-    std::vector<std::size_t> offsets(size_ + 1, 0);
-    for (int r = 0; r < size_; ++r) offsets[r + 1] = offsets[r] + counts[r];
+    const auto offsets = offsets_of(counts);
     std::vector<MPI_Request> reqs;
     std::vector<int> peers;
     for (int j = 1; j < size_; ++j) {

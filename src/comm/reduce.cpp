@@ -37,6 +37,12 @@ std::string_view name_of(ReduceOp op) {
   return "?";
 }
 
+std::vector<std::size_t> offsets_of(std::span<const std::size_t> counts) {
+  std::vector<std::size_t> offsets(counts.size() + 1, 0);
+  for (std::size_t r = 0; r < counts.size(); ++r) offsets[r + 1] = offsets[r] + counts[r];
+  return offsets;
+}
+
 bool parse_elem_type(std::string_view s, ElemType* out) {
   for (ElemType t : {ElemType::f32, ElemType::f64, ElemType::bf16, ElemType::f16, ElemType::i32, ElemType::i64,
                      ElemType::u8})

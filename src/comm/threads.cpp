@@ -85,20 +85,18 @@ class ThreadsComm final : public Communicator {
   int size() const override { return g_->size; }
   std::string_view backend() const override { return "threads"; }
 
-  std::unique_ptr<Request> isend(const void* buf, std::size_t count, ElemType type, int peer, int tag) override;
-  std::unique_ptr<Request> irecv(void* buf, std::size_t count, ElemType type, int peer, int tag) override;
-
   World& world() { return *g_->world; }
 
  protected:
+  std::unique_ptr<Request> do_isend(const void* buf, std::size_t bytes, int peer, int tag) override;
+  std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) override;
+
   void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
                            ReduceOp op) override {
     rendezvous("reduce_scatter", Slot{send, recv});
-    const std::size_t es = size_of(type);
-    std::size_t offset = 0;
-    for (int r = 0; r < rank_; ++r) offset += counts[r];
+    const std::size_t offset = offsets_of(counts)[rank_] * size_of(type);
     std::vector<const void*> inputs(g_->size);
-    for (int r = 0; r < g_->size; ++r) inputs[r] = static_cast<const char*>(g_->slots[r].send) + offset * es;
+    for (int r = 0; r < g_->size; ++r) inputs[r] = static_cast<const char*>(g_->slots[r].send) + offset;
     reduce_ordered(inputs.data(), g_->size, recv, counts[rank_], type, op);
     rendezvous("reduce_scatter");
   }
@@ -106,12 +104,11 @@ class ThreadsComm final : public Communicator {
   void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override {
     rendezvous("all_gather", Slot{send, recv});
     const std::size_t es = size_of(type);
-    std::size_t offset = 0;
+    const auto offsets = offsets_of(counts);
     for (int r = 0; r < g_->size; ++r) {
-      char* dst = static_cast<char*>(recv) + offset * es;
+      char* dst = static_cast<char*>(recv) + offsets[r] * es;
       const void* src = g_->slots[r].send;
       if (dst != src) copy_bytes(dst, src, counts[r] * es);
-      offset += counts[r];
     }
     rendezvous("all_gather");
   }
@@ -181,13 +178,12 @@ class ThreadsComm final : public Communicator {
       g_->cv.notify_all();
       return;
     }
-    const bool released = g_->cv.wait_until(lock, until, [&] { return g_->generation != gen || g_->world->aborted; });
+    g_->cv.wait_until(lock, until, [&] { return g_->generation != gen || g_->world->aborted; });
     if (g_->generation != gen) return;
     if (g_->world->aborted) {
       lock.unlock();
       throw_aborted(op);
     }
-    (void)released;
     std::string missing;
     for (int r = 0; r < g_->size; ++r)
       if (g_->arrived_gen[r] != gen + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
@@ -254,9 +250,7 @@ class MailRecv final : public Request {
   bool done_ = false;
 };
 
-std::unique_ptr<Request> ThreadsComm::isend(const void* buf, std::size_t count, ElemType type, int peer, int tag) {
-  if (peer < 0 || peer >= size()) throw InvalidInput(str("isend: rank ", peer, " is outside the communicator (size ", size(), ")"));
-  const std::size_t bytes = count * size_of(type);
+std::unique_ptr<Request> ThreadsComm::do_isend(const void* buf, std::size_t bytes, int peer, int tag) {
   std::vector<unsigned char> msg(static_cast<const unsigned char*>(buf), static_cast<const unsigned char*>(buf) + bytes);
   {
     std::lock_guard lock(g_->m);
@@ -267,9 +261,8 @@ std::unique_ptr<Request> ThreadsComm::isend(const void* buf, std::size_t count, 
   return std::make_unique<DoneRequest>();
 }
 
-std::unique_ptr<Request> ThreadsComm::irecv(void* buf, std::size_t count, ElemType type, int peer, int tag) {
-  if (peer < 0 || peer >= size()) throw InvalidInput(str("irecv: rank ", peer, " is outside the communicator (size ", size(), ")"));
-  return std::make_unique<MailRecv>(this, buf, count * size_of(type), peer, tag);
+std::unique_ptr<Request> ThreadsComm::do_irecv(void* buf, std::size_t bytes, int peer, int tag) {
+  return std::make_unique<MailRecv>(this, buf, bytes, peer, tag);
 }
 
 }  // namespace

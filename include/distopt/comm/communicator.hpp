@@ -73,8 +73,8 @@ class Communicator {
 
   void send(const void* buf, std::size_t count, ElemType type, int peer, int tag = 0);
   void recv(void* buf, std::size_t count, ElemType type, int peer, int tag = 0);
-  virtual std::unique_ptr<Request> isend(const void* buf, std::size_t count, ElemType type, int peer, int tag = 0) = 0;
-  virtual std::unique_ptr<Request> irecv(void* buf, std::size_t count, ElemType type, int peer, int tag = 0) = 0;
+  std::unique_ptr<Request> isend(const void* buf, std::size_t count, ElemType type, int peer, int tag = 0);
+  std::unique_ptr<Request> irecv(void* buf, std::size_t count, ElemType type, int peer, int tag = 0);
 
   // Non-blocking collectives: buffers must stay valid until wait()/test().
   std::unique_ptr<Request> iall_reduce(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op);
@@ -102,6 +102,9 @@ class Communicator {
   virtual void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) = 0;
   virtual void do_broadcast(void* buf, std::size_t bytes, int root) = 0;
   virtual void do_barrier() = 0;
+  // Point-to-point; `peer` is already checked to be a rank of this communicator.
+  virtual std::unique_ptr<Request> do_isend(const void* buf, std::size_t bytes, int peer, int tag) = 0;
+  virtual std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
   // Backends call this first thing in their destructor: it finishes queued
   // non-blocking collectives and joins the progress thread while the

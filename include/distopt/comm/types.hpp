@@ -3,7 +3,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string_view>
+#include <vector>
 
 #include "distopt/core/dtype.hpp"
 #include "distopt/core/error.hpp"
@@ -63,6 +65,10 @@ constexpr Piece piece_of(std::size_t count, int n, int r) {
   const std::size_t base = count / n, extra = count % n, ur = static_cast<std::size_t>(r);
   return {ur * base + (ur < extra ? ur : extra), base + (ur < extra ? 1 : 0)};
 }
+
+// Start of each rank's piece when rank r holds counts[r] elements, plus the
+// total at the end (size n + 1).
+std::vector<std::size_t> offsets_of(std::span<const std::size_t> counts);
 
 // out[i] = op(inputs[0][i], inputs[1][i], ..., inputs[n-1][i]) for i < count,
 // combining in rank order: ((x0 + x1) + x2) + ... . bf16/f16 accumulate in
