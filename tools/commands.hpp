@@ -11,5 +11,6 @@ namespace distopt::cli {
 using Runner = std::function<int()>;
 Runner add_replay(CLI::App& app);
 Runner add_bench(CLI::App& app);
+Runner add_train(CLI::App& app);
 
 }  // namespace distopt::cli

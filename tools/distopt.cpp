@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
     auto runner = fn(app);
     runners[app.get_subcommands({}).back()] = std::move(runner);
   };
+  add(distopt::cli::add_train);
   add(distopt::cli::add_replay);
   add(distopt::cli::add_bench);
   try {

@@ -1,0 +1,27 @@
+// safetensors files (the Hugging Face format torch users load with
+// safetensors.torch.load_file): an 8-byte little-endian header length, a
+// JSON header {name: {"dtype", "shape", "data_offsets": [begin, end]}, ...,
+// "__metadata__": {string: string}}, then the tensors' bytes.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "distopt/core/flat.hpp"
+
+namespace distopt::checkpoint {
+
+struct NamedTensors {
+  std::vector<ParamSlot> slots;  // offsets into data
+  std::vector<float> data;
+  std::map<std::string, std::string> metadata;
+};
+
+// Writes F32 tensors atomically: to PATH.tmp.<pid>, then renamed over PATH,
+// so an existing file is never left half-written.
+void write_safetensors(const std::string& path, const NamedTensors& tensors);
+// Reads a file of F32 tensors; InvalidInput names what is malformed.
+NamedTensors read_safetensors(const std::string& path);
+
+}  // namespace distopt::checkpoint

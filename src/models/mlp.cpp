@@ -1,0 +1,219 @@
+// MLP, softmax regression and linear regression on Eigen. Weights are stored
+// as torch stores nn.Linear's: [out, in] row-major, then the bias [out].
+//
+// Forward, per layer l:  Z = A_l W_l^T + b_l,  A_{l+1} = relu(Z) (hidden)
+// Loss: cross-entropy with log-sum-exp (classification) or (z - y)^2 / 2.
+// Backward:  dW_l = dZ^T A_l,  db_l = column sums of dZ,
+//            dZ_{l-1} = (dZ W_l) ∘ [A_l > 0]   (not computed for the input).
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+
+#include "distopt/core/error.hpp"
+#include "distopt/core/random.hpp"
+#include "distopt/models/model.hpp"
+
+namespace distopt::models {
+
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MapMat = Eigen::Map<RowMat, Eigen::Aligned64>;
+using MapConstMat = Eigen::Map<const RowMat, Eigen::Aligned64>;
+using MapConstMatU = Eigen::Map<const RowMat>;  // batch inputs: any alignment
+
+constexpr std::size_t kAlign = 16;  // elements: 64 bytes
+std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+class Mlp final : public Model {
+ public:
+  Mlp(std::string name, std::vector<std::size_t> widths, bool regression)
+      : name_(std::move(name)), widths_(std::move(widths)), regression_(regression) {
+    features_ = widths_.front();
+    outputs_ = widths_.back();
+    std::size_t offset = 0;
+    for (std::size_t l = 0; l + 1 < widths_.size(); ++l) {
+      Unit unit{"fc" + std::to_string(l + 1), offset, 0, {}};
+      unit.params.push_back(params_.size());
+      params_.push_back({unit.name + ".weight", offset, {std::int64_t(widths_[l + 1]), std::int64_t(widths_[l])}});
+      offset += round_up(widths_[l + 1] * widths_[l]);
+      unit.params.push_back(params_.size());
+      params_.push_back({unit.name + ".bias", offset, {std::int64_t(widths_[l + 1])}});
+      offset += round_up(widths_[l + 1]);
+      unit.end = offset;
+      units_.push_back(std::move(unit));
+    }
+    buffer_elements_ = offset;
+  }
+
+  std::string_view name() const override { return name_; }
+
+  void init(std::span<float> buffer, std::uint64_t seed) const override {
+    DISTOPT_CHECK(buffer.size() == buffer_elements_);
+    std::fill(buffer.begin(), buffer.end(), 0.0f);
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const ParamSlot& p = params_[i];
+      const double fan_in = static_cast<double>(widths_[i / 2]);
+      const double bound = 1.0 / std::sqrt(fan_in);
+      Rng rng(seed, 1000 + i);
+      for (std::size_t k = 0; k < p.numel(); ++k)
+        buffer[p.offset + k] = static_cast<float>(rng.uniform(-bound, bound));
+    }
+  }
+
+  BatchStats forward_backward(std::span<const float> buffer, const float* x, const float* y, std::size_t n,
+                              float grad_scale, std::span<float> grads) override {
+    DISTOPT_CHECK(buffer.size() == buffer_elements_ && grads.size() == buffer_elements_);
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    if (n == 0) return {};
+    reserve(n);
+    forward(buffer, x, n);
+    const std::size_t layers = widths_.size() - 1;
+    BatchStats stats = loss_and_delta(y, n, grad_scale, /*want_delta=*/true);
+    for (std::size_t l = layers; l-- > 0;) {
+      const std::size_t in = widths_[l], out = widths_[l + 1];
+      MapMat dz(delta_[l + 1].data(), n, out);
+      MapMat dw(grads.data() + params_[2 * l].offset, out, in);
+      if (l == 0)
+        dw.noalias() = dz.transpose() * MapConstMatU(x, n, in);
+      else
+        dw.noalias() = dz.transpose() * MapMat(act_[l].data(), n, in);
+      float* db = grads.data() + params_[2 * l + 1].offset;
+      for (std::size_t j = 0; j < out; ++j) db[j] = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const float* row = dz.data() + i * out;
+        for (std::size_t j = 0; j < out; ++j) db[j] += row[j];
+      }
+      if (l == 0) break;
+      MapMat da(delta_[l].data(), n, in);
+      da.noalias() = dz * weight(buffer, l);
+      const float* a = act_[l].data();
+      float* d = da.data();
+      for (std::size_t k = 0; k < n * in; ++k) d[k] = a[k] > 0 ? d[k] : 0.0f;
+    }
+    return stats;
+  }
+
+  BatchStats evaluate(std::span<const float> buffer, const float* x, const float* y, std::size_t n) override {
+    DISTOPT_CHECK(buffer.size() == buffer_elements_);
+    BatchStats total;
+    const std::size_t chunk = 1024;
+    for (std::size_t b = 0; b < n; b += chunk) {
+      const std::size_t m = std::min(chunk, n - b);
+      reserve(m);
+      forward(buffer, x + b * features_, m);
+      const BatchStats s = loss_and_delta(y + b, m, 1.0f, /*want_delta=*/false);
+      total.loss_sum += s.loss_sum;
+      total.correct += s.correct;
+      total.count += s.count;
+    }
+    return total;
+  }
+
+ private:
+  MapConstMat weight(std::span<const float> buffer, std::size_t l) const {
+    return MapConstMat(buffer.data() + params_[2 * l].offset, widths_[l + 1], widths_[l]);
+  }
+
+  void reserve(std::size_t n) {
+    if (n <= capacity_) return;
+    capacity_ = n;
+    act_.assign(widths_.size(), {});
+    delta_.assign(widths_.size(), {});
+    for (std::size_t l = 1; l < widths_.size(); ++l) {
+      act_[l].assign(round_up(n * widths_[l]), 0.0f);
+      delta_[l].assign(round_up(n * widths_[l]), 0.0f);
+    }
+  }
+
+  // act_[l] for l >= 1 (act_[last] holds the logits / predictions).
+  void forward(std::span<const float> buffer, const float* x, std::size_t n) {
+    const std::size_t layers = widths_.size() - 1;
+    for (std::size_t l = 0; l < layers; ++l) {
+      const std::size_t in = widths_[l], out = widths_[l + 1];
+      MapMat z(act_[l + 1].data(), n, out);
+      if (l == 0)
+        z.noalias() = MapConstMatU(x, n, in) * weight(buffer, l).transpose();
+      else
+        z.noalias() = MapMat(act_[l].data(), n, in) * weight(buffer, l).transpose();
+      const float* b = buffer.data() + params_[2 * l + 1].offset;
+      const bool relu = l + 1 < layers;
+      for (std::size_t i = 0; i < n; ++i) {
+        float* row = z.data() + i * out;
+        if (relu)
+          for (std::size_t j = 0; j < out; ++j) row[j] = std::max(row[j] + b[j], 0.0f);
+        else
+          for (std::size_t j = 0; j < out; ++j) row[j] += b[j];
+      }
+    }
+  }
+
+  BatchStats loss_and_delta(const float* y, std::size_t n, float grad_scale, bool want_delta) {
+    const std::size_t last = widths_.size() - 1, c = widths_[last];
+    const float* z = act_[last].data();
+    float* dz = delta_[last].data();
+    BatchStats s;
+    s.count = static_cast<double>(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float* row = z + i * c;
+      if (regression_) {
+        const double diff = double(row[0]) - double(y[i]);
+        s.loss_sum += 0.5 * diff * diff;
+        if (want_delta) dz[i] = static_cast<float>(diff) * grad_scale;
+        continue;
+      }
+      const std::size_t label = static_cast<std::size_t>(y[i]);
+      DISTOPT_DCHECK(label < c);
+      std::size_t arg = 0;
+      float m = row[0];
+      for (std::size_t j = 1; j < c; ++j)
+        if (row[j] > m) m = row[j], arg = j;
+      float sum = 0;
+      for (std::size_t j = 0; j < c; ++j) sum += std::exp(row[j] - m);
+      const float lse = m + std::log(sum);
+      s.loss_sum += double(lse) - double(row[label]);
+      s.correct += arg == label ? 1 : 0;
+      if (want_delta) {
+        float* d = dz + i * c;
+        for (std::size_t j = 0; j < c; ++j) d[j] = std::exp(row[j] - lse) * grad_scale;
+        d[label] -= grad_scale;
+      }
+    }
+    return s;
+  }
+
+  std::string name_;
+  std::vector<std::size_t> widths_;
+  bool regression_;
+  std::size_t capacity_ = 0;
+  std::vector<std::vector<float>> act_, delta_;
+};
+
+}  // namespace
+
+std::vector<std::string_view> model_names() { return {"mlp", "logreg", "linreg"}; }
+
+std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, std::size_t classes,
+                                  std::vector<std::size_t> hidden) {
+  if (features == 0) throw InvalidInput("a model needs at least one input feature");
+  if (name == "mlp" || name == "logreg") {
+    if (classes < 2) throw InvalidInput(str("model ", name, " needs a classification dataset"));
+    std::vector<std::size_t> widths{features};
+    if (name == "mlp") {
+      if (hidden.empty()) hidden = {256, 128};
+      for (auto h : hidden) {
+        if (h == 0) throw InvalidInput("hidden layer widths must be positive");
+        widths.push_back(h);
+      }
+    }
+    widths.push_back(classes);
+    return std::make_unique<Mlp>(std::string(name), std::move(widths), false);
+  }
+  if (name == "linreg") {
+    if (classes != 0) throw InvalidInput("model linreg needs a regression dataset (--data synthetic-regression)");
+    return std::make_unique<Mlp>("linreg", std::vector<std::size_t>{features, 1}, true);
+  }
+  throw InvalidInput(str("unknown model '", name, "' (known: mlp, logreg, linreg)"));
+}
+
+}  // namespace distopt::models

@@ -1,0 +1,129 @@
+#include "distopt/train/trainer.hpp"
+
+#include <xxhash.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "distopt/core/error.hpp"
+#include "distopt/data/sampler.hpp"
+#include "distopt/models/model.hpp"
+
+namespace distopt::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Sums of a data set's loss, correct predictions and count over all ranks:
+// each rank evaluates its contiguous piece.
+models::BatchStats evaluate(Communicator& comm, models::Model& model, std::span<const float> params,
+                            const data::Dataset& d) {
+  const Piece piece = piece_of(d.size(), comm.size(), comm.rank());
+  const models::BatchStats s =
+      model.evaluate(params, d.sample(piece.offset), d.y.data() + piece.offset, piece.count);
+  double sums[3] = {s.loss_sum, s.correct, s.count};
+  comm.all_reduce(sums, sums, 3, ElemType::f64, ReduceOp::sum);
+  return {sums[0], sums[1], sums[2]};
+}
+
+void validate(const Communicator& comm, const data::Split& data, const TrainConfig& c) {
+  if (c.epochs < 1) throw InvalidInput(str("--epochs must be at least 1 (got ", c.epochs, ")"));
+  if (c.batch_size == 0) throw InvalidInput("--batch-size must be at least 1");
+  if (c.batch_size < static_cast<std::size_t>(comm.size()))
+    throw InvalidInput(str("batch size ", c.batch_size, " is smaller than the world size ", comm.size(),
+                           ": every rank needs at least one sample per step"));
+  if (data.train.size() == 0) throw InvalidInput("the training set is empty");
+  if (c.drop_last && data.train.size() < c.batch_size)
+    throw InvalidInput(str("with --drop-last, batch size ", c.batch_size, " leaves no batch of the ",
+                           data.train.size(), " training samples"));
+}
+
+}  // namespace
+
+std::string hash_params(const std::vector<float>& params) {
+  const XXH64_hash_t h = XXH3_64bits(params.data(), params.size() * sizeof(float));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return hex;
+}
+
+TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer) {
+  validate(comm, data, config);
+  auto model = models::make_model(config.model, data.train.features, data.train.classes, config.hidden);
+  parallel::FlatLayout layout{model->params(), model->buffer_elements()};
+  std::vector<float> initial(layout.elements);
+  model->init(initial, config.seed);
+  auto strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer);
+  Optimizer& optimizer = strategy->optimizer();
+
+  data::BatchSampler sampler(data.train.size(), config.batch_size, config.seed, config.drop_last);
+  const std::size_t per_epoch = sampler.batches_per_epoch();
+  const std::size_t features = data.train.features;
+  const bool report = observer != nullptr && comm.rank() == 0;
+  if (report) observer->on_start(config.epochs, per_epoch);
+
+  // This rank's piece of a batch, gathered contiguously.
+  std::vector<float> xb((config.batch_size / comm.size() + 1) * features), yb(config.batch_size / comm.size() + 1);
+
+  TrainResult result;
+  const auto start = Clock::now();
+  double train_seconds = 0, train_samples = 0;
+  bool stop = false;
+  for (int epoch = 1; epoch <= config.epochs && !stop; ++epoch) {
+    sampler.set_epoch(static_cast<std::uint64_t>(epoch - 1));
+    const auto epoch_start = Clock::now();
+    double epoch_loss = 0, epoch_count = 0;
+    for (std::size_t k = 0; k < per_epoch; ++k) {
+      const auto global = sampler.global_batch(k);
+      const auto local = sampler.local_batch(k, comm.rank(), comm.size());
+      for (std::size_t i = 0; i < local.size(); ++i) {
+        const float* src = data.train.sample(local[i]);
+        std::copy(src, src + features, xb.data() + i * features);
+        yb[i] = data.train.y[local[i]];
+      }
+      const float scale = 1.0f / static_cast<float>(global.size());
+      const double lr = optimizer.lr(0);
+      const models::BatchStats s =
+          model->forward_backward(strategy->params(), xb.data(), yb.data(), local.size(), scale, strategy->grads());
+      strategy->step();
+      double sums[2] = {s.loss_sum, s.count};
+      comm.all_reduce(sums, sums, 2, ElemType::f64, ReduceOp::sum);
+      epoch_loss += sums[0];
+      epoch_count += sums[1];
+      ++result.steps;
+      if (report) {
+        const double t = seconds_since(epoch_start);
+        observer->on_step({epoch, result.steps, k + 1, per_epoch, sums[0] / sums[1], lr, seconds_since(start),
+                           t > 0 ? epoch_count / t : 0});
+      }
+      if (config.max_steps != 0 && result.steps >= config.max_steps) {
+        stop = true;
+        break;
+      }
+    }
+    const double epoch_seconds = seconds_since(epoch_start);
+    train_seconds += epoch_seconds;
+    train_samples += epoch_count;
+    const models::BatchStats test = evaluate(comm, *model, strategy->params(), data.test);
+    result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : 0;
+    result.test_loss = test.count > 0 ? test.loss_sum / test.count : 0;
+    result.test_accuracy = test.count > 0 ? test.correct / test.count : 0;
+    if (report)
+      observer->on_epoch({epoch, result.steps, result.train_loss, result.test_loss, result.test_accuracy,
+                          epoch_seconds > 0 ? epoch_count / epoch_seconds : 0, seconds_since(start)});
+  }
+  result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
+  result.memory = strategy->memory();
+  result.params = strategy->gather_params();
+  std::size_t offset = 0;
+  for (const ParamSlot& s : layout.params) {
+    result.slots.push_back({s.name, offset, s.shape});
+    offset += s.numel();
+  }
+  result.param_hash = hash_params(result.params);
+  return result;
+}
+
+}  // namespace distopt::train

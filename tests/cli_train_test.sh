@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# `distopt train` from outside (spec/cli-contract.md): the --json summary,
+# metrics and export files, and one-line errors for bad input.
+set -u
+bin=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+expect_error() {
+  local want=$1 pattern=$2
+  shift 3
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  [ "$got" = "$want" ] || fail "distopt $*: exit $got, want $want"
+  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "distopt $*: stderr is not one line: $(cat "$tmp/err")"
+  grep -q -- "$pattern" "$tmp/err" || fail "distopt $*: stderr '$(cat "$tmp/err")' lacks '$pattern'"
+}
+
+# A short run on synthetic data: the summary line, metrics and export.
+"$bin" train --data synthetic --train-size 2048 --test-size 512 --world 2 --epochs 2 --batch-size 64 \
+  --optimizer sgd --lr 0.05 --momentum 0.9 --metrics "$tmp/m.jsonl" --export-params "$tmp/p.safetensors" \
+  --json >"$tmp/out" 2>"$tmp/err" || fail "train exited $?: $(cat "$tmp/err")"
+/usr/bin/env python3 - "$tmp" <<'PY' || fail "train outputs do not follow the contract"
+import json, struct, sys
+tmp = sys.argv[1]
+s = json.loads(open(tmp + "/out").read().strip().splitlines()[-1])
+for k in ("test_accuracy", "test_loss", "train_loss", "steps", "param_hash", "samples_per_s", "memory_per_rank"):
+    assert k in s, k
+assert s["steps"] == 64, s["steps"]
+assert len(s["param_hash"]) == 16
+m = s["memory_per_rank"]
+assert set(m) >= {"params", "grads", "master_params", "optimizer_state"}
+# mlp 784-256-128-10 in 64-byte aligned slots; sgd momentum: one buffer per parameter.
+assert m["params"] == m["grads"] == 4 * 235152, m
+assert m["optimizer_state"] >= 4 * 235146, m
+lines = [json.loads(l) for l in open(tmp + "/m.jsonl")]
+steps = [l for l in lines if l["kind"] == "step"]
+epochs = [l for l in lines if l["kind"] == "epoch"]
+assert len(steps) == 64 and len(epochs) == 2
+assert epochs[-1]["test_accuracy"] == s["test_accuracy"]
+raw = open(tmp + "/p.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+assert h["fc1.weight"]["shape"] == [256, 784] and h["fc3.bias"]["dtype"] == "F32"
+assert h["__metadata__"]["param_hash"] == s["param_hash"]
+assert len(raw) == 8 + n + 4 * 235146
+PY
+# No temporary files left behind.
+[ "$(ls "$tmp" | grep -c tmp)" = 0 ] || fail "temporary files left: $(ls "$tmp")"
+
+# The same run again gives the same parameters (the threads backend is deterministic).
+"$bin" train --data synthetic --train-size 2048 --test-size 512 --world 2 --epochs 2 --batch-size 64 \
+  --optimizer sgd --lr 0.05 --momentum 0.9 --json --progress none >"$tmp/out2" 2>/dev/null || fail "second run exited $?"
+[ "$(tail -n 1 "$tmp/out" | grep -o '"param_hash": "[0-9a-f]*"')" = "$(tail -n 1 "$tmp/out2" | grep -o '"param_hash": "[0-9a-f]*"')" ] \
+  || fail "two identical runs gave different parameters"
+
+# CSV metrics.
+"$bin" train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --metrics "$tmp/m.csv" --progress none \
+  >/dev/null 2>&1 || fail "train --metrics m.csv exited $?"
+head -n 1 "$tmp/m.csv" | grep -q '^kind,epoch,step,wall_s,loss,lr' || fail "CSV header: $(head -n 1 "$tmp/m.csv")"
+[ "$(grep -c '^step,' "$tmp/m.csv")" = 8 ] || fail "CSV has $(grep -c '^step,' "$tmp/m.csv") step rows, want 8"
+
+# Bad input: one line on stderr, status 2.
+expect_error 2 "unknown model 'resnet'" -- train --model resnet --data synthetic
+expect_error 2 "unknown optimizer 'adamm'" -- train --optimizer adamm --data synthetic
+expect_error 2 "unknown strategy 'zero9'" -- train --strategy zero9 --data synthetic
+expect_error 2 "strategy 'zero1' is not available yet" -- train --strategy zero1 --data synthetic
+expect_error 2 "unknown data set 'cifar'" -- train --data cifar
+expect_error 2 "batch size 2 is smaller than the world size 4" -- train --data synthetic --world 4 --batch-size 2
+expect_error 2 "--lr: 'abc' is not a finite number" -- train --data synthetic --lr abc
+expect_error 2 "--betas: '0.9' is not a pair" -- train --data synthetic --betas 0.9
+expect_error 2 "--momentum is not an option of optimizer adamw" -- train --data synthetic --momentum 0.9
+expect_error 2 "Invalid learning rate: -1" -- train --data synthetic --lr -1
+expect_error 2 "--epochs must be at least 1" -- train --data synthetic --epochs 0
+expect_error 2 "apt-get install dataset-fashion-mnist" -- train --data-dir "$tmp/nowhere"
+expect_error 2 "Could not convert" -- train --data synthetic --batch-size many
+# A corrupt dataset: wrong magic number, then a truncated file.
+mkdir -p "$tmp/fm"
+for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
+  printf '\x00\x00\x08\x01\x00\x00\x00\x02\x01\x02' | gzip >"$tmp/fm/$f.gz"
+done
+printf '\x01\x02\x08\x03' | gzip >"$tmp/fm/train-images-idx3-ubyte.gz"
+expect_error 2 "wrong IDX magic number" -- train --data-dir "$tmp/fm"
+printf '\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x1c\x00\x00\x00\x1c\x05' | gzip >"$tmp/fm/train-images-idx3-ubyte.gz"
+expect_error 2 "truncated: header promises 1568 bytes of data, file has 1" -- train --data-dir "$tmp/fm"
+# An export that cannot be written fails clearly and leaves nothing half-written.
+expect_error 2 "cannot create" -- train --data synthetic --train-size 256 --test-size 64 --progress none \
+  --export-params "$tmp/missing-dir/p.safetensors"
+
+if [ "$failures" = 0 ]; then echo "cli train: all checks passed"; exit 0; fi
+echo "cli train: $failures failed"
+exit 1

@@ -1,0 +1,164 @@
+// The training loop with the ddp strategy on the threads backend, and the
+// safetensors export.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+
+#include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/comm/threads.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/train/trainer.hpp"
+
+using namespace distopt;
+
+namespace {
+
+train::TrainConfig small_config() {
+  train::TrainConfig c;
+  c.model = "mlp";
+  c.hidden = {32, 16};
+  c.optimizer = {"adamw", {{"lr", 3e-3}}};
+  c.epochs = 3;
+  c.batch_size = 64;
+  c.seed = 5;
+  return c;
+}
+
+// Runs on `world` threads; returns rank 0's result and checks that every
+// rank ends with the same parameters.
+train::TrainResult run(int world, const data::Split& d, const train::TrainConfig& c) {
+  train::TrainResult r0;
+  std::mutex m;
+  std::vector<std::string> hashes(world);
+  spawn(world, [&](Communicator& comm) {
+    train::TrainResult r = train::train(comm, d, c);
+    std::lock_guard lock(m);
+    hashes[comm.rank()] = r.param_hash;
+    if (comm.rank() == 0) r0 = std::move(r);
+  });
+  for (int r = 1; r < world; ++r) EXPECT_EQ(hashes[r], hashes[0]) << "rank " << r << " diverged from rank 0";
+  return r0;
+}
+
+}  // namespace
+
+TEST(Train, LearnsTheSyntheticTeacher) {
+  const data::Split d = data::make_synthetic_classification(32, 4, 4096, 1024, 1);
+  const train::TrainResult r = run(1, d, small_config());
+  EXPECT_EQ(r.steps, 3u * 64);  // 4096 / 64 per epoch
+  std::vector<double> per_class(4);
+  for (float y : d.test.y) per_class[static_cast<std::size_t>(y)] += 1.0 / double(d.test.size());
+  const double majority = *std::max_element(per_class.begin(), per_class.end());
+  EXPECT_GT(r.test_accuracy, majority + 0.2) << "always answering the commonest class scores " << majority;
+  EXPECT_LT(r.train_loss, 0.8 * std::log(4.0)) << "the loss of a uniform guess is log 4";
+}
+
+TEST(Train, WorldSizesTrainTheSameModel) {
+  // The same global batches at every world size: only the order of the
+  // gradient additions differs, so the runs stay close.
+  const data::Split d = data::make_synthetic_classification(32, 4, 2000, 500, 2);
+  train::TrainConfig c = small_config();
+  c.epochs = 2;
+  const train::TrainResult a = run(1, d, c), b = run(3, d, c), e = run(4, d, c);
+  ASSERT_EQ(a.params.size(), b.params.size());
+  EXPECT_EQ(a.steps, b.steps);
+  double max_diff = 0;
+  for (std::size_t i = 0; i < a.params.size(); ++i) {
+    max_diff = std::max(max_diff, double(std::abs(a.params[i] - b.params[i])));
+    max_diff = std::max(max_diff, double(std::abs(a.params[i] - e.params[i])));
+  }
+  EXPECT_LT(max_diff, 1e-3);
+  EXPECT_NEAR(a.test_accuracy, b.test_accuracy, 0.01);
+  EXPECT_NEAR(a.train_loss, e.train_loss, 1e-3);
+}
+
+TEST(Train, RunsAreReproducibleBitForBit) {
+  const data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
+  train::TrainConfig c = small_config();
+  c.epochs = 1;
+  const std::string first = run(2, d, c).param_hash;
+  EXPECT_EQ(run(2, d, c).param_hash, first);
+  c.seed = 6;
+  EXPECT_NE(run(2, d, c).param_hash, first);
+}
+
+TEST(Train, PartialLastBatchAndMaxSteps) {
+  const data::Split d = data::make_synthetic_classification(16, 3, 1000, 100, 4);
+  train::TrainConfig c = small_config();
+  c.epochs = 2;
+  c.batch_size = 300;  // 3 full batches and one of 100
+  EXPECT_EQ(run(2, d, c).steps, 8u);
+  c.drop_last = true;
+  EXPECT_EQ(run(2, d, c).steps, 6u);
+  c.max_steps = 4;
+  EXPECT_EQ(run(1, d, c).steps, 4u);
+}
+
+TEST(Train, LinearRegressionWithSgdReachesTheNoiseFloor) {
+  const data::Split d = data::make_synthetic_regression(8, 4096, 1024, 0.1, 5);
+  train::TrainConfig c;
+  c.model = "linreg";
+  c.optimizer = {"sgd", {{"lr", 0.05}, {"momentum", 0.9}}};
+  c.epochs = 3;
+  c.batch_size = 32;
+  const train::TrainResult r = run(2, d, c);
+  EXPECT_LT(r.test_loss, 0.5 * 0.1 * 0.1 * 1.5);  // noise variance / 2, plus 50%
+}
+
+TEST(Train, BadConfigurationsAreRejectedBeforeTraining) {
+  const data::Split d = data::make_synthetic_classification(16, 3, 100, 10, 4);
+  train::TrainConfig c = small_config();
+  c.batch_size = 2;
+  EXPECT_THROW(run(4, d, c), InvalidInput);
+  c = small_config();
+  c.model = "transformer";
+  EXPECT_THROW(run(1, d, c), InvalidInput);
+  c = small_config();
+  c.strategy = "zero9";
+  EXPECT_THROW(run(1, d, c), InvalidInput);
+  c = small_config();
+  c.optimizer.name = "adamz";
+  EXPECT_THROW(run(1, d, c), InvalidInput);
+  c = small_config();
+  c.epochs = 0;
+  EXPECT_THROW(run(1, d, c), InvalidInput);
+}
+
+TEST(Safetensors, RoundTripsAndReplacesAtomically) {
+  const std::string dir = std::filesystem::temp_directory_path() / ("distopt_st_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  checkpoint::NamedTensors t;
+  t.slots = {{"fc1.weight", 0, {2, 3}}, {"fc1.bias", 6, {2}}};
+  t.data = {1, 2, 3, 4, 5, 6, -0.5f, 1e-30f};
+  t.metadata = {{"model", "mlp"}};
+  const std::string path = dir + "/p.safetensors";
+  checkpoint::write_safetensors(path, t);
+  const checkpoint::NamedTensors back = checkpoint::read_safetensors(path);
+  ASSERT_EQ(back.slots.size(), 2u);
+  EXPECT_EQ(back.metadata.at("model"), "mlp");
+  for (const ParamSlot& s : t.slots) {
+    const auto it = std::find_if(back.slots.begin(), back.slots.end(), [&](const ParamSlot& b) { return b.name == s.name; });
+    ASSERT_NE(it, back.slots.end());
+    EXPECT_EQ(it->shape, s.shape);
+    for (std::size_t k = 0; k < s.numel(); ++k) EXPECT_EQ(back.data[it->offset + k], t.data[s.offset + k]);
+  }
+  // The header is 8-byte aligned and the file has exactly header + data.
+  std::ifstream in(path, std::ios::binary);
+  std::uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(std::filesystem::file_size(path), 8 + n + 8 * 4);
+  // No temporary files are left behind.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir), std::filesystem::directory_iterator()), 1);
+  // A failed write leaves the old file alone.
+  EXPECT_THROW(checkpoint::write_safetensors(dir + "/missing/p.safetensors", t), IoError);
+  // Corrupt files get clear errors.
+  std::ofstream(dir + "/bad.safetensors", std::ios::binary) << "\x10\0\0\0\0\0\0\0{not json";
+  EXPECT_THROW(checkpoint::read_safetensors(dir + "/bad.safetensors"), InvalidInput);
+  std::filesystem::remove_all(dir);
+}

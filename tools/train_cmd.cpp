@@ -1,0 +1,371 @@
+// distopt train: trains a built-in model (spec/cli-contract.md).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include "backends.hpp"
+#include "commands.hpp"
+#include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/comm/threads.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/optim/rule.hpp"
+#include "distopt/train/trainer.hpp"
+
+namespace distopt::cli {
+
+namespace {
+
+struct TrainArgs {
+  train::TrainConfig config;
+  std::string data = "fashion-mnist", data_dir, backend = "threads", metrics, export_path, progress = "auto";
+  std::size_t train_size = 8192, test_size = 2048;
+  int world = 1;
+  bool json = false;
+  std::map<std::string, std::string> option_text;  // optimizer options as given, torch names
+};
+
+std::string human_rate(double r) {
+  char b[32];
+  if (r >= 1e6) std::snprintf(b, sizeof b, "%.2fM", r / 1e6);
+  else if (r >= 1e3) std::snprintf(b, sizeof b, "%.1fk", r / 1e3);
+  else std::snprintf(b, sizeof b, "%.0f", r);
+  return b;
+}
+
+std::string human_time(double s) {
+  if (!std::isfinite(s) || s < 0) s = 0;
+  const long t = std::lround(s);
+  char b[32];
+  if (t >= 3600) std::snprintf(b, sizeof b, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else std::snprintf(b, sizeof b, "%ld:%02ld", t / 60, t % 60);
+  return b;
+}
+
+// Progress on stderr: a redrawn bar on a terminal, plain lines otherwise.
+class Progress final : public train::Observer {
+ public:
+  Progress(bool bar, bool lines) : bar_(bar), lines_(lines) {}
+  void on_start(int epochs, std::size_t steps) override {
+    epochs_ = epochs;
+    steps_ = steps;
+    start_ = Clock::now();
+  }
+  void on_step(const train::StepMetrics& m) override {
+    const auto now = Clock::now();
+    const double total_steps = double(epochs_) * double(steps_);
+    const double eta = m.wall_s / double(m.step) * (total_steps - double(m.step));
+    if (bar_) {
+      if (now - last_draw_ < std::chrono::milliseconds(100) && m.epoch_step != m.epoch_steps) return;
+      last_draw_ = now;
+      const int width = 24, filled = int(double(width) * double(m.epoch_step) / double(m.epoch_steps));
+      std::string b(std::size_t(filled), '#');
+      b.append(std::size_t(width - filled), '.');
+      std::fprintf(stderr, "\repoch %d/%d [%s] %zu/%zu  loss %.4f  %s samples/s  ETA %s \x1b[K", m.epoch, epochs_,
+                   b.c_str(), m.epoch_step, m.epoch_steps, m.loss, human_rate(m.samples_per_s).c_str(),
+                   human_time(eta).c_str());
+      std::fflush(stderr);
+    } else if (lines_) {
+      // A line at each quarter of an epoch.
+      const std::size_t quarter = std::max<std::size_t>(1, m.epoch_steps / 4);
+      if (m.epoch_step % quarter != 0 || m.epoch_step == m.epoch_steps) return;
+      std::fprintf(stderr, "epoch %d/%d  step %zu/%zu  loss %.4f  %s samples/s  ETA %s\n", m.epoch, epochs_,
+                   m.epoch_step, m.epoch_steps, m.loss, human_rate(m.samples_per_s).c_str(), human_time(eta).c_str());
+    }
+  }
+  void on_epoch(const train::EpochMetrics& m) override {
+    if (!bar_ && !lines_) return;
+    std::fprintf(stderr, "%sepoch %d/%d  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  %s samples/s  %s%s\n",
+                 bar_ ? "\r" : "", m.epoch, epochs_, m.train_loss, m.test_loss, m.test_accuracy,
+                 human_rate(m.samples_per_s).c_str(), human_time(m.wall_s).c_str(), bar_ ? "\x1b[K" : "");
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool bar_, lines_;
+  int epochs_ = 0;
+  std::size_t steps_ = 0;
+  Clock::time_point start_, last_draw_;
+};
+
+// Metrics per step and per epoch, as JSON lines (default) or CSV (a name
+// ending in .csv). Written to NAME.tmp.<pid> and renamed at the end, so an
+// earlier file of that name is replaced only by a complete one.
+class MetricsFile final : public train::Observer {
+ public:
+  explicit MetricsFile(std::string path)
+      : path_(std::move(path)),
+        tmp_(path_ + ".tmp." + std::to_string(::getpid())),
+        csv_(path_.size() >= 4 && path_.compare(path_.size() - 4, 4, ".csv") == 0),
+        out_(tmp_) {
+    if (!out_) throw IoError(str(path_, ": cannot create ", tmp_));
+    if (csv_) out_ << "kind,epoch,step,wall_s,loss,lr,samples_per_s,train_loss,test_loss,test_accuracy\n";
+  }
+  ~MetricsFile() override {
+    if (!done_) {
+      out_.close();
+      std::filesystem::remove(tmp_);
+    }
+  }
+  void on_step(const train::StepMetrics& m) override {
+    char b[256];
+    if (csv_)
+      std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%.9g,%.9g,%.6g,,,\n", m.epoch, m.step, m.wall_s, m.loss, m.lr,
+                    m.samples_per_s);
+    else
+      std::snprintf(b, sizeof b,
+                    "{\"kind\": \"step\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"loss\": %.9g, \"lr\": "
+                    "%.9g, \"samples_per_s\": %.6g}\n",
+                    m.epoch, m.step, m.wall_s, m.loss, m.lr, m.samples_per_s);
+    out_ << b;
+  }
+  void on_epoch(const train::EpochMetrics& m) override {
+    char b[320];
+    if (csv_)
+      std::snprintf(b, sizeof b, "epoch,%d,%zu,%.6f,,,%.6g,%.9g,%.9g,%.9g\n", m.epoch, m.step, m.wall_s,
+                    m.samples_per_s, m.train_loss, m.test_loss, m.test_accuracy);
+    else
+      std::snprintf(b, sizeof b,
+                    "{\"kind\": \"epoch\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"samples_per_s\": %.6g, "
+                    "\"train_loss\": %.9g, \"test_loss\": %.9g, \"test_accuracy\": %.9g}\n",
+                    m.epoch, m.step, m.wall_s, m.samples_per_s, m.train_loss, m.test_loss, m.test_accuracy);
+    out_ << b;
+    out_.flush();
+  }
+  void finish() {
+    out_.close();
+    if (!out_) throw IoError(str(path_, ": write failed"));
+    std::error_code ec;
+    std::filesystem::rename(tmp_, path_, ec);
+    if (ec) throw IoError(str(path_, ": cannot replace: ", ec.message()));
+    done_ = true;
+  }
+
+ private:
+  std::string path_, tmp_;
+  bool csv_;
+  std::ofstream out_;
+  bool done_ = false;
+};
+
+class Both final : public train::Observer {
+ public:
+  Both(train::Observer* a, train::Observer* b) : a_(a), b_(b) {}
+  void on_start(int e, std::size_t s) override {
+    for (auto* o : {a_, b_})
+      if (o) o->on_start(e, s);
+  }
+  void on_step(const train::StepMetrics& m) override {
+    for (auto* o : {a_, b_})
+      if (o) o->on_step(m);
+  }
+  void on_epoch(const train::EpochMetrics& m) override {
+    for (auto* o : {a_, b_})
+      if (o) o->on_epoch(m);
+  }
+
+ private:
+  train::Observer *a_, *b_;
+};
+
+double parse_number(const std::string& flag, const std::string& text) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(v))
+    throw InvalidInput(str("--", flag, ": '", text, "' is not a finite number"));
+  return v;
+}
+
+// Optimizer options from their command-line text, typed by the rule's spec.
+OptionMap parse_options(const RuleInfo& rule, const std::map<std::string, std::string>& given) {
+  OptionMap out;
+  for (const auto& [name, text] : given) {
+    std::string flag = name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    const OptionSpec* spec = nullptr;
+    for (const OptionSpec& s : rule.options)
+      if (s.name == name) spec = &s;
+    if (spec == nullptr) throw InvalidInput(str("--", flag, " is not an option of optimizer ", rule.name));
+    switch (spec->default_value.kind()) {
+      case OptionValue::Kind::number:
+        out[name] = parse_number(flag, text);
+        break;
+      case OptionValue::Kind::flag:
+        if (text == "true" || text == "1" || text.empty()) out[name] = true;
+        else if (text == "false" || text == "0") out[name] = false;
+        else throw InvalidInput(str("--", flag, ": '", text, "' is not true or false"));
+        break;
+      case OptionValue::Kind::pair: {
+        const auto comma = text.find(',');
+        if (comma == std::string::npos)
+          throw InvalidInput(str("--", flag, ": '", text, "' is not a pair like 0.9,0.999"));
+        out[name] = OptionValue(parse_number(flag, text.substr(0, comma)), parse_number(flag, text.substr(comma + 1)));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+data::Split load_data(const TrainArgs& a, const std::string& model) {
+  if (a.data == "fashion-mnist") return data::load_fashion_mnist(a.data_dir.empty() ? data::default_fashion_mnist_dir() : a.data_dir);
+  if (a.data == "synthetic")
+    return data::make_synthetic_classification(784, 10, a.train_size, a.test_size, a.config.seed);
+  if (a.data == "synthetic-regression")
+    return data::make_synthetic_regression(32, a.train_size, a.test_size, 0.1, a.config.seed);
+  (void)model;
+  throw InvalidInput(str("unknown data set '", a.data, "' (known: fashion-mnist, synthetic, synthetic-regression)"));
+}
+
+std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int world) {
+  char b[1024];
+  std::snprintf(b, sizeof b,
+                "{\"test_accuracy\": %.9g, \"test_loss\": %.9g, \"train_loss\": %.9g, \"steps\": %zu, \"param_hash\": "
+                "\"%s\", \"samples_per_s\": %.6g, \"memory_per_rank\": {\"params\": %zu, \"grads\": %zu, "
+                "\"master_params\": %zu, \"optimizer_state\": %zu}, \"model\": \"%s\", \"data\": \"%s\", "
+                "\"optimizer\": \"%s\", \"strategy\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"epochs\": %d, "
+                "\"batch_size\": %zu, \"seed\": %llu}",
+                r.test_accuracy, r.test_loss, r.train_loss, r.steps, r.param_hash.c_str(), r.samples_per_s,
+                r.memory.params, r.memory.grads, r.memory.master_params, r.memory.optimizer_state,
+                a.config.model.c_str(), a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(),
+                a.backend.c_str(), world, a.config.epochs, a.config.batch_size,
+                static_cast<unsigned long long>(a.config.seed));
+  return b;
+}
+
+void print_result(const train::TrainResult& r, const TrainArgs& a, int world) {
+  if (a.json) {
+    std::printf("%s\n", summary_json(r, a, world).c_str());
+  } else {
+    std::printf("%s on %s, %s, %s, world %d: test_accuracy %.4f  test_loss %.4f  train_loss %.4f  steps %zu  %s "
+                "samples/s  param_hash %s\n",
+                a.config.model.c_str(), a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(),
+                world, r.test_accuracy, r.test_loss, r.train_loss, r.steps, human_rate(r.samples_per_s).c_str(),
+                r.param_hash.c_str());
+  }
+  std::fflush(stdout);
+}
+
+void export_params(const train::TrainResult& r, const TrainArgs& a) {
+  checkpoint::NamedTensors t{r.slots, r.params,
+                             {{"format", "distopt-params/1"}, {"model", a.config.model},
+                              {"param_hash", r.param_hash}}};
+  checkpoint::write_safetensors(a.export_path, t);
+}
+
+int run_train(TrainArgs& a) {
+  const RuleInfo& rule = rule_or_throw(a.config.optimizer.name);
+  a.config.optimizer.options = parse_options(rule, a.option_text);
+  rule.validate(resolve_options(rule, a.config.optimizer.options));
+  parallel::require_strategy(a.config.strategy);  // one clear error before any data is read
+  if (!a.export_path.empty()) {
+    // Fail now rather than after a long run.
+    const auto parent = std::filesystem::absolute(a.export_path).parent_path();
+    if (!std::filesystem::is_directory(parent) || ::access(parent.c_str(), W_OK) != 0)
+      throw IoError(str(a.export_path, ": cannot create (folder ", parent.string(), " is missing or not writable)"));
+  }
+  const bool tty = ::isatty(2) != 0;
+  const bool bar = a.progress == "bar" || (a.progress == "auto" && tty);
+  const bool lines = a.progress == "lines" || (a.progress == "auto" && !tty);
+
+  if (a.backend == "mpi") {
+    auto world = open_mpi_world();
+    Communicator& comm = world->comm();
+    try {
+      const data::Split data = load_data(a, a.config.model);
+      Progress progress(bar, lines);
+      std::optional<MetricsFile> metrics;
+      if (comm.rank() == 0 && !a.metrics.empty()) metrics.emplace(a.metrics);
+      Both both(&progress, metrics ? &*metrics : nullptr);
+      const train::TrainResult r = train::train(comm, data, a.config, &both);
+      if (comm.rank() == 0) {
+        if (metrics) metrics->finish();
+        if (!a.export_path.empty()) export_params(r, a);
+        print_result(r, a, comm.size());
+      }
+      comm.barrier();
+      return 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "distopt: error (rank %d): %s\n", comm.rank(), e.what());
+      std::fflush(stderr);
+      world->abort(2);
+    }
+  }
+
+  if (a.world < 1) throw InvalidInput(str("--world must be at least 1 (got ", a.world, ")"));
+  if (a.config.batch_size < static_cast<std::size_t>(a.world))
+    throw InvalidInput(str("batch size ", a.config.batch_size, " is smaller than the world size ", a.world,
+                           ": every rank needs at least one sample per step"));
+  const data::Split data = load_data(a, a.config.model);
+  Progress progress(bar, lines);
+  std::optional<MetricsFile> metrics;
+  if (!a.metrics.empty()) metrics.emplace(a.metrics);
+  Both both(&progress, metrics ? &*metrics : nullptr);
+  train::TrainResult result;
+  spawn(a.world, [&](Communicator& comm) {
+    train::TrainResult r = train::train(comm, data, a.config, &both);
+    if (comm.rank() == 0) result = std::move(r);
+  });
+  if (metrics) metrics->finish();
+  if (!a.export_path.empty()) export_params(result, a);
+  print_result(result, a, a.world);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_train(CLI::App& app) {
+  auto a = std::make_shared<TrainArgs>();
+  CLI::App* sub = app.add_subcommand("train", "train a built-in model on a data set (threads backend by default)");
+  train::TrainConfig& c = a->config;
+  sub->add_option("--model", c.model, "mlp (784-256-128-10, ReLU; default), logreg, linreg")->capture_default_str();
+  sub->add_option("--hidden", c.hidden, "mlp hidden widths (default 256,128)")->delimiter(',');
+  sub->add_option("--data", a->data, "fashion-mnist (default), synthetic, synthetic-regression")
+      ->capture_default_str();
+  sub->add_option("--data-dir", a->data_dir, "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
+  sub->add_option("--train-size,--synthetic-train-size", a->train_size, "synthetic training samples (default 8192)");
+  sub->add_option("--test-size,--synthetic-test-size", a->test_size, "synthetic test samples (default 2048)");
+  sub->add_option("--optimizer", c.optimizer.name, "any optimizer of the library (default adamw)")
+      ->capture_default_str();
+  sub->add_option("--strategy", c.strategy, "ddp (default); zero1-3 and gossip arrive with their issues")
+      ->capture_default_str();
+  sub->add_option("--world", a->world, "ranks of the threads backend (default 1)");
+  sub->add_option("--backend", a->backend, "threads (default) or mpi (world size from mpirun)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  sub->add_option("--epochs", c.epochs, "epochs (default 1)");
+  sub->add_option("--batch-size", c.batch_size, "global batch size, the same at every world size (default 128)");
+  sub->add_option("--seed", c.seed, "seed of initialization, shuffling and synthetic data (default 0)");
+  sub->add_flag("--drop-last", c.drop_last, "skip each epoch's last, partial batch (default: keep it)");
+  sub->add_option("--max-steps", c.max_steps, "stop after this many steps (default: all epochs)");
+  sub->add_option("--metrics", a->metrics, "write per-step and per-epoch metrics (JSON lines; .csv for CSV)");
+  sub->add_option("--export-params", a->export_path, "write the final fp32 parameters as a safetensors file");
+  sub->add_option("--progress", a->progress, "auto (bar on a terminal, else lines), bar, lines, none")
+      ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
+  sub->add_flag("--json", a->json, "print the summary as one JSON object, the last line of stdout");
+  // Every optimizer option of every rule, torch-named (--weight-decay or --weight_decay).
+  std::set<std::string> seen;
+  for (const RuleInfo* rule : all_rules())
+    for (const OptionSpec& s : rule->options) {
+      const std::string name(s.name);
+      if (!seen.insert(name).second) continue;
+      std::string dashed = name;
+      std::replace(dashed.begin(), dashed.end(), '_', '-');
+      std::string names = "--" + dashed + (dashed != name ? ",--" + name : "");
+      sub->add_option_function<std::string>(names, [a, name](const std::string& v) { a->option_text[name] = v; },
+                                            std::string("optimizer option ") + name);
+    }
+  return [a] { return run_train(*a); };
+}
+
+}  // namespace distopt::cli
