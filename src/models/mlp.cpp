@@ -64,8 +64,16 @@ class Mlp final : public Model {
   BatchStats forward_backward(std::span<const float> buffer, const float* x, const float* y, std::size_t n,
                               float grad_scale, std::span<float> grads) override {
     DISTOPT_CHECK(buffer.size() == buffer_elements_ && grads.size() == buffer_elements_);
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    if (n == 0) return {};
+    if (n == 0) {
+      std::fill(grads.begin(), grads.end(), 0.0f);
+      return {};
+    }
+    // Every slot is assigned below; only the padding between slots is zeroed.
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const std::size_t end = params_[i].offset + params_[i].numel();
+      const std::size_t next = i + 1 < params_.size() ? params_[i + 1].offset : buffer_elements_;
+      std::fill(grads.begin() + static_cast<std::ptrdiff_t>(end), grads.begin() + static_cast<std::ptrdiff_t>(next), 0.0f);
+    }
     reserve(n);
     forward(buffer, x, n);
     const std::size_t layers = widths_.size() - 1;
