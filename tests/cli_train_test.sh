@@ -85,6 +85,10 @@ printf '\x01\x02\x08\x03' | gzip >"$tmp/fm/train-images-idx3-ubyte.gz"
 expect_error 2 "wrong IDX magic number" -- train --data-dir "$tmp/fm"
 printf '\x00\x00\x08\x03\x00\x00\x00\x02\x00\x00\x00\x1c\x00\x00\x00\x1c\x05' | gzip >"$tmp/fm/train-images-idx3-ubyte.gz"
 expect_error 2 "truncated: header promises 1568 bytes of data, file has 1" -- train --data-dir "$tmp/fm"
+# --keep-denormals is accepted (the default flushes them to zero).
+"$bin" train --data synthetic --train-size 256 --test-size 64 --batch-size 64 --keep-denormals --progress none \
+  >/dev/null 2>&1 || fail "train --keep-denormals exited $?"
+
 # An export that cannot be written fails clearly and leaves nothing half-written.
 expect_error 2 "cannot create" -- train --data synthetic --train-size 256 --test-size 64 --progress none \
   --export-params "$tmp/missing-dir/p.safetensors"

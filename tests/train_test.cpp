@@ -2,6 +2,9 @@
 // safetensors export.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#if defined(__SSE3__)
+#include <pmmintrin.h>
+#endif
 
 #include <filesystem>
 #include <fstream>
@@ -97,6 +100,27 @@ TEST(Train, PartialLastBatchAndMaxSteps) {
   EXPECT_EQ(run(2, d, c).steps, 6u);
   c.max_steps = 4;
   EXPECT_EQ(run(1, d, c).steps, 4u);
+}
+
+TEST(Train, DenormalFlushingIsScopedToTraining) {
+  const data::Split d = data::make_synthetic_classification(16, 3, 512, 64, 4);
+  train::TrainConfig c = small_config();
+  c.epochs = 1;
+#if defined(__SSE3__)
+  const unsigned before = _mm_getcsr();
+#endif
+  const train::TrainResult flushed = run(1, d, c);
+#if defined(__SSE3__)
+  EXPECT_EQ(_mm_getcsr(), before) << "train() must restore the caller's floating-point mode";
+#endif
+  c.flush_denormals = false;
+  const train::TrainResult kept = run(1, d, c);
+  ASSERT_EQ(kept.params.size(), flushed.params.size());
+  // Normal-range values compute identically either way; a short run stays close.
+  double max_diff = 0;
+  for (std::size_t i = 0; i < kept.params.size(); ++i)
+    max_diff = std::max(max_diff, double(std::abs(kept.params[i] - flushed.params[i])));
+  EXPECT_LT(max_diff, 1e-4);
 }
 
 TEST(Train, LinearRegressionWithSgdReachesTheNoiseFloor) {

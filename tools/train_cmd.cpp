@@ -347,6 +347,8 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--batch-size", c.batch_size, "global batch size, the same at every world size (default 128)");
   sub->add_option("--seed", c.seed, "seed of initialization, shuffling and synthetic data (default 0)");
   sub->add_flag("--drop-last", c.drop_last, "skip each epoch's last, partial batch (default: keep it)");
+  sub->add_flag("!--keep-denormals", c.flush_denormals,
+                "compute with denormal floats (default: flush them to zero, much faster late in training)");
   sub->add_option("--max-steps", c.max_steps, "stop after this many steps (default: all epochs)");
   sub->add_option("--metrics", a->metrics, "write per-step and per-epoch metrics (JSON lines; .csv for CSV)");
   sub->add_option("--export-params", a->export_path, "write the final fp32 parameters as a safetensors file");

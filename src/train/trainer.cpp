@@ -1,6 +1,9 @@
 #include "distopt/train/trainer.hpp"
 
 #include <xxhash.h>
+#if defined(__SSE3__)
+#include <pmmintrin.h>
+#endif
 
 #include <chrono>
 #include <cstdio>
@@ -14,6 +17,30 @@ namespace distopt::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Flush-to-zero and denormals-are-zero on this thread for the guard's
+// lifetime (x86 MXCSR); the previous mode is restored afterwards.
+class DenormalGuard {
+ public:
+  explicit DenormalGuard(bool on) {
+#if defined(__SSE3__)
+    saved_ = _mm_getcsr();
+    if (on) _mm_setcsr(saved_ | _MM_FLUSH_ZERO_ON | _MM_DENORMALS_ZERO_ON);
+#else
+    (void)on;
+#endif
+  }
+  ~DenormalGuard() {
+#if defined(__SSE3__)
+    _mm_setcsr(saved_);
+#endif
+  }
+  DenormalGuard(const DenormalGuard&) = delete;
+  DenormalGuard& operator=(const DenormalGuard&) = delete;
+
+ private:
+  unsigned saved_ = 0;
+};
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Sums of a data set's loss, correct predictions and count over all ranks:
@@ -51,6 +78,7 @@ std::string hash_params(const std::vector<float>& params) {
 
 TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer) {
   validate(comm, data, config);
+  const DenormalGuard denormals(config.flush_denormals);
   auto model = models::make_model(config.model, data.train.features, data.train.classes, config.hidden);
   parallel::FlatLayout layout{model->params(), model->buffer_elements()};
   std::vector<float> initial(layout.elements);

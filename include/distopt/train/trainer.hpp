@@ -24,6 +24,11 @@ struct TrainConfig {
   std::uint64_t seed = 0;
   bool drop_last = false;
   std::size_t max_steps = 0;  // stop after this many steps in all (0: no limit)
+  // Flush denormal floats to zero in the rank's thread while it trains
+  // (x86 FTZ/DAZ, as TensorFlow does by default on CPUs): late in training,
+  // tiny gradients and Adam's squared averages turn denormal and every
+  // operation on them costs ~100 cycles (docs/performance.md).
+  bool flush_denormals = true;
 };
 
 struct StepMetrics {
