@@ -1,5 +1,7 @@
 #include "distopt/optim/optimizer.hpp"
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -100,6 +102,24 @@ void Optimizer::set_option(std::size_t g, std::string_view option, OptionValue v
   StateLayout layout = rule_->layout(groups_[g].options);
   if (layout.tensors != layouts_[g].layout.tensors || layout.scalars != layouts_[g].layout.scalars)
     layouts_[g] = {std::move(layout), next_version_++};
+}
+
+void Optimizer::set_lr(std::size_t g, double lr) {
+  DISTOPT_CHECK(g < groups_.size(), "group ", g, " of ", groups_.size());
+  if (!std::isfinite(lr)) throw InvalidInput(str("learning rate of group ", g, " must be finite, got ", lr));
+  groups_[g].options["lr"] = lr;
+}
+
+void Optimizer::set_extra(std::size_t g, std::string_view key, double value) {
+  DISTOPT_CHECK(g < groups_.size(), "group ", g, " of ", groups_.size());
+  groups_[g].extras[std::string(key)] = value;
+}
+
+std::optional<double> Optimizer::extra(std::size_t g, std::string_view key) const {
+  const auto& e = group(g).extras;
+  auto it = e.find(key);
+  if (it == e.end()) return std::nullopt;
+  return it->second;
 }
 
 Param& Optimizer::param(std::size_t i) {
@@ -307,6 +327,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   // Apply.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     groups_[g].options = std::move(options[g]);
+    groups_[g].extras = dict.param_groups[g].extras;
     layouts_[g] = {std::move(layouts[g]), next_version_++};
   }
   for (std::size_t i = 0; i < params_.size(); ++i) *state_[i] = ParamState{};

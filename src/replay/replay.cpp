@@ -51,6 +51,44 @@ class Reader {
     return out;
   }
 
+  // {"name": ..., "options": {...}, "schedulers": [...]} (options and
+  // schedulers optional); option values are numbers, booleans, strings or
+  // lists of numbers.
+  SchedulerSpec scheduler(const json& v, const std::string& where) const {
+    SchedulerSpec s;
+    const json& name = member(v, "name", where);
+    if (!name.is_string()) fail(where + ".name", "must be a string");
+    s.name = name.get<std::string>();
+    for (const auto& [key, value] : v.items())
+      if (key != "name" && key != "options" && key != "schedulers") fail(where, str("unknown member '", key, "'"));
+    if (v.contains("options")) {
+      const json& o = v["options"];
+      if (!o.is_object()) fail(where + ".options", "must be an object");
+      for (const auto& [key, value] : o.items()) {
+        const std::string at = str(where, ".options.", key);
+        if (value.is_null()) continue;  // torch's None: the default
+        if (value.is_boolean()) {
+          s.options[key] = value.get<bool>();
+        } else if (value.is_string()) {
+          s.options[key] = value.get<std::string>();
+        } else if (value.is_array()) {
+          std::vector<double> list;
+          for (std::size_t i = 0; i < value.size(); ++i) list.push_back(number(value[i], str(at, "[", i, "]")));
+          s.options[key] = std::move(list);
+        } else {
+          s.options[key] = number(value, at);
+        }
+      }
+    }
+    if (v.contains("schedulers")) {
+      const json& list = v["schedulers"];
+      if (!list.is_array()) fail(where + ".schedulers", "must be an array");
+      for (std::size_t i = 0; i < list.size(); ++i)
+        s.schedulers.push_back(scheduler(list[i], str(where, ".schedulers[", i, "]")));
+    }
+    return s;
+  }
+
   std::size_t index(const json& v, const std::string& where) const {
     if (!v.is_number_integer() || v.get<long long>() < 0) fail(where, "must be a non-negative integer");
     return v.get<std::size_t>();
@@ -163,8 +201,12 @@ Case parse_case(const std::string& text, const std::string& source) {
     c.steps.push_back(std::move(sc));
   }
 
-  if (doc.contains("scheduler") && !doc["scheduler"].is_null())
-    r.fail("scheduler", "learning-rate schedulers are not supported by this version of distopt yet");
+  if (doc.contains("scheduler") && !doc["scheduler"].is_null()) {
+    c.scheduler = r.scheduler(doc["scheduler"], "scheduler");
+    if (c.scheduler->name == "reducelronplateau")
+      for (std::size_t k = 0; k < c.steps.size(); ++k)
+        if (!c.steps[k].metric) r.fail(str("steps[", k, "]"), "needs a 'metric' for scheduler reducelronplateau");
+  }
 
   if (doc.contains("expected")) {
     const json& e = doc["expected"];
@@ -204,7 +246,7 @@ Case load_case(const std::string& path) {
   return parse_case(text.str(), path);
 }
 
-Result run(const Case& c, ThreadPool* pool) {
+Result run(const Case& c, ThreadPool* pool, const SchedulerFactory& make) {
   // Parameters and gradients live in buffers the replay owns, as a model's would.
   std::vector<Buffer> values, grads;
   std::vector<ParamGroupSpec> groups(c.groups.size());
@@ -231,6 +273,14 @@ Result run(const Case& c, ThreadPool* pool) {
   OptimizerConfig config;
   config.pool = pool;
   Optimizer opt(c.optimizer, std::move(groups), c.options, config);
+  std::unique_ptr<Scheduler> scheduler;
+  if (c.scheduler) {
+    try {
+      scheduler = make ? make(opt, *c.scheduler) : make_scheduler(opt, *c.scheduler);
+    } catch (const InvalidInput& e) {
+      throw InvalidInput(str(c.source, ": scheduler: ", e.what()));
+    }
+  }
   Result r;
   r.lr.resize(c.groups.size());
   for (const StepCase& s : c.steps) {
@@ -240,6 +290,12 @@ Result run(const Case& c, ThreadPool* pool) {
       if (p.has_grad) std::copy(s.grads[i]->begin(), s.grads[i]->end(), grads[i].as<float>());
     }
     opt.step();
+    if (scheduler) {
+      if (scheduler->needs_metric())
+        scheduler->step(*s.metric);
+      else
+        scheduler->step();
+    }
     for (std::size_t g = 0; g < c.groups.size(); ++g) r.lr[g].push_back(opt.lr(g));
   }
   for (std::size_t i = 0; i < c.params.size(); ++i)

@@ -18,6 +18,7 @@
 #include <span>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -41,6 +42,9 @@ struct Param {
 struct ParamGroup {
   std::vector<std::size_t> params;  // indices into Optimizer::params()
   OptionMap options;                // complete: defaults filled in
+  // Other numbers kept in the group, as torch keeps "initial_lr", "max_lr",
+  // "swa_lr", ... in a param_group dict for schedulers; the rule ignores them.
+  std::map<std::string, double, std::less<>> extras;
 };
 
 // What a group looks like when it is handed to the optimizer.
@@ -90,7 +94,13 @@ class Optimizer {
   // constructor's. The next step uses it.
   void set_option(std::size_t g, std::string_view option, OptionValue value);
   double lr(std::size_t g) const { return group(g).options.at("lr").number(); }
-  void set_lr(std::size_t g, double lr) { set_option(g, "lr", lr); }
+  // Group extras (see ParamGroup::extras); extra() is nullopt when unset.
+  void set_extra(std::size_t g, std::string_view key, double value);
+  std::optional<double> extra(std::size_t g, std::string_view key) const;
+  // Writes a group's lr as torch's `group["lr"] = x` does: schedulers may
+  // take it anywhere (OneCycleLR past its last phase even below 0); only a
+  // non-finite value is refused.
+  void set_lr(std::size_t g, double lr);
 
   std::size_t num_params() const { return params_.size(); }
   Param& param(std::size_t i);

@@ -4,6 +4,8 @@
 // replay` runs them; `distopt replay --check` compares with `expected`.
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,6 +13,7 @@
 #include "distopt/core/tensor.hpp"
 #include "distopt/core/thread_pool.hpp"
 #include "distopt/optim/options.hpp"
+#include "distopt/optim/scheduler.hpp"
 
 namespace distopt::replay {
 
@@ -37,6 +40,7 @@ struct Case {
   std::vector<Shape> shapes;
   std::vector<std::vector<float>> params;
   std::vector<StepCase> steps;
+  std::optional<SchedulerSpec> scheduler;  // stepped after every optimizer step
   std::optional<Result> expected;
 };
 
@@ -45,8 +49,12 @@ struct Case {
 Case parse_case(const std::string& json_text, const std::string& source);
 Case load_case(const std::string& path);
 
-// Runs the optimizer over the case's steps.
-Result run(const Case& c, ThreadPool* pool = nullptr);
+// Builds a case's scheduler (make_scheduler by default; tests pass their own
+// to provide lambdalr/multiplicativelr with C++ callables).
+using SchedulerFactory = std::function<std::unique_ptr<Scheduler>(Optimizer&, const SchedulerSpec&)>;
+
+// Runs the optimizer (and the scheduler, if any) over the case's steps.
+Result run(const Case& c, ThreadPool* pool = nullptr, const SchedulerFactory& make = {});
 
 struct Tolerance {
   double atol = 1e-6;
