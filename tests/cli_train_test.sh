@@ -89,6 +89,38 @@ expect_error 2 "truncated: header promises 1568 bytes of data, file has 1" -- tr
 "$bin" train --data synthetic --train-size 256 --test-size 64 --batch-size 64 --keep-denormals --progress none \
   >/dev/null 2>&1 || fail "train --keep-denormals exited $?"
 
+# Schedulers: per step (OneCycleLR) and per epoch (StepLR); lrs in the metrics.
+"$bin" train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --epochs 2 --progress none \
+  --scheduler onecyclelr --scheduler-option max_lr=0.01 --scheduler-option total_steps=16 --metrics "$tmp/oc.jsonl" \
+  >/dev/null 2>&1 || fail "train --scheduler onecyclelr exited $?"
+"$bin" train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --epochs 3 --progress none --lr 0.01 \
+  --scheduler steplr --scheduler-option step_size=1 --scheduler-option gamma=0.5 --scheduler-interval epoch \
+  --metrics "$tmp/st.jsonl" >/dev/null 2>&1 || fail "train --scheduler steplr exited $?"
+"$bin" train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --epochs 2 --progress none \
+  --scheduler '{"name": "sequentiallr", "options": {"milestones": [4]}, "schedulers": [{"name": "linearlr"}, {"name": "exponentiallr", "options": {"gamma": 0.9}}]}' \
+  >/dev/null 2>&1 || fail "train --scheduler JSON exited $?"
+/usr/bin/env python3 - "$tmp" <<'PY' || fail "scheduler lrs in the metrics are wrong"
+import json, math, sys
+tmp = sys.argv[1]
+oc = [json.loads(l)["lr"] for l in open(tmp + "/oc.jsonl") if '"kind": "step"' in l]
+assert len(oc) == 16 and abs(oc[0] - 0.01 / 25) < 1e-12, oc[:2]
+assert abs(max(oc) - 0.01) < 2e-3 and oc[-1] < 1e-4, oc
+st = [json.loads(l) for l in open(tmp + "/st.jsonl") if '"kind": "step"' in l]
+for e, want in ((1, 0.01), (2, 0.005), (3, 0.0025)):
+    assert all(abs(s["lr"] - want) < 1e-15 for s in st if s["epoch"] == e), (e, want)
+PY
+expect_error 2 "unknown scheduler 'warmup'" -- train --data synthetic --scheduler warmup
+expect_error 2 "steplr: option step_size is required" -- train --data synthetic --scheduler steplr
+expect_error 2 "reducelronplateau: Factor should be < 1.0." -- train --data synthetic --scheduler reducelronplateau \
+  --scheduler-option factor=1.5
+expect_error 2 "Tried to step 6 times. The specified number of total steps is 4" -- train --data synthetic \
+  --train-size 512 --test-size 64 --batch-size 64 --progress none --scheduler onecyclelr --scheduler-option max_lr=0.1 \
+  --scheduler-option total_steps=4
+expect_error 2 "needs --scheduler" -- train --data synthetic --scheduler-option step_size=3
+expect_error 2 "'step_size' is not KEY=VALUE" -- train --data synthetic --scheduler steplr --scheduler-option step_size
+expect_error 2 "optimizer must support momentum" -- train --data synthetic --optimizer adagrad --scheduler cycliclr \
+  --scheduler-option base_lr=0.01 --scheduler-option max_lr=0.1
+
 # An export that cannot be written fails clearly and leaves nothing half-written.
 expect_error 2 "cannot create" -- train --data synthetic --train-size 256 --test-size 64 --progress none \
   --export-params "$tmp/missing-dir/p.safetensors"

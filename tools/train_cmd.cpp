@@ -1,6 +1,7 @@
 // distopt train: trains a built-in model (spec/cli-contract.md).
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +17,8 @@
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/optim/rule.hpp"
+#include "distopt/optim/scheduler.hpp"
+#include "distopt/replay/replay.hpp"
 #include "distopt/train/trainer.hpp"
 
 namespace distopt::cli {
@@ -29,6 +32,8 @@ struct TrainArgs {
   int world = 1;
   bool json = false;
   std::map<std::string, std::string> option_text;  // optimizer options as given, torch names
+  std::string scheduler, scheduler_interval = "step";
+  std::vector<std::string> scheduler_options;  // KEY=VALUE
 };
 
 std::string human_rate(double r) {
@@ -218,6 +223,44 @@ OptionMap parse_options(const RuleInfo& rule, const std::map<std::string, std::s
   return out;
 }
 
+// --scheduler NAME with --scheduler-option KEY=VALUE (a number, true/false,
+// a comma list of numbers, or a word), or --scheduler '{JSON spec}'.
+SchedulerSpec parse_scheduler(const TrainArgs& a) {
+  if (!a.scheduler.empty() && a.scheduler.front() == '{') {
+    if (!a.scheduler_options.empty())
+      throw InvalidInput("--scheduler-option cannot be combined with a JSON --scheduler (put options in its JSON)");
+    return replay::parse_scheduler_spec(a.scheduler, "--scheduler");
+  }
+  SchedulerSpec spec;
+  spec.name = a.scheduler;
+  for (const std::string& kv : a.scheduler_options) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw InvalidInput(str("--scheduler-option: '", kv, "' is not KEY=VALUE"));
+    const std::string key = kv.substr(0, eq), text = kv.substr(eq + 1);
+    const std::string flag = "scheduler-option " + key;
+    if (text == "true" || text == "false") {
+      spec.options[key] = text == "true";
+    } else if (text.find(',') != std::string::npos) {
+      std::vector<double> list;
+      std::size_t begin = 0;
+      for (;;) {
+        const auto comma = text.find(',', begin);
+        list.push_back(parse_number(flag, text.substr(begin, comma - begin)));
+        if (comma == std::string::npos) break;
+        begin = comma + 1;
+      }
+      spec.options[key] = std::move(list);
+    } else if (!text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) || text[0] == '-' ||
+                                 text[0] == '.' || text[0] == '+')) {
+      spec.options[key] = parse_number(flag, text);
+    } else {
+      spec.options[key] = text;
+    }
+  }
+  return spec;
+}
+
 data::Split load_data(const TrainArgs& a, const std::string& model) {
   if (a.data == "fashion-mnist") return data::load_fashion_mnist(a.data_dir.empty() ? data::default_fashion_mnist_dir() : a.data_dir);
   if (a.data == "synthetic")
@@ -269,6 +312,23 @@ int run_train(TrainArgs& a) {
   a.config.optimizer.options = parse_options(rule, a.option_text);
   rule.validate(resolve_options(rule, a.config.optimizer.options));
   parallel::require_strategy(a.config.strategy);  // one clear error before any data is read
+  if (a.scheduler.empty() && !a.scheduler_options.empty())
+    throw InvalidInput("--scheduler-option needs --scheduler");
+  if (!a.scheduler.empty()) {
+    a.config.scheduler = parse_scheduler(a);
+    a.config.scheduler_per_epoch = a.scheduler_interval == "epoch";
+    // Build it once on a stand-in parameter: bad names and options fail now.
+    float p = 0, g = 0;
+    Optimizer probe(a.config.optimizer.name, {Param{"probe", {&p, DType::f32, {1}}, {&g, DType::f32, {1}}, false}},
+                    a.config.optimizer.options);
+    try {
+      (void)make_scheduler(probe, *a.config.scheduler);
+    } catch (const InvalidInput& e) {
+      const std::string what = e.what();
+      throw InvalidInput(what.rfind(a.config.scheduler->name, 0) == 0 ? what
+                                                                       : str(a.config.scheduler->name, ": ", what));
+    }
+  }
   if (!a.export_path.empty()) {
     // Fail now rather than after a long run.
     const auto parent = std::filesystem::absolute(a.export_path).parent_path();
@@ -355,6 +415,15 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--progress", a->progress, "auto (bar on a terminal, else lines), bar, lines, none")
       ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   sub->add_flag("--json", a->json, "print the summary as one JSON object, the last line of stdout");
+  sub->add_option("--scheduler", a->scheduler,
+                  "lr scheduler, torch's lower-cased class name (steplr, onecyclelr, ...) or a JSON spec "
+                  "{\"name\": ..., \"options\": {...}, \"schedulers\": [...]}");
+  sub->add_option("--scheduler-option", a->scheduler_options,
+                  "scheduler option KEY=VALUE, torch-named (e.g. step_size=3, milestones=2,5); repeatable");
+  sub->add_option("--scheduler-interval", a->scheduler_interval,
+                  "step the scheduler after every optimizer step (default) or every epoch; "
+                  "reducelronplateau: every epoch, on the test loss")
+      ->check(CLI::IsMember({"step", "epoch"}));
   // Every optimizer option of every rule, torch-named (--weight-decay or --weight_decay).
   std::set<std::string> seen;
   for (const RuleInfo* rule : all_rules())

@@ -246,6 +246,16 @@ Case load_case(const std::string& path) {
   return parse_case(text.str(), path);
 }
 
+SchedulerSpec parse_scheduler_spec(const std::string& json_text, const std::string& source) {
+  json doc;
+  try {
+    doc = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    throw InvalidInput(str(source, ": not valid JSON (", e.what(), ")"));
+  }
+  return Reader(source).scheduler(doc, "scheduler");
+}
+
 Result run(const Case& c, ThreadPool* pool, const SchedulerFactory& make) {
   // Parameters and gradients live in buffers the replay owns, as a model's would.
   std::vector<Buffer> values, grads;

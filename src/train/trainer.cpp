@@ -85,6 +85,9 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   model->init(initial, config.seed);
   auto strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer);
   Optimizer& optimizer = strategy->optimizer();
+  std::unique_ptr<Scheduler> scheduler;
+  if (config.scheduler) scheduler = make_scheduler(optimizer, *config.scheduler);
+  const bool step_scheduler_per_batch = scheduler && !config.scheduler_per_epoch && !scheduler->needs_metric();
 
   data::BatchSampler sampler(data.train.size(), config.batch_size, config.seed, config.drop_last);
   const std::size_t per_epoch = sampler.batches_per_epoch();
@@ -116,6 +119,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       const models::BatchStats s =
           model->forward_backward(strategy->params(), xb.data(), yb.data(), local.size(), scale, strategy->grads());
       strategy->step();
+      if (step_scheduler_per_batch) scheduler->step();
       double sums[2] = {s.loss_sum, s.count};
       comm.all_reduce(sums, sums, 2, ElemType::f64, ReduceOp::sum);
       epoch_loss += sums[0];
@@ -138,6 +142,12 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : 0;
     result.test_loss = test.count > 0 ? test.loss_sum / test.count : 0;
     result.test_accuracy = test.count > 0 ? test.correct / test.count : 0;
+    if (scheduler && !step_scheduler_per_batch) {
+      if (scheduler->needs_metric())
+        scheduler->step(result.test_loss);
+      else
+        scheduler->step();
+    }
     if (report)
       observer->on_epoch({epoch, result.steps, result.train_loss, result.test_loss, result.test_accuracy,
                           epoch_seconds > 0 ? epoch_count / epoch_seconds : 0, seconds_since(start)});

@@ -48,6 +48,9 @@ struct Case {
 // a one-line message naming the file and the JSON member.
 Case parse_case(const std::string& json_text, const std::string& source);
 Case load_case(const std::string& path);
+// A scheduler spec as the case format writes it: {"name": ..., "options":
+// {...}, "schedulers": [...]} (also `distopt train --scheduler '{...}'`).
+SchedulerSpec parse_scheduler_spec(const std::string& json_text, const std::string& source);
 
 // Builds a case's scheduler (make_scheduler by default; tests pass their own
 // to provide lambdalr/multiplicativelr with C++ callables).

@@ -5,11 +5,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "distopt/comm/communicator.hpp"
 #include "distopt/data/dataset.hpp"
+#include "distopt/optim/scheduler.hpp"
 #include "distopt/parallel/strategy.hpp"
 
 namespace distopt::train {
@@ -29,6 +31,11 @@ struct TrainConfig {
   // tiny gradients and Adam's squared averages turn denormal and every
   // operation on them costs ~100 cycles (docs/performance.md).
   bool flush_denormals = true;
+  // An lr scheduler on the strategy's optimizer, stepped after every
+  // optimizer step, or after every epoch when scheduler_per_epoch is set;
+  // reducelronplateau always steps per epoch, with the test loss as metric.
+  std::optional<SchedulerSpec> scheduler;
+  bool scheduler_per_epoch = false;
 };
 
 struct StepMetrics {
