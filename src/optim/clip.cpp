@@ -16,23 +16,10 @@ namespace {
 template <class Fn>
 void for_each_value(const TensorView& g, Fn&& fn) {
   const auto n = static_cast<std::size_t>(g.numel());
-  switch (g.dtype) {
-    case DType::f32: {
-      const float* p = g.as<const float>();
-      for (std::size_t i = 0; i < n; ++i) fn(p[i]);
-      break;
-    }
-    case DType::bf16: {
-      const bf16* p = g.as<const bf16>();
-      for (std::size_t i = 0; i < n; ++i) fn(bf16_bits_to_float(p[i].bits));
-      break;
-    }
-    case DType::f16: {
-      const f16* p = g.as<const f16>();
-      for (std::size_t i = 0; i < n; ++i) fn(f16_bits_to_float(p[i].bits));
-      break;
-    }
-  }
+  dispatch_dtype(g.dtype, [&]<class T>() {
+    const T* p = g.as<const T>();
+    for (std::size_t i = 0; i < n; ++i) fn(to_float(p[i]));
+  });
 }
 
 // Replaces every element x of a gradient by fn(x) (computed in float,
@@ -40,23 +27,10 @@ void for_each_value(const TensorView& g, Fn&& fn) {
 template <class Fn>
 void transform(const TensorView& g, Fn&& fn) {
   const auto n = static_cast<std::size_t>(g.numel());
-  switch (g.dtype) {
-    case DType::f32: {
-      float* p = g.as<float>();
-      for (std::size_t i = 0; i < n; ++i) p[i] = fn(p[i]);
-      break;
-    }
-    case DType::bf16: {
-      bf16* p = g.as<bf16>();
-      for (std::size_t i = 0; i < n; ++i) p[i].bits = float_to_bf16_bits(fn(bf16_bits_to_float(p[i].bits)));
-      break;
-    }
-    case DType::f16: {
-      f16* p = g.as<f16>();
-      for (std::size_t i = 0; i < n; ++i) p[i].bits = float_to_f16_bits(fn(f16_bits_to_float(p[i].bits)));
-      break;
-    }
-  }
+  dispatch_dtype(g.dtype, [&]<class T>() {
+    T* p = g.as<T>();
+    for (std::size_t i = 0; i < n; ++i) p[i] = from_float<T>(fn(to_float(p[i])));
+  });
 }
 
 std::vector<TensorView> grads_of(Optimizer& opt) {
