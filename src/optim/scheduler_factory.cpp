@@ -79,6 +79,11 @@ class Reader {
       if (!std::isfinite(x)) bad(key, "finite");
     return list;
   }
+  std::vector<double> required_numbers(std::string_view key) {
+    auto list = numbers(key, {});
+    if (list.empty()) throw InvalidInput(str(spec_.name, ": option ", key, " is required"));
+    return list;
+  }
   std::vector<long> integers(std::string_view key) {
     const SchedulerOption* v = find(key);
     if (!v) throw InvalidInput(str(spec_.name, ": option ", key, " is required"));
@@ -180,10 +185,8 @@ std::unique_ptr<LRScheduler> make_lr_scheduler(Optimizer& opt, const SchedulerSp
     s = std::make_unique<CosineAnnealingWarmRestarts>(opt, t0, mult, eta_min);
   } else if (n == "cycliclr") {
     CyclicLROptions o;
-    o.base_lr = r.numbers("base_lr", {});
-    o.max_lr = r.numbers("max_lr", {});
-    if (o.base_lr.empty()) throw InvalidInput("cycliclr: option base_lr is required");
-    if (o.max_lr.empty()) throw InvalidInput("cycliclr: option max_lr is required");
+    o.base_lr = r.required_numbers("base_lr");
+    o.max_lr = r.required_numbers("max_lr");
     o.step_size_up = r.number("step_size_up", o.step_size_up);
     o.step_size_down = r.number("step_size_down");
     o.mode = r.text("mode", o.mode);
@@ -196,8 +199,7 @@ std::unique_ptr<LRScheduler> make_lr_scheduler(Optimizer& opt, const SchedulerSp
     s = std::make_unique<CyclicLR>(opt, std::move(o));
   } else if (n == "onecyclelr") {
     OneCycleLROptions o;
-    o.max_lr = r.numbers("max_lr", {});
-    if (o.max_lr.empty()) throw InvalidInput("onecyclelr: option max_lr is required");
+    o.max_lr = r.required_numbers("max_lr");
     o.total_steps = r.integer("total_steps");
     o.epochs = r.integer("epochs");
     o.steps_per_epoch = r.integer("steps_per_epoch");
@@ -212,8 +214,7 @@ std::unique_ptr<LRScheduler> make_lr_scheduler(Optimizer& opt, const SchedulerSp
     r.finish();
     s = std::make_unique<OneCycleLR>(opt, std::move(o));
   } else if (n == "swalr") {
-    auto swa_lr = r.numbers("swa_lr", {});
-    if (swa_lr.empty()) throw InvalidInput("swalr: option swa_lr is required");
+    auto swa_lr = r.required_numbers("swa_lr");
     const long anneal_epochs = r.integer("anneal_epochs", 10);
     const std::string strategy = r.text("anneal_strategy", "cos");
     r.finish();
