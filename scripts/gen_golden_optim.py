@@ -583,6 +583,8 @@ def serialize(case):
     lines.append('"generator":%s,' % dumps(case["generator"]))
     lines.append('"optimizer":%s,' % dumps(case["optimizer"]))
     lines.append('"param_groups":%s,' % dumps(case["param_groups"]))
+    if "scheduler" in case:  # scheduler cases (scripts/gen_golden_sched.py)
+        lines.append('"scheduler":%s,' % dumps(case["scheduler"]))
     lines.append('"params":[')
     lines.append(",\n".join(dumps(p) for p in case["params"]))
     lines.append("],")

@@ -38,6 +38,8 @@ import torch
 from torch.optim import lr_scheduler as L
 from torch.optim.swa_utils import SWALR
 
+from gen_golden_optim import serialize  # the same file layout as the optimizer cases
+
 FORMAT = "distopt-replay/1"
 GENERATOR = "scripts/gen_golden_sched.py (torch %s)" % torch.__version__
 
@@ -246,29 +248,6 @@ def make_case(spec, opt_key, groups, steps):
         "expected": {"params": [[float(x) for x in p.detach().reshape(-1).tolist()] for p in tparams], "lr": lrs},
     }
     return case
-
-
-def dumps(x):
-    return json.dumps(x, separators=(",", ":"), allow_nan=False)
-
-
-def serialize(case):
-    lines = ["{"]
-    for key in ("format", "generator", "optimizer", "param_groups", "scheduler"):
-        lines.append('"%s":%s,' % (key, dumps(case[key])))
-    lines.append('"params":[')
-    lines.append(",\n".join(dumps(p) for p in case["params"]))
-    lines.append("],")
-    lines.append('"steps":[')
-    lines.append(",\n".join(dumps(st) for st in case["steps"]))
-    lines.append("],")
-    lines.append('"expected":{"params":[')
-    lines.append(",\n".join(dumps(p) for p in case["expected"]["params"]))
-    lines.append('],"lr":%s}' % dumps(case["expected"]["lr"]))
-    lines.append("}")
-    text = "\n".join(lines) + "\n"
-    assert json.loads(text) == case
-    return text
 
 
 def main(argv=None):
