@@ -4,21 +4,7 @@
 set -u
 bin=$1
 src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-# expect_error STATUS PATTERN -- ARGS...: exit status, one line on stderr matching PATTERN.
-expect_error() {
-  local want=$1 pattern=$2
-  shift 3
-  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
-  local got=$?
-  [ "$got" = "$want" ] || fail "distopt $*: exit $got, want $want"
-  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "distopt $*: stderr is not one line: $(cat "$tmp/err")"
-  grep -q -- "$pattern" "$tmp/err" || fail "distopt $*: stderr '$(cat "$tmp/err")' lacks '$pattern'"
-}
+source "$(dirname "$0")/check_lib.sh"
 
 golden=$src/tests/golden/optim/adam_004_ams_wd.json
 # replay --json: exactly one JSON object as the last line, with params and lr.
@@ -75,6 +61,4 @@ if env | grep -q '^OMPI_COMM_WORLD_SIZE='; then :; else
   expect_error 2 "needs to be started by mpirun" -- bench comm --backend mpi
 fi
 
-if [ "$failures" = 0 ]; then echo "cli contract: all checks passed"; exit 0; fi
-echo "cli contract: $failures failed"
-exit 1
+finish "cli contract"

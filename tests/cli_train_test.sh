@@ -3,20 +3,7 @@
 # metrics and export files, and one-line errors for bad input.
 set -u
 bin=$1
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
-
-expect_error() {
-  local want=$1 pattern=$2
-  shift 3
-  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
-  local got=$?
-  [ "$got" = "$want" ] || fail "distopt $*: exit $got, want $want"
-  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "distopt $*: stderr is not one line: $(cat "$tmp/err")"
-  grep -q -- "$pattern" "$tmp/err" || fail "distopt $*: stderr '$(cat "$tmp/err")' lacks '$pattern'"
-}
+source "$(dirname "$0")/check_lib.sh"
 
 # A short run on synthetic data: the summary line, metrics and export.
 "$bin" train --data synthetic --train-size 2048 --test-size 512 --world 2 --epochs 2 --batch-size 64 \
@@ -125,6 +112,4 @@ expect_error 2 "optimizer must support momentum" -- train --data synthetic --opt
 expect_error 2 "cannot create" -- train --data synthetic --train-size 256 --test-size 64 --progress none \
   --export-params "$tmp/missing-dir/p.safetensors"
 
-if [ "$failures" = 0 ]; then echo "cli train: all checks passed"; exit 0; fi
-echo "cli train: $failures failed"
-exit 1
+finish "cli train"

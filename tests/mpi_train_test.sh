@@ -5,10 +5,7 @@
 set -u
 mpiexec=$1
 bin=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/check_lib.sh"
 args=(train --data synthetic --train-size 1024 --test-size 256 --epochs 2 --batch-size 96 --optimizer adam
       --lr 0.003 --seed 3 --progress none --json)
 hash_of() { tail -n 1 "$1" | grep -o '"param_hash": "[0-9a-f]*"'; }
@@ -28,6 +25,4 @@ timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --backend mpi --data sy
   >"$tmp/out" 2>"$tmp/err"
 [ $? != 0 ] || fail "batch smaller than the world did not fail under mpirun"
 grep -q "batch size 1 is smaller than the world size 2" "$tmp/err" || fail "mpi error: $(head -n 3 "$tmp/err")"
-if [ "$failures" = 0 ]; then echo "mpi train: all checks passed"; exit 0; fi
-echo "mpi train: $failures failed"
-exit 1
+finish "mpi train"

@@ -1,0 +1,24 @@
+# Shared by the shell tests (source it after setting $bin, the distopt
+# binary): a scratch folder, failure counting, expect_error and finish.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+# expect_error STATUS PATTERN -- ARGS...: exit status, one line on stderr matching PATTERN.
+expect_error() {
+  local want=$1 pattern=$2
+  shift 3
+  "$bin" "$@" >"$tmp/out" 2>"$tmp/err"
+  local got=$?
+  [ "$got" = "$want" ] || fail "distopt $*: exit $got, want $want"
+  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "distopt $*: stderr is not one line: $(cat "$tmp/err")"
+  grep -q -- "$pattern" "$tmp/err" || fail "distopt $*: stderr '$(cat "$tmp/err")' lacks '$pattern'"
+}
+
+# finish NAME: the summary line and the exit status.
+finish() {
+  if [ "$failures" = 0 ]; then echo "$1: all checks passed"; exit 0; fi
+  echo "$1: $failures failed"
+  exit 1
+}
