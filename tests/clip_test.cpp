@@ -5,39 +5,21 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
-#include <nlohmann/json.hpp>
 
 #include "distopt/core/error.hpp"
 #include "distopt/optim/clip.hpp"
 #include "distopt/optim/optimizer.hpp"
+#include "golden_json.hpp"
 
 namespace distopt {
 namespace {
 
-using nlohmann::json;
-
-double num(const json& v) {
-  if (v.is_string()) {
-    const std::string s = v.get<std::string>();
-    if (s == "NaN") return std::numeric_limits<double>::quiet_NaN();
-    return s == "Infinity" ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity();
-  }
-  return v.get<double>();
-}
-
-// Same value, NaN equal to NaN; finite values within float32 rounding of a
-// differently ordered sum (torch sums per tensor in float32).
-::testing::AssertionResult close(double got, double want, double rtol) {
-  if (std::isnan(want)) return std::isnan(got) ? ::testing::AssertionSuccess() : ::testing::AssertionFailure() << got;
-  if (std::isinf(want)) return got == want ? ::testing::AssertionSuccess() : ::testing::AssertionFailure() << got;
-  if (std::abs(got - want) <= 1e-30 + rtol * std::abs(want)) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << got << " vs torch " << want;
-}
+using golden::close;
+using golden::json;
+using golden::num;
 
 TEST(ClipGolden, MatchesTorch) {
-  std::ifstream in(std::string(DISTOPT_SOURCE_DIR) + "/tests/golden/clip/clip_grad.json");
-  ASSERT_TRUE(in) << "golden file missing";
-  const json doc = json::parse(in);
+  const json doc = golden::load("clip/clip_grad.json");
   int norm_cases = 0, value_cases = 0;
   for (const json& c : doc["cases"]) {
     const std::string name = c["name"];
