@@ -108,6 +108,45 @@ expect_error 2 "'step_size' is not KEY=VALUE" -- train --data synthetic --schedu
 expect_error 2 "optimizer must support momentum" -- train --data synthetic --optimizer adagrad --scheduler cycliclr \
   --scheduler-option base_lr=0.01 --scheduler-option max_lr=0.1
 
+# Clipping, dynamic loss scaling and SWA together: the summary's members,
+# per-step norms and scales, the averaged model's export.
+"$bin" train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --epochs 3 --progress none \
+  --clip-grad-norm 0.5 --clip-norm-type inf --loss-scale dynamic --init-scale 256 --growth-interval 5 \
+  --swa-start 2 --swa-lr 0.0005 --metrics "$tmp/swa.jsonl" --export-averaged "$tmp/avg.safetensors" --json \
+  >"$tmp/out" 2>"$tmp/err" || fail "train with clipping, scaling and SWA exited $?: $(cat "$tmp/err")"
+/usr/bin/env python3 - "$tmp" <<'PY' || fail "clipping/scaling/SWA outputs are wrong"
+import json, struct, sys
+tmp = sys.argv[1]
+s = json.loads(open(tmp + "/out").read().strip().splitlines()[-1])
+assert s["steps"] == 24 and s["skipped_steps"] == 0, s
+assert s["loss_scale"] == 256 * 2 ** (24 // 5), s["loss_scale"]
+a = s["averaged"]
+assert a["kind"] == "swa" and a["n_averaged"] == 2 and 0 <= a["test_accuracy"] <= 1, a
+assert a["param_hash"] != s["param_hash"]
+lines = [json.loads(l) for l in open(tmp + "/swa.jsonl")]
+steps = [l for l in lines if l["kind"] == "step"]
+assert all(l["grad_norm"] > 0 and l["skipped"] is False for l in steps), steps[0]
+assert steps[0]["loss_scale"] == 256 and steps[5]["loss_scale"] == 512, (steps[0], steps[5])
+epochs = [l for l in lines if l["kind"] == "epoch"]
+assert "avg_test_accuracy" not in epochs[0] and epochs[2]["avg_test_accuracy"] == a["test_accuracy"], epochs
+raw = open(tmp + "/avg.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])["__metadata__"]
+assert h["param_hash"] == a["param_hash"] and h["averaged"] == "swa" and h["n_averaged"] == "2", h
+PY
+expect_error 2 "\-\-swa-lr needs \-\-swa-start" -- train --data synthetic --swa-lr 0.1
+expect_error 2 "\-\-swa-start 5 is after the last epoch" -- train --data synthetic --epochs 2 --swa-start 5
+expect_error 2 "cannot be combined" -- train --data synthetic --epochs 2 --swa-start 1 --ema-decay 0.9
+expect_error 2 "\-\-ema-decay must be in \[0, 1\]" -- train --data synthetic --ema-decay 2
+expect_error 2 "\-\-export-averaged needs \-\-swa-start or \-\-ema-decay" -- train --data synthetic \
+  --export-averaged "$tmp/a.safetensors"
+expect_error 2 "need \-\-loss-scale dynamic" -- train --data synthetic --init-scale 1024
+expect_error 2 "The backoff factor must be < 1.0" -- train --data synthetic --loss-scale dynamic --backoff-factor 2
+expect_error 2 "is above 2^126" -- train --data synthetic --loss-scale dynamic --init-scale 1e38
+expect_error 2 "\-\-clip-grad-norm must be a positive number" -- train --data synthetic --clip-grad-norm -1
+expect_error 2 "\-\-clip-norm-type: 'two' is not a finite number" -- train --data synthetic --clip-grad-norm 1 \
+  --clip-norm-type two
+
 # An export that cannot be written fails clearly and leaves nothing half-written.
 expect_error 2 "cannot create" -- train --data synthetic --train-size 256 --test-size 64 --progress none \
   --export-params "$tmp/missing-dir/p.safetensors"

@@ -186,3 +186,153 @@ TEST(Safetensors, RoundTripsAndReplacesAtomically) {
   EXPECT_THROW(checkpoint::read_safetensors(dir + "/bad.safetensors"), InvalidInput);
   std::filesystem::remove_all(dir);
 }
+
+namespace {
+
+// Records rank 0's per-step and per-epoch figures.
+struct Recorder final : train::Observer {
+  std::vector<train::StepMetrics> steps;
+  std::vector<train::EpochMetrics> epochs;
+  void on_step(const train::StepMetrics& m) override { steps.push_back(m); }
+  void on_epoch(const train::EpochMetrics& m) override { epochs.push_back(m); }
+};
+
+train::TrainResult run_recorded(int world, const data::Split& d, const train::TrainConfig& c, Recorder& rec) {
+  train::TrainResult r0;
+  spawn(world, [&](Communicator& comm) {
+    train::TrainResult r = train::train(comm, d, c, &rec);
+    if (comm.rank() == 0) r0 = std::move(r);
+  });
+  return r0;
+}
+
+}  // namespace
+
+TEST(Train, PowerOfTwoLossScalingIsBitwiseNeutralAndGrows) {
+  // A power-of-two scale multiplies and divides gradients exactly, so a
+  // dynamically scaled fp32 run equals the unscaled one bit for bit.
+  const data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
+  train::TrainConfig c = small_config();
+  c.epochs = 2;
+  const train::TrainResult plain = run(2, d, c);
+  c.loss_scale = GradScalerOptions{.init_scale = 1024.0, .growth_interval = 7};
+  Recorder rec;
+  const train::TrainResult scaled = run_recorded(2, d, c, rec);
+  EXPECT_EQ(scaled.param_hash, plain.param_hash);
+  EXPECT_EQ(scaled.skipped_steps, 0u);
+  EXPECT_EQ(scaled.loss_scale, 1024.0 * std::exp2(double(scaled.steps / 7)));
+  ASSERT_EQ(rec.steps.size(), scaled.steps);
+  EXPECT_EQ(rec.steps[0].loss_scale, 1024.0);
+  EXPECT_EQ(rec.steps[7].loss_scale, 2048.0) << "grown after 7 good steps";
+}
+
+TEST(Train, ClippingReportsTheNormAndAHugeBoundChangesNothing) {
+  const data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
+  train::TrainConfig c = small_config();
+  c.epochs = 1;
+  const train::TrainResult plain = run(2, d, c);
+  // A bound far above every norm: torch still multiplies by min(coef, 1) = 1.
+  c.clip_grad_norm = 1e9;
+  Recorder rec;
+  EXPECT_EQ(run_recorded(2, d, c, rec).param_hash, plain.param_hash);
+  double max_norm = 0;
+  for (const auto& s : rec.steps) max_norm = std::max(max_norm, s.grad_norm);
+  ASSERT_GT(max_norm, 0.0);
+  // A bound below most norms changes the run, which still learns.
+  c.clip_grad_norm = 0.5 * max_norm;
+  c.clip_norm_type = std::numeric_limits<double>::infinity();
+  Recorder tight;
+  const train::TrainResult clipped = run_recorded(2, d, c, tight);
+  EXPECT_NE(clipped.param_hash, plain.param_hash);
+  EXPECT_LT(clipped.train_loss, std::log(4.0));
+  for (const auto& s : tight.steps) EXPECT_GE(s.grad_norm, 0.0);
+}
+
+TEST(Train, SwaAveragesTheParametersOfEveryEpochEndFromSwaStart) {
+  const data::Split d = data::make_synthetic_classification(16, 3, 600, 100, 4);
+  train::TrainConfig c = small_config();
+  // Runs are reproducible, so the parameters at the end of epoch k are
+  // those of a run with k epochs.
+  std::vector<std::vector<float>> ends;
+  for (int e = 2; e <= 4; ++e) {
+    c.epochs = e;
+    ends.push_back(run(1, d, c).params);
+  }
+  AveragedParams want(ends[0].size());
+  for (const auto& p : ends) want.update(p);
+  c.epochs = 4;
+  c.swa_start = 2;
+  Recorder rec;
+  const train::TrainResult r = run_recorded(2, d, c, rec);
+  ASSERT_TRUE(r.averaged.has_value());
+  EXPECT_EQ(r.averaged->n_averaged, 3);
+  EXPECT_EQ(r.averaged->kind, AveragingKind::swa);
+  ASSERT_EQ(r.averaged->params.size(), ends[0].size());
+  double max_diff = 0;  // world 2 vs 1: the gradient sums differ in order
+  for (std::size_t i = 0; i < ends[0].size(); ++i)
+    max_diff = std::max(max_diff, double(std::abs(r.averaged->params[i] - want.params()[i])));
+  EXPECT_LT(max_diff, 1e-4);
+  ASSERT_EQ(rec.epochs.size(), 4u);
+  EXPECT_FALSE(rec.epochs[0].averaged);
+  EXPECT_TRUE(rec.epochs[1].averaged);
+  EXPECT_EQ(rec.epochs[3].avg_test_accuracy, r.averaged->test_accuracy);
+}
+
+TEST(Train, SwaLrTakesOverTheLrWhenAveragingStarts) {
+  const data::Split d = data::make_synthetic_classification(16, 3, 600, 100, 4);
+  train::TrainConfig c = small_config();
+  c.epochs = 4;
+  c.batch_size = 100;  // 6 steps an epoch
+  c.swa_start = 2;
+  c.swa_lr = 1e-4;
+  c.swa_anneal_epochs = 2;
+  c.swa_anneal_strategy = "linear";
+  c.scheduler = SchedulerSpec{"steplr", {{"step_size", 1.0}, {"gamma", 0.5}}, {}};
+  c.scheduler_per_epoch = true;
+  Recorder rec;
+  run_recorded(1, d, c, rec);
+  ASSERT_EQ(rec.steps.size(), 24u);
+  EXPECT_DOUBLE_EQ(rec.steps[0].lr, 3e-3);
+  EXPECT_DOUBLE_EQ(rec.steps[6].lr, 1.5e-3) << "StepLR until SWA starts";
+  // End of epoch 2: SWALR's first step, half way (linear) from 1.5e-3 to swa_lr.
+  EXPECT_DOUBLE_EQ(rec.steps[12].lr, 0.5 * 1.5e-3 + 0.5 * 1e-4);
+  EXPECT_DOUBLE_EQ(rec.steps[18].lr, 1e-4);
+}
+
+TEST(Train, EmaWithDecayZeroIsTheModelItself) {
+  const data::Split d = data::make_synthetic_classification(16, 3, 600, 100, 4);
+  train::TrainConfig c = small_config();
+  c.epochs = 1;
+  c.ema_decay = 0.0;
+  const train::TrainResult r = run(2, d, c);
+  ASSERT_TRUE(r.averaged.has_value());
+  EXPECT_EQ(r.averaged->n_averaged, static_cast<std::int64_t>(r.steps));
+  EXPECT_EQ(r.averaged->param_hash, r.param_hash);
+  EXPECT_EQ(r.averaged->test_accuracy, r.test_accuracy);
+  c.ema_decay = 0.99;
+  const train::TrainResult s = run(2, d, c);
+  EXPECT_NE(s.averaged->param_hash, s.param_hash);
+}
+
+TEST(Train, BadClipScaleAndAveragingOptionsAreRejected) {
+  const data::Split d = data::make_synthetic_classification(16, 3, 100, 10, 4);
+  auto rejects = [&](auto&& change, const char* what) {
+    train::TrainConfig c = small_config();
+    change(c);
+    try {
+      run(1, d, c);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  rejects([](auto& c) { c.clip_grad_norm = -1.0; }, "--clip-grad-norm must be a positive number");
+  rejects([](auto& c) { c.clip_grad_value = 0.0; }, "--clip-grad-value must be a positive number");
+  rejects([](auto& c) { c.clip_norm_type = 0.0; }, "--clip-norm-type must be positive");
+  rejects([](auto& c) { c.swa_start = 9; }, "is after the last epoch");
+  rejects([](auto& c) { c.swa_start = 1, c.ema_decay = 0.9; }, "cannot be combined");
+  rejects([](auto& c) { c.swa_lr = 0.1; }, "--swa-lr needs --swa-start");
+  rejects([](auto& c) { c.ema_decay = 1.5; }, "--ema-decay must be in [0, 1]");
+  rejects([](auto& c) { c.loss_scale = GradScalerOptions{.growth_factor = 0.9}; }, "The growth factor must be > 1.0");
+  rejects([](auto& c) { c.loss_scale = GradScalerOptions{.init_scale = 1e38}; }, "is above 2^126");
+}

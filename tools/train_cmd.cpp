@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <memory>
 #include <mutex>
@@ -16,6 +17,8 @@
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/optim/averaging.hpp"
+#include "distopt/optim/grad_scaler.hpp"
 #include "distopt/optim/rule.hpp"
 #include "distopt/optim/scheduler.hpp"
 #include "distopt/replay/replay.hpp"
@@ -34,6 +37,9 @@ struct TrainArgs {
   std::map<std::string, std::string> option_text;  // optimizer options as given, torch names
   std::string scheduler, scheduler_interval = "step";
   std::vector<std::string> scheduler_options;  // KEY=VALUE
+  std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
+  GradScalerOptions scaler;  // --init-scale, --growth-factor, ... (torch's names)
+  bool scaler_option_given = false;
 };
 
 std::string human_rate(double r) {
@@ -86,8 +92,12 @@ class Progress final : public train::Observer {
   }
   void on_epoch(const train::EpochMetrics& m) override {
     if (!bar_ && !lines_) return;
-    std::fprintf(stderr, "%sepoch %d/%d  train_loss %.4f  test_loss %.4f  test_accuracy %.4f  %s samples/s  %s%s\n",
-                 bar_ ? "\r" : "", m.epoch, epochs_, m.train_loss, m.test_loss, m.test_accuracy,
+    char avg[96] = "";
+    if (m.averaged)
+      std::snprintf(avg, sizeof avg, "  averaged: test_loss %.4f  test_accuracy %.4f", m.avg_test_loss,
+                    m.avg_test_accuracy);
+    std::fprintf(stderr, "%sepoch %d/%d  train_loss %.4f  test_loss %.4f  test_accuracy %.4f%s  %s samples/s  %s%s\n",
+                 bar_ ? "\r" : "", m.epoch, epochs_, m.train_loss, m.test_loss, m.test_accuracy, avg,
                  human_rate(m.samples_per_s).c_str(), human_time(m.wall_s).c_str(), bar_ ? "\x1b[K" : "");
   }
 
@@ -110,7 +120,9 @@ class MetricsFile final : public train::Observer {
         csv_(path_.size() >= 4 && path_.compare(path_.size() - 4, 4, ".csv") == 0),
         out_(tmp_) {
     if (!out_) throw IoError(str(path_, ": cannot create ", tmp_));
-    if (csv_) out_ << "kind,epoch,step,wall_s,loss,lr,samples_per_s,train_loss,test_loss,test_accuracy\n";
+    if (csv_)
+      out_ << "kind,epoch,step,wall_s,loss,lr,samples_per_s,train_loss,test_loss,test_accuracy,grad_norm,loss_scale,"
+              "skipped,avg_test_loss,avg_test_accuracy\n";
   }
   ~MetricsFile() override {
     if (!done_) {
@@ -119,27 +131,42 @@ class MetricsFile final : public train::Observer {
     }
   }
   void on_step(const train::StepMetrics& m) override {
-    char b[256];
-    if (csv_)
-      std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%.9g,%.9g,%.6g,,,\n", m.epoch, m.step, m.wall_s, m.loss, m.lr,
-                    m.samples_per_s);
-    else
+    // Clipping and loss scaling add their figures; absent ones stay empty
+    // (CSV) or are left out (JSON).
+    char norm[32] = "", scale[32] = "";
+    if (m.grad_norm >= 0) std::snprintf(norm, sizeof norm, "%.9g", m.grad_norm);
+    if (m.loss_scale > 0) std::snprintf(scale, sizeof scale, "%.9g", m.loss_scale);
+    char b[384];
+    if (csv_) {
+      std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%.9g,%.9g,%.6g,,,,%s,%s,%s,,\n", m.epoch, m.step, m.wall_s, m.loss,
+                    m.lr, m.samples_per_s, norm, scale, m.loss_scale > 0 ? (m.skipped ? "1" : "0") : "");
+    } else {
+      std::string extra;
+      if (norm[0]) extra += str(", \"grad_norm\": ", norm);
+      if (scale[0]) extra += str(", \"loss_scale\": ", scale, ", \"skipped\": ", m.skipped ? "true" : "false");
       std::snprintf(b, sizeof b,
                     "{\"kind\": \"step\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"loss\": %.9g, \"lr\": "
-                    "%.9g, \"samples_per_s\": %.6g}\n",
-                    m.epoch, m.step, m.wall_s, m.loss, m.lr, m.samples_per_s);
+                    "%.9g, \"samples_per_s\": %.6g%s}\n",
+                    m.epoch, m.step, m.wall_s, m.loss, m.lr, m.samples_per_s, extra.c_str());
+    }
     out_ << b;
   }
   void on_epoch(const train::EpochMetrics& m) override {
-    char b[320];
-    if (csv_)
-      std::snprintf(b, sizeof b, "epoch,%d,%zu,%.6f,,,%.6g,%.9g,%.9g,%.9g\n", m.epoch, m.step, m.wall_s,
-                    m.samples_per_s, m.train_loss, m.test_loss, m.test_accuracy);
-    else
+    char avg[96] = "";
+    char b[448];
+    if (csv_) {
+      if (m.averaged) std::snprintf(avg, sizeof avg, "%.9g,%.9g", m.avg_test_loss, m.avg_test_accuracy);
+      std::snprintf(b, sizeof b, "epoch,%d,%zu,%.6f,,,%.6g,%.9g,%.9g,%.9g,,,,%s\n", m.epoch, m.step, m.wall_s,
+                    m.samples_per_s, m.train_loss, m.test_loss, m.test_accuracy, m.averaged ? avg : ",");
+    } else {
+      if (m.averaged)
+        std::snprintf(avg, sizeof avg, ", \"avg_test_loss\": %.9g, \"avg_test_accuracy\": %.9g", m.avg_test_loss,
+                      m.avg_test_accuracy);
       std::snprintf(b, sizeof b,
                     "{\"kind\": \"epoch\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"samples_per_s\": %.6g, "
-                    "\"train_loss\": %.9g, \"test_loss\": %.9g, \"test_accuracy\": %.9g}\n",
-                    m.epoch, m.step, m.wall_s, m.samples_per_s, m.train_loss, m.test_loss, m.test_accuracy);
+                    "\"train_loss\": %.9g, \"test_loss\": %.9g, \"test_accuracy\": %.9g%s}\n",
+                    m.epoch, m.step, m.wall_s, m.samples_per_s, m.train_loss, m.test_loss, m.test_accuracy, avg);
+    }
     out_ << b;
     out_.flush();
   }
@@ -284,7 +311,24 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
                 a.config.model.c_str(), a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(),
                 a.backend.c_str(), world, a.config.epochs, a.config.batch_size,
                 static_cast<unsigned long long>(a.config.seed));
-  return b;
+  std::string out = b;
+  out.pop_back();  // the closing brace; optional members follow
+  if (a.config.loss_scale) {
+    char m[96];
+    std::snprintf(m, sizeof m, ", \"loss_scale\": %.9g, \"skipped_steps\": %zu", r.loss_scale, r.skipped_steps);
+    out += m;
+  }
+  if (r.averaged) {
+    char m[320];
+    std::snprintf(m, sizeof m,
+                  ", \"averaged\": {\"kind\": \"%s\", \"n_averaged\": %lld, \"test_accuracy\": %.9g, \"test_loss\": "
+                  "%.9g, \"param_hash\": \"%s\"}",
+                  std::string(averaging_name(r.averaged->kind)).c_str(),
+                  static_cast<long long>(r.averaged->n_averaged), r.averaged->test_accuracy, r.averaged->test_loss,
+                  r.averaged->param_hash.c_str());
+    out += m;
+  }
+  return out + "}";
 }
 
 void print_result(const train::TrainResult& r, const TrainArgs& a, int world) {
@@ -296,15 +340,39 @@ void print_result(const train::TrainResult& r, const TrainArgs& a, int world) {
                 a.config.model.c_str(), a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(),
                 world, r.test_accuracy, r.test_loss, r.train_loss, r.steps, human_rate(r.samples_per_s).c_str(),
                 r.param_hash.c_str());
+    if (a.config.loss_scale)
+      std::printf("loss scaling: final scale %g, %zu of %zu steps skipped on inf/NaN gradients\n", r.loss_scale,
+                  r.skipped_steps, r.steps);
+    if (r.averaged)
+      std::printf("averaged model (%s, %lld averages): test_accuracy %.4f  test_loss %.4f  param_hash %s\n",
+                  std::string(averaging_name(r.averaged->kind)).c_str(), static_cast<long long>(r.averaged->n_averaged),
+                  r.averaged->test_accuracy, r.averaged->test_loss, r.averaged->param_hash.c_str());
   }
   std::fflush(stdout);
 }
 
 void export_params(const train::TrainResult& r, const TrainArgs& a) {
-  checkpoint::NamedTensors t{r.slots, r.params,
-                             {{"format", "distopt-params/1"}, {"model", a.config.model},
-                              {"param_hash", r.param_hash}}};
-  checkpoint::write_safetensors(a.export_path, t);
+  if (!a.export_path.empty()) {
+    checkpoint::NamedTensors t{r.slots, r.params,
+                               {{"format", "distopt-params/1"}, {"model", a.config.model},
+                                {"param_hash", r.param_hash}}};
+    checkpoint::write_safetensors(a.export_path, t);
+  }
+  if (!a.export_averaged.empty() && r.averaged) {
+    checkpoint::NamedTensors t{r.slots, r.averaged->params,
+                               {{"format", "distopt-params/1"}, {"model", a.config.model},
+                                {"param_hash", r.averaged->param_hash},
+                                {"averaged", std::string(averaging_name(r.averaged->kind))},
+                                {"n_averaged", std::to_string(r.averaged->n_averaged)}}};
+    checkpoint::write_safetensors(a.export_averaged, t);
+  }
+}
+
+// Fails now rather than after a long run.
+void check_writable(const std::string& path) {
+  const auto parent = std::filesystem::absolute(path).parent_path();
+  if (!std::filesystem::is_directory(parent) || ::access(parent.c_str(), W_OK) != 0)
+    throw IoError(str(path, ": cannot create (folder ", parent.string(), " is missing or not writable)"));
 }
 
 int run_train(TrainArgs& a) {
@@ -329,11 +397,20 @@ int run_train(TrainArgs& a) {
                                                                        : str(a.config.scheduler->name, ": ", what));
     }
   }
-  if (!a.export_path.empty()) {
-    // Fail now rather than after a long run.
-    const auto parent = std::filesystem::absolute(a.export_path).parent_path();
-    if (!std::filesystem::is_directory(parent) || ::access(parent.c_str(), W_OK) != 0)
-      throw IoError(str(a.export_path, ": cannot create (folder ", parent.string(), " is missing or not writable)"));
+  if (!a.export_path.empty()) check_writable(a.export_path);
+  if (!a.export_averaged.empty()) {
+    if (a.config.swa_start == 0 && !a.config.ema_decay)
+      throw InvalidInput("--export-averaged needs --swa-start or --ema-decay");
+    check_writable(a.export_averaged);
+  }
+  if (a.clip_norm_type == "inf")
+    a.config.clip_norm_type = std::numeric_limits<double>::infinity();
+  else
+    a.config.clip_norm_type = parse_number("clip-norm-type", a.clip_norm_type);
+  if (a.loss_scale == "dynamic") {
+    a.config.loss_scale = a.scaler;
+  } else if (a.scaler_option_given) {
+    throw InvalidInput("--init-scale, --growth-factor, --backoff-factor and --growth-interval need --loss-scale dynamic");
   }
   const bool tty = ::isatty(2) != 0;
   const bool bar = a.progress == "bar" || (a.progress == "auto" && tty);
@@ -351,7 +428,7 @@ int run_train(TrainArgs& a) {
       const train::TrainResult r = train::train(comm, data, a.config, &both);
       if (comm.rank() == 0) {
         if (metrics) metrics->finish();
-        if (!a.export_path.empty()) export_params(r, a);
+        export_params(r, a);
         print_result(r, a, comm.size());
       }
       comm.barrier();
@@ -378,7 +455,7 @@ int run_train(TrainArgs& a) {
     if (comm.rank() == 0) result = std::move(r);
   });
   if (metrics) metrics->finish();
-  if (!a.export_path.empty()) export_params(result, a);
+  export_params(result, a);
   print_result(result, a, a.world);
   return 0;
 }
@@ -424,6 +501,41 @@ Runner add_train(CLI::App& app) {
                   "step the scheduler after every optimizer step (default) or every epoch; "
                   "reducelronplateau: every epoch, on the test loss")
       ->check(CLI::IsMember({"step", "epoch"}));
+  sub->add_option("--clip-grad-norm", c.clip_grad_norm,
+                  "clip the gradient's total norm to this value after its reduction (torch's clip_grad_norm_)");
+  sub->add_option("--clip-norm-type", a->clip_norm_type, "norm of --clip-grad-norm: 2 (default), 1, inf or any p > 0");
+  sub->add_option("--clip-grad-value", c.clip_grad_value, "clamp every gradient element into [-v, v]");
+  sub->add_option("--loss-scale", a->loss_scale,
+                  "none (default) or dynamic: torch's GradScaler (scaled backward, skip on inf/NaN, adaptive scale)")
+      ->check(CLI::IsMember({"none", "dynamic"}));
+  auto scaler_flag = [a](double& field) {
+    return [a, &field](double v) {
+      field = v;
+      a->scaler_option_given = true;
+    };
+  };
+  sub->add_option_function<double>("--init-scale", scaler_flag(a->scaler.init_scale),
+                                   "loss scaling: initial scale (default 65536)");
+  sub->add_option_function<double>("--growth-factor", scaler_flag(a->scaler.growth_factor),
+                                   "loss scaling: growth factor, > 1 (default 2)");
+  sub->add_option_function<double>("--backoff-factor", scaler_flag(a->scaler.backoff_factor),
+                                   "loss scaling: backoff factor, < 1 (default 0.5)");
+  sub->add_option_function<std::int64_t>("--growth-interval",
+                                         [a](std::int64_t v) {
+                                           a->scaler.growth_interval = v;
+                                           a->scaler_option_given = true;
+                                         },
+                                         "loss scaling: good steps before the scale grows (default 2000)");
+  sub->add_option("--swa-start", c.swa_start,
+                  "stochastic weight averaging: average the parameters at the end of this epoch and every later one");
+  sub->add_option("--swa-lr", c.swa_lr, "with --swa-start: SWALR anneals the lr to this value, per epoch, from then on");
+  sub->add_option("--swa-anneal-epochs", c.swa_anneal_epochs, "SWALR's anneal_epochs (default 10)");
+  sub->add_option("--swa-anneal-strategy", c.swa_anneal_strategy, "SWALR's anneal_strategy: cos (default) or linear")
+      ->check(CLI::IsMember({"cos", "linear"}));
+  sub->add_option("--ema-decay", c.ema_decay,
+                  "exponential moving average of the parameters after every step, with this decay (e.g. 0.999)");
+  sub->add_option("--export-averaged", a->export_averaged,
+                  "write the averaged (SWA/EMA) model's fp32 parameters as a safetensors file");
   // Every optimizer option of every rule, torch-named (--weight-decay or --weight_decay).
   std::set<std::string> seen;
   for (const RuleInfo* rule : all_rules())

@@ -40,11 +40,15 @@ class Ddp final : public Strategy {
   std::span<const float> params() const override { return {params_.as<float>(), layout_.elements}; }
   std::span<float> grads() override { return {grads_.as<float>(), layout_.elements}; }
 
-  void step() override {
+  void step(const UpdateFn& update) override {
     if (comm_.size() > 1)
       comm_.all_reduce(grads_.data(), grads_.data(), layout_.elements, ElemType::f32, ReduceOp::sum);
     for (std::size_t i = 0; i < optimizer_.num_params(); ++i) optimizer_.param(i).has_grad = true;
-    optimizer_.step();
+    // Every rank holds the whole summed gradient: statistics need no reduction.
+    if (update)
+      update(optimizer_, {});
+    else
+      optimizer_.step();
   }
 
   Optimizer& optimizer() override { return optimizer_; }
@@ -57,12 +61,7 @@ class Ddp final : public Strategy {
     return m;
   }
 
-  std::vector<float> gather_params() override {
-    std::vector<float> out;
-    const float* p = params_.as<float>();
-    for (const ParamSlot& s : layout_.params) out.insert(out.end(), p + s.offset, p + s.offset + s.numel());
-    return out;
-  }
+  std::vector<float> gather_params() override { return unpadded(layout_, params()); }
 
  private:
   Communicator& comm_;
@@ -72,6 +71,15 @@ class Ddp final : public Strategy {
 };
 
 }  // namespace
+
+std::vector<float> unpadded(const FlatLayout& layout, std::span<const float> buffer) {
+  DISTOPT_CHECK(buffer.size() >= layout.elements, buffer.size(), " vs ", layout.elements);
+  std::vector<float> out;
+  for (const ParamSlot& s : layout.params)
+    out.insert(out.end(), buffer.begin() + static_cast<std::ptrdiff_t>(s.offset),
+               buffer.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()));
+  return out;
+}
 
 std::span<const std::string_view> strategy_names() { return kStrategies; }
 

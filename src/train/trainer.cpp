@@ -6,11 +6,13 @@
 #endif
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "distopt/core/error.hpp"
 #include "distopt/data/sampler.hpp"
 #include "distopt/models/model.hpp"
+#include "distopt/optim/clip.hpp"
 
 namespace distopt::train {
 
@@ -62,6 +64,29 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
     throw InvalidInput(str("batch size ", c.batch_size, " is smaller than the world size ", comm.size(),
                            ": every rank needs at least one sample per step"));
   if (data.train.size() == 0) throw InvalidInput("the training set is empty");
+  if (c.clip_grad_norm && !(*c.clip_grad_norm > 0 && std::isfinite(*c.clip_grad_norm)))
+    throw InvalidInput(str("--clip-grad-norm must be a positive number (got ", *c.clip_grad_norm, ")"));
+  if (!(c.clip_norm_type > 0)) throw InvalidInput(str("--clip-norm-type must be positive or inf (got ", c.clip_norm_type, ")"));
+  if (c.clip_grad_value && !(*c.clip_grad_value > 0 && std::isfinite(*c.clip_grad_value)))
+    throw InvalidInput(str("--clip-grad-value must be a positive number (got ", *c.clip_grad_value, ")"));
+  if (c.swa_start < 0) throw InvalidInput(str("--swa-start must be an epoch number, 1 or more (got ", c.swa_start, ")"));
+  if (c.swa_start > c.epochs)
+    throw InvalidInput(str("--swa-start ", c.swa_start, " is after the last epoch (", c.epochs, "): nothing would be averaged"));
+  if (c.swa_start > 0 && c.ema_decay) throw InvalidInput("--swa-start and --ema-decay cannot be combined: choose one average");
+  if (c.swa_lr && c.swa_start == 0) throw InvalidInput("--swa-lr needs --swa-start");
+  if (c.ema_decay && !(*c.ema_decay >= 0 && *c.ema_decay <= 1))
+    throw InvalidInput(str("--ema-decay must be in [0, 1] (got ", *c.ema_decay, ")"));
+  if (c.loss_scale) {
+    GradScaler check(*c.loss_scale);  // torch's checks on the factors
+    // Above 2^126 the float reciprocal that unscales is denormal, and
+    // flushing denormals would zero every gradient.
+    if (c.flush_denormals && !(c.loss_scale->init_scale <= 0x1p126))
+      throw InvalidInput(str("--init-scale ", c.loss_scale->init_scale,
+                             " is above 2^126 (8.5e37): its reciprocal is denormal and flushed to zero while "
+                             "training; use a smaller scale or --keep-denormals"));
+    if (!(c.loss_scale->init_scale > 0 && std::isfinite(c.loss_scale->init_scale)))
+      throw InvalidInput(str("--init-scale must be a positive finite number (got ", c.loss_scale->init_scale, ")"));
+  }
   if (c.drop_last && data.train.size() < c.batch_size)
     throw InvalidInput(str("with --drop-last, batch size ", c.batch_size, " leaves no batch of the ",
                            data.train.size(), " training samples"));
@@ -88,6 +113,27 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   std::unique_ptr<Scheduler> scheduler;
   if (config.scheduler) scheduler = make_scheduler(optimizer, *config.scheduler);
   const bool step_scheduler_per_batch = scheduler && !config.scheduler_per_epoch && !scheduler->needs_metric();
+  std::unique_ptr<Scheduler> swa_scheduler;  // SWALR, built when SWA starts
+
+  std::optional<GradScaler> scaler;
+  if (config.loss_scale) scaler.emplace(*config.loss_scale);
+  std::optional<AveragedParams> averaged;
+  if (config.swa_start > 0) averaged.emplace(layout.elements, AveragingOptions{AveragingKind::swa, 0.0, {}});
+  if (config.ema_decay) averaged.emplace(layout.elements, AveragingOptions{AveragingKind::ema, *config.ema_decay, {}});
+  const bool custom_update = scaler || config.clip_grad_norm || config.clip_grad_value;
+  double grad_norm = -1;
+  bool stepped = true;
+  // torch's order: unscale, clip, then the scaler's step (skipped on inf/NaN).
+  const parallel::UpdateFn update = [&](Optimizer& opt, const StatReduce& reduce) {
+    if (scaler) scaler->unscale(opt, reduce);
+    if (config.clip_grad_norm)
+      grad_norm = clip_grad_norm(opt, *config.clip_grad_norm, config.clip_norm_type, false, reduce);
+    if (config.clip_grad_value) clip_grad_value(opt, *config.clip_grad_value);
+    if (scaler)
+      stepped = scaler->step(opt, reduce);
+    else
+      opt.step();
+  };
 
   data::BatchSampler sampler(data.train.size(), config.batch_size, config.seed, config.drop_last);
   const std::size_t per_epoch = sampler.batches_per_epoch();
@@ -114,12 +160,25 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         std::copy(src, src + features, xb.data() + i * features);
         yb[i] = data.train.y[local[i]];
       }
-      const float scale = 1.0f / static_cast<float>(global.size());
+      float scale = 1.0f / static_cast<float>(global.size());
       const double lr = optimizer.lr(0);
+      // With loss scaling, backward computes the gradient of loss * scale.
+      const double loss_scale = scaler ? scaler->scale(1.0f) : 0.0;
+      if (scaler) scale *= static_cast<float>(loss_scale);
       const models::BatchStats s =
           model->forward_backward(strategy->params(), xb.data(), yb.data(), local.size(), scale, strategy->grads());
-      strategy->step();
-      if (step_scheduler_per_batch) scheduler->step();
+      stepped = true;
+      if (custom_update)
+        strategy->step(update);
+      else
+        strategy->step();
+      if (scaler) {
+        scaler->update();
+        if (!stepped) ++result.skipped_steps;
+      }
+      if (config.ema_decay) averaged->update(strategy->params());
+      const bool main_scheduler_active = !swa_scheduler;
+      if (step_scheduler_per_batch && main_scheduler_active) scheduler->step();
       double sums[2] = {s.loss_sum, s.count};
       comm.all_reduce(sums, sums, 2, ElemType::f64, ReduceOp::sum);
       epoch_loss += sums[0];
@@ -128,7 +187,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       if (report) {
         const double t = seconds_since(epoch_start);
         observer->on_step({epoch, result.steps, k + 1, per_epoch, sums[0] / sums[1], lr, seconds_since(start),
-                           t > 0 ? epoch_count / t : 0});
+                           t > 0 ? epoch_count / t : 0, grad_norm, loss_scale, !stepped});
       }
       if (config.max_steps != 0 && result.steps >= config.max_steps) {
         stop = true;
@@ -142,15 +201,38 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : 0;
     result.test_loss = test.count > 0 ? test.loss_sum / test.count : 0;
     result.test_accuracy = test.count > 0 ? test.correct / test.count : 0;
-    if (scheduler && !step_scheduler_per_batch) {
+    // SWA: average at the end of epoch swa_start and every later one; with
+    // swa_lr, SWALR then steps per epoch in place of the main scheduler
+    // (torch's recipe: update_parameters, then swa_scheduler.step()).
+    const bool swa_epoch = config.swa_start > 0 && epoch >= config.swa_start;
+    if (swa_epoch) {
+      averaged->update(strategy->params());
+      if (config.swa_lr && !swa_scheduler)
+        swa_scheduler = std::make_unique<SWALR>(optimizer, std::vector<double>{*config.swa_lr},
+                                                config.swa_anneal_epochs, config.swa_anneal_strategy);
+    }
+    if (swa_scheduler) {
+      swa_scheduler->step();
+    } else if (scheduler && !step_scheduler_per_batch) {
       if (scheduler->needs_metric())
         scheduler->step(result.test_loss);
       else
         scheduler->step();
     }
-    if (report)
-      observer->on_epoch({epoch, result.steps, result.train_loss, result.test_loss, result.test_accuracy,
-                          epoch_seconds > 0 ? epoch_count / epoch_seconds : 0, seconds_since(start)});
+    EpochMetrics em{epoch, result.steps, result.train_loss, result.test_loss, result.test_accuracy,
+                    epoch_seconds > 0 ? epoch_count / epoch_seconds : 0, seconds_since(start)};
+    if (averaged && averaged->n_averaged() > 0) {
+      // Every rank holds the same average (ddp): each evaluates its piece.
+      const models::BatchStats a = evaluate(comm, *model, averaged->params(), data.test);
+      em.averaged = true;
+      em.avg_test_loss = a.count > 0 ? a.loss_sum / a.count : 0;
+      em.avg_test_accuracy = a.count > 0 ? a.correct / a.count : 0;
+      if (!result.averaged) result.averaged.emplace();
+      result.averaged->test_loss = em.avg_test_loss;
+      result.averaged->test_accuracy = em.avg_test_accuracy;
+    }
+    em.wall_s = seconds_since(start);
+    if (report) observer->on_epoch(em);
   }
   result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
   result.memory = strategy->memory();
@@ -161,6 +243,13 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     offset += s.numel();
   }
   result.param_hash = hash_params(result.params);
+  if (scaler) result.loss_scale = scaler->get_scale();
+  if (result.averaged) {
+    result.averaged->kind = averaged->options().kind;
+    result.averaged->n_averaged = averaged->n_averaged();
+    result.averaged->params = parallel::unpadded(layout, averaged->params());
+    result.averaged->param_hash = hash_params(result.averaged->params);
+  }
   return result;
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -13,6 +14,7 @@
 
 #include "distopt/comm/communicator.hpp"
 #include "distopt/core/flat.hpp"
+#include "distopt/optim/clip.hpp"
 #include "distopt/optim/optimizer.hpp"
 
 namespace distopt::parallel {
@@ -34,6 +36,17 @@ struct FlatLayout {
   std::size_t elements = 0;
 };
 
+// What a step runs on the combined gradient in place of opt.step(): it may
+// unscale or clip the gradient first, and skip the update (loss scaling).
+// `reduce` reduces a statistic over the ranks that hold the other pieces of
+// the gradient this rank updates with; it is empty when the rank holds all
+// of it (ddp), so tensor statistics such as the clipping norm take the same
+// code path sharded or not.
+using UpdateFn = std::function<void(Optimizer& opt, const StatReduce& reduce)>;
+
+// The parameters of a flat buffer in slot order, without padding.
+std::vector<float> unpadded(const FlatLayout& layout, std::span<const float> buffer);
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
@@ -44,8 +57,9 @@ class Strategy {
   // rank's contribution is already scaled so that the sum over ranks is the
   // gradient of the global batch's mean loss).
   virtual std::span<float> grads() = 0;
-  // Combines the ranks' contributions and updates the parameters.
-  virtual void step() = 0;
+  // Combines the ranks' contributions and updates the parameters: with
+  // opt.step(), or with `update` when one is given.
+  virtual void step(const UpdateFn& update = {}) = 0;
   virtual Optimizer& optimizer() = 0;
   virtual MemoryUse memory() const = 0;
   // The full, unsharded fp32 parameters in slot order without padding

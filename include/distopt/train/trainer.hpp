@@ -11,6 +11,8 @@
 
 #include "distopt/comm/communicator.hpp"
 #include "distopt/data/dataset.hpp"
+#include "distopt/optim/averaging.hpp"
+#include "distopt/optim/grad_scaler.hpp"
 #include "distopt/optim/scheduler.hpp"
 #include "distopt/parallel/strategy.hpp"
 
@@ -36,6 +38,28 @@ struct TrainConfig {
   // reducelronplateau always steps per epoch, with the test loss as metric.
   std::optional<SchedulerSpec> scheduler;
   bool scheduler_per_epoch = false;
+
+  // Gradient clipping between the gradient's reduction and the update:
+  // clip_grad_norm (norm_type 1, 2, inf or any p > 0), then clip_grad_value.
+  std::optional<double> clip_grad_norm;
+  double clip_norm_type = 2.0;
+  std::optional<double> clip_grad_value;
+
+  // Dynamic loss scaling (GradScaler): the backward pass computes the
+  // gradient of scale * loss; the update unscales it, skips the step on
+  // inf/NaN and adapts the scale. Clipping sees unscaled gradients.
+  std::optional<GradScalerOptions> loss_scale;
+
+  // Weight averaging, evaluated beside the trained model after every epoch:
+  // SWA (AveragedModel's running mean of the parameters at the end of
+  // epoch swa_start and every later epoch; with swa_lr, SWALR anneals the
+  // lr towards it per epoch from then on, in place of `scheduler`), or EMA
+  // (averaged after every optimizer step with decay ema_decay).
+  int swa_start = 0;  // 0: no SWA
+  std::optional<double> swa_lr;
+  long swa_anneal_epochs = 10;
+  std::string swa_anneal_strategy = "cos";
+  std::optional<double> ema_decay;
 };
 
 struct StepMetrics {
@@ -46,6 +70,9 @@ struct StepMetrics {
   double lr;                 // group 0's lr used by this step
   double wall_s;             // since training started
   double samples_per_s;      // training throughput so far in this epoch
+  double grad_norm = -1;     // with clip_grad_norm: the total norm before clipping; else -1
+  double loss_scale = 0;     // with loss_scale: the scale this step's backward used; else 0
+  bool skipped = false;      // loss scaling found inf/NaN and skipped the update
 };
 
 struct EpochMetrics {
@@ -55,6 +82,9 @@ struct EpochMetrics {
   double test_loss, test_accuracy;
   double samples_per_s;  // training samples / training time (evaluation excluded)
   double wall_s;
+  // The averaged model's figures, once it has averaged at least once.
+  bool averaged = false;
+  double avg_test_loss = 0, avg_test_accuracy = 0;
 };
 
 class Observer {
@@ -65,6 +95,14 @@ class Observer {
   virtual void on_epoch(const EpochMetrics&) {}
 };
 
+struct AveragedResult {
+  AveragingKind kind = AveragingKind::swa;
+  std::int64_t n_averaged = 0;
+  double test_loss = 0, test_accuracy = 0;
+  std::string param_hash;
+  std::vector<float> params;  // unsharded, slot order like TrainResult::params
+};
+
 struct TrainResult {
   double test_accuracy = 0, test_loss = 0, train_loss = 0;
   std::size_t steps = 0;
@@ -73,6 +111,9 @@ struct TrainResult {
   parallel::MemoryUse memory;
   std::vector<ParamSlot> slots;  // offsets into `params` (no padding)
   std::vector<float> params;     // final, unsharded
+  std::size_t skipped_steps = 0;  // loss scaling: updates skipped on inf/NaN
+  double loss_scale = 0;          // loss scaling: the final scale
+  std::optional<AveragedResult> averaged;  // SWA/EMA: the averaged model
 };
 
 // Throws InvalidInput for bad configurations (unknown model, batch smaller
