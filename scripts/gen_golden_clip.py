@@ -11,22 +11,16 @@ and the gradients afterwards. Non-finite values are written as the strings
 Run with Debian's PyTorch:  /usr/bin/python3 scripts/gen_golden_clip.py
 The output is deterministic.
 """
-import json
 import math
-import os
 import sys
 
 import torch
 
+from golden_io import enc, write_cases
+
 OUT = "tests/golden/clip/clip_grad.json"
 
 
-def enc(x):
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    return x
 
 
 def tensors(gen, shapes, scale=1.0):
@@ -79,12 +73,7 @@ def main():
     nan_value[2][0] = math.nan
     add_value("value_keeps_nan", nan_value, 0.3)
 
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w", encoding="ascii", newline="\n") as f:
-        f.write("{\"generator\": \"scripts/gen_golden_clip.py (torch %s)\",\n\"cases\": [\n" % torch.__version__)
-        f.write(",\n".join(json.dumps(c, separators=(",", ":")) for c in cases))
-        f.write("\n]}\n")
-    print("wrote %d cases to %s" % (len(cases), OUT))
+    write_cases(OUT, "scripts/gen_golden_clip.py (torch %s)" % torch.__version__, cases)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ emulations written from the CUDA kernels of torch 1.13
 Run with Debian's PyTorch:  /usr/bin/python3 scripts/gen_golden_scaler.py
 The output is deterministic.
 """
-import json
 import math
 import os
 import sys
@@ -46,6 +45,8 @@ if __debug__:  # the GradScaler's is_cuda asserts go away under -O
 
 import torch
 import torch.cuda.amp.grad_scaler as grad_scaler_module
+
+from golden_io import enc, write_cases
 
 OUT = "tests/golden/scaler/grad_scaler.json"
 
@@ -81,16 +82,15 @@ torch._amp_update_scale_ = emulated_update_scale
 grad_scaler_module.amp_definitely_not_available = lambda: False
 
 
-def enc(x):
-    if math.isnan(x):
-        return "NaN"
-    if math.isinf(x):
-        return "Infinity" if x > 0 else "-Infinity"
-    return float("%.9g" % x)
+
+
+def enc9(x):
+    # 9 significant digits round-trip a float32 exactly.
+    return enc(float("%.9g" % x))
 
 
 def flat(t):
-    return [enc(float(x)) for x in t.detach().reshape(-1).tolist()]
+    return [enc9(float(x)) for x in t.detach().reshape(-1).tolist()]
 
 
 def main():
@@ -138,7 +138,7 @@ def main():
         sd = scaler.state_dict()
         cases.append({"name": name, "optimizer": {"name": optimizer, "options": opt_options},
                       "scaler": scaler_options, "shapes": shapes, "params": initial, "steps": steps,
-                      "expected_state_dict": {k: (enc(v) if isinstance(v, float) else v) for k, v in sd.items()}})
+                      "expected_state_dict": {k: (enc9(v) if isinstance(v, float) else v) for k, v in sd.items()}})
 
     inf, nan = math.inf, math.nan
     sgd = {"lr": 0.1, "momentum": 0.9}
@@ -167,13 +167,7 @@ def main():
         {3: {"inject": [((1, 4), inf)]}})
     add("disabled", "sgd", sgd, {"enabled": False}, 4)
 
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w", encoding="ascii", newline="\n") as f:
-        f.write("{\"generator\": \"scripts/gen_golden_scaler.py (torch %s; CUDA kernels emulated, see the script)\",\n"
-                "\"cases\": [\n" % torch.__version__)
-        f.write(",\n".join(json.dumps(c, separators=(",", ":")) for c in cases))
-        f.write("\n]}\n")
-    print("wrote %d cases to %s" % (len(cases), OUT))
+    write_cases(OUT, "scripts/gen_golden_scaler.py (torch %s; CUDA kernels emulated, see the script)" % torch.__version__, cases)
 
 
 if __name__ == "__main__":

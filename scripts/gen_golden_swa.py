@@ -20,11 +20,11 @@ avg_fn lambdas, written as torch 2.x writes them.
 Run with Debian's PyTorch:  /usr/bin/python3 scripts/gen_golden_swa.py
 The output is deterministic.
 """
-import json
-import os
 import sys
 
 import torch
+
+from golden_io import write_cases
 from torch.optim.swa_utils import AveragedModel
 
 OUT = "tests/golden/swa/averaged.json"
@@ -94,12 +94,7 @@ def main():
     add("custom_small", "custom", small, 6)
     add("custom_long", "custom", big, 12, drift=0.02)
 
-    os.makedirs(os.path.dirname(OUT), exist_ok=True)
-    with open(OUT, "w", encoding="ascii", newline="\n") as f:
-        f.write("{\"generator\": \"scripts/gen_golden_swa.py (torch %s)\",\n\"cases\": [\n" % torch.__version__)
-        f.write(",\n".join(json.dumps(c, separators=(",", ":")) for c in cases))
-        f.write("\n]}\n")
-    print("wrote %d cases to %s" % (len(cases), OUT))
+    write_cases(OUT, "scripts/gen_golden_swa.py (torch %s)" % torch.__version__, cases)
 
 
 if __name__ == "__main__":
