@@ -5,11 +5,13 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <set>
 #include <stdexcept>
 
 #include "distopt/core/buffer.hpp"
+#include "distopt/core/copy.hpp"
 #include "distopt/core/dtype.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/tensor.hpp"
@@ -181,6 +183,37 @@ TEST(Buffer, MoveTransfersOwnership) {
   Buffer c;
   c = std::move(b);
   EXPECT_EQ(c.data(), p);
+}
+
+// Streamed copies over sizes around the 128-byte body and the 16 KiB
+// four-lane unit, destinations misaligned alike and differently, to one and
+// to three destinations: every byte arrives, nothing around is touched.
+TEST(Copy, StreamedCopiesAreExactForEverySizeAndAlignment) {
+  std::mt19937 gen(7);
+  std::vector<unsigned char> src(3 * 16384 + 4096 + 300);
+  for (auto& b : src) b = static_cast<unsigned char>(gen());
+  for (std::size_t bytes : {0, 1, 31, 127, 128, 129, 16383, 16384, 16385, 49152 + 4096 + 77}) {
+    for (std::size_t src_off : {0, 3}) {
+      for (int pattern = 0; pattern < 3; ++pattern) {
+        // pattern 0: one destination; 1: three alike (offset 5); 2: three differently misaligned.
+        const std::size_t n = pattern == 0 ? 1 : 3;
+        std::vector<std::vector<unsigned char>> outs(n, std::vector<unsigned char>(bytes + 128, 0xAB));
+        std::vector<void*> dsts;
+        for (std::size_t k = 0; k < n; ++k) dsts.push_back(outs[k].data() + (pattern == 2 ? 1 + 9 * k : 5) + 32);
+        if (src_off + bytes > src.size()) continue;
+        if (n == 1)
+          stream_bytes(dsts[0], src.data() + src_off, bytes);
+        else
+          stream_bytes_to(dsts, src.data() + src_off, bytes);
+        for (std::size_t k = 0; k < n; ++k) {
+          const auto* d = static_cast<const unsigned char*>(dsts[k]);
+          ASSERT_EQ(std::memcmp(d, src.data() + src_off, bytes), 0) << bytes << " bytes, pattern " << pattern;
+          ASSERT_EQ(d[-1], 0xAB) << "byte before the destination changed";
+          ASSERT_EQ(d[bytes], 0xAB) << "byte after the destination changed";
+        }
+      }
+    }
+  }
 }
 
 TEST(Tensor, Numel) {

@@ -110,27 +110,23 @@ class ThreadsComm final : public Communicator {
     rendezvous("reduce_scatter");
   }
 
-  // Push: each rank writes its own piece into every rank's output, block by
-  // block, so the piece is read from memory once and the later copies of a
-  // block come from cache -- per rank, S/n bytes read and S written, where
-  // pulling every piece reads S and writes S (docs/algorithms.md).
+  // Push: each rank writes its own piece into every rank's output in one
+  // pass, each 128 bytes read once and stored to all outputs -- per rank,
+  // S/n bytes read and S written, where pulling every piece reads S and
+  // writes S (docs/algorithms.md).
   void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override {
     rendezvous("all_gather", Slot{send, recv});
     const std::size_t es = size_of(type);
     const std::size_t bytes = counts[rank_] * es, at = offsets_of(counts)[rank_] * es;
-    const auto* src = static_cast<const char*>(send);
-    std::vector<char*> outs;
+    std::vector<void*> outs;
     for (int r = 0; r < g_->size; ++r) {
       char* dst = static_cast<char*>(g_->slots[r].recv) + at;
-      if (dst != src) outs.push_back(dst);
+      if (dst != send) outs.push_back(dst);
     }
     if (bytes < kStreamBytes) {
-      for (char* dst : outs) copy_bytes(dst, src, bytes);
+      for (void* dst : outs) copy_bytes(dst, send, bytes);
     } else {
-      constexpr std::size_t kBlock = std::size_t{256} << 10;  // stays in L2 while written n times
-      for (std::size_t b = 0; b < bytes; b += kBlock)
-        for (char* dst : outs) stream_bytes(dst + b, src + b, std::min(kBlock, bytes - b), false);
-      stream_fence();
+      stream_bytes_to(outs, send, bytes);
     }
     rendezvous("all_gather");
   }

@@ -38,19 +38,34 @@ constexpr std::size_t kLane = 4096, kLanes = 4, kUnit = kLane * kLanes;
 #endif
 
 void stream_bytes(void* dst, const void* src, std::size_t bytes, bool fence) {
+  stream_bytes_to({&dst, 1}, src, bytes, fence);
+}
+
+void stream_bytes_to(std::span<void* const> dsts, const void* src, std::size_t bytes, bool fence) {
+  if (dsts.empty()) return;
 #if defined(__AVX__)
-  auto* d = static_cast<unsigned char*>(dst);
+  const auto misalign = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 32; };
+  for (void* d : dsts)
+    if (misalign(d) != misalign(dsts[0])) {
+      // Destinations aligned differently: one pass each.
+      for (void* e : dsts) stream_bytes(e, src, bytes, false);
+      if (fence) _mm_sfence();
+      return;
+    }
   const auto* s = static_cast<const unsigned char*>(src);
-  // Head: plain copy up to a 32-byte aligned destination.
-  const std::size_t head = std::min<std::size_t>(bytes, (32 - reinterpret_cast<std::uintptr_t>(d) % 32) % 32);
-  std::memcpy(d, s, head);
-  d += head;
+  // Head: plain copy up to 32-byte aligned destinations.
+  const std::size_t head = std::min<std::size_t>(bytes, (32 - misalign(dsts[0])) % 32);
+  for (void* d : dsts) std::memcpy(d, s, head);
   s += head;
   bytes -= head;
+  auto out = [&](std::size_t i) {
+    for (void* d : dsts) stream_128(static_cast<unsigned char*>(d) + head + i, s + i);
+  };
   // Units of four 4 KiB lanes copied in turn, 128 bytes of each, with the
   // loads prefetched two units ahead: four concurrent streams keep more
   // memory requests in flight than one (measured: 1.1-1.3x on a 2-thread
-  // copy of 64-256 MiB; docs/performance.md).
+  // copy of 64-256 MiB; docs/performance.md). Each 128 bytes read go to
+  // every destination, so the source is read once.
   const std::size_t units = bytes / kUnit * kUnit;
   for (std::size_t u = 0; u < units; u += kUnit) {
     const bool ahead = u + 3 * kUnit <= bytes;  // prefetch only inside the source
@@ -61,15 +76,15 @@ void stream_bytes(void* dst, const void* src, std::size_t bytes, bool fence) {
           _mm_prefetch(reinterpret_cast<const char*>(s + i + 2 * kUnit), _MM_HINT_T0);
           _mm_prefetch(reinterpret_cast<const char*>(s + i + 2 * kUnit + 64), _MM_HINT_T0);
         }
-        stream_128(d + i, s + i);
+        out(i);
       }
   }
   const std::size_t body = units + (bytes - units) / 128 * 128;
-  for (std::size_t i = units; i < body; i += 128) stream_128(d + i, s + i);
-  std::memcpy(d + body, s + body, bytes - body);
+  for (std::size_t i = units; i < body; i += 128) out(i);
+  for (void* d : dsts) std::memcpy(static_cast<unsigned char*>(d) + head + body, s + body, bytes - body);
   if (fence) _mm_sfence();  // make the streamed data visible before any later release
 #else
-  std::memcpy(dst, src, bytes);
+  for (void* d : dsts) std::memcpy(d, src, bytes);
   (void)fence;
 #endif
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 namespace distopt {
 
@@ -20,5 +21,7 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes);
 // and call stream_fence() once after the last.
 void stream_bytes(void* dst, const void* src, std::size_t bytes, bool fence = true);
 void stream_fence();
+// stream_bytes to several destinations at once, reading the source once.
+void stream_bytes_to(std::span<void* const> dsts, const void* src, std::size_t bytes, bool fence = true);
 
 }  // namespace distopt
