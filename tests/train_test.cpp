@@ -226,6 +226,32 @@ TEST(Train, PowerOfTwoLossScalingIsBitwiseNeutralAndGrows) {
   EXPECT_EQ(rec.steps[7].loss_scale, 2048.0) << "grown after 7 good steps";
 }
 
+TEST(Train, NonFiniteGradientsSkipEveryStepAndBackOffTheScale) {
+  // A huge lr blows the parameters up in step 1; from step 2 on the loss and
+  // gradients are NaN, so every later step is skipped (the parameters stay
+  // those after step 1) and the scale halves each time, as torch's does.
+  const data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
+  train::TrainConfig c = small_config();
+  c.optimizer = {"sgd", {{"lr", 1e30}}};
+  c.loss_scale = GradScalerOptions{.init_scale = 4096.0};
+  c.max_steps = 1;
+  const train::TrainResult one = run(2, d, c);
+  EXPECT_EQ(one.skipped_steps, 0u);
+  c.max_steps = 9;
+  Recorder rec;
+  const train::TrainResult r = run_recorded(2, d, c, rec);
+  ASSERT_EQ(r.steps, 9u);
+  EXPECT_EQ(r.skipped_steps, 8u);
+  EXPECT_EQ(r.param_hash, one.param_hash) << "a skipped step must leave the parameters alone";
+  EXPECT_EQ(r.loss_scale, 4096.0 / 256.0);
+  ASSERT_EQ(rec.steps.size(), 9u);
+  EXPECT_FALSE(rec.steps[0].skipped);
+  for (std::size_t i = 1; i < rec.steps.size(); ++i) {
+    EXPECT_TRUE(rec.steps[i].skipped) << "step " << i + 1;
+    EXPECT_EQ(rec.steps[i].loss_scale, 4096.0 / std::exp2(double(i - 1))) << "the scale step " << i + 1 << " used";
+  }
+}
+
 TEST(Train, ClippingReportsTheNormAndAHugeBoundChangesNothing) {
   const data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
   train::TrainConfig c = small_config();

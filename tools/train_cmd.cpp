@@ -50,6 +50,15 @@ std::string human_rate(double r) {
   return b;
 }
 
+// A float for JSON output: %.9g, or null where it is NaN or infinite (a
+// diverged run), which JSON cannot spell.
+std::string jnum(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
 std::string human_time(double s) {
   if (!std::isfinite(s) || s < 0) s = 0;
   const long t = std::lround(s);
@@ -134,7 +143,7 @@ class MetricsFile final : public train::Observer {
     // Clipping and loss scaling add their figures; absent ones stay empty
     // (CSV) or are left out (JSON).
     char norm[32] = "", scale[32] = "";
-    if (m.grad_norm >= 0) std::snprintf(norm, sizeof norm, "%.9g", m.grad_norm);
+    if (!(m.grad_norm < 0)) std::snprintf(norm, sizeof norm, "%.9g", m.grad_norm);  // NaN too: clipping is on
     if (m.loss_scale > 0) std::snprintf(scale, sizeof scale, "%.9g", m.loss_scale);
     char b[384];
     if (csv_) {
@@ -142,12 +151,12 @@ class MetricsFile final : public train::Observer {
                     m.lr, m.samples_per_s, norm, scale, m.loss_scale > 0 ? (m.skipped ? "1" : "0") : "");
     } else {
       std::string extra;
-      if (norm[0]) extra += str(", \"grad_norm\": ", norm);
+      if (norm[0]) extra += str(", \"grad_norm\": ", jnum(m.grad_norm));
       if (scale[0]) extra += str(", \"loss_scale\": ", scale, ", \"skipped\": ", m.skipped ? "true" : "false");
       std::snprintf(b, sizeof b,
-                    "{\"kind\": \"step\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"loss\": %.9g, \"lr\": "
+                    "{\"kind\": \"step\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"loss\": %s, \"lr\": "
                     "%.9g, \"samples_per_s\": %.6g%s}\n",
-                    m.epoch, m.step, m.wall_s, m.loss, m.lr, m.samples_per_s, extra.c_str());
+                    m.epoch, m.step, m.wall_s, jnum(m.loss).c_str(), m.lr, m.samples_per_s, extra.c_str());
     }
     out_ << b;
   }
@@ -160,12 +169,13 @@ class MetricsFile final : public train::Observer {
                     m.samples_per_s, m.train_loss, m.test_loss, m.test_accuracy, m.averaged ? avg : ",");
     } else {
       if (m.averaged)
-        std::snprintf(avg, sizeof avg, ", \"avg_test_loss\": %.9g, \"avg_test_accuracy\": %.9g", m.avg_test_loss,
-                      m.avg_test_accuracy);
+        std::snprintf(avg, sizeof avg, ", \"avg_test_loss\": %s, \"avg_test_accuracy\": %.9g",
+                      jnum(m.avg_test_loss).c_str(), m.avg_test_accuracy);
       std::snprintf(b, sizeof b,
                     "{\"kind\": \"epoch\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"samples_per_s\": %.6g, "
-                    "\"train_loss\": %.9g, \"test_loss\": %.9g, \"test_accuracy\": %.9g%s}\n",
-                    m.epoch, m.step, m.wall_s, m.samples_per_s, m.train_loss, m.test_loss, m.test_accuracy, avg);
+                    "\"train_loss\": %s, \"test_loss\": %s, \"test_accuracy\": %.9g%s}\n",
+                    m.epoch, m.step, m.wall_s, m.samples_per_s, jnum(m.train_loss).c_str(), jnum(m.test_loss).c_str(),
+                    m.test_accuracy, avg);
     }
     out_ << b;
     out_.flush();
@@ -301,13 +311,13 @@ data::Split load_data(const TrainArgs& a, const std::string& model) {
 std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int world) {
   char b[1024];
   std::snprintf(b, sizeof b,
-                "{\"test_accuracy\": %.9g, \"test_loss\": %.9g, \"train_loss\": %.9g, \"steps\": %zu, \"param_hash\": "
+                "{\"test_accuracy\": %.9g, \"test_loss\": %s, \"train_loss\": %s, \"steps\": %zu, \"param_hash\": "
                 "\"%s\", \"samples_per_s\": %.6g, \"memory_per_rank\": {\"params\": %zu, \"grads\": %zu, "
                 "\"master_params\": %zu, \"optimizer_state\": %zu}, \"model\": \"%s\", \"data\": \"%s\", "
                 "\"optimizer\": \"%s\", \"strategy\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"epochs\": %d, "
                 "\"batch_size\": %zu, \"seed\": %llu}",
-                r.test_accuracy, r.test_loss, r.train_loss, r.steps, r.param_hash.c_str(), r.samples_per_s,
-                r.memory.params, r.memory.grads, r.memory.master_params, r.memory.optimizer_state,
+                r.test_accuracy, jnum(r.test_loss).c_str(), jnum(r.train_loss).c_str(), r.steps, r.param_hash.c_str(),
+                r.samples_per_s, r.memory.params, r.memory.grads, r.memory.master_params, r.memory.optimizer_state,
                 a.config.model.c_str(), a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(),
                 a.backend.c_str(), world, a.config.epochs, a.config.batch_size,
                 static_cast<unsigned long long>(a.config.seed));
@@ -322,9 +332,10 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
     char m[320];
     std::snprintf(m, sizeof m,
                   ", \"averaged\": {\"kind\": \"%s\", \"n_averaged\": %lld, \"test_accuracy\": %.9g, \"test_loss\": "
-                  "%.9g, \"param_hash\": \"%s\"}",
+                  "%s, \"param_hash\": \"%s\"}",
                   std::string(averaging_name(r.averaged->kind)).c_str(),
-                  static_cast<long long>(r.averaged->n_averaged), r.averaged->test_accuracy, r.averaged->test_loss,
+                  static_cast<long long>(r.averaged->n_averaged), r.averaged->test_accuracy,
+                  jnum(r.averaged->test_loss).c_str(),
                   r.averaged->param_hash.c_str());
     out += m;
   }
