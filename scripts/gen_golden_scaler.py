@@ -20,8 +20,11 @@ disables itself without CUDA, asserts that tensors are CUDA tensors, and
 its two kernels (_amp_foreach_non_finite_check_and_unscale_ and
 _amp_update_scale_) have no CPU implementation in 1.13. This script runs
 torch's own GradScaler Python code (the stages, the skip decision, the
-found-inf bookkeeping, update(new_scale), state_dict) with Python's -O
-(which drops the CUDA asserts), and supplies the two kernels as CPU
+found-inf bookkeeping, update(new_scale), state_dict) with Python's -O,
+which drops the CUDA asserts -- and with them every other assert of that
+code (growth_factor > 1, backoff_factor < 1, "No inf checks were
+recorded ..."): the cases here never trip those, and tests/scaler_test.cpp
+checks the C++ refusals on their own -- and supplies the two kernels as CPU
 emulations written from the CUDA kernels of torch 1.13
 (aten/src/ATen/native/cuda/AmpKernels.cu), which torch 2.x's CPU kernels
 (AmpGradScalerKernels.cpp) repeat:

@@ -154,12 +154,15 @@ PY
 expect_error 2 "\-\-swa-lr needs \-\-swa-start" -- train --data synthetic --swa-lr 0.1
 expect_error 2 "\-\-swa-start 5 is after the last epoch" -- train --data synthetic --epochs 2 --swa-start 5
 expect_error 2 "cannot be combined" -- train --data synthetic --epochs 2 --swa-start 1 --ema-decay 0.9
+expect_error 2 "\-\-max-steps 3 ends training in epoch 1 (8 steps each), before \-\-swa-start 2" -- train \
+  --data synthetic --train-size 512 --batch-size 64 --epochs 3 --max-steps 3 --swa-start 2
 expect_error 2 "\-\-ema-decay must be in \[0, 1\]" -- train --data synthetic --ema-decay 2
 expect_error 2 "\-\-export-averaged needs \-\-swa-start or \-\-ema-decay" -- train --data synthetic \
   --export-averaged "$tmp/a.safetensors"
 expect_error 2 "need \-\-loss-scale dynamic" -- train --data synthetic --init-scale 1024
 expect_error 2 "The backoff factor must be < 1.0" -- train --data synthetic --loss-scale dynamic --backoff-factor 2
-expect_error 2 "is above 2^126" -- train --data synthetic --loss-scale dynamic --init-scale 1e38
+expect_error 2 "\-\-init-scale must be a positive finite float32 number (got 1e+39)" -- train --data synthetic \
+  --loss-scale dynamic --init-scale 1e39
 expect_error 2 "\-\-clip-grad-norm must be a positive number" -- train --data synthetic --clip-grad-norm -1
 expect_error 2 "\-\-clip-norm-type: 'two' is not a finite number" -- train --data synthetic --clip-grad-norm 1 \
   --clip-norm-type two

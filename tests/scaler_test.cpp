@@ -9,6 +9,7 @@
 
 #include "distopt/core/dtype.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/core/fp_mode.hpp"
 #include "distopt/optim/clip.hpp"
 #include "distopt/optim/grad_scaler.hpp"
 #include "distopt/optim/optimizer.hpp"
@@ -174,8 +175,58 @@ TEST(Scaler, TorchsChecksAsOneLineErrors) {
   GradScaler t;
   EXPECT_THROW(t.load_state_dict({.scale = 8, .growth_factor = 0.5}), InvalidInput);
   EXPECT_THROW(t.load_state_dict({.scale = -1}), InvalidInput);
-  EXPECT_THROW(t.load_state_dict({.scale = 8, .growth_interval = 4, .growth_tracker = 4}), InvalidInput);
+  EXPECT_THROW(t.load_state_dict({.scale = 8, .growth_tracker = -1}), InvalidInput);
+  EXPECT_THROW(t.load_state_dict({.scale = std::nan("")}), InvalidInput);
   EXPECT_EQ(t.get_scale(), 65536.0);
+  // States torch saves and loads: a tracker past a lowered interval, a
+  // scale backed off to 0.
+  EXPECT_NO_THROW(t.load_state_dict({.scale = 8, .growth_interval = 4, .growth_tracker = 9}));
+  EXPECT_NO_THROW(t.load_state_dict({.scale = 0}));
+
+  // The setters refuse what the constructor refuses.
+  EXPECT_THROW(t.set_growth_factor(0.5), InvalidInput);
+  EXPECT_THROW(t.set_backoff_factor(1.5), InvalidInput);
+  EXPECT_THROW(t.set_growth_interval(0), InvalidInput);
+
+  // update() after scale() with no unscale_/step in between.
+  GradScaler u;
+  (void)u.scale(1.0f);
+  try {
+    u.update();
+    FAIL() << "update without an inf check must throw";
+  } catch (const InvalidInput& e) {
+    EXPECT_STREQ(e.what(), "No inf checks were recorded prior to update.");
+  }
+}
+
+TEST(Scaler, ScalesAbove2To126WorkWhileDenormalsAreFlushed) {
+  // 2^127's float reciprocal, 2^-127, is denormal: flushed, it would zero
+  // every gradient. The scaler computes as IEEE (and torch) does whatever
+  // the caller's mode, and restores that mode.
+  float p[1] = {1}, g[1] = {0};
+  Optimizer opt("sgd", {Param{"p", {p, DType::f32, {1}}, {g, DType::f32, {1}}, true}}, {{"lr", 0.5}});
+  const DenormalMode flushed(DenormalMode::flush);
+#if defined(__SSE3__)
+  const unsigned mode = _mm_getcsr();
+#endif
+  GradScaler s({.init_scale = 0x1p127, .growth_interval = 1});
+  g[0] = s.scale(1.5f);  // the "backward" of loss 1.5 w.r.t. p
+  EXPECT_EQ(g[0], 1.5f * 0x1p127f);
+  EXPECT_TRUE(s.step(opt));
+  EXPECT_EQ(g[0], 1.5f) << "unscaled by the denormal reciprocal, not by a flushed 0";
+  EXPECT_EQ(p[0], 1.0f - 0.5f * 1.5f);
+  s.update();
+  EXPECT_EQ(s.get_scale(), 0x1p127) << "2^128 is inf in float32: the scale does not grow";
+  // Backing off to a denormal scale keeps it, as torch does.
+  GradScaler d({.init_scale = 0x1p-126, .backoff_factor = 0.5});
+  (void)d.scale(1.0f);
+  g[0] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(d.step(opt));
+  d.update();
+  EXPECT_EQ(d.get_scale(), 0x1p-127);
+#if defined(__SSE3__)
+  EXPECT_EQ(_mm_getcsr(), mode) << "the caller's mode is restored";
+#endif
 }
 
 TEST(Scaler, StateDictRoundTripContinuesIdentically) {

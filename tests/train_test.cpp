@@ -357,8 +357,10 @@ TEST(Train, BadClipScaleAndAveragingOptionsAreRejected) {
   rejects([](auto& c) { c.clip_norm_type = 0.0; }, "--clip-norm-type must be positive");
   rejects([](auto& c) { c.swa_start = 9; }, "is after the last epoch");
   rejects([](auto& c) { c.swa_start = 1, c.ema_decay = 0.9; }, "cannot be combined");
+  rejects([](auto& c) { c.swa_start = 2, c.max_steps = 2; }, "ends training in epoch 1 (2 steps each)");
   rejects([](auto& c) { c.swa_lr = 0.1; }, "--swa-lr needs --swa-start");
   rejects([](auto& c) { c.ema_decay = 1.5; }, "--ema-decay must be in [0, 1]");
   rejects([](auto& c) { c.loss_scale = GradScalerOptions{.growth_factor = 0.9}; }, "The growth factor must be > 1.0");
-  rejects([](auto& c) { c.loss_scale = GradScalerOptions{.init_scale = 1e38}; }, "is above 2^126");
+  rejects([](auto& c) { c.loss_scale = GradScalerOptions{.init_scale = 1e39}; }, "positive finite float32");
+  rejects([](auto& c) { c.loss_scale = GradScalerOptions{.init_scale = 1e-50}; }, "positive finite float32");
 }

@@ -5,16 +5,29 @@
 
 #include "distopt/core/dtype.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/core/fp_mode.hpp"
 #include "distopt/optim/optimizer.hpp"
 
 namespace distopt {
 
 namespace {
 
+constexpr std::int64_t kInt32Max = 2147483647;  // torch's tracker and interval are C ints in the kernel
+
+void check_growth_factor(double f) {
+  if (!(f > 1.0)) throw InvalidInput(str("The growth factor must be > 1.0 (got ", f, ")"));
+}
+void check_backoff_factor(double f) {
+  if (!(f < 1.0)) throw InvalidInput(str("The backoff factor must be < 1.0 (got ", f, ")"));
+}
+void check_growth_interval(std::int64_t n) {
+  if (n < 1 || n > kInt32Max)
+    throw InvalidInput(str("growth_interval must be in [1, 2^31 - 1] (got ", n, ")"));
+}
 void check_factors(double growth_factor, double backoff_factor, std::int64_t growth_interval) {
-  if (!(growth_factor > 1.0)) throw InvalidInput(str("The growth factor must be > 1.0 (got ", growth_factor, ")"));
-  if (!(backoff_factor < 1.0)) throw InvalidInput(str("The backoff factor must be < 1.0 (got ", backoff_factor, ")"));
-  if (growth_interval < 1) throw InvalidInput(str("growth_interval must be at least 1 (got ", growth_interval, ")"));
+  check_growth_factor(growth_factor);
+  check_backoff_factor(backoff_factor);
+  check_growth_interval(growth_interval);
 }
 
 }  // namespace
@@ -23,6 +36,9 @@ bool unscale_grads(std::span<const TensorView> grads, float inv_scale, bool allo
   if (!allow_fp16)
     for (const TensorView& g : grads)
       if (g.dtype == DType::f16) throw InvalidInput("Attempting to unscale FP16 gradients.");
+  // torch computes in IEEE arithmetic: a reciprocal or product that is
+  // denormal must not be flushed to zero by the caller's mode.
+  const DenormalMode ieee(DenormalMode::ieee);
   bool found = false;
   for (const TensorView& g : grads) {
     const auto n = static_cast<std::size_t>(g.numel());
@@ -44,12 +60,28 @@ bool unscale_grads(std::span<const TensorView> grads, float inv_scale, bool allo
   return found;
 }
 
+void GradScaler::set_growth_factor(double f) {
+  check_growth_factor(f);
+  options_.growth_factor = f;
+}
+
+void GradScaler::set_backoff_factor(double f) {
+  check_backoff_factor(f);
+  options_.backoff_factor = f;
+}
+
+void GradScaler::set_growth_interval(std::int64_t n) {
+  check_growth_interval(n);
+  options_.growth_interval = n;
+}
+
 GradScaler::GradScaler(GradScalerOptions options) : options_(options) {
   if (options_.enabled) check_factors(options_.growth_factor, options_.backoff_factor, options_.growth_interval);
 }
 
 float GradScaler::scale(float loss) {
   if (!options_.enabled) return loss;
+  const DenormalMode ieee(DenormalMode::ieee);
   if (!initialized_) {
     scale_ = static_cast<float>(options_.init_scale);
     tracker_ = static_cast<std::int32_t>(init_tracker_);
@@ -60,6 +92,7 @@ float GradScaler::scale(float loss) {
 
 double GradScaler::get_scale() const {
   if (!options_.enabled) return 1.0;
+  const DenormalMode ieee(DenormalMode::ieee);  // a denormal scale reads as itself
   return initialized_ ? static_cast<double>(scale_) : options_.init_scale;
 }
 
@@ -71,7 +104,7 @@ std::int64_t GradScaler::growth_tracker() const {
 void GradScaler::require_initialized(const char* what) const {
   if (!initialized_)
     throw InvalidInput(str("Attempted ", what,
-                           " but _scale is None. This may indicate your script did not use scaler.scale(loss or "
+                           " but _scale is None.  This may indicate your script did not use scaler.scale(loss or "
                            "outputs) earlier in the iteration."));
 }
 
@@ -82,7 +115,9 @@ void GradScaler::unscale(Optimizer& opt, const StatReduce& reduce) {
   if (st.stage == Stage::unscaled)
     throw InvalidInput("unscale_() has already been called on this optimizer since the last update().");
   if (st.stage == Stage::stepped) throw InvalidInput("unscale_() is being called after step().");
-  // torch: self._scale.double().reciprocal().float()
+  // torch: self._scale.double().reciprocal().float() -- denormal, not
+  // zero, for a scale above 2^126 whatever the caller's denormal mode.
+  const DenormalMode ieee(DenormalMode::ieee);
   const auto inv = static_cast<float>(1.0 / static_cast<double>(scale_));
   std::vector<TensorView> grads;
   for (std::size_t i = 0; i < opt.num_params(); ++i)
@@ -118,6 +153,7 @@ std::optional<bool> GradScaler::found_inf(const Optimizer& opt) const {
 void GradScaler::update(std::optional<double> new_scale) {
   if (!options_.enabled) return;
   require_initialized("update");
+  const DenormalMode ieee(DenormalMode::ieee);
   if (new_scale) {
     scale_ = static_cast<float>(*new_scale);  // fill_
   } else {
@@ -157,11 +193,13 @@ std::optional<GradScalerState> GradScaler::state_dict() const {
 void GradScaler::load_state_dict(const GradScalerState& s) {
   if (!options_.enabled) return;
   check_factors(s.growth_factor, s.backoff_factor, s.growth_interval);
-  if (!std::isfinite(s.scale) || !(s.scale > 0))
-    throw InvalidInput(str("GradScaler state: scale ", s.scale, " is not a positive finite number"));
-  if (s.growth_tracker < 0 || s.growth_tracker >= s.growth_interval)
-    throw InvalidInput(str("GradScaler state: _growth_tracker ", s.growth_tracker, " is outside [0, growth_interval ",
-                           s.growth_interval, ")"));
+  // A scale backed off to 0 and a tracker at or past a lowered
+  // growth_interval are states torch saves and loads; negative or
+  // non-finite ones are not.
+  if (!std::isfinite(s.scale) || !(s.scale >= 0))
+    throw InvalidInput(str("GradScaler state: scale ", s.scale, " is not a finite number >= 0"));
+  if (s.growth_tracker < 0 || s.growth_tracker > kInt32Max)
+    throw InvalidInput(str("GradScaler state: _growth_tracker ", s.growth_tracker, " is outside [0, 2^31 - 1]"));
   options_.init_scale = s.scale;
   options_.growth_factor = s.growth_factor;
   options_.backoff_factor = s.backoff_factor;

@@ -1,15 +1,13 @@
 #include "distopt/train/trainer.hpp"
 
 #include <xxhash.h>
-#if defined(__SSE3__)
-#include <pmmintrin.h>
-#endif
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 
 #include "distopt/core/error.hpp"
+#include "distopt/core/fp_mode.hpp"
 #include "distopt/data/sampler.hpp"
 #include "distopt/models/model.hpp"
 #include "distopt/optim/clip.hpp"
@@ -20,29 +18,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Flush-to-zero and denormals-are-zero on this thread for the guard's
-// lifetime (x86 MXCSR); the previous mode is restored afterwards.
-class DenormalGuard {
- public:
-  explicit DenormalGuard(bool on) {
-#if defined(__SSE3__)
-    saved_ = _mm_getcsr();
-    if (on) _mm_setcsr(saved_ | _MM_FLUSH_ZERO_ON | _MM_DENORMALS_ZERO_ON);
-#else
-    (void)on;
-#endif
-  }
-  ~DenormalGuard() {
-#if defined(__SSE3__)
-    _mm_setcsr(saved_);
-#endif
-  }
-  DenormalGuard(const DenormalGuard&) = delete;
-  DenormalGuard& operator=(const DenormalGuard&) = delete;
-
- private:
-  unsigned saved_ = 0;
-};
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Sums of a data set's loss, correct predictions and count over all ranks:
@@ -72,20 +47,27 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
   if (c.swa_start < 0) throw InvalidInput(str("--swa-start must be an epoch number, 1 or more (got ", c.swa_start, ")"));
   if (c.swa_start > c.epochs)
     throw InvalidInput(str("--swa-start ", c.swa_start, " is after the last epoch (", c.epochs, "): nothing would be averaged"));
+  if (c.swa_start > 0 && c.max_steps > 0 && c.batch_size > 0) {
+    // A run cut short by --max-steps ends in epoch ceil(max_steps / per_epoch).
+    const std::size_t per_epoch =
+        data::BatchSampler(data.train.size(), c.batch_size, c.seed, c.drop_last).batches_per_epoch();
+    const std::size_t last = per_epoch > 0 ? (c.max_steps + per_epoch - 1) / per_epoch : 0;
+    if (last < static_cast<std::size_t>(c.swa_start))
+      throw InvalidInput(str("--max-steps ", c.max_steps, " ends training in epoch ", last, " (", per_epoch,
+                             " steps each), before --swa-start ", c.swa_start, ": nothing would be averaged"));
+  }
   if (c.swa_start > 0 && c.ema_decay) throw InvalidInput("--swa-start and --ema-decay cannot be combined: choose one average");
   if (c.swa_lr && c.swa_start == 0) throw InvalidInput("--swa-lr needs --swa-start");
   if (c.ema_decay && !(*c.ema_decay >= 0 && *c.ema_decay <= 1))
     throw InvalidInput(str("--ema-decay must be in [0, 1] (got ", *c.ema_decay, ")"));
   if (c.loss_scale) {
+    // The scale is a float32: a value that is not a positive finite float
+    // (NaN, 1e39 -> inf, 1e-50 -> 0) would make every step skip or vanish.
+    const auto init = static_cast<float>(c.loss_scale->init_scale);
+    if (!(init > 0 && std::isfinite(init)))
+      throw InvalidInput(str("--init-scale must be a positive finite float32 number (got ", c.loss_scale->init_scale,
+                             ")"));
     GradScaler check(*c.loss_scale);  // torch's checks on the factors
-    // Above 2^126 the float reciprocal that unscales is denormal, and
-    // flushing denormals would zero every gradient.
-    if (c.flush_denormals && !(c.loss_scale->init_scale <= 0x1p126))
-      throw InvalidInput(str("--init-scale ", c.loss_scale->init_scale,
-                             " is above 2^126 (8.5e37): its reciprocal is denormal and flushed to zero while "
-                             "training; use a smaller scale or --keep-denormals"));
-    if (!(c.loss_scale->init_scale > 0 && std::isfinite(c.loss_scale->init_scale)))
-      throw InvalidInput(str("--init-scale must be a positive finite number (got ", c.loss_scale->init_scale, ")"));
   }
   if (c.drop_last && data.train.size() < c.batch_size)
     throw InvalidInput(str("with --drop-last, batch size ", c.batch_size, " leaves no batch of the ",
@@ -103,7 +85,7 @@ std::string hash_params(const std::vector<float>& params) {
 
 TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer) {
   validate(comm, data, config);
-  const DenormalGuard denormals(config.flush_denormals);
+  const DenormalMode denormals(config.flush_denormals ? DenormalMode::flush : DenormalMode::ieee);
   auto model = models::make_model(config.model, data.train.features, data.train.classes, config.hidden);
   parallel::FlatLayout layout{model->params(), model->buffer_elements()};
   std::vector<float> initial(layout.elements);

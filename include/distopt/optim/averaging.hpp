@@ -61,6 +61,8 @@ class AveragedParams {
   // Folds `current` (elements() values) into the average.
   void update(std::span<const float> current);
 
+  // The average; zeros before the first update() (torch's AveragedModel
+  // starts from a copy of the model, which its first update overwrites).
   std::span<const float> params() const { return avg_; }
   std::int64_t n_averaged() const { return n_; }
   std::size_t elements() const { return avg_.size(); }

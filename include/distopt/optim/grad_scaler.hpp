@@ -15,6 +15,15 @@
 // The scale and its tracker are created by the first scale() call, as torch
 // creates them lazily; unscale/step/update before that are errors.
 //
+// Arithmetic is IEEE's whatever the caller's denormal mode (training
+// flushes denormals): a scale above 2^126 has a denormal reciprocal, and
+// flushing it would zero every gradient.
+//
+// One difference from torch: an optimizer none of whose parameters has a
+// gradient records "no inf" (torch records nothing and its step() then
+// asserts), because a rank whose shard holds no gradient must still take
+// part in the found-inf reduction.
+//
 // Sharding: the found-inf flag of an optimizer is a reduction hook. A rank
 // that holds only a shard of the gradient passes a StatReduce (max over the
 // ranks holding the other shards), so every rank takes the same skip
@@ -59,7 +68,8 @@ bool unscale_grads(std::span<const TensorView> grads, float inv_scale, bool allo
 class GradScaler {
  public:
   // Throws InvalidInput unless growth_factor > 1, backoff_factor < 1 and
-  // growth_interval >= 1 (torch asserts the first two).
+  // 1 <= growth_interval <= 2^31 - 1 (torch asserts the first two; its
+  // kernel takes the interval as a C int).
   explicit GradScaler(GradScalerOptions options = {});
 
   bool enabled() const { return options_.enabled; }
@@ -86,9 +96,11 @@ class GradScaler {
   // optimizer's stage. Throws InvalidInput when no flag was recorded.
   void update(std::optional<double> new_scale = std::nullopt);
 
-  void set_growth_factor(double f) { options_.growth_factor = f; }
-  void set_backoff_factor(double f) { options_.backoff_factor = f; }
-  void set_growth_interval(std::int64_t n) { options_.growth_interval = n; }
+  // Setters check their value as the constructor does (torch's setters do
+  // not check; a factor the constructor refuses is refused here too).
+  void set_growth_factor(double f);
+  void set_backoff_factor(double f);
+  void set_growth_interval(std::int64_t n);
 
   // Disabled: empty (nullopt), as torch returns {}.
   std::optional<GradScalerState> state_dict() const;
