@@ -114,43 +114,58 @@ void reduce_block(const T* const* x, int n, T* __restrict staged, std::size_t m)
 #if defined(__AVX__)
 // f32 sum/avg of a large output, the gradient all-reduce's case: the same
 // additions in the same order as reduce_block (vaddps rounds each lane as
-// a scalar add does), written straight out with non-temporal stores.
-template <ReduceOp kOp, int kN>
-void reduce_f32_stream(const float* const* x, float* out, std::size_t count) {
-  const float* xs[kN];
-  for (int r = 0; r < kN; ++r) xs[r] = x[r];
-  std::size_t i = 0;
+// a scalar add does), written straight from the vector loop. A fresh output
+// leaves through non-temporal stores; an output that is one of the inputs
+// (in-place reduce_scatter) was just read into the cache, where plain
+// stores cost no extra read and a non-temporal store would first evict the
+// line (measured, 2 ranks, 128-256 MiB in place: 0.53 -> 0.65 of the copy
+// bandwidth; docs/performance.md).
+template <ReduceOp kOp, int kN, bool kStream>
+void reduce_f32_wide(const float* const* xs, float* out, std::size_t count) {
   auto scalar = [&](std::size_t j) {
     float acc = xs[0][j];
     for (int r = 1; r < kN; ++r) acc = acc + xs[r][j];
     if constexpr (kOp == ReduceOp::avg) acc = acc / static_cast<float>(kN);
     out[j] = acc;
   };
+  std::size_t i = 0;
   for (; i < count && reinterpret_cast<std::uintptr_t>(out + i) % 32 != 0; ++i) scalar(i);
   const __m256 div = _mm256_set1_ps(static_cast<float>(kN));
   for (; i + 8 <= count; i += 8) {
     __m256 acc = _mm256_loadu_ps(xs[0] + i);
     for (int r = 1; r < kN; ++r) acc = _mm256_add_ps(acc, _mm256_loadu_ps(xs[r] + i));
     if constexpr (kOp == ReduceOp::avg) acc = _mm256_div_ps(acc, div);
-    _mm256_stream_ps(out + i, acc);
+    if constexpr (kStream) _mm256_stream_ps(out + i, acc);
+    else _mm256_store_ps(out + i, acc);
   }
   for (; i < count; ++i) scalar(i);
-  stream_fence();
+  if constexpr (kStream) stream_fence();
+}
+
+template <ReduceOp kOp, int kN>
+void reduce_f32_stream(const float* const* x, float* out, std::size_t count, bool in_place) {
+  const float* xs[kN];
+  for (int r = 0; r < kN; ++r) xs[r] = x[r];
+  if (in_place) reduce_f32_wide<kOp, kN, false>(xs, out, count);
+  else reduce_f32_wide<kOp, kN, true>(xs, out, count);
 }
 #endif
 
 template <class T, ReduceOp kOp, int kN>
 void reduce_typed(const void* const* inputs, int n, void* out_raw, std::size_t count) {
   T* out = static_cast<T*>(out_raw);
+  bool in_place = false;
+  for (int r = 0; r < n; ++r) in_place |= inputs[r] == out_raw;
 #if defined(__AVX__)
   if constexpr (std::is_same_v<T, float> && kN > 0 && (kOp == ReduceOp::sum || kOp == ReduceOp::avg)) {
     if (count * sizeof(T) >= kStreamBytes)
-      return reduce_f32_stream<kOp, kN>(reinterpret_cast<const float* const*>(inputs), out, count);
+      return reduce_f32_stream<kOp, kN>(reinterpret_cast<const float* const*>(inputs), out, count, in_place);
   }
 #endif
   // Results are staged in a small block (out may alias an input) and leave
-  // through non-temporal stores when the output is large (core/copy.hpp).
-  const bool stream = count * sizeof(T) >= kStreamBytes;
+  // through non-temporal stores when the output is large and not an input
+  // (core/copy.hpp; an input's lines are in the cache already).
+  const bool stream = count * sizeof(T) >= kStreamBytes && !in_place;
   alignas(64) T staged[kBlock];
   std::vector<const T*> x(n);
   for (std::size_t b = 0; b < count; b += kBlock) {
