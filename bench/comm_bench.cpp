@@ -162,11 +162,13 @@ std::vector<Row> sweep(Communicator& comm, RawCollectives* raw, const CommBenchO
       const std::size_t total = size / 4 / n * n;
       if (total == 0) continue;
       const std::size_t bytes = total * 4;
-      // Three rounds, each timing ours, the peer and ours in place back to
-      // back; medians keep a shared machine's drift out of the ratios.
+      // Rounds (default 5), each timing ours, the peer and ours in place
+      // back to back; medians keep a shared machine's drift out of the
+      // ratios (with 3 rounds, one slow round of two could move a
+      // 2-rank MPI broadcast cell from 1.0 to 0.86).
       const int iters = iterations(bytes);
       std::vector<double> t_ours, t_peer, t_in_place;
-      for (int round = 0; round < 3; ++round) {
+      for (int round = 0; round < o.rounds; ++round) {
         t_ours.push_back(seconds_per_op(comm, iters, [&] { run_op(comm, c, send, recv, total); }));
         if (raw) t_peer.push_back(seconds_per_op(comm, iters, [&] { raw->run(c, send, recv, total); }));
         else t_peer.push_back(seconds_per_op(comm, iters, [&] { std::memcpy(recv, send, bytes); }));

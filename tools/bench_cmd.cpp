@@ -31,6 +31,8 @@ Runner add_bench(CLI::App& app) {
   comm->add_option("--collectives", c->collectives, "all_reduce, reduce_scatter, all_gather, broadcast")
       ->delimiter(',');
   comm->add_option("--min-bytes", c->min_bytes, "smallest size (default 4096)");
+  comm->add_option("--rounds", c->rounds, "timing rounds per size, medians reported (default 5)")
+      ->check(CLI::Range(1, 101));
   comm->add_option("--max-bytes", c->max_bytes, "largest size (default 268435456)");
   comm->add_flag("--json", c->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");
 

@@ -28,6 +28,7 @@ struct CommBenchOptions {
   std::size_t min_bytes = 4 << 10;
   std::size_t max_bytes = std::size_t{256} << 20;
   std::vector<std::string> collectives;  // empty: all four
+  int rounds = 5;  // rounds of (ours, peer, ours in place) per size; medians reported
   bool json = false;
 };
 
