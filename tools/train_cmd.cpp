@@ -5,12 +5,14 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <type_traits>
 
 #include "backends.hpp"
 #include "commands.hpp"
@@ -142,17 +144,20 @@ class MetricsFile final : public train::Observer {
   void on_step(const train::StepMetrics& m) override {
     // Clipping and loss scaling add their figures; absent ones stay empty
     // (CSV) or are left out (JSON).
-    char norm[32] = "", scale[32] = "";
-    if (!(m.grad_norm < 0)) std::snprintf(norm, sizeof norm, "%.9g", m.grad_norm);  // NaN too: clipping is on
-    if (m.loss_scale > 0) std::snprintf(scale, sizeof scale, "%.9g", m.loss_scale);
+    const bool has_norm = !(m.grad_norm < 0);  // NaN too: clipping is on
+    const bool has_scale = m.loss_scale > 0;
     char b[384];
     if (csv_) {
+      char norm[32] = "", scale[32] = "";
+      if (has_norm) std::snprintf(norm, sizeof norm, "%.9g", m.grad_norm);
+      if (has_scale) std::snprintf(scale, sizeof scale, "%.9g", m.loss_scale);
       std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%.9g,%.9g,%.6g,,,,%s,%s,%s,,\n", m.epoch, m.step, m.wall_s, m.loss,
-                    m.lr, m.samples_per_s, norm, scale, m.loss_scale > 0 ? (m.skipped ? "1" : "0") : "");
+                    m.lr, m.samples_per_s, norm, scale, has_scale ? (m.skipped ? "1" : "0") : "");
     } else {
       std::string extra;
-      if (norm[0]) extra += str(", \"grad_norm\": ", jnum(m.grad_norm));
-      if (scale[0]) extra += str(", \"loss_scale\": ", scale, ", \"skipped\": ", m.skipped ? "true" : "false");
+      if (has_norm) extra += str(", \"grad_norm\": ", jnum(m.grad_norm));
+      if (has_scale)
+        extra += str(", \"loss_scale\": ", jnum(m.loss_scale), ", \"skipped\": ", m.skipped ? "true" : "false");
       std::snprintf(b, sizeof b,
                     "{\"kind\": \"step\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"loss\": %s, \"lr\": "
                     "%.9g, \"samples_per_s\": %.6g%s}\n",
@@ -363,20 +368,16 @@ void print_result(const train::TrainResult& r, const TrainArgs& a, int world) {
 }
 
 void export_params(const train::TrainResult& r, const TrainArgs& a) {
-  if (!a.export_path.empty()) {
-    checkpoint::NamedTensors t{r.slots, r.params,
-                               {{"format", "distopt-params/1"}, {"model", a.config.model},
-                                {"param_hash", r.param_hash}}};
-    checkpoint::write_safetensors(a.export_path, t);
-  }
-  if (!a.export_averaged.empty() && r.averaged) {
-    checkpoint::NamedTensors t{r.slots, r.averaged->params,
-                               {{"format", "distopt-params/1"}, {"model", a.config.model},
-                                {"param_hash", r.averaged->param_hash},
-                                {"averaged", std::string(averaging_name(r.averaged->kind))},
-                                {"n_averaged", std::to_string(r.averaged->n_averaged)}}};
-    checkpoint::write_safetensors(a.export_averaged, t);
-  }
+  auto write = [&](const std::string& path, const std::vector<float>& params, const std::string& hash,
+                   std::map<std::string, std::string> metadata) {
+    metadata.insert({{"format", "distopt-params/1"}, {"model", a.config.model}, {"param_hash", hash}});
+    checkpoint::write_safetensors(path, {r.slots, params, std::move(metadata)});
+  };
+  if (!a.export_path.empty()) write(a.export_path, r.params, r.param_hash, {});
+  if (!a.export_averaged.empty() && r.averaged)
+    write(a.export_averaged, r.averaged->params, r.averaged->param_hash,
+          {{"averaged", std::string(averaging_name(r.averaged->kind))},
+           {"n_averaged", std::to_string(r.averaged->n_averaged)}});
 }
 
 // Fails now rather than after a long run.
@@ -519,8 +520,8 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--loss-scale", a->loss_scale,
                   "none (default) or dynamic: torch's GradScaler (scaled backward, skip on inf/NaN, adaptive scale)")
       ->check(CLI::IsMember({"none", "dynamic"}));
-  auto scaler_flag = [a](double& field) {
-    return [a, &field](double v) {
+  auto scaler_flag = [a](auto& field) {
+    return [a, &field](std::remove_reference_t<decltype(field)> v) {
       field = v;
       a->scaler_option_given = true;
     };
@@ -531,11 +532,7 @@ Runner add_train(CLI::App& app) {
                                    "loss scaling: growth factor, > 1 (default 2)");
   sub->add_option_function<double>("--backoff-factor", scaler_flag(a->scaler.backoff_factor),
                                    "loss scaling: backoff factor, < 1 (default 0.5)");
-  sub->add_option_function<std::int64_t>("--growth-interval",
-                                         [a](std::int64_t v) {
-                                           a->scaler.growth_interval = v;
-                                           a->scaler_option_given = true;
-                                         },
+  sub->add_option_function<std::int64_t>("--growth-interval", scaler_flag(a->scaler.growth_interval),
                                          "loss scaling: good steps before the scale grows (default 2000)");
   sub->add_option("--swa-start", c.swa_start,
                   "stochastic weight averaging: average the parameters at the end of this epoch and every later one");

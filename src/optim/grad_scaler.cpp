@@ -134,10 +134,9 @@ bool GradScaler::step(Optimizer& opt, const StatReduce& reduce) {
     return true;
   }
   require_initialized("step");
-  if (per_opt_[&opt].stage == Stage::stepped)
-    throw InvalidInput("step() has already been called since the last update().");
-  if (per_opt_[&opt].stage == Stage::ready) unscale(opt, reduce);
-  PerOptimizer& st = per_opt_[&opt];
+  PerOptimizer& st = per_opt_[&opt];  // map entries stay put: unscale() fills this one
+  if (st.stage == Stage::stepped) throw InvalidInput("step() has already been called since the last update().");
+  if (st.stage == Stage::ready) unscale(opt, reduce);
   const bool run = *st.found_inf == 0.0f;
   if (run) opt.step();
   st.stage = Stage::stepped;

@@ -47,11 +47,14 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
   if (c.swa_start < 0) throw InvalidInput(str("--swa-start must be an epoch number, 1 or more (got ", c.swa_start, ")"));
   if (c.swa_start > c.epochs)
     throw InvalidInput(str("--swa-start ", c.swa_start, " is after the last epoch (", c.epochs, "): nothing would be averaged"));
-  if (c.swa_start > 0 && c.max_steps > 0 && c.batch_size > 0) {
+  if (c.drop_last && data.train.size() < c.batch_size)
+    throw InvalidInput(str("with --drop-last, batch size ", c.batch_size, " leaves no batch of the ",
+                           data.train.size(), " training samples"));
+  if (c.swa_start > 0 && c.max_steps > 0) {
     // A run cut short by --max-steps ends in epoch ceil(max_steps / per_epoch).
     const std::size_t per_epoch =
         data::BatchSampler(data.train.size(), c.batch_size, c.seed, c.drop_last).batches_per_epoch();
-    const std::size_t last = per_epoch > 0 ? (c.max_steps + per_epoch - 1) / per_epoch : 0;
+    const std::size_t last = (c.max_steps + per_epoch - 1) / per_epoch;
     if (last < static_cast<std::size_t>(c.swa_start))
       throw InvalidInput(str("--max-steps ", c.max_steps, " ends training in epoch ", last, " (", per_epoch,
                              " steps each), before --swa-start ", c.swa_start, ": nothing would be averaged"));
@@ -69,9 +72,6 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
                              ")"));
     GradScaler check(*c.loss_scale);  // torch's checks on the factors
   }
-  if (c.drop_last && data.train.size() < c.batch_size)
-    throw InvalidInput(str("with --drop-last, batch size ", c.batch_size, " leaves no batch of the ",
-                           data.train.size(), " training samples"));
 }
 
 }  // namespace
@@ -102,10 +102,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   std::optional<AveragedParams> averaged;
   if (config.swa_start > 0) averaged.emplace(layout.elements, AveragingOptions{AveragingKind::swa, 0.0, {}});
   if (config.ema_decay) averaged.emplace(layout.elements, AveragingOptions{AveragingKind::ema, *config.ema_decay, {}});
-  const bool custom_update = scaler || config.clip_grad_norm || config.clip_grad_value;
   double grad_norm = -1;
   bool stepped = true;
-  // torch's order: unscale, clip, then the scaler's step (skipped on inf/NaN).
+  // torch's order: unscale, clip, then the scaler's step (skipped on inf/NaN);
+  // with none of them, just opt.step().
   const parallel::UpdateFn update = [&](Optimizer& opt, const StatReduce& reduce) {
     if (scaler) scaler->unscale(opt, reduce);
     if (config.clip_grad_norm)
@@ -150,10 +150,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       const models::BatchStats s =
           model->forward_backward(strategy->params(), xb.data(), yb.data(), local.size(), scale, strategy->grads());
       stepped = true;
-      if (custom_update)
-        strategy->step(update);
-      else
-        strategy->step();
+      strategy->step(update);
       if (scaler) {
         scaler->update();
         if (!stepped) ++result.skipped_steps;
@@ -202,7 +199,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         scheduler->step();
     }
     EpochMetrics em{epoch, result.steps, result.train_loss, result.test_loss, result.test_accuracy,
-                    epoch_seconds > 0 ? epoch_count / epoch_seconds : 0, seconds_since(start)};
+                    epoch_seconds > 0 ? epoch_count / epoch_seconds : 0, /*wall_s, below*/ 0};
     if (averaged && averaged->n_averaged() > 0) {
       // Every rank holds the same average (ddp): each evaluates its piece.
       const models::BatchStats a = evaluate(comm, *model, averaged->params(), data.test);
