@@ -19,8 +19,9 @@ assert s["steps"] == 64, s["steps"]
 assert len(s["param_hash"]) == 16
 m = s["memory_per_rank"]
 assert set(m) >= {"params", "grads", "master_params", "optimizer_state"}
-# mlp 784-256-128-10 in 64-byte aligned slots; sgd momentum: one buffer per parameter.
-assert m["params"] == m["grads"] == 4 * 235152, m
+# mlp 784-256-128-10 in 64-byte aligned slots, each layer padded to a multiple
+# of world * 16 elements (fc3: 1296 -> 1312); sgd momentum: one buffer per parameter.
+assert m["params"] == m["grads"] == 4 * 235168, m
 assert m["optimizer_state"] >= 4 * 235146, m
 lines = [json.loads(l) for l in open(tmp + "/m.jsonl")]
 steps = [l for l in lines if l["kind"] == "step"]
@@ -53,7 +54,10 @@ head -n 1 "$tmp/m.csv" | grep -q '^kind,epoch,step,wall_s,loss,lr' || fail "CSV 
 expect_error 2 "unknown model 'resnet'" -- train --model resnet --data synthetic
 expect_error 2 "unknown optimizer 'adamm'" -- train --optimizer adamm --data synthetic
 expect_error 2 "unknown strategy 'zero9'" -- train --strategy zero9 --data synthetic
-expect_error 2 "strategy 'zero1' is not available yet" -- train --strategy zero1 --data synthetic
+expect_error 2 "strategy 'sgp' is not available yet" -- train --strategy sgp --data synthetic
+expect_error 2 "--param-dtype: unknown dtype 'fp8' (known: f32, bf16, f16)" -- train --param-dtype fp8 --data synthetic
+expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got 0)" -- train --bucket-cap-mb 0 --data synthetic
+expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got -1)" -- train --bucket-cap-mb -1 --strategy zero2 --data synthetic
 expect_error 2 "unknown data set 'cifar'" -- train --data cifar
 expect_error 2 "batch size 2 is smaller than the world size 4" -- train --data synthetic --world 4 --batch-size 2
 expect_error 2 "--lr: 'abc' is not a finite number" -- train --data synthetic --lr abc

@@ -20,6 +20,19 @@ for np in 2 3; do
   [ -s "$tmp/p.safetensors" ] || fail "np $np: no export written"
   grep -q '"world": '$np "$tmp/mpi" || fail "np $np: summary does not report world $np"
 done
+# Every sharded strategy under mpirun, clipped and loss-scaled: the same
+# bits as ddp on the threads backend.
+sargs=("${args[@]}" --clip-grad-norm 0.5 --loss-scale dynamic --init-scale 1024 --bucket-cap-mb 0.01)
+for np in 2 4; do
+  "$bin" "${sargs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads ddp $np: $(cat "$tmp/err")"
+  for s in ddp zero1 zero2 zero3; do
+    timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${sargs[@]}" --backend mpi --strategy $s \
+      >"$tmp/mpi" 2>"$tmp/err" || fail "mpi $s np $np exited $?: $(tail -n 3 "$tmp/err")"
+    [ -n "$(hash_of "$tmp/mpi")" ] || fail "mpi $s np $np printed no summary"
+    [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
+      fail "np $np: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
+  done
+done
 # Bad input under mpirun: every rank ends, with an error naming the problem.
 timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --backend mpi --data synthetic --batch-size 1 \
   >"$tmp/out" 2>"$tmp/err"

@@ -40,6 +40,8 @@ struct TrainArgs {
   std::string scheduler, scheduler_interval = "step";
   std::vector<std::string> scheduler_options;  // KEY=VALUE
   std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
+  std::string param_dtype = "f32";
+  double bucket_cap_mb = 0.125;
   GradScalerOptions scaler;  // --init-scale, --growth-factor, ... (torch's names)
   bool scaler_option_given = false;
 };
@@ -320,12 +322,13 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
                 "\"%s\", \"samples_per_s\": %.6g, \"memory_per_rank\": {\"params\": %zu, \"grads\": %zu, "
                 "\"master_params\": %zu, \"optimizer_state\": %zu}, \"model\": \"%s\", \"data\": \"%s\", "
                 "\"optimizer\": \"%s\", \"strategy\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"epochs\": %d, "
-                "\"batch_size\": %zu, \"seed\": %llu}",
+                "\"batch_size\": %zu, \"seed\": %llu, \"param_dtype\": \"%s\", \"bytes_sent_per_rank\": %llu}",
                 r.test_accuracy, jnum(r.test_loss).c_str(), jnum(r.train_loss).c_str(), r.steps, r.param_hash.c_str(),
                 r.samples_per_s, r.memory.params, r.memory.grads, r.memory.master_params, r.memory.optimizer_state,
                 a.config.model.c_str(), a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(),
                 a.backend.c_str(), world, a.config.epochs, a.config.batch_size,
-                static_cast<unsigned long long>(a.config.seed));
+                static_cast<unsigned long long>(a.config.seed), a.param_dtype.c_str(),
+                static_cast<unsigned long long>(r.bytes_sent));
   std::string out = b;
   out.pop_back();  // the closing brace; optional members follow
   if (a.config.loss_scale) {
@@ -391,7 +394,15 @@ int run_train(TrainArgs& a) {
   const RuleInfo& rule = rule_or_throw(a.config.optimizer.name);
   a.config.optimizer.options = parse_options(rule, a.option_text);
   rule.validate(resolve_options(rule, a.config.optimizer.options));
-  parallel::require_strategy(a.config.strategy);  // one clear error before any data is read
+  parallel::require_exact(a.config.strategy, rule);  // one clear error before any data is read
+  if (a.param_dtype == "f32") a.config.parallel.param_dtype = DType::f32;
+  else if (a.param_dtype == "bf16") a.config.parallel.param_dtype = DType::bf16;
+  else if (a.param_dtype == "f16") a.config.parallel.param_dtype = DType::f16;
+  else throw InvalidInput(str("--param-dtype: unknown dtype '", a.param_dtype, "' (known: f32, bf16, f16)"));
+  if (!(a.bucket_cap_mb > 0) || !std::isfinite(a.bucket_cap_mb))
+    throw InvalidInput(str("--bucket-cap-mb must be a positive number of MiB (got ", a.bucket_cap_mb, ")"));
+  a.config.parallel.bucket_elements = std::max<std::size_t>(
+      1, static_cast<std::size_t>(a.bucket_cap_mb * 1048576.0 / double(size_of(a.config.parallel.param_dtype))));
   if (a.scheduler.empty() && !a.scheduler_options.empty())
     throw InvalidInput("--scheduler-option needs --scheduler");
   if (!a.scheduler.empty()) {
@@ -487,8 +498,14 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--test-size,--synthetic-test-size", a->test_size, "synthetic test samples (default 2048)");
   sub->add_option("--optimizer", c.optimizer.name, "any optimizer of the library (default adamw)")
       ->capture_default_str();
-  sub->add_option("--strategy", c.strategy, "ddp (default); zero1-3 and gossip arrive with their issues")
+  sub->add_option("--strategy", c.strategy,
+                  "ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded gradients), zero3 (+ sharded "
+                  "parameters); gossip strategies arrive with their issue")
       ->capture_default_str();
+  sub->add_option("--param-dtype", a->param_dtype,
+                  "parameters and gradients in f32 (default), bf16 or f16, with fp32 master weights and state");
+  sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,
+                  "gradient bucket size in MiB (default 0.125): buckets of whole layers reduced while backward runs");
   sub->add_option("--world", a->world, "ranks of the threads backend (default 1)");
   sub->add_option("--backend", a->backend, "threads (default) or mpi (world size from mpirun)")
       ->check(CLI::IsMember({"threads", "mpi"}));

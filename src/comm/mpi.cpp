@@ -130,6 +130,7 @@ class MpiComm final : public Communicator {
   std::unique_ptr<Request> do_isend(const void* buf, std::size_t bytes, int peer, int tag) override {
     MPI_Request r;
     check(MPI_Isend(buf, to_int(bytes, "send"), MPI_BYTE, peer, tag, p2p_, &r), "MPI_Isend");
+    count_sent(bytes);
     return std::make_unique<MpiRequest>(r, "send", rank_, peer, tag, bytes, timeout());
   }
   std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) override {
@@ -163,6 +164,7 @@ class MpiComm final : public Communicator {
       check(MPI_Isend(static_cast<const char*>(send) + offsets[peer] * es, to_int(counts[peer] * es, "reduce_scatter"),
                       MPI_BYTE, peer, kTagRs, coll_, &reqs.back()),
             "MPI_Isend");
+      count_sent(counts[peer] * es);
     }
     wait_all(reqs, peers, "reduce_scatter", rank_, timeout());
     std::vector<const void*> inputs(size_);
@@ -190,6 +192,7 @@ class MpiComm final : public Communicator {
       peers.push_back(peer);
       check(MPI_Isend(send, to_int(counts[rank_] * es, "all_gather"), MPI_BYTE, peer, kTagAg, coll_, &reqs.back()),
             "MPI_Isend");
+      count_sent(counts[rank_] * es);
     }
     wait_all(reqs, peers, "all_gather", rank_, timeout());
     // The own piece last: copying while messages are in flight would stall
@@ -201,6 +204,7 @@ class MpiComm final : public Communicator {
   void do_broadcast(void* buf, std::size_t bytes, int root) override {
     std::vector<MPI_Request> reqs(1);
     check(MPI_Ibcast(buf, to_int(bytes, "broadcast"), MPI_BYTE, root, coll_, reqs.data()), "MPI_Ibcast");
+    if (rank_ == root) count_sent(bytes * static_cast<std::size_t>(size_ - 1));
     wait_all(reqs, {rank_ == root ? -1 : root}, "broadcast", rank_, timeout());
   }
 

@@ -107,6 +107,7 @@ class ThreadsComm final : public Communicator {
     std::vector<const void*> inputs(g_->size);
     for (int r = 0; r < g_->size; ++r) inputs[r] = static_cast<const char*>(g_->slots[r].send) + offset;
     reduce_ordered(inputs.data(), g_->size, recv, counts[rank_], type, op);
+    count_sent(counts[rank_] * size_of(type) * static_cast<std::size_t>(g_->size - 1));  // read from the others
     rendezvous("reduce_scatter");
   }
 
@@ -128,12 +129,14 @@ class ThreadsComm final : public Communicator {
     } else {
       stream_bytes_to(outs, send, bytes);
     }
+    count_sent(bytes * static_cast<std::size_t>(g_->size - 1));  // written into the others' outputs
     rendezvous("all_gather");
   }
 
   void do_broadcast(void* buf, std::size_t bytes, int root) override {
     rendezvous("broadcast", Slot{buf, buf});
     if (rank_ != root) copy_bytes(buf, g_->slots[root].send, bytes);
+    if (rank_ == root) count_sent(bytes * static_cast<std::size_t>(g_->size - 1));
     rendezvous("broadcast");
   }
 
@@ -291,6 +294,7 @@ std::unique_ptr<Request> ThreadsComm::do_isend(const void* buf, std::size_t byte
     g_->mail[{rank_, peer, tag}].push_back(std::move(msg));
   }
   g_->cv.notify_all();
+  count_sent(bytes);
   return std::make_unique<DoneRequest>();
 }
 

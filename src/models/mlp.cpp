@@ -18,13 +18,18 @@ namespace distopt::models {
 namespace {
 
 using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using MapMat = Eigen::Map<RowMat, Eigen::Aligned64>;
-using MapConstMat = Eigen::Map<const RowMat, Eigen::Aligned64>;
-using MapConstMatU = Eigen::Map<const RowMat>;  // batch inputs: any alignment
+// No alignment is claimed: parameters come from whatever unit buffer the
+// strategy hands out, and Eigen's products pack their operands anyway.
+using MapMat = Eigen::Map<RowMat>;
+using MapConstMat = Eigen::Map<const RowMat>;
 
 constexpr std::size_t kAlign = 16;  // elements: 64 bytes
 std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+// One unit per layer: [weight | pad | bias | pad]. Forward acquires the
+// units in order, backward in reverse; a unit's gradient is complete when
+// its layer's backward is done, so a strategy can reduce it while the
+// layers below are still running.
 class Mlp final : public Model {
  public:
   Mlp(std::string name, std::vector<std::size_t> widths, bool regression)
@@ -61,90 +66,83 @@ class Mlp final : public Model {
     }
   }
 
-  BatchStats forward_backward(std::span<const float> buffer, const float* x, const float* y, std::size_t n,
-                              float grad_scale, std::span<float> grads) override {
-    DISTOPT_CHECK(buffer.size() == buffer_elements_ && grads.size() == buffer_elements_);
-    if (n == 0) {
-      std::fill(grads.begin(), grads.end(), 0.0f);
-      return {};
-    }
-    // Every slot is assigned below; only the padding between slots is zeroed.
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const std::size_t end = params_[i].offset + params_[i].numel();
-      const std::size_t next = i + 1 < params_.size() ? params_[i + 1].offset : buffer_elements_;
-      std::fill(grads.begin() + static_cast<std::ptrdiff_t>(end), grads.begin() + static_cast<std::ptrdiff_t>(next), 0.0f);
-    }
+ protected:
+  BatchStats do_forward_backward(UnitAccess& access, const float* x, const float* y, std::size_t n,
+                                 float grad_scale) override {
     reserve(n);
-    forward(buffer, x, n);
+    forward(access, Pass::forward, x, n);
     const std::size_t layers = widths_.size() - 1;
     BatchStats stats = loss_and_delta(y, n, grad_scale, /*want_delta=*/true);
     for (std::size_t l = layers; l-- > 0;) {
       const std::size_t in = widths_[l], out = widths_[l + 1];
+      const std::span<const float> unit = access.acquire(l, Pass::backward);
+      const std::span<float> grads = access.grads(l);
+      DISTOPT_CHECK(unit.size() == unit_size(l) && grads.size() == unit_size(l));
       MapMat dz(delta_[l + 1].data(), n, out);
-      MapMat dw(grads.data() + params_[2 * l].offset, out, in);
+      MapMat dw(grads.data(), out, in);
       if (l == 0)
-        dw.noalias() = dz.transpose() * MapConstMatU(x, n, in);
+        dw.noalias() = dz.transpose() * MapConstMat(x, n, in);
       else
         dw.noalias() = dz.transpose() * MapMat(act_[l].data(), n, in);
-      float* db = grads.data() + params_[2 * l + 1].offset;
+      float* db = grads.data() + bias_offset(l);
       for (std::size_t j = 0; j < out; ++j) db[j] = 0;
       for (std::size_t i = 0; i < n; ++i) {
         const float* row = dz.data() + i * out;
         for (std::size_t j = 0; j < out; ++j) db[j] += row[j];
       }
-      if (l == 0) break;
-      MapMat da(delta_[l].data(), n, in);
-      da.noalias() = dz * weight(buffer, l);
-      const float* a = act_[l].data();
-      float* d = da.data();
-      for (std::size_t k = 0; k < n * in; ++k) d[k] = a[k] > 0 ? d[k] : 0.0f;
+      // The padding after the weight and after the bias.
+      std::fill(grads.data() + out * in, db, 0.0f);
+      std::fill(db + out, grads.data() + grads.size(), 0.0f);
+      if (l > 0) {
+        MapMat da(delta_[l].data(), n, in);
+        da.noalias() = dz * MapConstMat(unit.data(), out, in);
+        const float* a = act_[l].data();
+        float* d = da.data();
+        for (std::size_t k = 0; k < n * in; ++k) d[k] = a[k] > 0 ? d[k] : 0.0f;
+      }
+      access.release(l, Pass::backward);
+      access.grads_done(l);
     }
     return stats;
   }
 
-  BatchStats evaluate(std::span<const float> buffer, const float* x, const float* y, std::size_t n) override {
-    DISTOPT_CHECK(buffer.size() == buffer_elements_);
-    BatchStats total;
-    const std::size_t chunk = 1024;
-    for (std::size_t b = 0; b < n; b += chunk) {
-      const std::size_t m = std::min(chunk, n - b);
-      reserve(m);
-      forward(buffer, x + b * features_, m);
-      const BatchStats s = loss_and_delta(y + b, m, 1.0f, /*want_delta=*/false);
-      total.loss_sum += s.loss_sum;
-      total.correct += s.correct;
-      total.count += s.count;
-    }
-    return total;
+  BatchStats do_evaluate(UnitAccess& access, const float* x, const float* y, std::size_t n) override {
+    // All n samples through one layer at a time: every rank acquires each
+    // unit once, however many samples it holds.
+    reserve(n);
+    forward(access, Pass::evaluate, x, n);
+    return loss_and_delta(y, n, 1.0f, /*want_delta=*/false);
   }
 
  private:
-  MapConstMat weight(std::span<const float> buffer, std::size_t l) const {
-    return MapConstMat(buffer.data() + params_[2 * l].offset, widths_[l + 1], widths_[l]);
-  }
+  std::size_t unit_size(std::size_t l) const { return units_[l].end - units_[l].begin; }
+  std::size_t bias_offset(std::size_t l) const { return params_[2 * l + 1].offset - units_[l].begin; }
 
   void reserve(std::size_t n) {
-    if (n <= capacity_) return;
-    capacity_ = n;
+    if (n <= capacity_ && !act_.empty()) return;
+    capacity_ = std::max(n, capacity_);
     act_.assign(widths_.size(), {});
     delta_.assign(widths_.size(), {});
     for (std::size_t l = 1; l < widths_.size(); ++l) {
-      act_[l].assign(round_up(n * widths_[l]), 0.0f);
-      delta_[l].assign(round_up(n * widths_[l]), 0.0f);
+      act_[l].assign(round_up(capacity_ * widths_[l]), 0.0f);
+      delta_[l].assign(round_up(capacity_ * widths_[l]), 0.0f);
     }
   }
 
   // act_[l] for l >= 1 (act_[last] holds the logits / predictions).
-  void forward(std::span<const float> buffer, const float* x, std::size_t n) {
+  void forward(UnitAccess& access, Pass pass, const float* x, std::size_t n) {
     const std::size_t layers = widths_.size() - 1;
     for (std::size_t l = 0; l < layers; ++l) {
       const std::size_t in = widths_[l], out = widths_[l + 1];
+      const std::span<const float> unit = access.acquire(l, pass);
+      DISTOPT_CHECK(unit.size() == unit_size(l));
       MapMat z(act_[l + 1].data(), n, out);
+      const MapConstMat w(unit.data(), out, in);
       if (l == 0)
-        z.noalias() = MapConstMatU(x, n, in) * weight(buffer, l).transpose();
+        z.noalias() = MapConstMat(x, n, in) * w.transpose();
       else
-        z.noalias() = MapMat(act_[l].data(), n, in) * weight(buffer, l).transpose();
-      const float* b = buffer.data() + params_[2 * l + 1].offset;
+        z.noalias() = MapMat(act_[l].data(), n, in) * w.transpose();
+      const float* b = unit.data() + bias_offset(l);
       const bool relu = l + 1 < layers;
       for (std::size_t i = 0; i < n; ++i) {
         float* row = z.data() + i * out;
@@ -153,6 +151,7 @@ class Mlp final : public Model {
         else
           for (std::size_t j = 0; j < out; ++j) row[j] += b[j];
       }
+      access.release(l, pass);
     }
   }
 

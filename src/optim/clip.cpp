@@ -79,11 +79,16 @@ double finish_grad_norm(double partial, double norm_type) {
 
 double clip_grad_norm(std::span<const TensorView> grads, double max_norm, double norm_type, bool error_if_nonfinite,
                       const StatReduce& reduce) {
+  return clip_grad_norm(grads, grads, max_norm, norm_type, error_if_nonfinite, reduce);
+}
+
+double clip_grad_norm(std::span<const TensorView> owned, std::span<const TensorView> grads, double max_norm,
+                      double norm_type, bool error_if_nonfinite, const StatReduce& reduce) {
   check_norm_type(norm_type);
   if (!std::isfinite(max_norm)) throw InvalidInput(str("max_norm must be finite, got ", max_norm));
-  double partial = grad_norm_partial(grads, norm_type);
+  double partial = grad_norm_partial(owned, norm_type);
   if (reduce) reduce(partial, std::isinf(norm_type));
-  else if (grads.empty()) return 0.0;
+  else if (owned.empty()) return 0.0;
   // Torch holds the norm in a float32 tensor and computes the coefficient
   // with float32 tensor ops: (total + 1e-6).reciprocal() * max_norm, at most 1.
   const auto total = static_cast<float>(finish_grad_norm(partial, norm_type));

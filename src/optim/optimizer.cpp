@@ -361,4 +361,10 @@ std::size_t Optimizer::state_bytes() const {
   return bytes;
 }
 
+std::size_t Optimizer::master_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& st : state_) bytes += st->master.size_bytes();
+  return bytes;
+}
+
 }  // namespace distopt

@@ -22,11 +22,11 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // Sums of a data set's loss, correct predictions and count over all ranks:
 // each rank evaluates its contiguous piece.
-models::BatchStats evaluate(Communicator& comm, models::Model& model, std::span<const float> params,
+models::BatchStats evaluate(Communicator& comm, models::Model& model, models::UnitAccess& access,
                             const data::Dataset& d) {
   const Piece piece = piece_of(d.size(), comm.size(), comm.rank());
   const models::BatchStats s =
-      model.evaluate(params, d.sample(piece.offset), d.y.data() + piece.offset, piece.count);
+      model.evaluate(access, d.sample(piece.offset), d.y.data() + piece.offset, piece.count);
   double sums[3] = {s.loss_sum, s.correct, s.count};
   comm.all_reduce(sums, sums, 3, ElemType::f64, ReduceOp::sum);
   return {sums[0], sums[1], sums[2]};
@@ -87,10 +87,11 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   validate(comm, data, config);
   const DenormalMode denormals(config.flush_denormals ? DenormalMode::flush : DenormalMode::ieee);
   auto model = models::make_model(config.model, data.train.features, data.train.classes, config.hidden);
-  parallel::FlatLayout layout{model->params(), model->buffer_elements()};
+  parallel::FlatLayout layout{model->params(), model->buffer_elements(), {}};
+  for (const models::Unit& u : model->units()) layout.units.push_back({u.name, u.begin, u.end});
   std::vector<float> initial(layout.elements);
   model->init(initial, config.seed);
-  auto strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer);
+  auto strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
   Optimizer& optimizer = strategy->optimizer();
   std::unique_ptr<Scheduler> scheduler;
   if (config.scheduler) scheduler = make_scheduler(optimizer, *config.scheduler);
@@ -100,19 +101,28 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   std::optional<GradScaler> scaler;
   if (config.loss_scale) scaler.emplace(*config.loss_scale);
   std::optional<AveragedParams> averaged;
-  if (config.swa_start > 0) averaged.emplace(layout.elements, AveragingOptions{AveragingKind::swa, 0.0, {}});
-  if (config.ema_decay) averaged.emplace(layout.elements, AveragingOptions{AveragingKind::ema, *config.ema_decay, {}});
+  // Averages of the parameter values this rank keeps (its shard, or all of
+  // them where they are replicated): averaging is pointwise.
+  const std::size_t own_elements = strategy->own_params().size();
+  if (config.swa_start > 0) averaged.emplace(own_elements, AveragingOptions{AveragingKind::swa, 0.0, {}});
+  if (config.ema_decay) averaged.emplace(own_elements, AveragingOptions{AveragingKind::ema, *config.ema_decay, {}});
   double grad_norm = -1;
   bool stepped = true;
   // torch's order: unscale, clip, then the scaler's step (skipped on inf/NaN);
-  // with none of them, just opt.step().
-  const parallel::UpdateFn update = [&](Optimizer& opt, const StatReduce& reduce) {
-    if (scaler) scaler->unscale(opt, reduce);
-    if (config.clip_grad_norm)
-      grad_norm = clip_grad_norm(opt, *config.clip_grad_norm, config.clip_norm_type, false, reduce);
+  // with none of them, just opt.step(). The norm is taken over the rank's
+  // owned gradient elements and reduced, the same numbers in the same order
+  // under every strategy; the coefficient then scales what the rank steps.
+  std::vector<TensorView> stepped_grads;
+  const parallel::UpdateFn update = [&](Optimizer& opt, const parallel::GradShard& g) {
+    if (scaler) scaler->unscale(opt, g.reduce);
+    if (config.clip_grad_norm) {
+      stepped_grads.clear();
+      for (std::size_t i = 0; i < opt.num_params(); ++i) stepped_grads.push_back(opt.param(i).grad);
+      grad_norm = clip_grad_norm(g.owned, stepped_grads, *config.clip_grad_norm, config.clip_norm_type, false, g.reduce);
+    }
     if (config.clip_grad_value) clip_grad_value(opt, *config.clip_grad_value);
     if (scaler)
-      stepped = scaler->step(opt, reduce);
+      stepped = scaler->step(opt, g.reduce);
     else
       opt.step();
   };
@@ -125,6 +135,20 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
 
   // This rank's piece of a batch, gathered contiguously.
   std::vector<float> xb((config.batch_size / comm.size() + 1) * features), yb(config.batch_size / comm.size() + 1);
+
+  // The per-step loss reduction runs while the step does; if the step
+  // throws, the request must not outlive `sums`.
+  double sums[2] = {0, 0};
+  std::unique_ptr<Request> loss_sum;
+  struct WaitOnExit {
+    std::unique_ptr<Request>& r;
+    ~WaitOnExit() {
+      if (r) try {
+          r->wait();
+        } catch (...) {
+        }
+    }
+  } wait_on_exit{loss_sum};
 
   TrainResult result;
   const auto start = Clock::now();
@@ -148,18 +172,22 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       const double loss_scale = scaler ? scaler->scale(1.0f) : 0.0;
       if (scaler) scale *= static_cast<float>(loss_scale);
       const models::BatchStats s =
-          model->forward_backward(strategy->params(), xb.data(), yb.data(), local.size(), scale, strategy->grads());
+          model->forward_backward(strategy->access(), xb.data(), yb.data(), local.size(), scale);
+      // The batch's loss is summed over ranks while the step runs.
+      sums[0] = s.loss_sum;
+      sums[1] = s.count;
+      loss_sum = comm.iall_reduce(sums, sums, 2, ElemType::f64, ReduceOp::sum);
       stepped = true;
       strategy->step(update);
       if (scaler) {
         scaler->update();
         if (!stepped) ++result.skipped_steps;
       }
-      if (config.ema_decay) averaged->update(strategy->params());
+      if (config.ema_decay) averaged->update(strategy->own_params());
       const bool main_scheduler_active = !swa_scheduler;
       if (step_scheduler_per_batch && main_scheduler_active) scheduler->step();
-      double sums[2] = {s.loss_sum, s.count};
-      comm.all_reduce(sums, sums, 2, ElemType::f64, ReduceOp::sum);
+      loss_sum->wait();
+      loss_sum.reset();
       epoch_loss += sums[0];
       epoch_count += sums[1];
       ++result.steps;
@@ -176,7 +204,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     const double epoch_seconds = seconds_since(epoch_start);
     train_seconds += epoch_seconds;
     train_samples += epoch_count;
-    const models::BatchStats test = evaluate(comm, *model, strategy->params(), data.test);
+    const models::BatchStats test = evaluate(comm, *model, strategy->access(), data.test);
     result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : 0;
     result.test_loss = test.count > 0 ? test.loss_sum / test.count : 0;
     result.test_accuracy = test.count > 0 ? test.correct / test.count : 0;
@@ -185,7 +213,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     // (torch's recipe: update_parameters, then swa_scheduler.step()).
     const bool swa_epoch = config.swa_start > 0 && epoch >= config.swa_start;
     if (swa_epoch) {
-      averaged->update(strategy->params());
+      averaged->update(strategy->own_params());
       if (config.swa_lr && !swa_scheduler)
         swa_scheduler = std::make_unique<SWALR>(optimizer, std::vector<double>{*config.swa_lr},
                                                 config.swa_anneal_epochs, config.swa_anneal_strategy);
@@ -201,8 +229,9 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     EpochMetrics em{epoch, result.steps, result.train_loss, result.test_loss, result.test_accuracy,
                     epoch_seconds > 0 ? epoch_count / epoch_seconds : 0, /*wall_s, below*/ 0};
     if (averaged && averaged->n_averaged() > 0) {
-      // Every rank holds the same average (ddp): each evaluates its piece.
-      const models::BatchStats a = evaluate(comm, *model, averaged->params(), data.test);
+      // Each rank holds the average of its own values; each evaluates its piece of the test set.
+      const auto access = strategy->access_to(averaged->params());
+      const models::BatchStats a = evaluate(comm, *model, *access, data.test);
       em.averaged = true;
       em.avg_test_loss = a.count > 0 ? a.loss_sum / a.count : 0;
       em.avg_test_accuracy = a.count > 0 ? a.correct / a.count : 0;
@@ -216,6 +245,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
   result.memory = strategy->memory();
   result.params = strategy->gather_params();
+  result.bytes_sent = strategy->bytes_sent();
   std::size_t offset = 0;
   for (const ParamSlot& s : layout.params) {
     result.slots.push_back({s.name, offset, s.shape});
@@ -226,7 +256,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   if (result.averaged) {
     result.averaged->kind = averaged->options().kind;
     result.averaged->n_averaged = averaged->n_averaged();
-    result.averaged->params = parallel::unpadded(layout, averaged->params());
+    result.averaged->params = strategy->gather(averaged->params());
     result.averaged->param_hash = hash_params(result.averaged->params);
   }
   return result;

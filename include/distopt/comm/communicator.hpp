@@ -19,6 +19,7 @@
 //    pointer (in place) where noted.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -54,6 +55,12 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string_view backend() const = 0;
+
+  // Bytes this rank has sent to other ranks through this communicator:
+  // what the MPI backend hands to MPI_Isend, what the threads backend reads
+  // from or writes into other ranks' memory (docs/algorithms.md counts the
+  // same per collective). Broadcast counts the root's buffer once per peer.
+  std::uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
 
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -110,6 +117,8 @@ class Communicator {
   // non-blocking collectives and joins the progress thread while the
   // backend's members still exist.
   void stop_progress();
+  // Backends call this for the bytes they move to other ranks.
+  void count_sent(std::size_t bytes) { bytes_sent_.fetch_add(bytes, std::memory_order_relaxed); }
 
  private:
   struct Task;
@@ -123,6 +132,7 @@ class Communicator {
   void check_rank(int r, const char* what) const;
 
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
+  std::atomic<std::uint64_t> bytes_sent_{0};
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
   std::deque<std::shared_ptr<Task>> queue_;

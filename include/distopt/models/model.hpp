@@ -1,8 +1,10 @@
 // The built-in models. A model owns no parameters: they live in one flat,
 // aligned float32 buffer that the parallel strategy owns (DESIGN.md, data
 // layout), and the model describes where each parameter sits in it. Units
-// (layers) are contiguous ranges of that buffer, so ZeRO-3 can gather one
-// unit at a time.
+// (layers) are contiguous ranges of that buffer, and a model reaches them
+// through a UnitAccess one at a time, so ZeRO-3 can gather one unit at a
+// time and every strategy can reduce a unit's gradient as soon as backward
+// has finished it.
 #pragma once
 
 #include <cstddef>
@@ -33,11 +35,62 @@ struct BatchStats {
   double count = 0;
 };
 
+enum class Pass { forward, backward, evaluate };
+
+// How a model reaches its parameters and gradients while it runs: unit by
+// unit, so that a parallel strategy can gather a unit just before it is
+// needed, prefetch the next one, free it afterwards, and start reducing a
+// unit's gradient while backward goes on (ZeRO-3 / FSDP). The strategy
+// implements it; BufferAccess below is the plain form over whole buffers.
+//
+// Spans are unit-local: element k is flat-buffer element units()[u].begin + k,
+// and a span has units()[u].end - units()[u].begin elements.
+//
+// A model calls, per pass: acquire(u) ... release(u) around every use of
+// unit u's parameters (forward in unit order, backward in reverse order),
+// and in backward, for every unit, grads(u), then grads_done(u) once the
+// unit's gradient is completely written (in reverse unit order). Every
+// rank makes the same sequence of calls whatever its number of samples
+// (zero included): a strategy may run collectives inside them. A model
+// with a single unit (one that needs its whole buffer at once) works with
+// every strategy; it just gives ZeRO-3 nothing to shard in time.
+class UnitAccess {
+ public:
+  virtual ~UnitAccess() = default;
+  // Unit u's parameters, valid until release(u, pass).
+  virtual std::span<const float> acquire(std::size_t u, Pass pass) = 0;
+  virtual void release(std::size_t u, Pass pass) = 0;
+  // Where backward writes unit u's gradient: every element, padding between
+  // parameters zeroed. Valid until grads_done(u).
+  virtual std::span<float> grads(std::size_t u) = 0;
+  // Unit u's gradient is complete.
+  virtual void grads_done(std::size_t u) = 0;
+};
+
+class Model;
+
+// UnitAccess over a whole parameter buffer (and, for backward, a whole
+// gradient buffer) in the model's own layout.
+class BufferAccess final : public UnitAccess {
+ public:
+  BufferAccess(const Model& model, std::span<const float> params, std::span<float> grads = {});
+  std::span<const float> acquire(std::size_t u, Pass pass) override;
+  void release(std::size_t, Pass) override {}
+  std::span<float> grads(std::size_t u) override;
+  void grads_done(std::size_t) override {}
+
+ private:
+  const Model& model_;
+  std::span<const float> params_;
+  std::span<float> grads_;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
   virtual std::string_view name() const = 0;
   const std::vector<ParamSlot>& params() const { return params_; }
+  // Contiguous ranges covering [0, buffer_elements()) in order.
   const std::vector<Unit>& units() const { return units_; }
   // Elements of the flat buffer, padding included.
   std::size_t buffer_elements() const { return buffer_elements_; }
@@ -49,13 +102,25 @@ class Model {
   virtual void init(std::span<float> buffer, std::uint64_t seed) const = 0;
 
   // Forward and backward over n samples (x: n × features, y: labels or
-  // targets). Writes d(grad_scale · loss_sum)/d(params) into `grads` (same
-  // layout as the buffer; padding zeroed) and returns the batch's sums.
-  virtual BatchStats forward_backward(std::span<const float> buffer, const float* x, const float* y, std::size_t n,
-                                      float grad_scale, std::span<float> grads) = 0;
-  virtual BatchStats evaluate(std::span<const float> buffer, const float* x, const float* y, std::size_t n) = 0;
+  // targets). Writes d(grad_scale · loss_sum)/d(params) through `access`
+  // (every element of every unit; padding zeroed) and returns the batch's
+  // sums.
+  BatchStats forward_backward(UnitAccess& access, const float* x, const float* y, std::size_t n, float grad_scale) {
+    return do_forward_backward(access, x, y, n, grad_scale);
+  }
+  BatchStats evaluate(UnitAccess& access, const float* x, const float* y, std::size_t n) {
+    return do_evaluate(access, x, y, n);
+  }
+  // The same over whole buffers in the model's layout.
+  BatchStats forward_backward(std::span<const float> buffer, const float* x, const float* y, std::size_t n,
+                              float grad_scale, std::span<float> grads);
+  BatchStats evaluate(std::span<const float> buffer, const float* x, const float* y, std::size_t n);
 
  protected:
+  virtual BatchStats do_forward_backward(UnitAccess& access, const float* x, const float* y, std::size_t n,
+                                         float grad_scale) = 0;
+  virtual BatchStats do_evaluate(UnitAccess& access, const float* x, const float* y, std::size_t n) = 0;
+
   std::vector<ParamSlot> params_;
   std::vector<Unit> units_;
   std::size_t buffer_elements_ = 0, features_ = 0, outputs_ = 0;

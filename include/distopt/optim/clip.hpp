@@ -33,6 +33,12 @@ double finish_grad_norm(double partial, double norm_type);
 // the norm is NaN or infinite (then nothing is scaled). No gradients: 0.
 double clip_grad_norm(std::span<const TensorView> grads, double max_norm, double norm_type = 2.0,
                       bool error_if_nonfinite = false, const StatReduce& reduce = {});
+// Sharded form: the norm is that of the gradient elements spread over the
+// ranks as `owned` (this rank's, distinct from every other rank's), reduced
+// with `reduce`; the coefficient scales `apply` (the elements this rank
+// steps, which may be more than it owns: a replicated gradient).
+double clip_grad_norm(std::span<const TensorView> owned, std::span<const TensorView> apply, double max_norm,
+                      double norm_type, bool error_if_nonfinite, const StatReduce& reduce);
 // The gradients of an optimizer's parameters that have one.
 double clip_grad_norm(Optimizer& opt, double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false,
                       const StatReduce& reduce = {});

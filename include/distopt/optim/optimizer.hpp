@@ -121,8 +121,10 @@ class Optimizer {
   // keys and shapes) before changing anything; throws InvalidInput.
   void load_state_dict(const StateDict& dict);
 
-  // Bytes of optimizer state (and fp32 master weights) currently held.
+  // Bytes of optimizer state (and fp32 master weights) currently held;
+  // master_bytes() is the master weights' part of it.
   std::size_t state_bytes() const;
+  std::size_t master_bytes() const;
 
  private:
   struct ParamState;

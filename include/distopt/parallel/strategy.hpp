@@ -1,7 +1,24 @@
 // A parallel strategy owns a rank's parameters, gradients and optimizer,
 // and decides what to communicate in a step (DESIGN.md, "one training step,
-// per strategy"). The training loop only runs forward/backward into grads()
-// and calls step(), so strategies plug in without changing model code.
+// per strategy"; docs/algorithms.md, "Training step"). The training loop
+// runs the model through access() and calls step(); it never knows which
+// strategy it drives.
+//
+//   ddp    every rank holds all parameters, gradients and optimizer state;
+//          each bucket of gradients is all-reduced as soon as backward has
+//          finished it, overlapping the rest of backward.
+//   zero1  parameters and gradients replicated, optimizer state (and fp32
+//          master weights) for the own shard only: reduce-scatter the
+//          gradients after backward, step the shard, all-gather parameters.
+//   zero2  as zero1, but each bucket is reduce-scattered as soon as backward
+//          has finished it and only the own gradient shard is kept.
+//   zero3  parameters sharded too: a unit is all-gathered before its
+//          forward and again before its backward (the next unit prefetched)
+//          and freed after use; gradients as zero2.
+//
+// All four use one ShardLayout per world size and the communicator's one
+// summation order, so for pointwise optimizers they produce bitwise-equal
+// parameters (clipping and loss scaling included).
 #pragma once
 
 #include <cstddef>
@@ -14,14 +31,19 @@
 
 #include "distopt/comm/communicator.hpp"
 #include "distopt/core/flat.hpp"
+#include "distopt/models/model.hpp"
 #include "distopt/optim/clip.hpp"
 #include "distopt/optim/optimizer.hpp"
+#include "distopt/parallel/layout.hpp"
 
 namespace distopt::parallel {
 
-// Bytes one rank holds at the peak of a step.
+// Bytes one rank holds at the peak of a step, by what they hold.
 struct MemoryUse {
-  std::size_t params = 0, grads = 0, master_params = 0, optimizer_state = 0;
+  std::size_t params = 0;           // parameters (and gathered or fp32 compute copies of units in flight)
+  std::size_t grads = 0;            // gradients (and buckets in flight)
+  std::size_t master_params = 0;    // fp32 master weights of bf16/f16 parameters
+  std::size_t optimizer_state = 0;  // the rule's state tensors
 };
 
 struct OptimizerSpec {
@@ -29,52 +51,86 @@ struct OptimizerSpec {
   OptionMap options;   // torch-named; omitted ones take the defaults
 };
 
-// The flat buffer's layout: every parameter's slot and the buffer's length
-// (padding included).
+// The model's flat buffer: every parameter's slot, the buffer's length
+// (padding included) and its units (empty: one unit, the whole buffer).
 struct FlatLayout {
   std::vector<ParamSlot> params;
   std::size_t elements = 0;
+  std::vector<UnitRange> units;
+};
+
+struct StrategyOptions {
+  // Gradient bucket size in elements (buckets hold whole units and close
+  // once they reach it); must be at least 1.
+  std::size_t bucket_elements = std::size_t{1} << 15;
+  // Parameters and gradients are held and communicated in this dtype; with
+  // bf16/f16 the optimizer keeps fp32 master weights (of its shard).
+  DType param_dtype = DType::f32;
+};
+
+// The gradient as an update sees it: `owned` are the gradient elements this
+// rank accounts for in a statistic -- its shard, padding excluded, the same
+// elements in the same order under every strategy -- and `reduce` combines
+// a statistic over the ranks (sum in rank order, or max). Clipping and the
+// loss scaler's inf check go through these, so their numbers do not depend
+// on the strategy.
+struct GradShard {
+  std::span<const TensorView> owned;
+  StatReduce reduce;
 };
 
 // What a step runs on the combined gradient in place of opt.step(): it may
 // unscale or clip the gradient first, and skip the update (loss scaling).
-// `reduce` reduces a statistic over the ranks that hold the other pieces of
-// the gradient this rank updates with; it is empty when the rank holds all
-// of it (ddp), so tensor statistics such as the clipping norm take the same
-// code path sharded or not.
-using UpdateFn = std::function<void(Optimizer& opt, const StatReduce& reduce)>;
-
-// The parameters of a flat buffer in slot order, without padding.
-std::vector<float> unpadded(const FlatLayout& layout, std::span<const float> buffer);
+using UpdateFn = std::function<void(Optimizer& opt, const GradShard& grads)>;
 
 class Strategy {
  public:
   virtual ~Strategy() = default;
   virtual std::string_view name() const = 0;
-  // The full parameters this rank runs forward and backward with.
-  virtual std::span<const float> params() const = 0;
-  // Where backward writes this rank's contribution to the gradient (each
-  // rank's contribution is already scaled so that the sum over ranks is the
-  // gradient of the global batch's mean loss).
-  virtual std::span<float> grads() = 0;
+  virtual const ShardLayout& layout() const = 0;
+  // Forward, backward and evaluation of the current parameters run through
+  // this. Backward writes each rank's contribution to the gradient, already
+  // scaled so that the sum over ranks is the gradient of the global batch's
+  // mean loss.
+  virtual models::UnitAccess& access() = 0;
   // Combines the ranks' contributions and updates the parameters: with
   // opt.step(), or with `update` when one is given.
   virtual void step(const UpdateFn& update = {}) = 0;
   virtual Optimizer& optimizer() = 0;
   virtual MemoryUse memory() const = 0;
-  // The full, unsharded fp32 parameters in slot order without padding
-  // (collective for strategies that shard them).
-  virtual std::vector<float> gather_params() = 0;
+  // Bytes this rank has sent through its communicator so far.
+  virtual std::uint64_t bytes_sent() const = 0;
+
+  // The fp32 values of the parameters this rank keeps: the whole padded
+  // buffer where parameters are replicated (ddp), the rank's shard buffer
+  // otherwise. Weight averaging works on these.
+  virtual std::span<const float> own_params() = 0;
+  // The full, unsharded fp32 parameters in slot order without padding, from
+  // values shaped like own_params() (collective).
+  virtual std::vector<float> gather(std::span<const float> own) = 0;
+  std::vector<float> gather_params() { return gather(own_params()); }
+  // Read-only unit access (evaluation) to parameters given as values shaped
+  // like own_params(); `own` must outlive it (collective per unit).
+  virtual std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) = 0;
 };
 
-// Every rank passes the same initial parameters. Throws InvalidInput for an
-// unknown strategy (listing the known ones) or one not built yet.
+// Every rank passes the same initial parameters (fp32, the model's layout).
+// Throws InvalidInput for an unknown strategy (listing the known ones), one
+// not built yet, or one that cannot run the optimizer exactly.
 std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& comm, const FlatLayout& layout,
-                                        std::span<const float> initial, const OptimizerSpec& optimizer);
+                                        std::span<const float> initial, const OptimizerSpec& optimizer,
+                                        const StrategyOptions& options = {});
 
 // The strategy names of the command-line contract, and those available now.
 std::span<const std::string_view> strategy_names();
 // Throws InvalidInput unless `name` is a strategy this build can run.
 void require_strategy(std::string_view name);
+// Throws InvalidInput unless `strategy` gives the exact result with `rule`:
+// the sharded strategies need a pointwise rule (non-pointwise ones arrive
+// with their statistics phase).
+void require_exact(std::string_view strategy, const RuleInfo& rule);
+
+// The parameters of a padded buffer in slot order, without padding.
+std::vector<float> unpadded(const ShardLayout& layout, std::span<const float> padded);
 
 }  // namespace distopt::parallel

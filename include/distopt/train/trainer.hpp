@@ -22,6 +22,8 @@ struct TrainConfig {
   std::string model = "mlp";
   std::vector<std::size_t> hidden;  // mlp hidden widths; empty: 256, 128
   std::string strategy = "ddp";
+  // Bucket size and parameter dtype of the strategy (parallel::StrategyOptions).
+  parallel::StrategyOptions parallel;
   parallel::OptimizerSpec optimizer{"adamw", {}};
   int epochs = 1;
   std::size_t batch_size = 128;  // global: the same at every world size
@@ -109,6 +111,7 @@ struct TrainResult {
   double samples_per_s = 0;
   std::string param_hash;        // XXH3-64 of the final fp32 parameters, hex
   parallel::MemoryUse memory;
+  std::uint64_t bytes_sent = 0;  // by this rank through its communicator, setup and evaluation included
   std::vector<ParamSlot> slots;  // offsets into `params` (no padding)
   std::vector<float> params;     // final, unsharded
   std::size_t skipped_steps = 0;  // loss scaling: updates skipped on inf/NaN

@@ -1,0 +1,68 @@
+#include "distopt/parallel/layout.hpp"
+
+#include <algorithm>
+
+#include "distopt/core/error.hpp"
+
+namespace distopt::parallel {
+
+ShardLayout::ShardLayout(const std::vector<ParamSlot>& params, std::size_t elements, std::vector<UnitRange> units,
+                         int world, std::size_t bucket_elements)
+    : params_(params), model_elements_(elements), world_(world) {
+  DISTOPT_CHECK(world >= 1, "world ", world);
+  if (bucket_elements == 0) throw InvalidInput("the bucket size must be at least 1 element");
+  if (units.empty()) units.push_back({"all", 0, elements});
+  const std::size_t w = static_cast<std::size_t>(world);
+  const std::size_t quantum = w * kAlign;
+  std::size_t expect = 0, padded = 0, shard = 0;
+  for (const UnitRange& u : units) {
+    DISTOPT_CHECK(u.begin == expect && u.end >= u.begin, "unit '", u.name, "' [", u.begin, ", ", u.end,
+                  ") does not follow the previous one (ending at ", expect, ")");
+    expect = u.end;
+    Unit out{u.name, u.begin, u.end, padded, 0, 0, shard};
+    out.padded = std::max<std::size_t>(quantum, (u.end - u.begin + quantum - 1) / quantum * quantum);
+    out.shard = out.padded / w;
+    padded += out.padded;
+    shard += out.shard;
+    units_.push_back(std::move(out));
+  }
+  DISTOPT_CHECK(expect == elements, "units end at ", expect, ", the buffer has ", elements, " elements");
+  padded_elements_ = padded;
+  for (std::size_t p = 0; p < params_.size(); ++p) {
+    const ParamSlot& s = params_[p];
+    auto it = std::find_if(units_.begin(), units_.end(),
+                           [&](const Unit& u) { return s.offset >= u.begin && s.offset + s.numel() <= u.end; });
+    DISTOPT_CHECK(it != units_.end(), "parameter '", s.name, "' does not lie inside one unit");
+    unit_of_.push_back(static_cast<std::size_t>(it - units_.begin()));
+    padded_offset_.push_back(it->padded_offset + (s.offset - it->begin));
+    param_elements_ += s.numel();
+  }
+  // Buckets in backward order: from the last unit down.
+  bucket_of_first_.assign(units_.size(), -1);
+  std::size_t last = units_.size();
+  while (last > 0) {
+    std::size_t first = last - 1, size = units_[first].padded;
+    while (first > 0 && size < bucket_elements) size += units_[--first].padded;
+    bucket_of_first_[first] = static_cast<long>(buckets_.size());
+    buckets_.push_back({first, last, units_[first].padded_offset, size});
+    last = first;
+  }
+}
+
+std::vector<ShardLayout::Piece> ShardLayout::pieces(int rank) const {
+  DISTOPT_CHECK(rank >= 0 && rank < world_, "rank ", rank, " of ", world_);
+  std::vector<Piece> out;
+  for (std::size_t p = 0; p < params_.size(); ++p) {
+    const Unit& u = units_[unit_of_[p]];
+    // The rank's shard of the unit, in unit-local elements.
+    const std::size_t lo = u.shard * static_cast<std::size_t>(rank), hi = lo + u.shard;
+    const std::size_t begin = params_[p].offset - u.begin, end = begin + params_[p].numel();
+    const std::size_t a = std::clamp(begin, lo, hi), b = std::clamp(end, lo, hi);
+    out.push_back({p, a - begin, b - a, u.shard_offset + (a - lo), u.padded_offset + a});
+  }
+  return out;
+}
+
+long ShardLayout::bucket_ending_at(std::size_t u) const { return bucket_of_first_.at(u); }
+
+}  // namespace distopt::parallel

@@ -1,0 +1,530 @@
+// ddp, zero1, zero2 and zero3 (include/distopt/parallel/strategy.hpp;
+// docs/algorithms.md, "Training step"). One engine, four stages; what each
+// stage holds and communicates:
+//
+//   stage  params            grads                       reduction              after the update
+//   ddp    padded, all       padded, all                 all_reduce per bucket  --
+//   zero1  padded, all       padded, all                 reduce_scatter per     all_gather per unit
+//                                                        unit after backward
+//   zero2  padded, all       own shard + buckets in      reduce_scatter per     all_gather per unit
+//                            flight                      bucket during backward
+//   zero3  own shard + units own shard + buckets in      as zero2               -- (units are gathered
+//          in flight         flight                                            when the model needs them)
+//
+// The optimizer sees whole tensors (ddp) or the rank's pieces of them
+// (zero1-3, one piece per parameter, possibly empty, so every rank's
+// optimizer has the same parameter list and state_dict structure). A
+// pointwise rule gives bitwise the same values on a piece as on the whole
+// tensor, and every gradient element is the same rank-ordered sum whichever
+// collective made it, hence the equivalence.
+//
+// Mixed precision: parameters and gradients are held and communicated in
+// the param dtype; the model computes in fp32 on converted copies of the
+// units it holds, and the optimizer keeps fp32 master weights for the
+// pieces it steps.
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <map>
+
+#include "distopt/core/buffer.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/optim/rule.hpp"
+#include "distopt/parallel/strategy.hpp"
+
+namespace distopt::parallel {
+
+namespace {
+
+constexpr std::string_view kStrategies[] = {"ddp", "zero1", "zero2", "zero3", "sgp",
+                                            "osgp", "dpsgd", "adpsgd", "slowmo"};
+constexpr std::string_view kAvailable[] = {"ddp", "zero1", "zero2", "zero3"};
+
+enum class Stage { ddp, zero1, zero2, zero3 };
+
+// Byte counts per category: current and peak.
+class Meter {
+ public:
+  enum Kind { params, grads, kinds };
+  void add(Kind k, std::size_t bytes) {
+    now_[k] += bytes;
+    peak_[k] = std::max(peak_[k], now_[k]);
+  }
+  void sub(Kind k, std::size_t bytes) { now_[k] -= bytes; }
+  std::size_t peak(Kind k) const { return peak_[k]; }
+
+ private:
+  std::size_t now_[kinds] = {}, peak_[kinds] = {};
+};
+
+// A buffer whose bytes the meter counts while it exists.
+class Held {
+ public:
+  Held() = default;
+  Held(Meter& m, Meter::Kind k, std::size_t bytes, int slot) : meter_(&m), kind_(k), buf_(bytes, slot) {
+    meter_->add(kind_, bytes);
+  }
+  Held(Held&& o) noexcept : meter_(o.meter_), kind_(o.kind_), buf_(std::move(o.buf_)) { o.meter_ = nullptr; }
+  Held& operator=(Held&& o) noexcept {
+    release();
+    meter_ = o.meter_;
+    kind_ = o.kind_;
+    buf_ = std::move(o.buf_);
+    o.meter_ = nullptr;
+    return *this;
+  }
+  ~Held() { release(); }
+  char* bytes() { return buf_.as<char>(); }
+  const char* bytes() const { return buf_.as<char>(); }
+  bool empty() const { return buf_.empty(); }
+
+ private:
+  void release() {
+    if (meter_ != nullptr) meter_->sub(kind_, buf_.size_bytes());
+    meter_ = nullptr;
+    buf_ = Buffer();
+  }
+  Meter* meter_ = nullptr;
+  Meter::Kind kind_ = Meter::params;
+  Buffer buf_;
+};
+
+void to_f32(DType t, const void* src, float* dst, std::size_t n) {
+  dispatch_dtype(t, [&]<class T>() {
+    const T* s = static_cast<const T*>(src);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = to_float(s[i]);
+  });
+}
+
+void from_f32(DType t, const float* src, void* dst, std::size_t n) {
+  dispatch_dtype(t, [&]<class T>() {
+    T* d = static_cast<T*>(dst);
+    for (std::size_t i = 0; i < n; ++i) d[i] = from_float<T>(src[i]);
+  });
+}
+
+std::uint64_t fnv(std::uint64_t h, const void* data, std::size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+std::uint64_t fnv(std::uint64_t h, std::string_view s) { return fnv(fnv(h, s.data(), s.size()), "\0", 1); }
+template <class T>
+std::uint64_t fnv_value(std::uint64_t h, T v) {
+  return fnv(h, &v, sizeof v);
+}
+constexpr std::uint64_t kFnvBasis = 14695981039346656037ull;
+
+// Setup check: every rank must agree on what it is about to train. Each
+// rank contributes one fingerprint per item; a mismatch names the first
+// rank that differs from rank 0 and the item, on every rank alike.
+void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,
+                     const OptimizerSpec& spec, const StrategyOptions& options) {
+  enum { kWorld, kStrategy, kModel, kOptimizer, kDtype, kBucket, kItems };
+  static constexpr const char* kWhat[kItems] = {"world size", "strategy", "model shapes", "optimizer or its options",
+                                                 "parameter dtype", "bucket size"};
+  std::uint64_t mine[kItems];
+  mine[kWorld] = static_cast<std::uint64_t>(comm.size());
+  mine[kStrategy] = fnv(kFnvBasis, strategy);
+  std::uint64_t h = kFnvBasis;
+  for (const ParamSlot& s : layout.params()) {
+    h = fnv(h, s.name);
+    for (auto d : s.shape) h = fnv_value(h, d);
+  }
+  for (const auto& u : layout.units()) h = fnv_value(fnv_value(h, u.begin), u.end);
+  mine[kModel] = h;
+  h = fnv(kFnvBasis, spec.name);
+  for (const auto& [k, v] : spec.options) h = fnv(fnv(h, k), v.to_string());
+  mine[kOptimizer] = h;
+  mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
+  mine[kBucket] = options.bucket_elements;
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> all(n * kItems);
+  comm.all_gather(mine, all.data(), kItems, ElemType::i64);
+  for (std::size_t r = 1; r < n; ++r)
+    for (int k = 0; k < kItems; ++k)
+      if (all[r * kItems + k] != all[k]) {
+        std::string detail;
+        if (k == kWorld || k == kBucket) detail = str(" (", all[r * kItems + k], " vs ", all[k], ")");
+        if (k == kDtype)
+          detail = str(" (", name_of(static_cast<DType>(all[r * kItems + k])), " vs ", name_of(static_cast<DType>(all[k])), ")");
+        throw InvalidInput(str("rank ", r, " disagrees with rank 0 on the ", kWhat[k], detail,
+                               ": every rank must be started with the same configuration"));
+      }
+}
+
+// Read-only access to parameters held as fp32 values in some layout:
+// the padded buffer itself (replicated) or a shard buffer (gathered per unit).
+class ValuesAccess final : public models::UnitAccess {
+ public:
+  ValuesAccess(Communicator& comm, const ShardLayout& layout, std::span<const float> own, bool replicated)
+      : comm_(comm), layout_(layout), own_(own), replicated_(replicated) {}
+  std::span<const float> acquire(std::size_t u, models::Pass) override {
+    const auto& unit = layout_.units().at(u);
+    if (replicated_) return own_.subspan(unit.padded_offset, unit.size());
+    Buffer& b = held_[u];
+    b = Buffer(unit.padded * sizeof(float), 0);
+    comm_.all_gather(own_.data() + unit.shard_offset, b.data(), unit.shard, ElemType::f32);
+    return {b.as<float>(), unit.size()};
+  }
+  void release(std::size_t u, models::Pass) override { held_.erase(u); }
+  std::span<float> grads(std::size_t) override {
+    throw PreconditionError("backward through an evaluation-only unit access");
+  }
+  void grads_done(std::size_t) override {}
+
+ private:
+  Communicator& comm_;
+  const ShardLayout& layout_;
+  std::span<const float> own_;
+  bool replicated_;
+  std::map<std::size_t, Buffer> held_;
+};
+
+class Engine final : public Strategy, public models::UnitAccess {
+ public:
+  Engine(Stage stage, std::string_view name, Communicator& comm, const FlatLayout& flat,
+         std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options)
+      : stage_(stage),
+        name_(name),
+        comm_(comm),
+        layout_(flat.params, flat.elements, flat.units, comm.size(), options.bucket_elements),
+        dtype_(options.param_dtype),
+        type_(elem_type_of(options.param_dtype)),
+        es_(size_of(options.param_dtype)),
+        rank_(static_cast<std::size_t>(comm.rank())) {
+    DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
+    check_agreement(comm, name, layout_, spec, options);
+    pieces_ = layout_.pieces(comm.rank());
+    const std::size_t padded = layout_.padded_elements(), shard = layout_.shard_elements();
+    if (stage_ == Stage::zero3) {
+      params_ = Held(meter_, Meter::params, shard * es_, 0);
+      for (const auto& u : layout_.units())
+        for (std::size_t k = 0; k < u.shard; ++k) {
+          const std::size_t local = rank_ * u.shard + k;  // unit-local element
+          const float v = local < u.size() ? initial[u.begin + local] : 0.0f;
+          from_f32(dtype_, &v, params_.bytes() + (u.shard_offset + k) * es_, 1);
+        }
+    } else {
+      params_ = Held(meter_, Meter::params, padded * es_, 0);
+      for (const auto& u : layout_.units())
+        from_f32(dtype_, initial.data() + u.begin, params_.bytes() + u.padded_offset * es_, u.size());
+    }
+    if (stage_ == Stage::ddp || stage_ == Stage::zero1)
+      grads_ = Held(meter_, Meter::grads, padded * es_, 1);
+    else
+      grads_ = Held(meter_, Meter::grads, shard * es_, 1);
+    std::vector<Param> views;
+    for (const ParamSlot& s : layout_.params()) {
+      const auto& piece = pieces_[views.size()];
+      if (stage_ == Stage::ddp) {
+        const std::size_t at = layout_.padded_offset(piece.param);
+        views.push_back({s.name, {params_.bytes() + at * es_, dtype_, s.shape}, {grads_.bytes() + at * es_, dtype_, s.shape}, true});
+        owned_.push_back({grads_.bytes() + piece.padded_offset * es_, dtype_, {std::int64_t(piece.count)}});
+        continue;
+      }
+      const Shape shape{std::int64_t(piece.count)};
+      // zero1/2 step the own region of the padded buffer in place and gather
+      // it; zero3 steps its shard buffer. Gradients: zero1 reduce-scatters
+      // in place into the padded buffer, zero2/3 into the shard buffer.
+      const std::size_t p_at = stage_ == Stage::zero3 ? piece.shard_offset : piece.padded_offset;
+      const std::size_t g_at = stage_ == Stage::zero1 ? piece.padded_offset : piece.shard_offset;
+      views.push_back({s.name, {params_.bytes() + p_at * es_, dtype_, shape}, {grads_.bytes() + g_at * es_, dtype_, shape}, true});
+      owned_.push_back(views.back().grad);
+    }
+    optimizer_ = std::make_unique<Optimizer>(spec.name, std::move(views), spec.options);
+    param_requests_.resize(layout_.units().size());
+  }
+
+  ~Engine() override {
+    // Requests reference our buffers: let them finish before freeing.
+    try {
+      wait_reductions();
+      wait_param_gathers();
+      for (auto& [u, g] : gathered_)
+        if (g.request) g.request->wait();
+    } catch (...) {
+    }
+  }
+
+  std::string_view name() const override { return name_; }
+  const ShardLayout& layout() const override { return layout_; }
+  models::UnitAccess& access() override { return *this; }
+  Optimizer& optimizer() override { return *optimizer_; }
+  std::uint64_t bytes_sent() const override { return comm_.bytes_sent(); }
+
+  MemoryUse memory() const override {
+    MemoryUse m;
+    m.params = meter_.peak(Meter::params);
+    m.grads = meter_.peak(Meter::grads);
+    m.master_params = optimizer_->master_bytes();
+    m.optimizer_state = optimizer_->state_bytes() - m.master_params;
+    return m;
+  }
+
+  // ---- UnitAccess: what the model calls while it runs ----
+
+  std::span<const float> acquire(std::size_t u, models::Pass pass) override {
+    const auto& unit = layout_.units().at(u);
+    const char* values = nullptr;
+    if (stage_ == Stage::zero3) {
+      Gathered& g = gathered_[u];
+      if (g.buffer.empty()) start_gather(u, g);
+      if (g.request) {
+        g.request->wait();
+        g.request.reset();
+      }
+      values = g.buffer.bytes();
+      prefetch(next_unit(u, pass));
+    } else {
+      if (param_requests_[u]) {
+        param_requests_[u]->wait();
+        param_requests_[u].reset();
+      }
+      values = params_.bytes() + unit.padded_offset * es_;
+    }
+    if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(values), unit.size()};
+    Held& c = compute_[u];
+    c = Held(meter_, Meter::params, unit.size() * sizeof(float), 4);
+    to_f32(dtype_, values, reinterpret_cast<float*>(c.bytes()), unit.size());
+    return {reinterpret_cast<const float*>(c.bytes()), unit.size()};
+  }
+
+  void release(std::size_t u, models::Pass) override {
+    compute_.erase(u);
+    if (stage_ == Stage::zero3) gathered_.erase(u);
+  }
+
+  std::span<float> grads(std::size_t u) override {
+    const auto& unit = layout_.units().at(u);
+    grad_target_ = grad_target(u);
+    if (dtype_ == DType::f32) return {reinterpret_cast<float*>(grad_target_), unit.size()};
+    grad_compute_ = Held(meter_, Meter::grads, unit.size() * sizeof(float), 5);
+    return {reinterpret_cast<float*>(grad_compute_.bytes()), unit.size()};
+  }
+
+  void grads_done(std::size_t u) override {
+    const auto& unit = layout_.units().at(u);
+    if (dtype_ != DType::f32) {
+      from_f32(dtype_, reinterpret_cast<const float*>(grad_compute_.bytes()), grad_target_, unit.size());
+      grad_compute_ = Held();
+    }
+    const long b = layout_.bucket_ending_at(u);
+    if (b >= 0) reduce_bucket(static_cast<std::size_t>(b));
+  }
+
+  // ---- the step ----
+
+  void step(const UpdateFn& update) override {
+    if (stage_ == Stage::zero1) {
+      // Reduce-scatter each unit in place: rank r's shard of the sum lands
+      // on its own region of the padded gradient buffer.
+      for (const auto& unit : layout_.units()) {
+        char* g = grads_.bytes() + unit.padded_offset * es_;
+        comm_.reduce_scatter(g, g + rank_ * unit.shard * es_, unit.shard, type_, ReduceOp::sum);
+      }
+    }
+    wait_reductions();
+    for (std::size_t i = 0; i < optimizer_->num_params(); ++i) optimizer_->param(i).has_grad = true;
+    const GradShard shard{owned_, [this](double& v, bool max) {
+                            comm_.all_reduce(&v, &v, 1, ElemType::f64, max ? ReduceOp::max : ReduceOp::sum);
+                          }};
+    if (update)
+      update(*optimizer_, shard);
+    else
+      optimizer_->step();
+    if (stage_ == Stage::zero1 || stage_ == Stage::zero2) {
+      // Gather the updated shards in place; the next forward waits for each
+      // unit just before it needs it.
+      for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+        const auto& unit = layout_.units()[u];
+        char* p = params_.bytes() + unit.padded_offset * es_;
+        param_requests_[u] = comm_.iall_gather(p + rank_ * unit.shard * es_, p, unit.shard, type_);
+      }
+    }
+  }
+
+  // ---- parameters as values ----
+
+  std::span<const float> own_params() override {
+    wait_param_gathers();
+    const bool replicated = stage_ == Stage::ddp;
+    if (replicated && dtype_ == DType::f32) return {reinterpret_cast<const float*>(params_.bytes()), layout_.padded_elements()};
+    own_.assign(replicated ? layout_.padded_elements() : layout_.shard_elements(), 0.0f);
+    if (replicated || stage_ == Stage::zero3) {
+      to_f32(dtype_, params_.bytes(), own_.data(), own_.size());
+    } else {
+      for (const auto& unit : layout_.units())
+        to_f32(dtype_, params_.bytes() + (unit.padded_offset + rank_ * unit.shard) * es_, own_.data() + unit.shard_offset,
+               unit.shard);
+    }
+    return own_;
+  }
+
+  std::vector<float> gather(std::span<const float> own) override {
+    if (stage_ == Stage::ddp) return unpadded(layout_, own);
+    DISTOPT_CHECK(own.size() == layout_.shard_elements(), own.size(), " vs ", layout_.shard_elements());
+    std::vector<float> padded(layout_.padded_elements());
+    for (const auto& unit : layout_.units())
+      comm_.all_gather(own.data() + unit.shard_offset, padded.data() + unit.padded_offset, unit.shard, ElemType::f32);
+    return unpadded(layout_, padded);
+  }
+
+  std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) override {
+    return std::make_unique<ValuesAccess>(comm_, layout_, own, stage_ == Stage::ddp);
+  }
+
+ private:
+  struct Gathered {
+    Held buffer;
+    std::unique_ptr<Request> request;
+  };
+  struct InFlight {
+    std::size_t bucket;
+    Held scratch;  // zero2/3: the bucket's full gradient until its reduction is done
+    std::vector<std::unique_ptr<Request>> requests;
+  };
+
+  static std::size_t next_unit_none() { return SIZE_MAX; }
+  std::size_t next_unit(std::size_t u, models::Pass pass) const {
+    if (pass == models::Pass::backward) return u > 0 ? u - 1 : next_unit_none();
+    return u + 1 < layout_.units().size() ? u + 1 : next_unit_none();
+  }
+
+  void start_gather(std::size_t u, Gathered& g) {
+    const auto& unit = layout_.units()[u];
+    g.buffer = Held(meter_, Meter::params, unit.padded * es_, 2 + static_cast<int>(u % 2));
+    g.request = comm_.iall_gather(params_.bytes() + unit.shard_offset * es_, g.buffer.bytes(), unit.shard, type_);
+  }
+
+  void prefetch(std::size_t u) {
+    if (u == next_unit_none()) return;
+    Gathered& g = gathered_[u];
+    if (g.buffer.empty()) start_gather(u, g);
+  }
+
+  // Where backward writes unit u's gradient (param dtype).
+  char* grad_target(std::size_t u) {
+    const auto& unit = layout_.units()[u];
+    if (stage_ == Stage::ddp || stage_ == Stage::zero1) return grads_.bytes() + unit.padded_offset * es_;
+    // zero2/3: the scratch of the bucket holding u, opened by its last unit.
+    std::size_t b = 0;
+    while (!(layout_.buckets()[b].first <= u && u < layout_.buckets()[b].last)) ++b;
+    const auto& bucket = layout_.buckets()[b];
+    if (in_flight_.empty() || in_flight_.back().bucket != b || !in_flight_.back().requests.empty()) {
+      // At most two buckets in flight: one being written, one being reduced.
+      while (in_flight_.size() >= 2) finish_oldest();
+      in_flight_.push_back({b, Held(meter_, Meter::grads, bucket.padded * es_, 6 + static_cast<int>(b % 2)), {}});
+    }
+    return in_flight_.back().scratch.bytes() + (unit.padded_offset - bucket.padded_offset) * es_;
+  }
+
+  void reduce_bucket(std::size_t b) {
+    const auto& bucket = layout_.buckets()[b];
+    if (stage_ == Stage::ddp) {
+      if (comm_.size() == 1) return;
+      char* g = grads_.bytes() + bucket.padded_offset * es_;
+      InFlight f{b, {}, {}};
+      f.requests.push_back(comm_.iall_reduce(g, g, bucket.padded, type_, ReduceOp::sum));
+      in_flight_.push_back(std::move(f));
+      return;
+    }
+    if (stage_ == Stage::zero1) return;  // reduced after backward, in step()
+    InFlight& f = in_flight_.back();
+    DISTOPT_CHECK(f.bucket == b, "bucket ", b, " finished out of order");
+    for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+      const auto& unit = layout_.units()[u];
+      f.requests.push_back(comm_.ireduce_scatter(f.scratch.bytes() + (unit.padded_offset - bucket.padded_offset) * es_,
+                                                 grads_.bytes() + unit.shard_offset * es_, unit.shard, type_,
+                                                 ReduceOp::sum));
+    }
+  }
+
+  void finish_oldest() {
+    InFlight& f = in_flight_.front();
+    DISTOPT_CHECK(!f.requests.empty(), "bucket ", f.bucket, " was never reduced: backward skipped a unit");
+    for (auto& r : f.requests) r->wait();
+    in_flight_.pop_front();
+  }
+
+  void wait_reductions() {
+    while (!in_flight_.empty()) finish_oldest();
+  }
+
+  void wait_param_gathers() {
+    for (auto& r : param_requests_)
+      if (r) {
+        r->wait();
+        r.reset();
+      }
+  }
+
+  Stage stage_;
+  std::string name_;
+  Communicator& comm_;
+  ShardLayout layout_;
+  DType dtype_;
+  ElemType type_;
+  std::size_t es_, rank_;
+  Meter meter_;
+  Held params_, grads_;
+  std::vector<ShardLayout::Piece> pieces_;
+  std::vector<TensorView> owned_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<std::unique_ptr<Request>> param_requests_;  // zero1/2: the gather of each unit after a step
+  std::map<std::size_t, Gathered> gathered_;              // zero3: units gathered or being gathered
+  std::map<std::size_t, Held> compute_;                   // bf16/f16: fp32 copies of held units
+  Held grad_compute_;                                     // bf16/f16: fp32 gradient of the unit in backward
+  char* grad_target_ = nullptr;
+  std::deque<InFlight> in_flight_;
+  std::vector<float> own_;
+};
+
+Stage stage_of(std::string_view name) {
+  if (name == "zero1") return Stage::zero1;
+  if (name == "zero2") return Stage::zero2;
+  if (name == "zero3") return Stage::zero3;
+  return Stage::ddp;
+}
+
+}  // namespace
+
+std::vector<float> unpadded(const ShardLayout& layout, std::span<const float> padded) {
+  DISTOPT_CHECK(padded.size() >= layout.padded_elements(), padded.size(), " vs ", layout.padded_elements());
+  std::vector<float> out;
+  out.reserve(layout.param_elements());
+  for (std::size_t p = 0; p < layout.params().size(); ++p) {
+    const auto begin = padded.begin() + static_cast<std::ptrdiff_t>(layout.padded_offset(p));
+    out.insert(out.end(), begin, begin + static_cast<std::ptrdiff_t>(layout.params()[p].numel()));
+  }
+  return out;
+}
+
+std::span<const std::string_view> strategy_names() { return kStrategies; }
+
+void require_strategy(std::string_view name) {
+  if (std::find(std::begin(kAvailable), std::end(kAvailable), name) != std::end(kAvailable)) return;
+  std::string available;
+  for (auto s : kAvailable) available += (available.empty() ? "" : ", ") + std::string(s);
+  if (std::find(std::begin(kStrategies), std::end(kStrategies), name) != std::end(kStrategies))
+    throw InvalidInput(str("strategy '", name, "' is not available yet in this build (available: ", available, ")"));
+  std::string known;
+  for (auto s : kStrategies) known += (known.empty() ? "" : ", ") + std::string(s);
+  throw InvalidInput(str("unknown strategy '", name, "' (known: ", known, ")"));
+}
+
+void require_exact(std::string_view strategy, const RuleInfo& rule) {
+  require_strategy(strategy);
+  if (strategy == "ddp" || rule.locality == Locality::pointwise) return;
+  throw InvalidInput(str("optimizer ", rule.name, " is not pointwise (", name_of(rule.locality), "): strategy ",
+                         strategy, " cannot run it exactly yet; use --strategy ddp"));
+}
+
+std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& comm, const FlatLayout& layout,
+                                        std::span<const float> initial, const OptimizerSpec& optimizer,
+                                        const StrategyOptions& options) {
+  require_exact(name, rule_or_throw(optimizer.name));
+  return std::make_unique<Engine>(stage_of(name), name, comm, layout, initial, optimizer, options);
+}
+
+}  // namespace distopt::parallel

@@ -1,0 +1,445 @@
+// Sharding: the layout's arithmetic, the equivalence of ddp, zero1, zero2
+// and zero3 (bitwise, for every pointwise optimizer, with and without
+// clipping and loss scaling), memory per rank, and the setup checks.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <numeric>
+
+#include "distopt/comm/threads.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/core/random.hpp"
+#include "distopt/optim/rule.hpp"
+#include "distopt/parallel/layout.hpp"
+#include "distopt/parallel/strategy.hpp"
+#include "distopt/train/trainer.hpp"
+
+using namespace distopt;
+using parallel::ShardLayout;
+
+namespace {
+
+constexpr const char* kSharded[] = {"ddp", "zero1", "zero2", "zero3"};
+
+// A buffer of parameters with the given sizes, each in a 16-aligned slot,
+// grouped into units of `per_unit` parameters.
+struct Flat {
+  std::vector<ParamSlot> params;
+  std::vector<parallel::UnitRange> units;
+  std::size_t elements = 0;
+};
+Flat make_flat(const std::vector<std::size_t>& sizes, std::size_t per_unit) {
+  Flat f;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (i % per_unit == 0) f.units.push_back({str("u", i / per_unit), f.elements, f.elements});
+    f.params.push_back({str("p", i), f.elements, {std::int64_t(sizes[i])}});
+    f.elements += (sizes[i] + 15) / 16 * 16;
+    f.units.back().end = f.elements;
+  }
+  return f;
+}
+
+}  // namespace
+
+TEST(Layout, ShardsPartitionEveryParameterExactlyOnce) {
+  const Flat f = make_flat({1, 7, 300, 16, 0, 1025, 64, 3}, 3);
+  for (int world : {1, 2, 3, 4, 5, 8, 16}) {
+    const ShardLayout l(f.params, f.elements, f.units, world, 100);
+    std::size_t padded = 0;
+    for (const auto& u : l.units()) {
+      EXPECT_EQ(u.padded % (std::size_t(world) * ShardLayout::kAlign), 0u);
+      EXPECT_GE(u.padded, u.size());
+      EXPECT_LT(u.padded - u.size(), std::size_t(world) * ShardLayout::kAlign + (u.size() == 0 ? 1 : 0) * 0)
+          << "no more padding than one quantum";
+      EXPECT_EQ(u.padded_offset, padded);
+      padded += u.padded;
+    }
+    EXPECT_EQ(l.padded_elements(), padded);
+    EXPECT_EQ(l.shard_elements() * std::size_t(world), padded);
+    // Every element of every parameter is held by exactly one rank, at the
+    // place its shard and padded offsets say.
+    std::vector<std::vector<int>> owner(f.params.size());
+    for (std::size_t p = 0; p < f.params.size(); ++p) owner[p].assign(f.params[p].numel(), -1);
+    for (int r = 0; r < world; ++r) {
+      const auto pieces = l.pieces(r);
+      ASSERT_EQ(pieces.size(), f.params.size());
+      for (const auto& pc : pieces) {
+        for (std::size_t k = 0; k < pc.count; ++k) {
+          ASSERT_EQ(owner[pc.param][pc.param_begin + k], -1) << "element held twice";
+          owner[pc.param][pc.param_begin + k] = r;
+        }
+        if (pc.count == 0) continue;
+        const auto& u = l.units()[l.unit_of(pc.param)];
+        EXPECT_EQ(pc.padded_offset, l.padded_offset(pc.param) + pc.param_begin);
+        // The padded offset lies in rank r's shard of the unit, at the same
+        // place as in the rank's shard buffer.
+        const std::size_t local = pc.padded_offset - u.padded_offset;
+        EXPECT_EQ(local / u.shard, std::size_t(r));
+        EXPECT_EQ(pc.shard_offset, u.shard_offset + local % u.shard);
+      }
+    }
+    for (std::size_t p = 0; p < f.params.size(); ++p)
+      for (int o : owner[p]) ASSERT_NE(o, -1) << "an element nobody holds, world " << world;
+  }
+}
+
+TEST(Layout, BucketsHoldWholeUnitsInBackwardOrder) {
+  const Flat f = make_flat({100, 100, 100, 100, 100, 100}, 1);  // six units of 112 elements
+  const ShardLayout l(f.params, f.elements, f.units, 2, 200);   // padded to 128 each
+  ASSERT_EQ(l.buckets().size(), 3u);
+  EXPECT_EQ(l.buckets()[0].first, 4u);
+  EXPECT_EQ(l.buckets()[0].last, 6u);
+  EXPECT_EQ(l.buckets()[2].first, 0u);
+  EXPECT_EQ(l.bucket_ending_at(4), 0);
+  EXPECT_EQ(l.bucket_ending_at(5), -1);
+  EXPECT_EQ(l.bucket_ending_at(0), 2);
+  // A bucket size below one unit: a bucket per unit. Above the model: one.
+  EXPECT_EQ(ShardLayout(f.params, f.elements, f.units, 2, 1).buckets().size(), 6u);
+  EXPECT_EQ(ShardLayout(f.params, f.elements, f.units, 2, 1 << 20).buckets().size(), 1u);
+  EXPECT_THROW(ShardLayout(f.params, f.elements, f.units, 2, 0), InvalidInput);
+  // No units: the whole buffer is one.
+  EXPECT_EQ(ShardLayout(f.params, f.elements, {}, 3, 10).units().size(), 1u);
+}
+
+namespace {
+
+train::TrainConfig tiny_config(const std::string& optimizer, const std::string& strategy) {
+  train::TrainConfig c;
+  c.model = "mlp";
+  c.hidden = {24, 40, 8};  // units straddle shard boundaries at every world size
+  c.optimizer = {optimizer, {}};
+  c.epochs = 2;
+  c.batch_size = 32;
+  c.seed = 11;
+  c.strategy = strategy;
+  c.parallel.bucket_elements = 300;  // several buckets, one of two units
+  return c;
+}
+
+struct RunResult {
+  std::string hash;
+  parallel::MemoryUse memory;
+  std::vector<float> params;
+  std::uint64_t bytes = 0;
+};
+
+RunResult run(int world, const data::Split& d, const train::TrainConfig& c) {
+  RunResult out;
+  std::mutex m;
+  std::vector<std::string> hashes(world);
+  spawn(world, [&](Communicator& comm) {
+    train::TrainResult r = train::train(comm, d, c);
+    std::lock_guard lock(m);
+    hashes[comm.rank()] = r.param_hash;
+    if (comm.rank() == 0) out = {r.param_hash, r.memory, r.params, r.bytes_sent};
+  });
+  for (int r = 1; r < world; ++r) EXPECT_EQ(hashes[r], hashes[0]) << "rank " << r << " of " << world;
+  return out;
+}
+
+}  // namespace
+
+// The central promise: for a pointwise optimizer the strategy never changes
+// a bit of the result, at any world size, clipped, loss-scaled or not.
+class Equivalence : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Equivalence, EveryStrategyGivesTheSameBits) {
+  const std::string optimizer = GetParam();
+  const data::Split d = data::make_synthetic_classification(20, 5, 200, 40, 3);  // 7 steps an epoch, the last of 8
+  for (bool extras : {false, true}) {
+    for (int world : {1, 2, 3, 4, 5, 8}) {
+      std::string first;
+      for (const char* strategy : kSharded) {
+        train::TrainConfig c = tiny_config(optimizer, strategy);
+        if (extras) {
+          c.clip_grad_norm = 0.05;  // clips most steps
+          c.loss_scale = GradScalerOptions{};
+          c.loss_scale->init_scale = 1024;
+          c.loss_scale->growth_interval = 3;
+        }
+        const std::string h = run(world, d, c).hash;
+        if (first.empty()) first = h;
+        EXPECT_EQ(h, first) << optimizer << " " << strategy << " world " << world
+                            << (extras ? " with clipping and loss scaling" : "");
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Pointwise, Equivalence, ::testing::ValuesIn([] {
+                           std::vector<std::string> names;
+                           for (const RuleInfo* r : all_rules())
+                             if (r->locality == Locality::pointwise) names.emplace_back(r->name);
+                           return names;
+                         }()),
+                         [](const auto& info) { return info.param; });
+
+TEST(Equivalence, ClippingReallyClipsAndTheBucketSizeChangesNothing) {
+  const data::Split d = data::make_synthetic_classification(20, 5, 200, 40, 4);
+  train::TrainConfig c = tiny_config("adam", "zero2");
+  const std::string plain = run(4, d, c).hash;
+  c.parallel.bucket_elements = 1;  // a bucket per unit
+  EXPECT_EQ(run(4, d, c).hash, plain);
+  c.parallel.bucket_elements = 1 << 20;  // one bucket
+  EXPECT_EQ(run(4, d, c).hash, plain);
+  c.clip_grad_norm = 0.05;
+  EXPECT_NE(run(4, d, c).hash, plain) << "the clipped run must differ, or the equivalence test proves nothing";
+  c.clip_norm_type = std::numeric_limits<double>::infinity();
+  const std::string inf_zero2 = run(4, d, c).hash;
+  c.strategy = "ddp";
+  EXPECT_EQ(run(4, d, c).hash, inf_zero2);
+}
+
+TEST(Equivalence, SwaAndEmaAverageTheSameParametersUnderEveryStrategy) {
+  const data::Split d = data::make_synthetic_classification(20, 5, 200, 40, 5);
+  for (bool ema : {false, true}) {
+    std::string first, first_avg;
+    for (const char* strategy : kSharded) {
+      train::TrainConfig c = tiny_config("sgd", strategy);
+      c.optimizer.options = {{"lr", 0.05}, {"momentum", 0.9}};
+      if (ema) c.ema_decay = 0.9;
+      else c.swa_start = 1;
+      train::TrainResult r0;
+      spawn(3, [&](Communicator& comm) {
+        auto r = train::train(comm, d, c);
+        if (comm.rank() == 0) r0 = std::move(r);
+      });
+      ASSERT_TRUE(r0.averaged.has_value());
+      if (first.empty()) first = r0.param_hash, first_avg = r0.averaged->param_hash;
+      EXPECT_EQ(r0.param_hash, first) << strategy;
+      EXPECT_EQ(r0.averaged->param_hash, first_avg) << strategy << (ema ? " ema" : " swa");
+      EXPECT_NE(r0.averaged->param_hash, r0.param_hash);
+    }
+  }
+}
+
+namespace {
+
+// A model that needs its whole buffer at once (one unit): linear regression
+// written without unit hooks, the way a user's own model might be.
+class WholeLinear final : public models::Model {
+ public:
+  explicit WholeLinear(std::size_t features) {
+    features_ = features;
+    outputs_ = 1;
+    params_ = {{"w", 0, {std::int64_t(features)}}, {"b", (features + 15) / 16 * 16, {1}}};
+    buffer_elements_ = params_[1].offset + 16;
+    units_ = {{"all", 0, buffer_elements_, {0, 1}}};
+  }
+  std::string_view name() const override { return "whole_linear"; }
+  void init(std::span<float> buffer, std::uint64_t seed) const override {
+    Rng rng(seed, 1);
+    std::fill(buffer.begin(), buffer.end(), 0.0f);
+    for (std::size_t i = 0; i < features_; ++i) buffer[i] = static_cast<float>(rng.uniform(-0.1, 0.1));
+  }
+
+ protected:
+  models::BatchStats do_forward_backward(models::UnitAccess& access, const float* x, const float* y, std::size_t n,
+                                         float scale) override {
+    const auto p = access.acquire(0, models::Pass::forward);
+    std::vector<float> pred(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      float z = p[params_[1].offset];
+      for (std::size_t j = 0; j < features_; ++j) z += p[j] * x[i * features_ + j];
+      pred[i] = z;
+    }
+    access.release(0, models::Pass::forward);
+    const auto g = access.grads(0);
+    std::fill(g.begin(), g.end(), 0.0f);
+    models::BatchStats s;
+    s.count = double(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float diff = pred[i] - y[i];
+      s.loss_sum += 0.5 * double(diff) * diff;
+      for (std::size_t j = 0; j < features_; ++j) g[j] += diff * scale * x[i * features_ + j];
+      g[params_[1].offset] += diff * scale;
+    }
+    access.grads_done(0);
+    return s;
+  }
+  models::BatchStats do_evaluate(models::UnitAccess&, const float*, const float*, std::size_t) override { return {}; }
+};
+
+}  // namespace
+
+TEST(Strategies, AModelWithoutUnitHooksRunsUnderEveryStrategy) {
+  const data::Split d = data::make_synthetic_regression(37, 64, 8, 0.1, 2);
+  for (int world : {1, 3, 4}) {
+    std::vector<std::vector<float>> results;
+    for (const char* name : kSharded) {
+      std::vector<float> out;
+      spawn(world, [&](Communicator& comm) {
+        WholeLinear model(37);
+        parallel::FlatLayout layout{model.params(), model.buffer_elements(), {}};
+        std::vector<float> init(layout.elements);
+        model.init(init, 3);
+        auto s = parallel::make_strategy(name, comm, layout, init, {"adam", {{"lr", 0.01}}});
+        const Piece piece = piece_of(16, comm.size(), comm.rank());
+        for (std::size_t step = 0; step < 4; ++step) {
+          const std::size_t at = step * 16 + piece.offset;
+          model.forward_backward(s->access(), d.train.sample(at), d.train.y.data() + at, piece.count, 1.0f / 16);
+          s->step();
+        }
+        auto p = s->gather_params();
+        if (comm.rank() == 0) out = std::move(p);
+      });
+      results.push_back(std::move(out));
+    }
+    ASSERT_EQ(results[0].size(), 38u);
+    for (std::size_t k = 1; k < results.size(); ++k)
+      EXPECT_EQ(std::memcmp(results[k].data(), results[0].data(), 38 * sizeof(float)), 0)
+          << kSharded[k] << " world " << world;
+    // The model moved.
+    WholeLinear model(37);
+    std::vector<float> init(model.buffer_elements());
+    model.init(init, 3);
+    EXPECT_NE(results[0][0], init[0]);
+  }
+}
+
+// Memory per rank, from the buffers each strategy allocates, against the
+// unsharded amounts (ZeRO paper, Fig. 1): Adam keeps 8 bytes of state per
+// parameter; zero1-3 keep 1/world of it, zero2-3 also 1/world of the
+// gradient plus the buckets in flight, zero3 1/world of the parameters plus
+// the units in flight.
+TEST(Memory, ShardedStrategiesHoldTheirShareOfEachBuffer) {
+  const data::Split d = data::make_synthetic_classification(64, 4, 128, 16, 1);
+  train::TrainConfig base = tiny_config("adam", "ddp");
+  base.hidden = {96, 96, 96, 96, 96, 96};  // seven units of similar size
+  base.epochs = 1;
+  base.parallel.bucket_elements = 1;  // a bucket per unit
+  const std::size_t world = 4;
+  // Unsharded amounts, counted from the model's shapes.
+  std::size_t psi = 0, max_unit = 0;
+  {
+    std::vector<std::size_t> widths{64, 96, 96, 96, 96, 96, 96, 4};
+    for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
+      const std::size_t unit = widths[l] * widths[l + 1] + widths[l + 1];
+      psi += unit;
+      max_unit = std::max(max_unit, unit);
+    }
+  }
+  const std::size_t units = 7;
+  // Padding: each parameter slot rounds up to 16 elements, each unit to a
+  // multiple of world * 16.
+  const std::size_t pad = units * (2 * 16 + world * 16);
+  auto near = [&](std::size_t bytes, std::size_t want, std::size_t slack) {
+    return bytes + slack >= want && bytes <= want + slack;
+  };
+  const RunResult ddp = run(int(world), d, base);
+  EXPECT_TRUE(near(ddp.memory.optimizer_state, 8 * psi, 0)) << ddp.memory.optimizer_state << " vs " << 8 * psi;
+  EXPECT_TRUE(near(ddp.memory.params, 4 * psi, 4 * pad));
+  EXPECT_TRUE(near(ddp.memory.grads, 4 * psi, 4 * pad));
+  EXPECT_EQ(ddp.memory.master_params, 0u);
+  for (const char* name : {"zero1", "zero2", "zero3"}) {
+    train::TrainConfig c = base;
+    c.strategy = name;
+    const RunResult r = run(int(world), d, c);
+    SCOPED_TRACE(name);
+    EXPECT_EQ(r.hash, ddp.hash);
+    EXPECT_TRUE(near(r.memory.optimizer_state, 8 * psi / world, 8 * pad / world))
+        << r.memory.optimizer_state << " vs " << 8 * psi / world;
+    EXPECT_EQ(r.memory.master_params, 0u) << "fp32 parameters need no master copy";
+    const std::size_t in_flight_grads = 2 * 4 * (max_unit + pad / units);  // two buckets of one unit
+    const std::size_t in_flight_params = 2 * 4 * (max_unit + pad / units);  // the unit in use and the next
+    if (std::string(name) == "zero1") {
+      EXPECT_EQ(r.memory.grads, ddp.memory.grads);
+      EXPECT_EQ(r.memory.params, ddp.memory.params);
+    } else {
+      EXPECT_GE(r.memory.grads, 4 * psi / world);
+      EXPECT_LE(r.memory.grads, 4 * (psi + pad) / world + in_flight_grads);
+      EXPECT_LT(r.memory.grads, ddp.memory.grads * 3 / 5);
+    }
+    if (std::string(name) == "zero3") {
+      EXPECT_GE(r.memory.params, 4 * psi / world);
+      EXPECT_LE(r.memory.params, 4 * (psi + pad) / world + in_flight_params);
+      EXPECT_LT(r.memory.params, ddp.memory.params * 3 / 5);
+    } else {
+      EXPECT_EQ(r.memory.params, ddp.memory.params);
+    }
+  }
+}
+
+TEST(Memory, MixedPrecisionKeepsMasterWeightsForTheOwnShardOnly) {
+  const data::Split d = data::make_synthetic_classification(64, 4, 128, 16, 1);
+  train::TrainConfig c = tiny_config("adamw", "ddp");
+  c.hidden = {96, 96, 96};
+  c.epochs = 1;
+  c.parallel.param_dtype = DType::bf16;
+  const RunResult ddp = run(4, d, c);
+  c.strategy = "zero1";
+  const RunResult z1 = run(4, d, c);
+  std::size_t psi = 64 * 96 + 96 + 2 * (96 * 96 + 96) + 96 * 4 + 4;
+  EXPECT_EQ(ddp.memory.master_params, 4 * psi);
+  EXPECT_GE(z1.memory.master_params, 4 * psi / 4 - 4 * 64);
+  EXPECT_LE(z1.memory.master_params, 4 * psi / 4 + 4 * 4 * 64);
+  EXPECT_EQ(z1.memory.optimizer_state, 2 * z1.memory.master_params);
+  EXPECT_EQ(z1.hash, ddp.hash);
+}
+
+TEST(Setup, RanksThatDisagreeAreNamedBeforeTraining) {
+  const data::Split d = data::make_synthetic_classification(20, 5, 64, 8, 1);
+  auto expect_named = [&](auto change, const std::string& what) {
+    try {
+      spawn(3, [&](Communicator& comm) {
+        train::TrainConfig c = tiny_config("adam", "zero2");
+        if (comm.rank() == 2) change(c);
+        train::train(comm, d, c);
+      });
+      ADD_FAILURE() << "no error for a rank that disagrees on " << what;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 2 disagrees with rank 0 on the " + what), std::string::npos)
+          << e.what();
+    }
+  };
+  expect_named([](train::TrainConfig& c) { c.optimizer.options["lr"] = 0.5; }, "optimizer or its options");
+  expect_named([](train::TrainConfig& c) { c.strategy = "zero3"; }, "strategy");
+  expect_named([](train::TrainConfig& c) { c.hidden = {24, 41, 8}; }, "model shapes");
+  expect_named([](train::TrainConfig& c) { c.parallel.param_dtype = DType::bf16; }, "parameter dtype (bf16 vs f32)");
+  expect_named([](train::TrainConfig& c) { c.parallel.bucket_elements = 7; }, "bucket size (7 vs 300)");
+}
+
+TEST(Setup, UnknownOrInexactStrategiesAreRefused) {
+  EXPECT_THROW(parallel::require_strategy("zero4"), InvalidInput);
+  EXPECT_THROW(parallel::require_strategy("sgp"), InvalidInput);  // not built yet
+  for (const char* s : kSharded) EXPECT_NO_THROW(parallel::require_strategy(s));
+  RuleInfo lamb_like = *find_rule("adam");
+  lamb_like.name = "lamb_like";
+  lamb_like.locality = Locality::tensor_stats;
+  EXPECT_NO_THROW(parallel::require_exact("ddp", lamb_like));
+  try {
+    parallel::require_exact("zero2", lamb_like);
+    ADD_FAILURE() << "a tensor_stats rule under zero2 must be refused";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("not pointwise"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Setup, AFailingRankEndsEveryRankWithAnError) {
+  const data::Split d = data::make_synthetic_regression(37, 64, 8, 0.1, 2);
+  for (const char* strategy : kSharded) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      spawn(3, [&](Communicator& comm) {
+        comm.set_timeout(std::chrono::seconds(30));
+        WholeLinear model(37);
+        parallel::FlatLayout layout{model.params(), model.buffer_elements(), {}};
+        std::vector<float> init(layout.elements);
+        auto s = parallel::make_strategy(strategy, comm, layout, init, {"adam", {}});
+        for (int step = 0; step < 3; ++step) {
+          model.forward_backward(s->access(), d.train.sample(0), d.train.y.data(), 4, 0.1f);
+          // Rank 1 fails in the middle of the second step, after backward has
+          // started the gradient reductions on the other ranks.
+          if (step == 1 && comm.rank() == 1) throw IoError("rank 1 lost its disk");
+          s->step();
+        }
+      });
+      ADD_FAILURE() << "no error under " << strategy;
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 lost its disk"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << strategy << ": no hang";
+  }
+}
