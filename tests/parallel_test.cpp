@@ -215,6 +215,47 @@ TEST(Equivalence, SwaAndEmaAverageTheSameParametersUnderEveryStrategy) {
   }
 }
 
+// bf16/f16 parameters and gradients, communicated in that dtype, with fp32
+// master weights of the own shard: still the same bits under every
+// strategy, and loss scaling's skip decisions agree across shards.
+TEST(MixedPrecision, EveryStrategyGivesTheSameBitsAndSkipsTogether) {
+  const data::Split d = data::make_synthetic_classification(20, 5, 200, 40, 6);
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (int world : {2, 3, 4}) {
+      for (double init_scale : {1024.0, 1073741824.0}) {  // 2^30 overflows f16 gradients: skipped steps
+        std::string first;
+        std::size_t first_skipped = 0;
+        for (const char* strategy : kSharded) {
+          train::TrainConfig c = tiny_config("adam", strategy);
+          c.parallel.param_dtype = dtype;
+          c.clip_grad_norm = 0.05;
+          c.loss_scale = GradScalerOptions{};
+          c.loss_scale->init_scale = init_scale;
+          c.loss_scale->growth_interval = 2;
+          train::TrainResult r0;
+          std::mutex m;
+          std::vector<std::size_t> skipped(world);
+          spawn(world, [&](Communicator& comm) {
+            auto r = train::train(comm, d, c);
+            std::lock_guard lock(m);
+            skipped[comm.rank()] = r.skipped_steps;
+            if (comm.rank() == 0) r0 = std::move(r);
+          });
+          SCOPED_TRACE(str(name_of(dtype), " ", strategy, " world ", world, " init_scale ", init_scale));
+          for (int r = 1; r < world; ++r) EXPECT_EQ(skipped[r], skipped[0]) << "ranks disagree on skipping";
+          if (first.empty()) first = r0.param_hash, first_skipped = r0.skipped_steps;
+          EXPECT_EQ(r0.param_hash, first);
+          EXPECT_EQ(r0.skipped_steps, first_skipped);
+          if (dtype == DType::f16 && init_scale > 1e9) {
+            EXPECT_GT(r0.skipped_steps, 0u);
+          }
+          EXPECT_LT(r0.skipped_steps, r0.steps);
+        }
+      }
+    }
+  }
+}
+
 namespace {
 
 // A model that needs its whole buffer at once (one unit): linear regression

@@ -1,17 +1,20 @@
 // distopt bench optim [--json] [--rules a,b] [--cases 16M,1000x16K] [--threads 1,2]
 // distopt bench comm [--backend threads|mpi] [--world N] [--json] [--collectives ...]
+// distopt bench strategies [--backend threads|mpi] [--worlds 2,4] [--models mlp,wide] [--json]
 #include <memory>
 
 #include "backends.hpp"
 #include "commands.hpp"
 #include "distopt/bench/comm_bench.hpp"
 #include "distopt/bench/optim_bench.hpp"
+#include "distopt/bench/strategies_bench.hpp"
 
 namespace distopt::cli {
 
 Runner add_bench(CLI::App& app) {
   auto o = std::make_shared<bench::OptimBenchOptions>();
   auto c = std::make_shared<bench::CommBenchOptions>();
+  auto st = std::make_shared<bench::StrategiesBenchOptions>();
   CLI::App* sub = app.add_subcommand("bench", "benchmarks that report ratios measured in the same run");
   sub->require_subcommand(1);
 
@@ -36,11 +39,31 @@ Runner add_bench(CLI::App& app) {
   comm->add_option("--max-bytes", c->max_bytes, "largest size (default 268435456)");
   comm->add_flag("--json", c->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");
 
-  return [o, c, optim, comm] {
+  CLI::App* strat = sub->add_subcommand(
+      "strategies", "ddp, zero1, zero2, zero3: step time, bytes per rank vs theory, hidden communication, memory");
+  strat->add_option("--backend", st->backend, "threads (default) or mpi (start with mpirun)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  strat->add_option("--worlds", st->worlds, "world sizes of the threads backend (default 2,4)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64));
+  strat->add_option("--strategies", st->strategies, "default ddp,zero1,zero2,zero3")->delimiter(',');
+  strat->add_option("--models", st->models, "mlp (784-256-128-10) and/or wide (784-8x1664-10, 20.7M parameters)")
+      ->delimiter(',');
+  strat->add_option("--batch-size", st->batch_size, "global batch size (default 128)")->check(CLI::Range(1, 1 << 20));
+  strat->add_option("--steps", st->steps, "timed steps per round (default 0: about 0.3 s worth)")
+      ->check(CLI::Range(0, 10000));
+  strat->add_option("--rounds", st->rounds, "rounds over the strategies, medians reported (default 3)")
+      ->check(CLI::Range(1, 101));
+  strat->add_option("--bucket-cap-mb", st->bucket_cap_mb, "gradient bucket size in MiB (default 0.125, as train)");
+  strat->add_flag("--json", st->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");
+
+  return [o, c, st, optim, strat] {
     if (optim->parsed()) return bench::run_optim_bench(*o);
-    if (c->backend == "threads") return bench::run_comm_bench_threads(*c);
+    const bool mpi = strat->parsed() ? st->backend == "mpi" : c->backend == "mpi";
+    if (!mpi) return strat->parsed() ? bench::run_strategies_bench_threads(*st) : bench::run_comm_bench_threads(*c);
     auto world = open_mpi_world();
     try {
+      if (strat->parsed()) return bench::run_strategies_bench(world->comm(), *st);
       return bench::run_comm_bench(world->comm(), &world->raw(), *c);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "distopt: error (rank %d): %s\n", world->comm().rank(), e.what());

@@ -41,6 +41,19 @@ class Communicator::TaskRequest : public Request {
 
 Communicator::~Communicator() { stop_progress(); }
 
+void Communicator::timed(const std::function<void()>& fn) {
+  const auto start = Clock::now();
+  struct Add {
+    std::atomic<std::uint64_t>& ns;
+    Clock::time_point start;
+    ~Add() {
+      ns.fetch_add(static_cast<std::uint64_t>(std::chrono::nanoseconds(Clock::now() - start).count()),
+                   std::memory_order_relaxed);
+    }
+  } add{busy_ns_, start};
+  fn();
+}
+
 void Communicator::stop_progress() {
   {
     std::lock_guard lock(queue_mutex_);
@@ -64,7 +77,7 @@ void Communicator::progress_loop() {
     }
     std::exception_ptr error;
     try {
-      task->fn();
+      timed(task->fn);
     } catch (...) {
       error = std::current_exception();
     }
@@ -100,7 +113,7 @@ void Communicator::run_ordered(std::function<void()> fn) {
     }
   }
   if (!task) {
-    fn();
+    timed(fn);
     return;
   }
   queue_cv_.notify_all();

@@ -122,7 +122,7 @@ void GradScaler::unscale(Optimizer& opt, const StatReduce& reduce) {
   std::vector<TensorView> grads;
   for (std::size_t i = 0; i < opt.num_params(); ++i)
     if (opt.param(i).has_grad) grads.push_back(opt.param(i).grad);
-  double found = unscale_grads(grads, inv) ? 1.0 : 0.0;
+  double found = unscale_grads(grads, inv, options_.allow_fp16) ? 1.0 : 0.0;
   if (reduce) reduce(found, true);
   st.found_inf = static_cast<float>(found);
   st.stage = Stage::unscaled;

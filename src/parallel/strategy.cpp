@@ -5,7 +5,7 @@
 //   stage  params            grads                       reduction              after the update
 //   ddp    padded, all       padded, all                 all_reduce per bucket  --
 //   zero1  padded, all       padded, all                 reduce_scatter per     all_gather per unit
-//                                                        unit after backward
+//                                                        bucket during backward
 //   zero2  padded, all       own shard + buckets in      reduce_scatter per     all_gather per unit
 //                            flight                      bucket during backward
 //   zero3  own shard + units own shard + buckets in      as zero2               -- (units are gathered
@@ -23,6 +23,7 @@
 // units it holds, and the optimizer keeps fp32 master weights for the
 // pieces it steps.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -252,6 +253,7 @@ class Engine final : public Strategy, public models::UnitAccess {
   models::UnitAccess& access() override { return *this; }
   Optimizer& optimizer() override { return *optimizer_; }
   std::uint64_t bytes_sent() const override { return comm_.bytes_sent(); }
+  double exposed_seconds() const override { return exposed_s_; }
 
   MemoryUse memory() const override {
     MemoryUse m;
@@ -271,14 +273,14 @@ class Engine final : public Strategy, public models::UnitAccess {
       Gathered& g = gathered_[u];
       if (g.buffer.empty()) start_gather(u, g);
       if (g.request) {
-        g.request->wait();
+        blocked([&] { g.request->wait(); });
         g.request.reset();
       }
       values = g.buffer.bytes();
       prefetch(next_unit(u, pass));
     } else {
       if (param_requests_[u]) {
-        param_requests_[u]->wait();
+        blocked([&] { param_requests_[u]->wait(); });
         param_requests_[u].reset();
       }
       values = params_.bytes() + unit.padded_offset * es_;
@@ -316,18 +318,12 @@ class Engine final : public Strategy, public models::UnitAccess {
   // ---- the step ----
 
   void step(const UpdateFn& update) override {
-    if (stage_ == Stage::zero1) {
-      // Reduce-scatter each unit in place: rank r's shard of the sum lands
-      // on its own region of the padded gradient buffer.
-      for (const auto& unit : layout_.units()) {
-        char* g = grads_.bytes() + unit.padded_offset * es_;
-        comm_.reduce_scatter(g, g + rank_ * unit.shard * es_, unit.shard, type_, ReduceOp::sum);
-      }
-    }
-    wait_reductions();
+    blocked([&] { wait_reductions(); });
     for (std::size_t i = 0; i < optimizer_->num_params(); ++i) optimizer_->param(i).has_grad = true;
     const GradShard shard{owned_, [this](double& v, bool max) {
-                            comm_.all_reduce(&v, &v, 1, ElemType::f64, max ? ReduceOp::max : ReduceOp::sum);
+                            blocked([&] {
+                              comm_.all_reduce(&v, &v, 1, ElemType::f64, max ? ReduceOp::max : ReduceOp::sum);
+                            });
                           }};
     if (update)
       update(*optimizer_, shard);
@@ -385,6 +381,14 @@ class Engine final : public Strategy, public models::UnitAccess {
     std::vector<std::unique_ptr<Request>> requests;
   };
 
+  // Runs fn, counting its time as communication the rank waited for.
+  template <class F>
+  void blocked(F&& fn) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    exposed_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
   static std::size_t next_unit_none() { return SIZE_MAX; }
   std::size_t next_unit(std::size_t u, models::Pass pass) const {
     if (pass == models::Pass::backward) return u > 0 ? u - 1 : next_unit_none();
@@ -413,7 +417,9 @@ class Engine final : public Strategy, public models::UnitAccess {
     const auto& bucket = layout_.buckets()[b];
     if (in_flight_.empty() || in_flight_.back().bucket != b || !in_flight_.back().requests.empty()) {
       // At most two buckets in flight: one being written, one being reduced.
-      while (in_flight_.size() >= 2) finish_oldest();
+      blocked([&] {
+        while (in_flight_.size() >= 2) finish_oldest();
+      });
       in_flight_.push_back({b, Held(meter_, Meter::grads, bucket.padded * es_, 6 + static_cast<int>(b % 2)), {}});
     }
     return in_flight_.back().scratch.bytes() + (unit.padded_offset - bucket.padded_offset) * es_;
@@ -429,7 +435,19 @@ class Engine final : public Strategy, public models::UnitAccess {
       in_flight_.push_back(std::move(f));
       return;
     }
-    if (stage_ == Stage::zero1) return;  // reduced after backward, in step()
+    if (stage_ == Stage::zero1) {
+      // Megatron's distributed optimizer: reduce-scatter each unit in place,
+      // rank r's shard of the sum landing on its own region of the padded
+      // gradient buffer, while backward goes on.
+      InFlight f{b, {}, {}};
+      for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+        const auto& unit = layout_.units()[u];
+        char* g = grads_.bytes() + unit.padded_offset * es_;
+        f.requests.push_back(comm_.ireduce_scatter(g, g + rank_ * unit.shard * es_, unit.shard, type_, ReduceOp::sum));
+      }
+      in_flight_.push_back(std::move(f));
+      return;
+    }
     InFlight& f = in_flight_.back();
     DISTOPT_CHECK(f.bucket == b, "bucket ", b, " finished out of order");
     for (std::size_t u = bucket.first; u < bucket.last; ++u) {
@@ -478,6 +496,7 @@ class Engine final : public Strategy, public models::UnitAccess {
   char* grad_target_ = nullptr;
   std::deque<InFlight> in_flight_;
   std::vector<float> own_;
+  double exposed_s_ = 0;
 };
 
 Stage stage_of(std::string_view name) {

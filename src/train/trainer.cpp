@@ -99,7 +99,11 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   std::unique_ptr<Scheduler> swa_scheduler;  // SWALR, built when SWA starts
 
   std::optional<GradScaler> scaler;
-  if (config.loss_scale) scaler.emplace(*config.loss_scale);
+  if (config.loss_scale) {
+    GradScalerOptions o = *config.loss_scale;
+    o.allow_fp16 = config.parallel.param_dtype == DType::f16;  // f16 parameters have fp32 masters
+    scaler.emplace(o);
+  }
   std::optional<AveragedParams> averaged;
   // Averages of the parameter values this rank keeps (its shard, or all of
   // them where they are replicated): averaging is pointwise.

@@ -61,6 +61,10 @@ class Communicator {
   // from or writes into other ranks' memory (docs/algorithms.md counts the
   // same per collective). Broadcast counts the root's buffer once per peer.
   std::uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
+  // Seconds spent running collectives (blocking ones on the caller's
+  // thread, non-blocking ones on the progress thread), waiting for peers
+  // included. Point-to-point operations are not counted.
+  double busy_seconds() const { return static_cast<double>(busy_ns_.load(std::memory_order_relaxed)) * 1e-9; }
 
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
   std::chrono::milliseconds timeout() const { return timeout_; }
@@ -133,6 +137,8 @@ class Communicator {
 
   std::chrono::milliseconds timeout_ = kDefaultTimeout;
   std::atomic<std::uint64_t> bytes_sent_{0};
+  std::atomic<std::uint64_t> busy_ns_{0};
+  void timed(const std::function<void()>& fn);
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
   std::deque<std::shared_ptr<Task>> queue_;

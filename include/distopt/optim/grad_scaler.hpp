@@ -48,6 +48,11 @@ struct GradScalerOptions {
   double backoff_factor = 0.5;  // < 1
   std::int64_t growth_interval = 2000;
   bool enabled = true;  // false: scale() returns its input, step() just steps
+  // Unscale f16 gradients in place instead of refusing them (torch's
+  // internal allow_fp16 of _unscale_grads_). For f16 parameters with fp32
+  // master weights: the unscaled gradient is rounded to f16 once more, so
+  // gradients below f16's normal range (6.1e-5) keep fewer bits.
+  bool allow_fp16 = false;
 };
 
 // torch's state_dict(): {scale, growth_factor, backoff_factor,

@@ -8,10 +8,14 @@
 //          each bucket of gradients is all-reduced as soon as backward has
 //          finished it, overlapping the rest of backward.
 //   zero1  parameters and gradients replicated, optimizer state (and fp32
-//          master weights) for the own shard only: reduce-scatter the
-//          gradients after backward, step the shard, all-gather parameters.
-//   zero2  as zero1, but each bucket is reduce-scattered as soon as backward
-//          has finished it and only the own gradient shard is kept.
+//          master weights) for the own shard only: reduce-scatter each
+//          bucket of gradients as soon as backward has finished it (in
+//          place, as Megatron's distributed optimizer does), step the
+//          shard, all-gather the parameters (each unit waited for just
+//          before the next forward needs it).
+//   zero2  as zero1, but only the own gradient shard is kept: backward
+//          writes a bucket into a scratch buffer that is freed once the
+//          bucket is reduce-scattered.
 //   zero3  parameters sharded too: a unit is all-gathered before its
 //          forward and again before its backward (the next unit prefetched)
 //          and freed after use; gradients as zero2.
@@ -100,6 +104,10 @@ class Strategy {
   virtual MemoryUse memory() const = 0;
   // Bytes this rank has sent through its communicator so far.
   virtual std::uint64_t bytes_sent() const = 0;
+  // Seconds this rank's thread has spent blocked on communication inside
+  // access() and step() so far: the part of the communication that compute
+  // did not hide (the communicator's busy_seconds() is all of it).
+  virtual double exposed_seconds() const = 0;
 
   // The fp32 values of the parameters this rank keeps: the whole padded
   // buffer where parameters are replicated (ddp), the rank's shard buffer
