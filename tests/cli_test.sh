@@ -61,4 +61,13 @@ if env | grep -q '^OMPI_COMM_WORLD_SIZE='; then :; else
   expect_error 2 "needs to be started by mpirun" -- bench comm --backend mpi
 fi
 
+# bench strategies --json: every strategy, and the bytes each rank sends within
+# 5% of the ZeRO volumes (a property of the collectives issued, not a timing).
+"$bin" bench strategies --models mlp --worlds 2,4 --rounds 1 --steps 2 --json >"$tmp/out" 2>/dev/null ||
+  fail "bench strategies exited $?"
+/usr/bin/env python3 "$src/tests/bench_strategies_check.py" "$tmp/out" threads 2,4 >/dev/null 2>"$tmp/err" ||
+  fail "bench strategies: $(tail -n 1 "$tmp/err")"
+expect_error 2 "unknown benchmark model 'resnet'" -- bench strategies --models resnet
+expect_error 2 "unknown strategy 'zero4'" -- bench strategies --strategies zero4
+
 finish "cli contract"

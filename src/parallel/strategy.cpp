@@ -292,9 +292,12 @@ class Engine final : public Strategy, public models::UnitAccess {
     return {reinterpret_cast<const float*>(c.bytes()), unit.size()};
   }
 
-  void release(std::size_t u, models::Pass) override {
+  void release(std::size_t u, models::Pass pass) override {
     compute_.erase(u);
-    if (stage_ == Stage::zero3) gathered_.erase(u);
+    // zero3 frees the unit -- except the last one after forward: backward
+    // starts with it (FSDP keeps it too), which saves its second gather.
+    const bool last = u + 1 == layout_.units().size();
+    if (stage_ == Stage::zero3 && !(pass == models::Pass::forward && last)) gathered_.erase(u);
   }
 
   std::span<float> grads(std::size_t u) override {
@@ -329,6 +332,15 @@ class Engine final : public Strategy, public models::UnitAccess {
       update(*optimizer_, shard);
     else
       optimizer_->step();
+    if (stage_ == Stage::zero3) {
+      // Gathered units hold the old values now (a model that did not use
+      // the kept last unit in backward leaves it here).
+      for (auto& [u, g] : gathered_)
+        if (g.request) g.request->wait();
+      gathered_.clear();
+      // The next forward starts with unit 0: gather it now.
+      prefetch(0);
+    }
     if (stage_ == Stage::zero1 || stage_ == Stage::zero2) {
       // Gather the updated shards in place; the next forward waits for each
       // unit just before it needs it.
