@@ -15,6 +15,7 @@
 #include "distopt/parallel/layout.hpp"
 #include "distopt/parallel/strategy.hpp"
 #include "distopt/train/trainer.hpp"
+#include "train_run.hpp"
 
 using namespace distopt;
 using parallel::ShardLayout;
@@ -121,22 +122,11 @@ train::TrainConfig tiny_config(const std::string& optimizer, const std::string& 
 struct RunResult {
   std::string hash;
   parallel::MemoryUse memory;
-  std::vector<float> params;
-  std::uint64_t bytes = 0;
 };
 
 RunResult run(int world, const data::Split& d, const train::TrainConfig& c) {
-  RunResult out;
-  std::mutex m;
-  std::vector<std::string> hashes(world);
-  spawn(world, [&](Communicator& comm) {
-    train::TrainResult r = train::train(comm, d, c);
-    std::lock_guard lock(m);
-    hashes[comm.rank()] = r.param_hash;
-    if (comm.rank() == 0) out = {r.param_hash, r.memory, r.params, r.bytes_sent};
-  });
-  for (int r = 1; r < world; ++r) EXPECT_EQ(hashes[r], hashes[0]) << "rank " << r << " of " << world;
-  return out;
+  const train::TrainResult r = test_support::run_ranks(world, d, c);
+  return {r.param_hash, r.memory};
 }
 
 }  // namespace

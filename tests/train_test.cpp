@@ -16,6 +16,7 @@
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/train/trainer.hpp"
+#include "train_run.hpp"
 
 using namespace distopt;
 
@@ -32,20 +33,8 @@ train::TrainConfig small_config() {
   return c;
 }
 
-// Runs on `world` threads; returns rank 0's result and checks that every
-// rank ends with the same parameters.
 train::TrainResult run(int world, const data::Split& d, const train::TrainConfig& c) {
-  train::TrainResult r0;
-  std::mutex m;
-  std::vector<std::string> hashes(world);
-  spawn(world, [&](Communicator& comm) {
-    train::TrainResult r = train::train(comm, d, c);
-    std::lock_guard lock(m);
-    hashes[comm.rank()] = r.param_hash;
-    if (comm.rank() == 0) r0 = std::move(r);
-  });
-  for (int r = 1; r < world; ++r) EXPECT_EQ(hashes[r], hashes[0]) << "rank " << r << " diverged from rank 0";
-  return r0;
+  return test_support::run_ranks(world, d, c);
 }
 
 }  // namespace
