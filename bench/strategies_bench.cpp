@@ -12,6 +12,9 @@
 //   hidden_fraction  1 - (time the rank thread waited for communication)
 //                    / (time the collectives ran)
 //   peak_bytes       params + grads + master + optimizer state at the peak
+//   param_hash       XXH3-64 of the parameters after the two warm-up steps
+//                    (same initial values and data for every strategy):
+//                    equal across strategies, as the equivalence promises
 #include "distopt/bench/strategies_bench.hpp"
 
 #include <algorithm>
@@ -25,6 +28,7 @@
 #include "distopt/core/random.hpp"
 #include "distopt/models/model.hpp"
 #include "distopt/parallel/strategy.hpp"
+#include "distopt/train/trainer.hpp"
 
 namespace distopt::bench {
 
@@ -38,11 +42,13 @@ struct Row {
   std::size_t params;
   double step_s, bytes_per_rank, theory_bytes, hidden_fraction;
   std::size_t peak_bytes;
+  std::string param_hash;
 };
 
 struct Sample {
   double step_s, bytes, hidden;
   std::size_t peak;
+  std::string hash;
 };
 
 std::vector<std::size_t> hidden_of(const std::string& model) {
@@ -82,11 +88,12 @@ Sample measure(Communicator& comm, const std::string& strategy, const std::strin
   const auto w0 = Clock::now();
   one_step();
   comm.barrier();  // also waits for the last step's pending gathers
+  const double warm_s = std::chrono::duration<double>(Clock::now() - w0).count();
+  const std::string hash = train::hash_params(s->gather_params());
   // Enough steps for about a third of a second, the same on every rank.
   std::int64_t steps = o.steps;
   if (steps == 0) {
-    const double t = std::chrono::duration<double>(Clock::now() - w0).count();
-    steps = std::clamp<std::int64_t>(static_cast<std::int64_t>(0.3 / std::max(t, 1e-6)), 3, 300);
+    steps = std::clamp<std::int64_t>(static_cast<std::int64_t>(0.3 / std::max(warm_s, 1e-6)), 3, 300);
     comm.broadcast(&steps, 1, ElemType::i64, 0);
   }
   const std::uint64_t bytes0 = comm.bytes_sent();
@@ -99,7 +106,7 @@ Sample measure(Communicator& comm, const std::string& strategy, const std::strin
   const auto m = s->memory();
   return {seconds / double(steps), double(comm.bytes_sent() - bytes0) / double(steps),
           busy > 0 ? std::clamp(1.0 - exposed / busy, 0.0, 1.0) : 1.0,
-          m.params + m.grads + m.master_params + m.optimizer_state};
+          m.params + m.grads + m.master_params + m.optimizer_state, hash};
 }
 
 std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) {
@@ -123,7 +130,7 @@ std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) 
       for (const Sample& s : samples[k]) t.push_back(s.step_s), b.push_back(s.bytes), h.push_back(s.hidden);
       const double volume = (o.strategies[k] == "zero3" ? 3.0 : 2.0) * double(psi) * 4.0 * (n - 1) / n;
       rows.push_back({o.strategies[k], std::string(comm.backend()), model_name, comm.size(), psi, median(t),
-                      median(b), volume, median(h), samples[k].back().peak});
+                      median(b), volume, median(h), samples[k].back().peak, samples[k].back().hash});
     }
   }
   return rows;
@@ -131,17 +138,18 @@ std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) 
 
 int report(const std::vector<Row>& rows, bool json) {
   FILE* table = json ? stderr : stdout;
-  std::fprintf(table, "%-6s %-8s %5s %-5s %10s %10s %8s %14s %14s %7s %8s %12s\n", "model", "backend", "world",
-               "strat", "params", "step (ms)", "vs ddp", "bytes/rank", "theory", "ratio", "hidden", "peak MiB");
+  std::fprintf(table, "%-6s %-8s %5s %-5s %10s %10s %8s %14s %14s %7s %8s %12s  %s\n", "model", "backend", "world",
+               "strat", "params", "step (ms)", "vs ddp", "bytes/rank", "theory", "ratio", "hidden", "peak MiB",
+               "param_hash (2 steps)");
   for (const Row& r : rows) {
     double ddp = 0;
     for (const Row& q : rows)
       if (q.strategy == "ddp" && q.model == r.model && q.world == r.world && q.backend == r.backend) ddp = q.step_s;
-    std::fprintf(table, "%-6s %-8s %5d %-5s %10zu %10.2f %8.3f %14.0f %14.0f %7.4f %8.3f %12.1f\n", r.model.c_str(),
+    std::fprintf(table, "%-6s %-8s %5d %-5s %10zu %10.2f %8.3f %14.0f %14.0f %7.4f %8.3f %12.1f  %s\n", r.model.c_str(),
                  r.backend.c_str(), r.world, r.strategy.c_str(), r.params, r.step_s * 1e3,
                  ddp > 0 ? r.step_s / ddp : 0.0, r.bytes_per_rank, r.theory_bytes,
                  r.theory_bytes > 0 ? r.bytes_per_rank / r.theory_bytes : 0.0, r.hidden_fraction,
-                 double(r.peak_bytes) / 1048576.0);
+                 double(r.peak_bytes) / 1048576.0, r.param_hash.c_str());
   }
   if (json) {
     std::string out = "{\"results\": [";
@@ -151,14 +159,23 @@ int report(const std::vector<Row>& rows, bool json) {
       std::snprintf(b, sizeof b,
                     "%s{\"strategy\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"model\": \"%s\", \"params\": %zu, "
                     "\"step_s\": %.6g, \"bytes_per_rank\": %.0f, \"theory_bytes\": %.0f, \"hidden_fraction\": %.4f, "
-                    "\"peak_bytes\": %zu}",
+                    "\"peak_bytes\": %zu, \"param_hash\": \"%s\"}",
                     i ? ", " : "", r.strategy.c_str(), r.backend.c_str(), r.world, r.model.c_str(), r.params,
-                    r.step_s, r.bytes_per_rank, r.theory_bytes, r.hidden_fraction, r.peak_bytes);
+                    r.step_s, r.bytes_per_rank, r.theory_bytes, r.hidden_fraction, r.peak_bytes, r.param_hash.c_str());
       out += b;
     }
     std::printf("%s]}\n", out.c_str());
   }
   std::fflush(stdout);
+  // The equivalence, shown: every strategy's parameters after the warm-up
+  // steps hash alike per model, world and backend.
+  for (const Row& r : rows)
+    for (const Row& q : rows)
+      if (q.model == r.model && q.world == r.world && q.backend == r.backend && q.param_hash != r.param_hash) {
+        std::fprintf(stderr, "distopt: error: %s and %s trained different parameters (%s vs %s)\n", r.strategy.c_str(),
+                     q.strategy.c_str(), r.param_hash.c_str(), q.param_hash.c_str());
+        return 3;
+      }
   return 0;
 }
 

@@ -8,7 +8,7 @@ import sys
 path, backend, worlds = sys.argv[1], sys.argv[2], [int(w) for w in sys.argv[3].split(",")]
 rows = json.loads(open(path).read().strip().splitlines()[-1])["results"]
 fields = {"strategy", "backend", "world", "model", "params", "step_s", "bytes_per_rank", "theory_bytes",
-          "hidden_fraction", "peak_bytes"}
+          "hidden_fraction", "peak_bytes", "param_hash"}
 seen = set()
 for r in rows:
     assert set(r) == fields, r
@@ -24,6 +24,10 @@ for r in rows:
 for w in worlds:
     for s in ("ddp", "zero1", "zero2", "zero3"):
         assert (s, w) in seen, (s, w)
+# The same parameters under every strategy.
+for w in worlds:
+    hashes = {r["param_hash"] for r in rows if r["world"] == w}
+    assert len(hashes) == 1, hashes
 # Memory falls as the strategies shard more (ZeRO's stages).
 for w in worlds:
     peak = {r["strategy"]: r["peak_bytes"] for r in rows if r["world"] == w}

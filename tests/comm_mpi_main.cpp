@@ -68,6 +68,18 @@ void closed_form(Communicator& c, Checks& k) {
       for (int r = 0; r < n; ++r)
         for (std::size_t i = 0; i < per; ++i) bad += get(t, all.data(), r * per + i) != value(r, i);
       k.expect(bad == 0, str("all_gather ", name_of(t), " per ", per));
+      // In place: the rank's piece of the input receives the reduction, and
+      // the own piece of the output is the gather's send buffer.
+      auto inplace = filled(t, per * n, c.rank());
+      char* own = reinterpret_cast<char*>(inplace.data()) + c.rank() * per * size_of(t);
+      c.reduce_scatter(inplace.data(), own, per, t, ReduceOp::sum);
+      bad = 0;
+      for (std::size_t i = 0; i < per; ++i) bad += get(t, own, i) != expected(ReduceOp::sum, n, c.rank() * per + i);
+      k.expect(bad == 0, str("reduce_scatter in place ", name_of(t), " per ", per));
+      c.all_gather(own, inplace.data(), per, t);
+      bad = 0;
+      for (std::size_t i = 0; i < per * n; ++i) bad += get(t, inplace.data(), i) != expected(ReduceOp::sum, n, i);
+      k.expect(bad == 0, str("all_gather in place ", name_of(t), " per ", per));
       for (int root = 0; root < n; ++root) {
         auto buf = filled(t, per, c.rank());
         c.broadcast(buf.data(), per, t, root);

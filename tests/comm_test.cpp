@@ -83,6 +83,26 @@ TEST_P(Worlds, ReduceScatterAllGatherBroadcast) {
   });
 }
 
+// The in-place forms the sharded strategies use: reduce_scatter into the
+// rank's own piece of its input, all_gather from the rank's own piece of
+// its output -- together an in-place all_reduce.
+TEST_P(Worlds, ReduceScatterAndAllGatherInPlace) {
+  const int n = GetParam();
+  spawn(n, [&](Communicator& c) {
+    for (ElemType t : testing::all_types())
+      for (std::size_t per : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}}) {
+        auto buf = filled(t, per * n, c.rank());
+        char* own = reinterpret_cast<char*>(buf.data()) + c.rank() * per * size_of(t);
+        c.reduce_scatter(buf.data(), own, per, t, ReduceOp::sum);
+        for (std::size_t i = 0; i < per; ++i)
+          ASSERT_EQ(get(t, own, i), expected(ReduceOp::sum, n, c.rank() * per + i)) << name_of(t);
+        c.all_gather(own, buf.data(), per, t);
+        for (std::size_t i = 0; i < per * n; ++i)
+          ASSERT_EQ(get(t, buf.data(), i), expected(ReduceOp::sum, n, i)) << name_of(t) << " [" << i << "]";
+      }
+  });
+}
+
 TEST_P(Worlds, AllGatherVWithUnevenCountsInPlace) {
   const int n = GetParam();
   spawn(n, [&](Communicator& c) {

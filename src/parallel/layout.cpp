@@ -58,6 +58,10 @@ std::vector<ShardLayout::Piece> ShardLayout::pieces(int rank) const {
     const std::size_t lo = u.shard * static_cast<std::size_t>(rank), hi = lo + u.shard;
     const std::size_t begin = params_[p].offset - u.begin, end = begin + params_[p].numel();
     const std::size_t a = std::clamp(begin, lo, hi), b = std::clamp(end, lo, hi);
+    if (a == b) {  // the parameter lies outside the rank's shard: an empty piece
+      out.push_back({p, 0, 0, u.shard_offset, u.padded_offset + lo});
+      continue;
+    }
     out.push_back({p, a - begin, b - a, u.shard_offset + (a - lo), u.padded_offset + a});
   }
   return out;

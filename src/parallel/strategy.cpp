@@ -237,16 +237,7 @@ class Engine final : public Strategy, public models::UnitAccess {
     param_requests_.resize(layout_.units().size());
   }
 
-  ~Engine() override {
-    // Requests reference our buffers: let them finish before freeing.
-    try {
-      wait_reductions();
-      wait_param_gathers();
-      for (auto& [u, g] : gathered_)
-        if (g.request) g.request->wait();
-    } catch (...) {
-    }
-  }
+  ~Engine() override { drain(); }
 
   std::string_view name() const override { return name_; }
   const ShardLayout& layout() const override { return layout_; }
@@ -286,6 +277,7 @@ class Engine final : public Strategy, public models::UnitAccess {
       values = params_.bytes() + unit.padded_offset * es_;
     }
     if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(values), unit.size()};
+    compute_.erase(u);  // a unit acquired again without a release: one copy, counted once
     Held& c = compute_[u];
     c = Held(meter_, Meter::params, unit.size() * sizeof(float), 4);
     to_f32(dtype_, values, reinterpret_cast<float*>(c.bytes()), unit.size());
@@ -321,6 +313,16 @@ class Engine final : public Strategy, public models::UnitAccess {
   // ---- the step ----
 
   void step(const UpdateFn& update) override {
+    // A gather still reading the parameters must finish before the update
+    // writes them (a unit the model did not use since the last step).
+    blocked([&] {
+      wait_param_gathers();
+      for (auto& [u, g] : gathered_)
+        if (g.request) {
+          g.request->wait();
+          g.request.reset();
+        }
+    });
     blocked([&] { wait_reductions(); });
     for (std::size_t i = 0; i < optimizer_->num_params(); ++i) optimizer_->param(i).has_grad = true;
     const GradShard shard{owned_, [this](double& v, bool max) {
@@ -334,9 +336,7 @@ class Engine final : public Strategy, public models::UnitAccess {
       optimizer_->step();
     if (stage_ == Stage::zero3) {
       // Gathered units hold the old values now (a model that did not use
-      // the kept last unit in backward leaves it here).
-      for (auto& [u, g] : gathered_)
-        if (g.request) g.request->wait();
+      // the kept last unit in backward leaves it here); none is in flight.
       gathered_.clear();
       // The next forward starts with unit 0: gather it now.
       prefetch(0);
@@ -355,7 +355,8 @@ class Engine final : public Strategy, public models::UnitAccess {
   // ---- parameters as values ----
 
   std::span<const float> own_params() override {
-    wait_param_gathers();
+    // zero1/2: the rank's own regions are final after the update; the
+    // gathers still running write only the other ranks' regions.
     const bool replicated = stage_ == Stage::ddp;
     if (replicated && dtype_ == DType::f32) return {reinterpret_cast<const float*>(params_.bytes()), layout_.padded_elements()};
     own_.assign(replicated ? layout_.padded_elements() : layout_.shard_elements(), 0.0f);
@@ -396,9 +397,30 @@ class Engine final : public Strategy, public models::UnitAccess {
   // Runs fn, counting its time as communication the rank waited for.
   template <class F>
   void blocked(F&& fn) {
-    const auto start = std::chrono::steady_clock::now();
+    struct Add {
+      double& total;
+      std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+      ~Add() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+    } add{exposed_s_};
     fn();
-    exposed_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  // Waits for every collective still using our buffers, ignoring their
+  // errors: after a failure the buffers must not be freed under a
+  // collective that still writes into them.
+  void drain() noexcept {
+    auto wait = [](std::unique_ptr<Request>& r) {
+      if (!r) return;
+      try {
+        r->wait();
+      } catch (...) {
+      }
+      r.reset();
+    };
+    for (InFlight& f : in_flight_)
+      for (auto& r : f.requests) wait(r);
+    for (auto& r : param_requests_) wait(r);
+    for (auto& [u, g] : gathered_) wait(g.request);
   }
 
   static std::size_t next_unit_none() { return SIZE_MAX; }

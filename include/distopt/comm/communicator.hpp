@@ -72,9 +72,11 @@ class Communicator {
   // recv[i] = op over ranks of send[i]; `count` elements. In place allowed.
   void all_reduce(const void* send, void* recv, std::size_t count, ElemType type, ReduceOp op);
   // send holds size()*recv_count elements; rank r receives the reduction of
-  // piece r (elements [r*recv_count, (r+1)*recv_count)).
+  // piece r (elements [r*recv_count, (r+1)*recv_count)). In place: recv may
+  // be send + rank()*recv_count (the rank's own piece of the input).
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, ElemType type, ReduceOp op);
   // recv (size()*send_count elements) = the ranks' send buffers in rank order.
+  // In place: send may be recv + rank()*send_count.
   void all_gather(const void* send, void* recv, std::size_t send_count, ElemType type);
   // As all_gather with per-rank counts (any counts, e.g. uneven shards).
   // `send` may be recv + (offset of this rank's piece): in place.

@@ -111,7 +111,8 @@ class Strategy {
 
   // The fp32 values of the parameters this rank keeps: the whole padded
   // buffer where parameters are replicated (ddp), the rank's shard buffer
-  // otherwise. Weight averaging works on these.
+  // otherwise. Weight averaging works on these. Valid until the next step()
+  // or own_params() call (a live view or a copy, depending on the strategy).
   virtual std::span<const float> own_params() = 0;
   // The full, unsharded fp32 parameters in slot order without padding, from
   // values shaped like own_params() (collective).
