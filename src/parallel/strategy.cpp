@@ -58,20 +58,67 @@ class Meter {
   std::size_t now_[kinds] = {}, peak_[kinds] = {};
 };
 
-// A buffer whose bytes the meter counts while it exists.
+// Transient buffers (gathered units, gradient buckets, fp32 copies) come
+// from a pool and go back to it, so a step does not map, fault in and zero
+// fresh memory for every unit (a fresh 11 MB buffer costs milliseconds).
+// The meter counts what the pool has allocated, idle buffers included. A
+// request takes the smallest idle buffer that fits; when none fits, the
+// idle ones are all smaller than what the model needs now and are freed
+// before a new one is allocated, so the pool holds no more than the most
+// buffers in use at once, each as large as the largest request.
+class Pool {
+ public:
+  Pool(Meter& meter, Meter::Kind kind) : meter_(meter), kind_(kind) {}
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  ~Pool() {
+    for (const Buffer& b : idle_) meter_.sub(kind_, b.size_bytes());
+  }
+  Buffer take(std::size_t bytes, int slot) {
+    auto best = idle_.end();
+    for (auto it = idle_.begin(); it != idle_.end(); ++it)
+      if (it->size_bytes() >= bytes && (best == idle_.end() || it->size_bytes() < best->size_bytes())) best = it;
+    if (best != idle_.end()) {
+      Buffer b = std::move(*best);
+      idle_.erase(best);
+      return b;
+    }
+    for (const Buffer& b : idle_) meter_.sub(kind_, b.size_bytes());
+    idle_.clear();
+    meter_.add(kind_, bytes);
+    return Buffer(bytes, slot);
+  }
+  void give(Buffer&& b) {
+    if (!b.empty()) idle_.push_back(std::move(b));
+  }
+
+ private:
+  Meter& meter_;
+  Meter::Kind kind_;
+  std::vector<Buffer> idle_;
+};
+
+// A buffer the meter counts while it exists (persistent), or one leased
+// from a pool and given back when the lease ends.
 class Held {
  public:
   Held() = default;
   Held(Meter& m, Meter::Kind k, std::size_t bytes, int slot) : meter_(&m), kind_(k), buf_(bytes, slot) {
     meter_->add(kind_, bytes);
   }
-  Held(Held&& o) noexcept : meter_(o.meter_), kind_(o.kind_), buf_(std::move(o.buf_)) { o.meter_ = nullptr; }
+  Held(Pool& pool, std::size_t bytes, int slot) : pool_(&pool), buf_(pool.take(bytes, slot)) {}
+  Held(Held&& o) noexcept : meter_(o.meter_), pool_(o.pool_), kind_(o.kind_), buf_(std::move(o.buf_)) {
+    o.meter_ = nullptr;
+    o.pool_ = nullptr;
+  }
   Held& operator=(Held&& o) noexcept {
     release();
     meter_ = o.meter_;
+    pool_ = o.pool_;
     kind_ = o.kind_;
     buf_ = std::move(o.buf_);
     o.meter_ = nullptr;
+    o.pool_ = nullptr;
     return *this;
   }
   ~Held() { release(); }
@@ -82,10 +129,13 @@ class Held {
  private:
   void release() {
     if (meter_ != nullptr) meter_->sub(kind_, buf_.size_bytes());
+    if (pool_ != nullptr) pool_->give(std::move(buf_));
     meter_ = nullptr;
+    pool_ = nullptr;
     buf_ = Buffer();
   }
   Meter* meter_ = nullptr;
+  Pool* pool_ = nullptr;
   Meter::Kind kind_ = Meter::params;
   Buffer buf_;
 };
@@ -279,7 +329,7 @@ class Engine final : public Strategy, public models::UnitAccess {
     if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(values), unit.size()};
     compute_.erase(u);  // a unit acquired again without a release: one copy, counted once
     Held& c = compute_[u];
-    c = Held(meter_, Meter::params, unit.size() * sizeof(float), 4);
+    c = Held(param_pool_, unit.size() * sizeof(float), 4);
     to_f32(dtype_, values, reinterpret_cast<float*>(c.bytes()), unit.size());
     return {reinterpret_cast<const float*>(c.bytes()), unit.size()};
   }
@@ -296,7 +346,7 @@ class Engine final : public Strategy, public models::UnitAccess {
     const auto& unit = layout_.units().at(u);
     grad_target_ = grad_target(u);
     if (dtype_ == DType::f32) return {reinterpret_cast<float*>(grad_target_), unit.size()};
-    grad_compute_ = Held(meter_, Meter::grads, unit.size() * sizeof(float), 5);
+    grad_compute_ = Held(grad_pool_, unit.size() * sizeof(float), 5);
     return {reinterpret_cast<float*>(grad_compute_.bytes()), unit.size()};
   }
 
@@ -431,7 +481,7 @@ class Engine final : public Strategy, public models::UnitAccess {
 
   void start_gather(std::size_t u, Gathered& g) {
     const auto& unit = layout_.units()[u];
-    g.buffer = Held(meter_, Meter::params, unit.padded * es_, 2 + static_cast<int>(u % 2));
+    g.buffer = Held(param_pool_, unit.padded * es_, 2 + static_cast<int>(u % 2));
     g.request = comm_.iall_gather(params_.bytes() + unit.shard_offset * es_, g.buffer.bytes(), unit.shard, type_);
   }
 
@@ -454,7 +504,14 @@ class Engine final : public Strategy, public models::UnitAccess {
       blocked([&] {
         while (in_flight_.size() >= 2) finish_oldest();
       });
-      in_flight_.push_back({b, Held(meter_, Meter::grads, bucket.padded * es_, 6 + static_cast<int>(b % 2)), {}});
+      in_flight_.push_back({b, Held(grad_pool_, bucket.padded * es_, 6 + static_cast<int>(b % 2)), {}});
+      // A recycled buffer: zero the units' padding, which backward never writes.
+      char* scratch = in_flight_.back().scratch.bytes();
+      for (std::size_t v = bucket.first; v < bucket.last; ++v) {
+        const auto& vu = layout_.units()[v];
+        std::memset(scratch + (vu.padded_offset - bucket.padded_offset + vu.size()) * es_, 0,
+                    (vu.padded - vu.size()) * es_);
+      }
     }
     return in_flight_.back().scratch.bytes() + (unit.padded_offset - bucket.padded_offset) * es_;
   }
@@ -519,6 +576,7 @@ class Engine final : public Strategy, public models::UnitAccess {
   ElemType type_;
   std::size_t es_, rank_;
   Meter meter_;
+  Pool param_pool_{meter_, Meter::params}, grad_pool_{meter_, Meter::grads};  // outlive every lease below
   Held params_, grads_;
   std::vector<ShardLayout::Piece> pieces_;
   std::vector<TensorView> owned_;
