@@ -6,14 +6,19 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <string>
 
+#include "backends.hpp"
 #include "commands.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/version.hpp"
+#include "distopt_git_revision.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"distopt: distributed optimizers, torch.optim-compatible", "distopt"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "distopt 0.1.0");
+  app.set_version_flag("--version", std::string("distopt ") + DISTOPT_VERSION_STRING + " (git " + DISTOPT_GIT_REVISION +
+                                       "; backends: threads" + (distopt::cli::mpi_available() ? ", mpi" : "") + ")");
   std::map<CLI::App*, distopt::cli::Runner> runners;
   auto add = [&](distopt::cli::Runner (*fn)(CLI::App&)) {
     auto runner = fn(app);
