@@ -5,20 +5,6 @@
 #include "rule_impl.hpp"
 
 namespace distopt {
-namespace rules {
-const RuleInfo& sgd_rule();
-const RuleInfo& adam_rule();
-const RuleInfo& adamw_rule();
-const RuleInfo& adamax_rule();
-const RuleInfo& adadelta_rule();
-const RuleInfo& adagrad_rule();
-const RuleInfo& rmsprop_rule();
-const RuleInfo& nadam_rule();
-const RuleInfo& radam_rule();
-const RuleInfo& rprop_rule();
-const RuleInfo& asgd_rule();
-const RuleInfo& lion_rule();
-}  // namespace rules
 
 std::string_view name_of(Locality l) {
   switch (l) {

@@ -9,6 +9,23 @@
 
 namespace distopt::rules {
 
+// The registry's entries, one per file of src/optim/rules/ (registry.cpp
+// lists them). Internal to the library: hidden from libdistopt.so.
+#define DISTOPT_INTERNAL __attribute__((visibility("hidden")))
+DISTOPT_INTERNAL const RuleInfo& sgd_rule();
+DISTOPT_INTERNAL const RuleInfo& adam_rule();
+DISTOPT_INTERNAL const RuleInfo& adamw_rule();
+DISTOPT_INTERNAL const RuleInfo& adamax_rule();
+DISTOPT_INTERNAL const RuleInfo& adadelta_rule();
+DISTOPT_INTERNAL const RuleInfo& adagrad_rule();
+DISTOPT_INTERNAL const RuleInfo& rmsprop_rule();
+DISTOPT_INTERNAL const RuleInfo& nadam_rule();
+DISTOPT_INTERNAL const RuleInfo& radam_rule();
+DISTOPT_INTERNAL const RuleInfo& rprop_rule();
+DISTOPT_INTERNAL const RuleInfo& asgd_rule();
+DISTOPT_INTERNAL const RuleInfo& lion_rule();
+#undef DISTOPT_INTERNAL
+
 // Option readers; resolve_options has already checked names and kinds.
 inline double num(const OptionMap& m, std::string_view k) { return m.find(k)->second.number(); }
 inline bool flag(const OptionMap& m, std::string_view k) { return m.find(k)->second.flag(); }
