@@ -40,6 +40,17 @@ expect_error 2 "cannot open file" -- replay "$tmp/missing.json"
 expect_error 2 "The following argument was not expected: --frobnicate" -- replay "$golden" --frobnicate
 expect_error 2 "unknown benchmark rule 'adamm'" -- bench optim --rules adamm
 expect_error 2 "unknown benchmark case '3M'" -- bench optim --cases 3M
+# Numbers beyond double's range, shapes whose product overflows, endless
+# input: one-line errors naming the file, never an internal error.
+sed 's/"lr":[0-9.e-]*/"lr":1e999/' "$golden" >"$tmp/huge.json"
+expect_error 2 "huge.json: malformed JSON: number overflow" -- replay "$tmp/huge.json"
+cat >"$tmp/shape.json" <<'JSON'
+{"format": "distopt-replay/1", "optimizer": {"name": "sgd", "options": {"lr": 0.1}},
+ "params": [{"shape": [3, 6148914691236517206], "data": [1, 2]}], "steps": []}
+JSON
+expect_error 2 "shape.json: params\[0\].shape: has more elements than any tensor can" -- replay "$tmp/shape.json"
+expect_error 2 "larger than 256 MiB, too large for a replay case" -- replay /dev/zero
+expect_error 2 "golden: is a folder: give one case file, or --check" -- replay "$src/tests/golden"
 sed 's/"name":"adam"/"name":"adamm"/' "$golden" >"$tmp/unknown.json"
 expect_error 2 "unknown optimizer 'adamm'" -- replay "$tmp/unknown.json"
 sed 's/"options":{/"options":{"lrr":1,/' "$golden" >"$tmp/option.json"

@@ -54,6 +54,49 @@ head -n 1 "$tmp/m.csv" | grep -q '^kind,epoch,step,wall_s,loss,lr' || fail "CSV 
 expect_error 2 "unknown model 'resnet'" -- train --model resnet --data synthetic
 expect_error 2 "unknown optimizer 'adamm'" -- train --optimizer adamm --data synthetic
 expect_error 2 "unknown strategy 'zero9'" -- train --strategy zero9 --data synthetic
+# Sizes: negative counts, and sizes beyond this machine's memory, are one
+# line before anything is allocated (not a wrapped unsigned, not bad_alloc).
+expect_error 2 "--batch-size: must be a non-negative integer (got -5)" -- train --batch-size -5 --data synthetic
+expect_error 2 "--seed: must be a non-negative integer (got -1)" -- train --seed -1 --data synthetic
+expect_error 2 "--max-steps: must be a non-negative integer (got -1)" -- train --max-steps -1 --data synthetic
+expect_error 2 "--hidden: must be positive integers (got 0)" -- train --hidden 64,0 --data synthetic
+expect_error 2 "--hidden needs .* GB for one layer" -- train --hidden 100000000 --data synthetic
+expect_error 2 "--train-size 100000000 and --test-size 2048 need .* GB for the synthetic data" -- \
+  train --train-size 100000000 --data synthetic
+expect_error 2 "--scheduler: not valid JSON (.*number overflow parsing .1e999.)" -- train --data synthetic \
+  --scheduler '{"name": "steplr", "options": {"step_size": 1e999}}'
+# A global batch larger than the training set is the whole set (no huge buffer).
+"$bin" train --data synthetic --train-size 256 --test-size 64 --batch-size 1000000000000 --progress none \
+  >"$tmp/out" 2>"$tmp/err" || fail "train --batch-size 1e12: $(cat "$tmp/err")"
+# An IDX file of 100 bytes whose header claims 21M images of 28x28: an error
+# naming the truncation, without allocating the 16.5 GB the header promises.
+mkdir -p "$tmp/badidx"
+python3 - "$tmp/badidx" <<'PY'
+import gzip, os, struct, sys
+d = sys.argv[1]
+head = struct.pack(">BBBBIII", 0, 0, 8, 3, 21000000, 28, 28)
+for name in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"):
+    open(os.path.join(d, name), "wb").write(gzip.compress(head + bytes(100 - len(head))))
+for name in ("train-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+    open(os.path.join(d, name), "wb").write(gzip.compress(struct.pack(">BBBBI", 0, 0, 8, 1, 1) + b"\0"))
+PY
+if ! nm "$bin" 2>/dev/null | grep -q "__asan_init\|__tsan_init"; then
+  (ulimit -v 1500000; "$bin" train --data-dir "$tmp/badidx" --progress none) >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  [ "$status" = 2 ] || fail "truncated IDX under ulimit -v: exit $status: $(head -c 300 "$tmp/err")"
+  grep -q "truncated: header promises 16464000000 bytes of data, file has 84" "$tmp/err" || fail "truncated IDX: $(cat "$tmp/err")"
+fi
+
+# A world the system cannot start (thread stacks beyond a memory limit):
+# one line, no abort. Not under AddressSanitizer, which reserves terabytes
+# of address space and cannot run under ulimit -v (nor can ThreadSanitizer).
+if ! nm "$bin" 2>/dev/null | grep -q "__asan_init\|__tsan_init"; then
+  (ulimit -v 700000; "$bin" train --world 400 --batch-size 512 --data synthetic --progress none) >"$tmp/out" 2>"$tmp/err"
+  status=$?
+  [ "$status" = 2 ] || fail "train --world 400 under ulimit -v: exit $status, want 2: $(head -c 300 "$tmp/err")"
+  [ "$(wc -l <"$tmp/err")" = 1 ] || fail "train --world 400 under ulimit -v: not one line: $(head -c 300 "$tmp/err")"
+  grep -q "cannot start 400 ranks as threads" "$tmp/err" || fail "train --world 400: $(cat "$tmp/err")"
+fi
 expect_error 2 "strategy 'sgp' is not available yet" -- train --strategy sgp --data synthetic
 expect_error 2 "--param-dtype: unknown dtype 'fp8' (known: f32, bf16, f16)" -- train --param-dtype fp8 --data synthetic
 expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got 0)" -- train --bucket-cap-mb 0 --data synthetic

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <new>
 #include <string>
 
 #include "backends.hpp"
@@ -44,6 +45,11 @@ int main(int argc, char** argv) {
       if (sub->parsed()) return run();
   } catch (const distopt::Error& e) {
     std::fprintf(stderr, "distopt: error: %s\n", e.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "distopt: error: out of memory: the run needs more memory than this machine can give "
+                 "(a smaller --batch-size, --hidden, --train-size or --world needs less)\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "distopt: internal error: %s\n", e.what());

@@ -390,6 +390,43 @@ void check_writable(const std::string& path) {
     throw IoError(str(path, ": cannot create (folder ", parent.string(), " is missing or not writable)"));
 }
 
+std::string gigabytes(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f GB", bytes / 1e9);
+  return b;
+}
+
+// Sizes the command line asks for, against this machine's memory, before
+// anything is allocated: one line naming the flag instead of bad_alloc.
+void check_memory(const TrainArgs& a, int world) {
+  const double have = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
+  if (!(have > 0)) return;
+  const double features = a.data == "synthetic-regression" ? 32 : 784;
+  if (a.data != "fashion-mnist") {
+    const double bytes = (double(a.train_size) + double(a.test_size)) * (features + 1) * 4;
+    if (bytes > have / 2)
+      throw InvalidInput(str("--train-size ", a.train_size, " and --test-size ", a.test_size, " need ", gigabytes(bytes),
+                             " for the synthetic data (this machine has ", gigabytes(have), ")"));
+  }
+  // Parameters, gradients and up to three state tensors of 4 bytes, on every
+  // rank of the process (ddp holds them all).
+  std::vector<double> widths{features};
+  if (a.config.model == "mlp")
+    for (double h : a.config.hidden.empty() ? std::vector<std::size_t>{256, 128} : a.config.hidden) widths.push_back(h);
+  widths.push_back(a.data == "synthetic-regression" ? 1 : 10);
+  double params = 0, largest = 0;
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
+    const double layer = widths[l] * widths[l + 1] + widths[l + 1];
+    params += layer;
+    largest = std::max(largest, layer);
+  }
+  const double bytes = params * 4 * 5 * world;
+  if (largest * 4 > have / 4 || bytes > have)
+    throw InvalidInput(str(a.config.hidden.empty() ? "the model" : "--hidden", " needs ", gigabytes(largest * 4),
+                           " for one layer and ", gigabytes(bytes), " for parameters, gradients and optimizer state at ",
+                           world, world == 1 ? " rank" : " ranks", " (this machine has ", gigabytes(have), ")"));
+}
+
 int run_train(TrainArgs& a) {
   const RuleInfo& rule = rule_or_throw(a.config.optimizer.name);
   a.config.optimizer.options = parse_options(rule, a.option_text);
@@ -443,6 +480,7 @@ int run_train(TrainArgs& a) {
     auto world = open_mpi_world();
     Communicator& comm = world->comm();
     try {
+      check_memory(a, 1);
       const data::Split data = load_data(a, a.config.model);
       Progress progress(bar, lines);
       std::optional<MetricsFile> metrics;
@@ -464,6 +502,7 @@ int run_train(TrainArgs& a) {
   }
 
   if (a.world < 1) throw InvalidInput(str("--world must be at least 1 (got ", a.world, ")"));
+  check_memory(a, a.world);
   if (a.config.batch_size < static_cast<std::size_t>(a.world))
     throw InvalidInput(str("batch size ", a.config.batch_size, " is smaller than the world size ", a.world,
                            ": every rank needs at least one sample per step"));
@@ -485,17 +524,37 @@ int run_train(TrainArgs& a) {
 
 }  // namespace
 
+// Counts: CLI11 would wrap "-5" into a huge unsigned number (and its range
+// validators print 1.8e308 with 300 digits); refuse a sign with one line.
+// Text that is not a number is left to the conversion's own error.
+const CLI::Validator non_negative(
+    [](std::string& v) -> std::string {
+      if (!v.empty() && v[0] == '-') return "must be a non-negative integer (got " + v + ")";
+      return {};
+    },
+    "N>=0");
+const CLI::Validator positive_counts(
+    [](std::string& v) -> std::string {
+      if (!v.empty() && (v[0] == '-' || v.find_first_not_of('0') == std::string::npos))
+        return "must be positive integers (got " + v + ")";
+      return {};
+    },
+    "N>0");
+
 Runner add_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* sub = app.add_subcommand("train", "train a built-in model on a data set (threads backend by default)");
   train::TrainConfig& c = a->config;
   sub->add_option("--model", c.model, "mlp (784-256-128-10, ReLU; default), logreg, linreg")->capture_default_str();
-  sub->add_option("--hidden", c.hidden, "mlp hidden widths (default 256,128)")->delimiter(',');
+  sub->add_option("--hidden", c.hidden, "mlp hidden widths (default 256,128)")->delimiter(',')
+      ->check(positive_counts);
   sub->add_option("--data", a->data, "fashion-mnist (default), synthetic, synthetic-regression")
       ->capture_default_str();
   sub->add_option("--data-dir", a->data_dir, "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
-  sub->add_option("--train-size,--synthetic-train-size", a->train_size, "synthetic training samples (default 8192)");
-  sub->add_option("--test-size,--synthetic-test-size", a->test_size, "synthetic test samples (default 2048)");
+  sub->add_option("--train-size,--synthetic-train-size", a->train_size, "synthetic training samples (default 8192)")
+      ->check(non_negative);
+  sub->add_option("--test-size,--synthetic-test-size", a->test_size, "synthetic test samples (default 2048)")
+      ->check(non_negative);
   sub->add_option("--optimizer", c.optimizer.name, "any optimizer of the library (default adamw)")
       ->capture_default_str();
   sub->add_option("--strategy", c.strategy,
@@ -510,12 +569,15 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--backend", a->backend, "threads (default) or mpi (world size from mpirun)")
       ->check(CLI::IsMember({"threads", "mpi"}));
   sub->add_option("--epochs", c.epochs, "epochs (default 1)");
-  sub->add_option("--batch-size", c.batch_size, "global batch size, the same at every world size (default 128)");
-  sub->add_option("--seed", c.seed, "seed of initialization, shuffling and synthetic data (default 0)");
+  sub->add_option("--batch-size", c.batch_size, "global batch size, the same at every world size (default 128)")
+      ->check(non_negative);
+  sub->add_option("--seed", c.seed, "seed of initialization, shuffling and synthetic data (default 0)")
+      ->check(non_negative);
   sub->add_flag("--drop-last", c.drop_last, "skip each epoch's last, partial batch (default: keep it)");
   sub->add_flag("!--keep-denormals", c.flush_denormals,
                 "compute with denormal floats (default: flush them to zero, much faster late in training)");
-  sub->add_option("--max-steps", c.max_steps, "stop after this many steps (default: all epochs)");
+  sub->add_option("--max-steps", c.max_steps, "stop after this many steps (default: all epochs)")
+      ->check(non_negative);
   sub->add_option("--metrics", a->metrics, "write per-step and per-epoch metrics (JSON lines; .csv for CSV)");
   sub->add_option("--export-params", a->export_path, "write the final fp32 parameters as a safetensors file");
   sub->add_option("--progress", a->progress, "auto (bar on a terminal, else lines), bar, lines, none")

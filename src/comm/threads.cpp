@@ -16,6 +16,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <tuple>
 
@@ -317,16 +318,18 @@ void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::mil
   auto comms = make_threads_world(n);
   World& world = static_cast<ThreadsComm&>(*comms[0]).world();
   std::vector<std::exception_ptr> errors(n);
-  std::vector<bool> consequence(n, false);
+  // One byte per rank: ranks write their own entries concurrently (a
+  // vector<bool> packs them into shared words, a data race).
+  std::vector<unsigned char> consequence(n, 0);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     comms[r]->set_timeout(timeout);
-    threads.emplace_back([&, r] {
+    auto body = [&, r] {
       try {
         fn(*comms[r]);
       } catch (const CommAborted&) {
         errors[r] = std::current_exception();
-        consequence[r] = true;
+        consequence[r] = 1;
       } catch (const std::exception& e) {
         errors[r] = std::current_exception();
         world.abort(str("rank ", r, " failed: ", e.what()));
@@ -334,7 +337,17 @@ void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::mil
         errors[r] = std::current_exception();
         world.abort(str("rank ", r, " failed"));
       }
-    });
+    };
+    try {
+      threads.emplace_back(body);
+    } catch (const std::system_error& e) {
+      // The system refused another thread (a memory or process limit): wake
+      // the ranks that started, join them, and say so in one line.
+      world.abort(str("rank ", r, " could not start"));
+      for (auto& t : threads) t.join();
+      throw CommError(str("cannot start ", n, " ranks as threads: thread ", r + 1, " of ", n,
+                          " failed to start (", e.what(), "); use fewer ranks (--world) or raise the limit"));
+    }
   }
   for (auto& t : threads) t.join();
   comms.clear();

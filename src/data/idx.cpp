@@ -4,6 +4,7 @@
 // data in row-major order.
 #include <zlib.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "distopt/core/error.hpp"
@@ -60,8 +61,17 @@ IdxArray read_idx(const std::string& path) {
     total *= dim;
     if (total > (std::size_t{1} << 34)) throw InvalidInput(str(path, ": IDX dimensions are implausibly large"));
   }
-  a.data.resize(total);
-  const std::size_t got = read_some(f.get(), a.data.data(), total, path);
+  // Grow with what the file really holds: a short file whose header claims
+  // gigabytes allocates no more than it has (gzip hides the real length).
+  std::size_t got = 0;
+  while (got < total) {
+    const std::size_t want = std::min(total - got, std::max<std::size_t>(got, std::size_t{1} << 20));
+    a.data.resize(got + want);
+    const std::size_t n = read_some(f.get(), a.data.data() + got, want, path);
+    got += n;
+    if (n < want) break;
+  }
+  a.data.resize(got);
   if (got != total)
     throw InvalidInput(str(path, ": truncated: header promises ", total, " bytes of data, file has ", got));
   unsigned char extra;

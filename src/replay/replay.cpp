@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -118,7 +119,7 @@ Case parse_case(const std::string& text, const std::string& source) {
   json doc;
   try {
     doc = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers beyond double's range (1e999)
     std::string what = e.what();
     if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
     throw InvalidInput(str(source, ": malformed JSON: ", what));
@@ -143,7 +144,15 @@ Case parse_case(const std::string& text, const std::string& source) {
     const json& shape = r.member(params[i], "shape", at);
     if (!shape.is_array()) r.fail(at + ".shape", "must be an array of sizes");
     Shape s;
-    for (std::size_t d = 0; d < shape.size(); ++d) s.push_back(static_cast<std::int64_t>(r.index(shape[d], str(at, ".shape[", d, "]"))));
+    std::uint64_t product = 1;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+      const std::size_t dim = r.index(shape[d], str(at, ".shape[", d, "]"));
+      // A shape whose product overflows would pass the size check below.
+      if (dim > (std::uint64_t{1} << 40) || __builtin_mul_overflow(product, dim, &product) ||
+          product > (std::uint64_t{1} << 40))
+        r.fail(at + ".shape", "has more elements than any tensor can (the product of its sizes overflows)");
+      s.push_back(static_cast<std::int64_t>(dim));
+    }
     std::vector<float> data = r.floats(r.member(params[i], "data", at), at + ".data");
     if (static_cast<std::int64_t>(data.size()) != numel(s))
       r.fail(at + ".data", str("has ", data.size(), " values, shape ", to_string(s), " needs ", numel(s)));
@@ -238,19 +247,28 @@ Case parse_case(const std::string& text, const std::string& source) {
 }
 
 Case load_case(const std::string& path) {
+  if (std::filesystem::is_directory(path)) throw InvalidInput(str(path, ": is a folder: give one case file, or --check to compare every case in it"));
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(str(path, ": cannot open file"));
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Read at most kMaxCaseBytes (+1 to notice more): /dev/zero or a huge
+  // file must not fill the memory.
+  constexpr std::size_t kMaxCaseBytes = std::size_t{256} << 20;
+  std::string text;
+  char block[1 << 16];
+  while (in && text.size() <= kMaxCaseBytes) {
+    in.read(block, sizeof block);
+    text.append(block, static_cast<std::size_t>(in.gcount()));
+  }
   if (in.bad()) throw IoError(str(path, ": read error"));
-  return parse_case(text.str(), path);
+  if (text.size() > kMaxCaseBytes) throw InvalidInput(str(path, ": larger than 256 MiB, too large for a replay case"));
+  return parse_case(text, path);
 }
 
 SchedulerSpec parse_scheduler_spec(const std::string& json_text, const std::string& source) {
   json doc;
   try {
     doc = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers beyond double's range (1e999)
     throw InvalidInput(str(source, ": not valid JSON (", e.what(), ")"));
   }
   return Reader(source).scheduler(doc, "scheduler");

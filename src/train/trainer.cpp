@@ -138,7 +138,9 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   if (report) observer->on_start(config.epochs, per_epoch);
 
   // This rank's piece of a batch, gathered contiguously.
-  std::vector<float> xb((config.batch_size / comm.size() + 1) * features), yb(config.batch_size / comm.size() + 1);
+  // (A batch never holds more than the training set.)
+  const std::size_t per_rank = std::min(config.batch_size, data.train.size()) / comm.size() + 1;
+  std::vector<float> xb(per_rank * features), yb(per_rank);
 
   // The per-step loss reduction runs while the step does; if the step
   // throws, the request must not outlive `sums`.
