@@ -304,7 +304,11 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   for (std::size_t g = 0; g < groups_.size(); ++g)
     for (std::size_t k = 0; k < groups_[g].params.size(); ++k)
       id_to_param[dict.param_groups[g].params[k]] = groups_[g].params[k];
-  for (const auto& [id, entry] : dict.state) {
+  for (const auto& item : dict.state) {
+    // Named copies, not structured bindings: the lambda below captures them
+    // (clang 14, used for fuzzing, cannot capture a structured binding).
+    const std::size_t id = item.first;
+    const auto& entry = item.second;
     auto it = id_to_param.find(id);
     if (it == id_to_param.end()) throw InvalidInput(str("loaded state refers to unknown parameter id ", id));
     const std::size_t i = it->second;
