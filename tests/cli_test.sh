@@ -50,6 +50,7 @@ cat >"$tmp/shape.json" <<'JSON'
 JSON
 expect_error 2 "shape.json: params\[0\].shape: has more elements than any tensor can" -- replay "$tmp/shape.json"
 expect_error 2 "larger than 256 MiB, too large for a replay case" -- replay /dev/zero
+expect_error 2 "--atol: must be a non-negative number (got -1)" -- replay --check "$golden" --atol -1
 expect_error 2 "golden: is a folder: give one case file, or --check" -- replay "$src/tests/golden"
 sed 's/"name":"adam"/"name":"adamm"/' "$golden" >"$tmp/unknown.json"
 expect_error 2 "unknown optimizer 'adamm'" -- replay "$tmp/unknown.json"

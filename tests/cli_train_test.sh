@@ -87,6 +87,27 @@ if ! nm "$bin" 2>/dev/null | grep -q "__asan_init\|__tsan_init"; then
   grep -q "truncated: header promises 16464000000 bytes of data, file has 84" "$tmp/err" || fail "truncated IDX: $(cat "$tmp/err")"
 fi
 
+# Outputs are checked before training and written where the user said.
+expect_error 2 "--metrics needs a file name (got an empty one)" -- train --data synthetic --metrics ''
+expect_error 2 "--metrics and --export-params both name $tmp/same: give each its own file" -- \
+  train --data synthetic --metrics "$tmp/same" --export-params "$tmp/same"
+mkdir -p "$tmp/adir"
+expect_error 2 "--export-params $tmp/adir: is a folder, not a file" -- train --data synthetic --export-params "$tmp/adir"
+expect_error 2 "--metrics $tmp/missing/m.jsonl: cannot create (folder .* is missing or not writable)" -- \
+  train --data synthetic --metrics "$tmp/missing/m.jsonl"
+mkdir -p "$tmp/real"
+ln -sf "$tmp/real/m.jsonl" "$tmp/link.jsonl"
+ln -sf "$tmp/real/p.safetensors" "$tmp/link.safetensors"
+"$bin" train --data synthetic --train-size 256 --test-size 64 --metrics "$tmp/link.jsonl" \
+  --export-params "$tmp/link.safetensors" --progress none >"$tmp/out" 2>"$tmp/err" || fail "train through links: $(cat "$tmp/err")"
+[ -L "$tmp/link.jsonl" ] && [ -L "$tmp/link.safetensors" ] || fail "an output symlink was replaced by a regular file"
+[ -s "$tmp/real/m.jsonl" ] && [ -s "$tmp/real/p.safetensors" ] || fail "outputs not written to the links' targets"
+ls "$tmp/real" | grep -q tmp && fail "a temporary file was left beside the target: $(ls "$tmp/real")"
+expect_error 2 "--swa-lr must be a non-negative number, like --lr (got -1)" -- \
+  train --data synthetic --epochs 2 --swa-start 1 --swa-lr -1
+# Control characters of the input come back escaped, on one line.
+expect_error 2 'unknown model .a\\x0ab.' -- train --data synthetic --model "$(printf 'a\nb')"
+
 # A world the system cannot start (thread stacks beyond a memory limit):
 # one line, no abort. Not under AddressSanitizer, which reserves terabytes
 # of address space and cannot run under ulimit -v (nor can ThreadSanitizer).

@@ -15,6 +15,25 @@
 #include "distopt/version.hpp"
 #include "distopt_git_revision.hpp"
 
+namespace {
+// An error message as one printable line: control characters and other
+// bytes below 0x20 (from file names or option values) are written \xNN.
+std::string printable(const char* what) {
+  std::string out;
+  for (const char* p = what; *p != 0; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"distopt: distributed optimizers, torch.optim-compatible", "distopt"};
   app.require_subcommand(1);
@@ -37,14 +56,14 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "distopt: error: %s (see distopt --help)\n", e.what());
+    std::fprintf(stderr, "distopt: error: %s (see distopt --help)\n", printable(e.what()).c_str());
     return 2;
   }
   try {
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run();
   } catch (const distopt::Error& e) {
-    std::fprintf(stderr, "distopt: error: %s\n", e.what());
+    std::fprintf(stderr, "distopt: error: %s\n", printable(e.what()).c_str());
     return 2;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr,
@@ -52,7 +71,7 @@ int main(int argc, char** argv) {
                  "(a smaller --batch-size, --hidden, --train-size or --world needs less)\n");
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "distopt: internal error: %s\n", e.what());
+    std::fprintf(stderr, "distopt: internal error: %s\n", printable(e.what()).c_str());
     return 3;
   }
   return 0;

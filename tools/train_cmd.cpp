@@ -41,6 +41,8 @@ struct TrainArgs {
   std::vector<std::string> scheduler_options;  // KEY=VALUE
   std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
   std::string param_dtype = "f32";
+  std::set<std::string> given_outputs;  // output flags given on the command line, even as ''
+
   double bucket_cap_mb = 0.125;
   GradScalerOptions scaler;  // --init-scale, --growth-factor, ... (torch's names)
   bool scaler_option_given = false;
@@ -122,13 +124,30 @@ class Progress final : public train::Observer {
   Clock::time_point start_, last_draw_;
 };
 
+// Where an output is written: through a symbolic link to its target (the
+// temporary file goes beside the target and is renamed onto it).
+std::string output_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = path;
+  // Follow links by hand: a link to a file not written yet is dangling,
+  // and weakly_canonical would stop at it.
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  const auto real = fs::weakly_canonical(p, ec);
+  return ec ? p.string() : real.string();
+}
+
 // Metrics per step and per epoch, as JSON lines (default) or CSV (a name
 // ending in .csv). Written to NAME.tmp.<pid> and renamed at the end, so an
 // earlier file of that name is replaced only by a complete one.
 class MetricsFile final : public train::Observer {
  public:
-  explicit MetricsFile(std::string path)
-      : path_(std::move(path)),
+  explicit MetricsFile(const std::string& path)
+      : path_(output_path(path)),
         tmp_(path_ + ".tmp." + std::to_string(::getpid())),
         csv_(path_.size() >= 4 && path_.compare(path_.size() - 4, 4, ".csv") == 0),
         out_(tmp_) {
@@ -374,7 +393,7 @@ void export_params(const train::TrainResult& r, const TrainArgs& a) {
   auto write = [&](const std::string& path, const std::vector<float>& params, const std::string& hash,
                    std::map<std::string, std::string> metadata) {
     metadata.insert({{"format", "distopt-params/1"}, {"model", a.config.model}, {"param_hash", hash}});
-    checkpoint::write_safetensors(path, {r.slots, params, std::move(metadata)});
+    checkpoint::write_safetensors(output_path(path), {r.slots, params, std::move(metadata)});
   };
   if (!a.export_path.empty()) write(a.export_path, r.params, r.param_hash, {});
   if (!a.export_averaged.empty() && r.averaged)
@@ -384,10 +403,26 @@ void export_params(const train::TrainResult& r, const TrainArgs& a) {
 }
 
 // Fails now rather than after a long run.
-void check_writable(const std::string& path) {
-  const auto parent = std::filesystem::absolute(path).parent_path();
+void check_writable(const std::string& flag, const std::string& path) {
+  if (path.empty()) throw InvalidInput(str(flag, " needs a file name (got an empty one)"));
+  const auto real = std::filesystem::path(output_path(path));
+  if (std::filesystem::is_directory(real)) throw InvalidInput(str(flag, " ", path, ": is a folder, not a file"));
+  const auto parent = std::filesystem::absolute(real).parent_path();
   if (!std::filesystem::is_directory(parent) || ::access(parent.c_str(), W_OK) != 0)
-    throw IoError(str(path, ": cannot create (folder ", parent.string(), " is missing or not writable)"));
+    throw IoError(str(flag, " ", path, ": cannot create (folder ", parent.string(), " is missing or not writable)"));
+}
+
+// Every output checked before work starts, and no two naming one file.
+void check_outputs(const TrainArgs& a) {
+  const std::pair<const char*, const std::string*> outputs[] = {
+      {"--metrics", &a.metrics}, {"--export-params", &a.export_path}, {"--export-averaged", &a.export_averaged}};
+  std::map<std::string, const char*> seen;
+  for (const auto& [flag, path] : outputs) {
+    if (!a.given_outputs.count(flag)) continue;
+    check_writable(flag, *path);
+    const auto [it, fresh] = seen.emplace(output_path(*path), flag);
+    if (!fresh) throw InvalidInput(str(it->second, " and ", flag, " both name ", *path, ": give each its own file"));
+  }
 }
 
 std::string gigabytes(double bytes) {
@@ -457,12 +492,9 @@ int run_train(TrainArgs& a) {
                                                                        : str(a.config.scheduler->name, ": ", what));
     }
   }
-  if (!a.export_path.empty()) check_writable(a.export_path);
-  if (!a.export_averaged.empty()) {
-    if (a.config.swa_start == 0 && !a.config.ema_decay)
-      throw InvalidInput("--export-averaged needs --swa-start or --ema-decay");
-    check_writable(a.export_averaged);
-  }
+  if (a.given_outputs.count("--export-averaged") && a.config.swa_start == 0 && !a.config.ema_decay)
+    throw InvalidInput("--export-averaged needs --swa-start or --ema-decay");
+  check_outputs(a);
   if (a.clip_norm_type == "inf")
     a.config.clip_norm_type = std::numeric_limits<double>::infinity();
   else
@@ -578,8 +610,10 @@ Runner add_train(CLI::App& app) {
                 "compute with denormal floats (default: flush them to zero, much faster late in training)");
   sub->add_option("--max-steps", c.max_steps, "stop after this many steps (default: all epochs)")
       ->check(non_negative);
-  sub->add_option("--metrics", a->metrics, "write per-step and per-epoch metrics (JSON lines; .csv for CSV)");
-  sub->add_option("--export-params", a->export_path, "write the final fp32 parameters as a safetensors file");
+  sub->add_option("--metrics", a->metrics, "write per-step and per-epoch metrics (JSON lines; .csv for CSV)")
+      ->each([a](const std::string&) { a->given_outputs.insert("--metrics"); });
+  sub->add_option("--export-params", a->export_path, "write the final fp32 parameters as a safetensors file")
+      ->each([a](const std::string&) { a->given_outputs.insert("--export-params"); });
   sub->add_option("--progress", a->progress, "auto (bar on a terminal, else lines), bar, lines, none")
       ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   sub->add_flag("--json", a->json, "print the summary as one JSON object, the last line of stdout");
@@ -622,7 +656,8 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--ema-decay", c.ema_decay,
                   "exponential moving average of the parameters after every step, with this decay (e.g. 0.999)");
   sub->add_option("--export-averaged", a->export_averaged,
-                  "write the averaged (SWA/EMA) model's fp32 parameters as a safetensors file");
+                  "write the averaged (SWA/EMA) model's fp32 parameters as a safetensors file")
+      ->each([a](const std::string&) { a->given_outputs.insert("--export-averaged"); });
   // Every optimizer option of every rule, torch-named (--weight-decay or --weight_decay).
   std::set<std::string> seen;
   for (const RuleInfo* rule : all_rules())

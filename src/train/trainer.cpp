@@ -61,6 +61,8 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
   }
   if (c.swa_start > 0 && c.ema_decay) throw InvalidInput("--swa-start and --ema-decay cannot be combined: choose one average");
   if (c.swa_lr && c.swa_start == 0) throw InvalidInput("--swa-lr needs --swa-start");
+  if (c.swa_lr && !(*c.swa_lr >= 0 && std::isfinite(*c.swa_lr)))
+    throw InvalidInput(str("--swa-lr must be a non-negative number, like --lr (got ", *c.swa_lr, ")"));
   if (c.ema_decay && !(*c.ema_decay >= 0 && *c.ema_decay <= 1))
     throw InvalidInput(str("--ema-decay must be in [0, 1] (got ", *c.ema_decay, ")"));
   if (c.loss_scale) {
