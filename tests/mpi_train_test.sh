@@ -33,6 +33,22 @@ for np in 2 4; do
       fail "np $np: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
   done
 done
+# Launch mistakes: without --backend, mpirun's processes are one MPI job
+# (not two duplicate runs); --world that disagrees with -np, and --backend
+# threads under mpirun, are errors.
+timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" "${args[@]}" >"$tmp/mpi" 2>"$tmp/err" ||
+  fail "mpirun without --backend exited $?: $(tail -n 3 "$tmp/err")"
+[ "$(grep -c '^{' "$tmp/mpi")" = 1 ] || fail "mpirun without --backend: $(grep -c '^{' "$tmp/mpi") summaries, want 1"
+grep -q '"backend": "mpi", "world": 2' "$tmp/mpi" || fail "mpirun without --backend: $(tail -n 1 "$tmp/mpi" | cut -c1-200)"
+grep -q "started by mpirun with 2 processes: using --backend mpi" "$tmp/err" || fail "no notice of the MPI backend"
+timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --data synthetic --world 4 >"$tmp/out" 2>"$tmp/err"
+[ $? != 0 ] || fail "--world 4 under mpirun -np 2 was accepted"
+grep -q -- "--world 4 disagrees with the 2 processes mpirun started" "$tmp/err" || fail "--world mismatch: $(head -n 2 "$tmp/err")"
+timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --data synthetic --backend threads >"$tmp/out" 2>"$tmp/err"
+[ $? != 0 ] || fail "--backend threads under mpirun was accepted"
+grep -q -- "--backend threads under mpirun (2 processes): each process would train its own copy" "$tmp/err" ||
+  fail "--backend threads under mpirun: $(head -n 2 "$tmp/err")"
+
 # Bad input under mpirun: every rank ends, with an error naming the problem.
 timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --backend mpi --data synthetic --batch-size 1 \
   >"$tmp/out" 2>"$tmp/err"

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -42,6 +43,7 @@ struct TrainArgs {
   std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
   std::string param_dtype = "f32";
   std::set<std::string> given_outputs;  // output flags given on the command line, even as ''
+  bool world_given = false, backend_given = false;
 
   double bucket_cap_mb = 0.125;
   GradScalerOptions scaler;  // --init-scale, --growth-factor, ... (torch's names)
@@ -508,10 +510,27 @@ int run_train(TrainArgs& a) {
   const bool bar = a.progress == "bar" || (a.progress == "auto" && tty);
   const bool lines = a.progress == "lines" || (a.progress == "auto" && !tty);
 
+  // Started by Open MPI's mpirun: the MPI backend, whatever was (not) said.
+  // Without it every process would train its own copy and exit 0.
+  if (const char* launched = std::getenv("OMPI_COMM_WORLD_SIZE"); launched != nullptr) {
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (!a.backend_given) {
+      a.backend = "mpi";
+      if (rank != nullptr && std::string(rank) == "0")
+        std::fprintf(stderr, "distopt: started by mpirun with %s processes: using --backend mpi\n", launched);
+    } else if (a.backend == "threads" && std::atoi(launched) > 1) {
+      throw InvalidInput(str("--backend threads under mpirun (", launched,
+                             " processes): each process would train its own copy; use --backend mpi, or run "
+                             "without mpirun"));
+    }
+  }
   if (a.backend == "mpi") {
     auto world = open_mpi_world();
     Communicator& comm = world->comm();
     try {
+      if (a.world_given && a.world != comm.size())
+        throw InvalidInput(str("--world ", a.world, " disagrees with the ", comm.size(),
+                               " processes mpirun started (under --backend mpi the world is mpirun's -np)"));
       check_memory(a, 1);
       const data::Split data = load_data(a, a.config.model);
       Progress progress(bar, lines);
@@ -597,8 +616,11 @@ Runner add_train(CLI::App& app) {
                   "parameters and gradients in f32 (default), bf16 or f16, with fp32 master weights and state");
   sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,
                   "gradient bucket size in MiB (default 0.125): buckets of whole layers reduced while backward runs");
-  sub->add_option("--world", a->world, "ranks of the threads backend (default 1)");
-  sub->add_option("--backend", a->backend, "threads (default) or mpi (world size from mpirun)")
+  sub->add_option("--world", a->world, "ranks of the threads backend (default 1)")
+      ->each([a](const std::string&) { a->world_given = true; });
+  sub->add_option("--backend", a->backend,
+                  "threads (default) or mpi (world size from mpirun; chosen by itself under mpirun)")
+      ->each([a](const std::string&) { a->backend_given = true; })
       ->check(CLI::IsMember({"threads", "mpi"}));
   sub->add_option("--epochs", c.epochs, "epochs (default 1)");
   sub->add_option("--batch-size", c.batch_size, "global batch size, the same at every world size (default 128)")
