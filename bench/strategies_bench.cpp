@@ -66,8 +66,7 @@ double median(std::vector<double> v) {
 Sample measure(Communicator& comm, const std::string& strategy, const std::string& model_name,
                const StrategiesBenchOptions& o) {
   auto model = models::make_model("mlp", 784, 10, hidden_of(model_name));
-  parallel::FlatLayout layout{model->params(), model->buffer_elements(), {}};
-  for (const auto& u : model->units()) layout.units.push_back({u.name, u.begin, u.end});
+  const parallel::FlatLayout layout = parallel::flat_layout(*model);
   std::vector<float> init(layout.elements);
   model->init(init, 1);
   parallel::StrategyOptions so;

@@ -16,6 +16,10 @@ expect_error() {
   grep -q -- "$pattern" "$tmp/err" || fail "distopt $*: stderr '$(cat "$tmp/err")' lacks '$pattern'"
 }
 
+# sanitized: true when $bin is built with AddressSanitizer or ThreadSanitizer,
+# which reserve terabytes of address space and cannot run under ulimit -v.
+sanitized() { nm "$bin" 2>/dev/null | grep -q "__asan_init\|__tsan_init"; }
+
 # finish NAME: the summary line and the exit status.
 finish() {
   if [ "$failures" = 0 ]; then echo "$1: all checks passed"; exit 0; fi

@@ -80,7 +80,7 @@ for name in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz"):
 for name in ("train-labels-idx1-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
     open(os.path.join(d, name), "wb").write(gzip.compress(struct.pack(">BBBBI", 0, 0, 8, 1, 1) + b"\0"))
 PY
-if ! nm "$bin" 2>/dev/null | grep -q "__asan_init\|__tsan_init"; then
+if ! sanitized; then
   (ulimit -v 1500000; "$bin" train --data-dir "$tmp/badidx" --progress none) >"$tmp/out" 2>"$tmp/err"
   status=$?
   [ "$status" = 2 ] || fail "truncated IDX under ulimit -v: exit $status: $(head -c 300 "$tmp/err")"
@@ -109,9 +109,8 @@ expect_error 2 "--swa-lr must be a non-negative number, like --lr (got -1)" -- \
 expect_error 2 'unknown model .a\\x0ab.' -- train --data synthetic --model "$(printf 'a\nb')"
 
 # A world the system cannot start (thread stacks beyond a memory limit):
-# one line, no abort. Not under AddressSanitizer, which reserves terabytes
-# of address space and cannot run under ulimit -v (nor can ThreadSanitizer).
-if ! nm "$bin" 2>/dev/null | grep -q "__asan_init\|__tsan_init"; then
+# one line, no abort (not in sanitizer builds: see check_lib.sh).
+if ! sanitized; then
   (ulimit -v 700000; "$bin" train --world 400 --batch-size 512 --data synthetic --progress none) >"$tmp/out" 2>"$tmp/err"
   status=$?
   [ "$status" = 2 ] || fail "train --world 400 under ulimit -v: exit $status, want 2: $(head -c 300 "$tmp/err")"

@@ -303,7 +303,7 @@ TEST(Strategies, AModelWithoutUnitHooksRunsUnderEveryStrategy) {
       std::vector<float> out;
       spawn(world, [&](Communicator& comm) {
         WholeLinear model(37);
-        parallel::FlatLayout layout{model.params(), model.buffer_elements(), {}};
+        const parallel::FlatLayout layout = parallel::flat_layout(model);
         std::vector<float> init(layout.elements);
         model.init(init, 3);
         auto s = parallel::make_strategy(name, comm, layout, init, {"adam", {{"lr", 0.01}}});
@@ -456,7 +456,7 @@ TEST(Setup, AFailingRankEndsEveryRankWithAnError) {
       spawn(3, [&](Communicator& comm) {
         comm.set_timeout(std::chrono::seconds(30));
         WholeLinear model(37);
-        parallel::FlatLayout layout{model.params(), model.buffer_elements(), {}};
+        const parallel::FlatLayout layout = parallel::flat_layout(model);
         std::vector<float> init(layout.elements);
         auto s = parallel::make_strategy(strategy, comm, layout, init, {"adam", {}});
         for (int step = 0; step < 3; ++step) {

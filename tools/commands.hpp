@@ -3,12 +3,25 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
 
 namespace distopt::cli {
 
 // Each verb adds its subcommand to the app and returns the function that
 // runs it (returning the process exit status).
 using Runner = std::function<int()>;
+
+// A validator that refuses a leading minus with "must be a non-negative
+// <kind> (got -5)": CLI11 would wrap a negative into a huge unsigned number,
+// and its range validators print their bound, 1.8e308, in 300 digits. Text
+// that is not a number is left to the conversion's own error.
+inline CLI::Validator non_negative(const std::string& kind) {
+  return CLI::Validator(
+      [kind](std::string& v) -> std::string {
+        return !v.empty() && v[0] == '-' ? "must be a non-negative " + kind + " (got " + v + ")" : std::string();
+      },
+      "X>=0");
+}
 Runner add_replay(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_train(CLI::App& app);

@@ -81,14 +81,8 @@ Runner add_replay(CLI::App& app) {
   sub->add_flag("-v,--verbose", args->verbose, "with --check, also list the cases that pass");
   sub->add_flag("--json", args->json, "print one JSON object as the last line of stdout");
   sub->add_option("--threads", args->threads, "threads for the optimizer step")->check(CLI::Range(1, 256));
-  // CLI's own range validators print the upper bound, 1.8e308, in 300 digits.
-  const CLI::Validator non_negative(
-      [](std::string& v) -> std::string {
-        return !v.empty() && v[0] == '-' ? "must be a non-negative number (got " + v + ")" : std::string();
-      },
-      "X>=0");
-  sub->add_option("--atol", args->tol.atol, "absolute tolerance of --check")->check(non_negative);
-  sub->add_option("--rtol", args->tol.rtol, "relative tolerance of --check")->check(non_negative);
+  sub->add_option("--atol", args->tol.atol, "absolute tolerance of --check")->check(non_negative("number"));
+  sub->add_option("--rtol", args->tol.rtol, "relative tolerance of --check")->check(non_negative("number"));
   return [args] {
     if (args->check) {  // expand directories
       std::vector<std::string> files;

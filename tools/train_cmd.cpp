@@ -326,12 +326,23 @@ SchedulerSpec parse_scheduler(const TrainArgs& a) {
   return spec;
 }
 
+// Features and outputs of a data set (Fashion-MNIST's and the synthetic
+// classification set's are the same): what load_data makes and check_memory sizes.
+struct DataDims {
+  std::size_t features, outputs;
+};
+DataDims dims_of(const std::string& data) {
+  if (data == "synthetic-regression") return {32, 1};
+  return {784, 10};
+}
+
 data::Split load_data(const TrainArgs& a, const std::string& model) {
+  const DataDims dims = dims_of(a.data);
   if (a.data == "fashion-mnist") return data::load_fashion_mnist(a.data_dir.empty() ? data::default_fashion_mnist_dir() : a.data_dir);
   if (a.data == "synthetic")
-    return data::make_synthetic_classification(784, 10, a.train_size, a.test_size, a.config.seed);
+    return data::make_synthetic_classification(dims.features, dims.outputs, a.train_size, a.test_size, a.config.seed);
   if (a.data == "synthetic-regression")
-    return data::make_synthetic_regression(32, a.train_size, a.test_size, 0.1, a.config.seed);
+    return data::make_synthetic_regression(dims.features, a.train_size, a.test_size, 0.1, a.config.seed);
   (void)model;
   throw InvalidInput(str("unknown data set '", a.data, "' (known: fashion-mnist, synthetic, synthetic-regression)"));
 }
@@ -438,7 +449,8 @@ std::string gigabytes(double bytes) {
 void check_memory(const TrainArgs& a, int world) {
   const double have = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
   if (!(have > 0)) return;
-  const double features = a.data == "synthetic-regression" ? 32 : 784;
+  const DataDims dims = dims_of(a.data);
+  const auto features = static_cast<double>(dims.features);
   if (a.data != "fashion-mnist") {
     const double bytes = (double(a.train_size) + double(a.test_size)) * (features + 1) * 4;
     if (bytes > have / 2)
@@ -450,7 +462,7 @@ void check_memory(const TrainArgs& a, int world) {
   std::vector<double> widths{features};
   if (a.config.model == "mlp")
     for (double h : a.config.hidden.empty() ? std::vector<std::size_t>{256, 128} : a.config.hidden) widths.push_back(h);
-  widths.push_back(a.data == "synthetic-regression" ? 1 : 10);
+  widths.push_back(static_cast<double>(dims.outputs));
   double params = 0, largest = 0;
   for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
     const double layer = widths[l] * widths[l + 1] + widths[l + 1];
@@ -575,15 +587,7 @@ int run_train(TrainArgs& a) {
 
 }  // namespace
 
-// Counts: CLI11 would wrap "-5" into a huge unsigned number (and its range
-// validators print 1.8e308 with 300 digits); refuse a sign with one line.
-// Text that is not a number is left to the conversion's own error.
-const CLI::Validator non_negative(
-    [](std::string& v) -> std::string {
-      if (!v.empty() && v[0] == '-') return "must be a non-negative integer (got " + v + ")";
-      return {};
-    },
-    "N>=0");
+// Hidden widths: neither negative nor zero.
 const CLI::Validator positive_counts(
     [](std::string& v) -> std::string {
       if (!v.empty() && (v[0] == '-' || v.find_first_not_of('0') == std::string::npos))
@@ -603,9 +607,9 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--data-dir", a->data_dir, "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
   sub->add_option("--train-size,--synthetic-train-size", a->train_size, "synthetic training samples (default 8192)")
-      ->check(non_negative);
+      ->check(non_negative("integer"));
   sub->add_option("--test-size,--synthetic-test-size", a->test_size, "synthetic test samples (default 2048)")
-      ->check(non_negative);
+      ->check(non_negative("integer"));
   sub->add_option("--optimizer", c.optimizer.name, "any optimizer of the library (default adamw)")
       ->capture_default_str();
   sub->add_option("--strategy", c.strategy,
@@ -624,14 +628,14 @@ Runner add_train(CLI::App& app) {
       ->check(CLI::IsMember({"threads", "mpi"}));
   sub->add_option("--epochs", c.epochs, "epochs (default 1)");
   sub->add_option("--batch-size", c.batch_size, "global batch size, the same at every world size (default 128)")
-      ->check(non_negative);
+      ->check(non_negative("integer"));
   sub->add_option("--seed", c.seed, "seed of initialization, shuffling and synthetic data (default 0)")
-      ->check(non_negative);
+      ->check(non_negative("integer"));
   sub->add_flag("--drop-last", c.drop_last, "skip each epoch's last, partial batch (default: keep it)");
   sub->add_flag("!--keep-denormals", c.flush_denormals,
                 "compute with denormal floats (default: flush them to zero, much faster late in training)");
   sub->add_option("--max-steps", c.max_steps, "stop after this many steps (default: all epochs)")
-      ->check(non_negative);
+      ->check(non_negative("integer"));
   sub->add_option("--metrics", a->metrics, "write per-step and per-epoch metrics (JSON lines; .csv for CSV)")
       ->each([a](const std::string&) { a->given_outputs.insert("--metrics"); });
   sub->add_option("--export-params", a->export_path, "write the final fp32 parameters as a safetensors file")

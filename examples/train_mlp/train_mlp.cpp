@@ -26,8 +26,7 @@ int main() {
   std::mutex m;
   distopt::spawn(kWorld, [&](distopt::Communicator& comm) {
     auto model = distopt::models::make_model("mlp", kFeatures, kClasses);
-    distopt::parallel::FlatLayout layout{model->params(), model->buffer_elements(), {}};
-    for (const auto& u : model->units()) layout.units.push_back({u.name, u.begin, u.end});
+    const auto layout = distopt::parallel::flat_layout(*model);
     std::vector<float> init(layout.elements);
     model->init(init, /*seed=*/0);
     auto zero3 = distopt::parallel::make_strategy("zero3", comm, layout, init, {"adamw", {{"lr", 1e-3}}});

@@ -110,6 +110,12 @@ double clip_grad_norm(Optimizer& opt, double max_norm, double norm_type, bool er
   return clip_grad_norm(grads, max_norm, norm_type, error_if_nonfinite, reduce);
 }
 
+double clip_grad_norm(Optimizer& opt, std::span<const TensorView> owned, double max_norm, double norm_type,
+                      bool error_if_nonfinite, const StatReduce& reduce) {
+  const auto grads = grads_of(opt);
+  return clip_grad_norm(owned, grads, max_norm, norm_type, error_if_nonfinite, reduce);
+}
+
 void clip_grad_value(std::span<const TensorView> grads, double clip_value) {
   if (std::isnan(clip_value)) throw InvalidInput("clip_value must not be NaN");
   const auto v = static_cast<float>(clip_value);

@@ -44,6 +44,8 @@ ShardLayout::ShardLayout(const std::vector<ParamSlot>& params, std::size_t eleme
     std::size_t first = last - 1, size = units_[first].padded;
     while (first > 0 && size < bucket_elements) size += units_[--first].padded;
     bucket_of_first_[first] = static_cast<long>(buckets_.size());
+    bucket_of_.resize(units_.size());
+    for (std::size_t u = first; u < last; ++u) bucket_of_[u] = buckets_.size();
     buckets_.push_back({first, last, units_[first].padded_offset, size});
     last = first;
   }

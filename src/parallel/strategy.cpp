@@ -246,7 +246,7 @@ class Engine final : public Strategy, public models::UnitAccess {
         rank_(static_cast<std::size_t>(comm.rank())) {
     DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
     check_agreement(comm, name, layout_, spec, options);
-    pieces_ = layout_.pieces(comm.rank());
+    const std::vector<ShardLayout::Piece> pieces = layout_.pieces(comm.rank());
     const std::size_t padded = layout_.padded_elements(), shard = layout_.shard_elements();
     if (stage_ == Stage::zero3) {
       params_ = Held(meter_, Meter::params, shard * es_, 0);
@@ -267,7 +267,7 @@ class Engine final : public Strategy, public models::UnitAccess {
       grads_ = Held(meter_, Meter::grads, shard * es_, 1);
     std::vector<Param> views;
     for (const ParamSlot& s : layout_.params()) {
-      const auto& piece = pieces_[views.size()];
+      const auto& piece = pieces[views.size()];
       if (stage_ == Stage::ddp) {
         const std::size_t at = layout_.padded_offset(piece.param);
         views.push_back({s.name, {params_.bytes() + at * es_, dtype_, s.shape}, {grads_.bytes() + at * es_, dtype_, s.shape}, true});
@@ -313,17 +313,11 @@ class Engine final : public Strategy, public models::UnitAccess {
     if (stage_ == Stage::zero3) {
       Gathered& g = gathered_[u];
       if (g.buffer.empty()) start_gather(u, g);
-      if (g.request) {
-        blocked([&] { g.request->wait(); });
-        g.request.reset();
-      }
+      blocked([&] { finish(g.request); });
       values = g.buffer.bytes();
       prefetch(next_unit(u, pass));
     } else {
-      if (param_requests_[u]) {
-        blocked([&] { param_requests_[u]->wait(); });
-        param_requests_[u].reset();
-      }
+      blocked([&] { finish(param_requests_[u]); });
       values = params_.bytes() + unit.padded_offset * es_;
     }
     if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(values), unit.size()};
@@ -366,12 +360,8 @@ class Engine final : public Strategy, public models::UnitAccess {
     // A gather still reading the parameters must finish before the update
     // writes them (a unit the model did not use since the last step).
     blocked([&] {
-      wait_param_gathers();
-      for (auto& [u, g] : gathered_)
-        if (g.request) {
-          g.request->wait();
-          g.request.reset();
-        }
+      for (auto& r : param_requests_) finish(r);
+      for (auto& [u, g] : gathered_) finish(g.request);
     });
     blocked([&] { wait_reductions(); });
     for (std::size_t i = 0; i < optimizer_->num_params(); ++i) optimizer_->param(i).has_grad = true;
@@ -460,12 +450,11 @@ class Engine final : public Strategy, public models::UnitAccess {
   // collective that still writes into them.
   void drain() noexcept {
     auto wait = [](std::unique_ptr<Request>& r) {
-      if (!r) return;
       try {
-        r->wait();
+        finish(r);
       } catch (...) {
+        r.reset();
       }
-      r.reset();
     };
     for (InFlight& f : in_flight_)
       for (auto& r : f.requests) wait(r);
@@ -496,8 +485,7 @@ class Engine final : public Strategy, public models::UnitAccess {
     const auto& unit = layout_.units()[u];
     if (stage_ == Stage::ddp || stage_ == Stage::zero1) return grads_.bytes() + unit.padded_offset * es_;
     // zero2/3: the scratch of the bucket holding u, opened by its last unit.
-    std::size_t b = 0;
-    while (!(layout_.buckets()[b].first <= u && u < layout_.buckets()[b].last)) ++b;
+    const std::size_t b = layout_.bucket_of(u);
     const auto& bucket = layout_.buckets()[b];
     if (in_flight_.empty() || in_flight_.back().bucket != b || !in_flight_.back().requests.empty()) {
       // At most two buckets in flight: one being written, one being reduced.
@@ -560,12 +548,11 @@ class Engine final : public Strategy, public models::UnitAccess {
     while (!in_flight_.empty()) finish_oldest();
   }
 
-  void wait_param_gathers() {
-    for (auto& r : param_requests_)
-      if (r) {
-        r->wait();
-        r.reset();
-      }
+  // Waits for a request, if any, and forgets it.
+  static void finish(std::unique_ptr<Request>& r) {
+    if (!r) return;
+    r->wait();
+    r.reset();
   }
 
   Stage stage_;
@@ -578,7 +565,6 @@ class Engine final : public Strategy, public models::UnitAccess {
   Meter meter_;
   Pool param_pool_{meter_, Meter::params}, grad_pool_{meter_, Meter::grads};  // outlive every lease below
   Held params_, grads_;
-  std::vector<ShardLayout::Piece> pieces_;
   std::vector<TensorView> owned_;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<std::unique_ptr<Request>> param_requests_;  // zero1/2: the gather of each unit after a step
@@ -599,6 +585,12 @@ Stage stage_of(std::string_view name) {
 }
 
 }  // namespace
+
+FlatLayout flat_layout(const models::Model& model) {
+  FlatLayout out{model.params(), model.buffer_elements(), {}};
+  for (const models::Unit& u : model.units()) out.units.push_back({u.name, u.begin, u.end});
+  return out;
+}
 
 std::vector<float> unpadded(const ShardLayout& layout, std::span<const float> padded) {
   DISTOPT_CHECK(padded.size() >= layout.padded_elements(), padded.size(), " vs ", layout.padded_elements());

@@ -89,8 +89,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   validate(comm, data, config);
   const DenormalMode denormals(config.flush_denormals ? DenormalMode::flush : DenormalMode::ieee);
   auto model = models::make_model(config.model, data.train.features, data.train.classes, config.hidden);
-  parallel::FlatLayout layout{model->params(), model->buffer_elements(), {}};
-  for (const models::Unit& u : model->units()) layout.units.push_back({u.name, u.begin, u.end});
+  const parallel::FlatLayout layout = parallel::flat_layout(*model);
   std::vector<float> initial(layout.elements);
   model->init(initial, config.seed);
   auto strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
@@ -118,14 +117,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   // with none of them, just opt.step(). The norm is taken over the rank's
   // owned gradient elements and reduced, the same numbers in the same order
   // under every strategy; the coefficient then scales what the rank steps.
-  std::vector<TensorView> stepped_grads;
   const parallel::UpdateFn update = [&](Optimizer& opt, const parallel::GradShard& g) {
     if (scaler) scaler->unscale(opt, g.reduce);
-    if (config.clip_grad_norm) {
-      stepped_grads.clear();
-      for (std::size_t i = 0; i < opt.num_params(); ++i) stepped_grads.push_back(opt.param(i).grad);
-      grad_norm = clip_grad_norm(g.owned, stepped_grads, *config.clip_grad_norm, config.clip_norm_type, false, g.reduce);
-    }
+    if (config.clip_grad_norm)
+      grad_norm = clip_grad_norm(opt, g.owned, *config.clip_grad_norm, config.clip_norm_type, false, g.reduce);
     if (config.clip_grad_value) clip_grad_value(opt, *config.clip_grad_value);
     if (scaler)
       stepped = scaler->step(opt, g.reduce);

@@ -42,6 +42,10 @@ double clip_grad_norm(std::span<const TensorView> owned, std::span<const TensorV
 // The gradients of an optimizer's parameters that have one.
 double clip_grad_norm(Optimizer& opt, double max_norm, double norm_type = 2.0, bool error_if_nonfinite = false,
                       const StatReduce& reduce = {});
+// Sharded, on an optimizer: the norm of `owned`, the coefficient applied to
+// the gradients of opt's parameters that have one.
+double clip_grad_norm(Optimizer& opt, std::span<const TensorView> owned, double max_norm, double norm_type,
+                      bool error_if_nonfinite, const StatReduce& reduce);
 
 // Clamps every gradient element into [-clip_value, clip_value]; NaN stays NaN.
 void clip_grad_value(std::span<const TensorView> grads, double clip_value);

@@ -84,8 +84,9 @@ class ShardLayout {
   std::size_t unit_of(std::size_t param) const { return unit_of_[param]; }
   // One piece per parameter, in parameter order (= shard order).
   std::vector<Piece> pieces(int rank) const;
-  // The bucket that closes with unit u, or -1.
+  // The bucket that closes with unit u, or -1; the bucket holding unit u.
   long bucket_ending_at(std::size_t u) const;
+  std::size_t bucket_of(std::size_t u) const { return bucket_of_.at(u); }
 
  private:
   std::vector<ParamSlot> params_;
@@ -93,6 +94,7 @@ class ShardLayout {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> padded_offset_, unit_of_;
   std::vector<long> bucket_of_first_;
+  std::vector<std::size_t> bucket_of_;
   std::size_t model_elements_ = 0, padded_elements_ = 0, param_elements_ = 0;
   int world_ = 1;
 };

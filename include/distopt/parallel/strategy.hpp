@@ -62,6 +62,8 @@ struct FlatLayout {
   std::size_t elements = 0;
   std::vector<UnitRange> units;
 };
+// A model's flat layout: its parameters, buffer length and units.
+FlatLayout flat_layout(const models::Model& model);
 
 struct StrategyOptions {
   // Gradient bucket size in elements (buckets hold whole units and close
