@@ -201,18 +201,19 @@ n = struct.unpack("<Q", raw[:8])[0]
 h = json.loads(raw[8:8 + n])["__metadata__"]
 assert h["param_hash"] == a["param_hash"] and h["averaged"] == "swa" and h["n_averaged"] == "2", h
 PY
-# A diverged run (lr 1e30: NaN from step 2) keeps its outputs readable: NaN
-# losses and norms are null in the JSON summary and metrics; every step after
-# the first is skipped by the loss scaler.
+# A diverged run (lr 1e30: NaN from step 2) trained on with --on-nonfinite
+# ignore keeps its outputs readable: NaN losses and norms are null in the
+# JSON summary and metrics; every step after the first is skipped by the
+# loss scaler.
 "$bin" train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --max-steps 6 --progress none \
   --optimizer sgd --lr 1e30 --clip-grad-norm 1 --loss-scale dynamic --ema-decay 0.5 --metrics "$tmp/nan.jsonl" \
-  --json >"$tmp/out" 2>"$tmp/err" || fail "diverging train exited $?: $(cat "$tmp/err")"
+  --on-nonfinite ignore --json >"$tmp/out" 2>"$tmp/err" || fail "diverging train exited $?: $(cat "$tmp/err")"
 /usr/bin/env python3 - "$tmp" <<'PY' || fail "a diverged run's outputs are not valid JSON with nulls"
 import json, sys
 tmp = sys.argv[1]
 s = json.loads(open(tmp + "/out").read().strip().splitlines()[-1])
 assert s["train_loss"] is None and s["test_loss"] is None and s["averaged"]["test_loss"] is None, s
-assert s["skipped_steps"] == 5 and s["loss_scale"] == 65536 / 32, s
+assert s["skipped_steps"] == 5 and s["loss_scale"] == 65536 / 32 and s["nonfinite_steps"] == 5, s
 lines = [json.loads(l) for l in open(tmp + "/nan.jsonl")]
 steps = [l for l in lines if l["kind"] == "step"]
 assert steps[0]["loss"] is not None and all(l["loss"] is None and l["grad_norm"] is None for l in steps[1:]), steps

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "comm_values.hpp"
 #include "distopt/comm/threads.hpp"
@@ -260,6 +262,78 @@ TEST(Failure, RecvTimesOutNamingThePeer) {
     EXPECT_NE(std::string(e.what()).find("recv on rank 1: timed out after 0.2 s waiting for rank 0 (tag 3"),
               std::string::npos) << e.what();
   }
+}
+
+TEST(Failure, QueuedCollectivesFailAtOnceAfterATimeout) {
+  // Rank 1 never joins. Rank 0 queues five non-blocking all-reduces: the
+  // first times out, the other four fail with the same error at once
+  // instead of waiting out a time-out each.
+  const auto t0 = std::chrono::steady_clock::now();
+  int failed = 0;
+  try {
+    spawn(2, [&](Communicator& c) {
+      if (c.rank() == 1) return;
+      std::vector<float> x(5 * 8, 1.0f);
+      std::vector<std::unique_ptr<Request>> reqs;
+      for (int i = 0; i < 5; ++i) reqs.push_back(c.iall_reduce(x.data() + 8 * i, x.data() + 8 * i, 8, ElemType::f32, ReduceOp::sum));
+      for (auto& r : reqs) {
+        try {
+          r->wait();
+        } catch (const CommTimeout& e) {
+          EXPECT_NE(std::string(e.what()).find("waiting for rank(s) 1"), std::string::npos) << e.what();
+          ++failed;
+        }
+      }
+      // A new collective on the broken communicator fails at once too.
+      EXPECT_THROW(c.barrier(), CommTimeout);
+    }, 400ms);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "rank 0 caught every error, yet spawn threw " << e.what();
+  }
+  EXPECT_EQ(failed, 5);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1500ms) << "each queued collective waited for its own time-out";
+}
+
+TEST(Failure, ARankStuckOutsideTheCommunicatorIsAbandonedNotWaitedFor) {
+  // Rank 1 hangs in its own code, where no abort can reach it; rank 0 times
+  // out waiting for it. spawn reports both within the time-out plus
+  // kAbandonAfter instead of joining rank 1 forever.
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    spawn(2, [](Communicator& c) {
+      if (c.rank() == 1) std::this_thread::sleep_for(20s);
+      c.barrier();
+    }, 300ms);
+    FAIL() << "no error";
+  } catch (const CommError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 0 failed: barrier on rank 0: timed out after 0.3 s waiting for rank(s) 1"),
+              std::string::npos) << what;
+    EXPECT_NE(what.find("rank(s) 1 did not stop within 2 s and were abandoned"), std::string::npos) << what;
+  }
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  EXPECT_GE(elapsed, 300ms + kAbandonAfter);
+  EXPECT_LT(elapsed, 300ms + kAbandonAfter + 3s);
+}
+
+TEST(Timeout, DefaultComesFromTheEnvironmentAndBadValuesAreNamed) {
+  ::unsetenv("DISTOPT_COMM_TIMEOUT");
+  EXPECT_EQ(Communicator::default_timeout(), Communicator::kDefaultTimeout);
+  ::setenv("DISTOPT_COMM_TIMEOUT", "2.5", 1);
+  EXPECT_EQ(Communicator::default_timeout(), 2500ms);
+  EXPECT_EQ(make_threads_world(2)[1]->timeout(), 2500ms);
+  for (const char* bad : {"0", "-1", "abc", "5s", "nan", "inf", "1e99"}) {
+    ::setenv("DISTOPT_COMM_TIMEOUT", bad, 1);
+    try {
+      (void)Communicator::default_timeout();
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const InvalidInput& e) {
+      EXPECT_EQ(std::string(e.what()), std::string("DISTOPT_COMM_TIMEOUT: '") + bad +
+                                           "' is not a number of seconds in (0, one year]");
+    }
+  }
+  ::unsetenv("DISTOPT_COMM_TIMEOUT");
+  EXPECT_EQ(Communicator::parse_timeout("0.0001", "--comm-timeout"), 1ms);  // at least 1 ms
 }
 
 TEST(BadInput, Rejected) {

@@ -9,12 +9,14 @@
 #include <filesystem>
 #include <fstream>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <mutex>
 
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/data/sampler.hpp"
 #include "distopt/train/trainer.hpp"
 #include "train_run.hpp"
 
@@ -223,6 +225,7 @@ TEST(Train, NonFiniteGradientsSkipEveryStepAndBackOffTheScale) {
   train::TrainConfig c = small_config();
   c.optimizer = {"sgd", {{"lr", 1e30}}};
   c.loss_scale = GradScalerOptions{.init_scale = 4096.0};
+  c.on_nonfinite = train::TrainConfig::OnNonFinite::ignore;  // the loss is NaN from step 2 on
   c.max_steps = 1;
   const train::TrainResult one = run(2, d, c);
   EXPECT_EQ(one.skipped_steps, 0u);
@@ -352,4 +355,114 @@ TEST(Train, BadClipScaleAndAveragingOptionsAreRejected) {
   rejects([](auto& c) { c.loss_scale = GradScalerOptions{.growth_factor = 0.9}; }, "The growth factor must be > 1.0");
   rejects([](auto& c) { c.loss_scale = GradScalerOptions{.init_scale = 1e39}; }, "positive finite float32");
   rejects([](auto& c) { c.loss_scale = GradScalerOptions{.init_scale = 1e-50}; }, "positive finite float32");
+}
+
+// Divergence, missing values and cooperative stops (docs/reliability.md).
+
+TEST(Train, ANonFiniteLossStopsEveryRankNamingTheStepAndTheRank) {
+  // One training sample holds a NaN: the first step whose batch includes it
+  // has a NaN loss on the rank that holds the sample.
+  data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
+  train::TrainConfig c = small_config();
+  const std::size_t poisoned = 123;
+  d.train.x[poisoned * d.train.features + 5] = std::nanf("");
+  data::BatchSampler sampler(d.train.size(), c.batch_size, c.seed, false);
+  std::size_t step = 0;
+  int rank = -1;
+  for (std::size_t k = 0; k < sampler.batches_per_epoch() && rank < 0; ++k)
+    for (int r = 0; r < 3 && rank < 0; ++r)
+      for (std::uint32_t i : sampler.local_batch(k, r, 3))
+        if (i == poisoned) step = k + 1, rank = r;
+  ASSERT_GE(rank, 0);
+  ASSERT_GT(step, 1u) << "pick another sample: the test needs a finite step before";
+  try {
+    run(3, d, c);
+    FAIL() << "no error";
+  } catch (const NonFiniteError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(what.rfind(str("step ", step, ": the loss is nan on rank ", rank, " (the last finite loss was "), 0), 0u)
+        << what;
+    EXPECT_NE(what.find(str(", at step ", step - 1, ")")), std::string::npos) << what;
+  }
+  // warn and ignore train on and count the steps; warn says so once.
+  struct Warnings final : train::Observer {
+    std::vector<std::string> lines;
+    void on_warning(const std::string& w) override { lines.push_back(w); }
+  } warnings;
+  c.on_nonfinite = train::TrainConfig::OnNonFinite::warn;
+  c.epochs = 1;
+  train::TrainResult r0;
+  spawn(3, [&](Communicator& comm) {
+    train::TrainResult r = train::train(comm, d, c, &warnings);
+    if (comm.rank() == 0) r0 = std::move(r);
+  });
+  EXPECT_GE(r0.nonfinite_steps, 1u);
+  ASSERT_EQ(warnings.lines.size(), 1u);
+  EXPECT_EQ(warnings.lines[0].rfind(str("step ", step, ": the loss is nan on rank ", rank), 0), 0u) << warnings.lines[0];
+  c.on_nonfinite = train::TrainConfig::OnNonFinite::ignore;
+  EXPECT_EQ(run(3, d, c).nonfinite_steps, r0.nonfinite_steps);
+}
+
+TEST(Train, StepsThatLossScalingSkipsOnPurposeAreNotDivergence) {
+  // An init scale of 2^30 overflows the f16 gradients of the first steps
+  // (the norm is inf); the scaler skips them and backs off, the loss stays
+  // finite: no divergence.
+  const data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
+  train::TrainConfig c = small_config();
+  c.epochs = 1;
+  c.parallel.param_dtype = DType::f16;
+  c.clip_grad_norm = 1.0;
+  c.loss_scale = GradScalerOptions{.init_scale = std::ldexp(1.0, 30)};
+  const train::TrainResult r = run(2, d, c);
+  EXPECT_GT(r.skipped_steps, 0u);
+  EXPECT_EQ(r.nonfinite_steps, 0u);
+}
+
+TEST(Train, WithoutATestSetTheTestFiguresAreMissingNotZero) {
+  data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
+  d.test = data::Dataset{d.test.features, d.test.classes, {}, {}};
+  train::TrainConfig c = small_config();
+  c.epochs = 1;
+  c.ema_decay = 0.9;
+  const train::TrainResult r = run(2, d, c);
+  EXPECT_TRUE(std::isnan(r.test_accuracy));
+  EXPECT_TRUE(std::isnan(r.test_loss));
+  EXPECT_TRUE(std::isfinite(r.train_loss));
+  ASSERT_TRUE(r.averaged);
+  EXPECT_TRUE(std::isnan(r.averaged->test_accuracy));
+  c.scheduler = SchedulerSpec{"reducelronplateau", {}, {}};
+  EXPECT_THROW(run(2, d, c), InvalidInput);
+}
+
+TEST(Train, AStopRequestOnOneRankStopsEveryRankAfterTheSameStep) {
+  // Only rank 2 sees the flag (as when SIGTERM reaches one MPI process):
+  // all three ranks stop after the step it was seen in, evaluate and
+  // return the same parameters.
+  const data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
+  train::TrainConfig c = small_config();
+  std::atomic<int> flag{0};
+  std::vector<train::TrainResult> results(3);
+  spawn(3, [&](Communicator& comm) {
+    train::TrainConfig mine = c;
+    if (comm.rank() == 2) mine.stop_flag = &flag;
+    struct SetFlagAtStep4 final : train::Observer {
+      std::atomic<int>* f;
+      void on_step(const train::StepMetrics& m) override {
+        if (m.step == 4) f->store(15);
+      }
+    } set{};
+    set.f = &flag;
+    results[comm.rank()] = train::train(comm, d, mine, comm.rank() == 0 ? &set : nullptr);
+  });
+  for (const auto& r : results) {
+    EXPECT_TRUE(r.interrupted);
+    EXPECT_EQ(r.stop_signal, 15);
+    // Rank 0 raises the flag after step 4's gather; rank 2 reads it when
+    // it posts step 5's or 6's contribution, depending on timing.
+    EXPECT_GE(r.steps, 5u);
+    EXPECT_LE(r.steps, 6u);
+    EXPECT_EQ(r.steps, results[0].steps);
+    EXPECT_EQ(r.param_hash, results[0].param_hash);
+    EXPECT_TRUE(std::isfinite(r.test_accuracy)) << "evaluated after stopping";
+  }
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdio>
 #include <functional>
 #include <string>
 
@@ -22,6 +23,23 @@ inline CLI::Validator non_negative(const std::string& kind) {
       },
       "X>=0");
 }
+// An error message as one printable line: control characters and other
+// bytes below 0x20 (from file names or option values) are written \xNN.
+inline std::string printable(const char* what) {
+  std::string out;
+  for (const char* p = what; *p != 0; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    if (c < 0x20 || c == 0x7f) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\x%02x", c);
+      out += b;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 Runner add_replay(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_train(CLI::App& app);

@@ -1,8 +1,9 @@
 // distopt: train models with distributed optimizers; replay and check
 // optimizer trajectories against PyTorch; benchmark the kernels.
 //
-// Errors: bad input exits with status 2 and one line on stderr,
-// "distopt: error: ..."; a failed conformance check exits with status 1.
+// Exit status (docs/reliability.md): 0 success; 1 a failed conformance
+// check; 2 bad input, with one line on stderr, "distopt: error: ..."; 3 an
+// internal error; 4 training diverged; 130/143 stopped by SIGINT/SIGTERM.
 #include <cstdio>
 #include <exception>
 #include <map>
@@ -15,24 +16,7 @@
 #include "distopt/version.hpp"
 #include "distopt_git_revision.hpp"
 
-namespace {
-// An error message as one printable line: control characters and other
-// bytes below 0x20 (from file names or option values) are written \xNN.
-std::string printable(const char* what) {
-  std::string out;
-  for (const char* p = what; *p != 0; ++p) {
-    const auto c = static_cast<unsigned char>(*p);
-    if (c < 0x20 || c == 0x7f) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\x%02x", c);
-      out += b;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-}  // namespace
+using distopt::cli::printable;
 
 int main(int argc, char** argv) {
   CLI::App app{"distopt: distributed optimizers, torch.optim-compatible", "distopt"};
@@ -62,6 +46,9 @@ int main(int argc, char** argv) {
   try {
     for (auto& [sub, run] : runners)
       if (sub->parsed()) return run();
+  } catch (const distopt::NonFiniteError& e) {
+    std::fprintf(stderr, "distopt: error: %s\n", printable(e.what()).c_str());
+    return 4;
   } catch (const distopt::Error& e) {
     std::fprintf(stderr, "distopt: error: %s\n", printable(e.what()).c_str());
     return 2;

@@ -1,4 +1,5 @@
 // distopt train: trains a built-in model (spec/cli-contract.md).
+#include <signal.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -26,6 +27,7 @@
 #include "distopt/optim/scheduler.hpp"
 #include "distopt/replay/replay.hpp"
 #include "distopt/train/trainer.hpp"
+#include "signals.hpp"
 
 namespace distopt::cli {
 
@@ -42,6 +44,7 @@ struct TrainArgs {
   std::vector<std::string> scheduler_options;  // KEY=VALUE
   std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
   std::string param_dtype = "f32";
+  std::string on_nonfinite = "error", comm_timeout;
   std::set<std::string> given_outputs;  // output flags given on the command line, even as ''
   bool world_given = false, backend_given = false;
 
@@ -64,6 +67,18 @@ std::string jnum(double v) {
   if (!std::isfinite(v)) return "null";
   char b[32];
   std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+// A float for CSV: %.9g, or an empty field where nothing was measured or
+// the value is not finite.
+std::string cnum(double v) { return std::isfinite(v) ? jnum(v) : std::string(); }
+
+// A figure for people: four decimals, or n/a where nothing was measured.
+std::string fixed4(double v) {
+  if (std::isnan(v)) return "n/a";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4f", v);
   return b;
 }
 
@@ -109,13 +124,17 @@ class Progress final : public train::Observer {
   }
   void on_epoch(const train::EpochMetrics& m) override {
     if (!bar_ && !lines_) return;
-    char avg[96] = "";
+    std::string avg;
     if (m.averaged)
-      std::snprintf(avg, sizeof avg, "  averaged: test_loss %.4f  test_accuracy %.4f", m.avg_test_loss,
-                    m.avg_test_accuracy);
-    std::fprintf(stderr, "%sepoch %d/%d  train_loss %.4f  test_loss %.4f  test_accuracy %.4f%s  %s samples/s  %s%s\n",
-                 bar_ ? "\r" : "", m.epoch, epochs_, m.train_loss, m.test_loss, m.test_accuracy, avg,
-                 human_rate(m.samples_per_s).c_str(), human_time(m.wall_s).c_str(), bar_ ? "\x1b[K" : "");
+      avg = str("  averaged: test_loss ", fixed4(m.avg_test_loss), "  test_accuracy ", fixed4(m.avg_test_accuracy));
+    std::fprintf(stderr, "%sepoch %d/%d  train_loss %s  test_loss %s  test_accuracy %s%s  %s samples/s  %s%s\n",
+                 bar_ ? "\r" : "", m.epoch, epochs_, fixed4(m.train_loss).c_str(), fixed4(m.test_loss).c_str(),
+                 fixed4(m.test_accuracy).c_str(), avg.c_str(), human_rate(m.samples_per_s).c_str(),
+                 human_time(m.wall_s).c_str(), bar_ ? "\x1b[K" : "");
+  }
+  // Warnings print whatever the progress mode, on a line of their own.
+  void on_warning(const std::string& what) override {
+    std::fprintf(stderr, "%sdistopt: warning: %s\n", bar_ ? "\r\x1b[K" : "", printable(what.c_str()).c_str());
   }
 
  private:
@@ -172,10 +191,10 @@ class MetricsFile final : public train::Observer {
     char b[384];
     if (csv_) {
       char norm[32] = "", scale[32] = "";
-      if (has_norm) std::snprintf(norm, sizeof norm, "%.9g", m.grad_norm);
+      if (has_norm) std::snprintf(norm, sizeof norm, "%s", std::isfinite(m.grad_norm) ? jnum(m.grad_norm).c_str() : "");
       if (has_scale) std::snprintf(scale, sizeof scale, "%.9g", m.loss_scale);
-      std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%.9g,%.9g,%.6g,,,,%s,%s,%s,,\n", m.epoch, m.step, m.wall_s, m.loss,
-                    m.lr, m.samples_per_s, norm, scale, has_scale ? (m.skipped ? "1" : "0") : "");
+      std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%s,%.9g,%.6g,,,,%s,%s,%s,,\n", m.epoch, m.step, m.wall_s,
+                    cnum(m.loss).c_str(), m.lr, m.samples_per_s, norm, scale, has_scale ? (m.skipped ? "1" : "0") : "");
     } else {
       std::string extra;
       if (has_norm) extra += str(", \"grad_norm\": ", jnum(m.grad_norm));
@@ -192,18 +211,20 @@ class MetricsFile final : public train::Observer {
     char avg[96] = "";
     char b[448];
     if (csv_) {
-      if (m.averaged) std::snprintf(avg, sizeof avg, "%.9g,%.9g", m.avg_test_loss, m.avg_test_accuracy);
-      std::snprintf(b, sizeof b, "epoch,%d,%zu,%.6f,,,%.6g,%.9g,%.9g,%.9g,,,,%s\n", m.epoch, m.step, m.wall_s,
-                    m.samples_per_s, m.train_loss, m.test_loss, m.test_accuracy, m.averaged ? avg : ",");
+      if (m.averaged)
+        std::snprintf(avg, sizeof avg, "%s,%s", cnum(m.avg_test_loss).c_str(), cnum(m.avg_test_accuracy).c_str());
+      std::snprintf(b, sizeof b, "epoch,%d,%zu,%.6f,,,%.6g,%s,%s,%s,,,,%s\n", m.epoch, m.step, m.wall_s,
+                    m.samples_per_s, cnum(m.train_loss).c_str(), cnum(m.test_loss).c_str(),
+                    cnum(m.test_accuracy).c_str(), m.averaged ? avg : ",");
     } else {
       if (m.averaged)
-        std::snprintf(avg, sizeof avg, ", \"avg_test_loss\": %s, \"avg_test_accuracy\": %.9g",
-                      jnum(m.avg_test_loss).c_str(), m.avg_test_accuracy);
+        std::snprintf(avg, sizeof avg, ", \"avg_test_loss\": %s, \"avg_test_accuracy\": %s",
+                      jnum(m.avg_test_loss).c_str(), jnum(m.avg_test_accuracy).c_str());
       std::snprintf(b, sizeof b,
                     "{\"kind\": \"epoch\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"samples_per_s\": %.6g, "
-                    "\"train_loss\": %s, \"test_loss\": %s, \"test_accuracy\": %.9g%s}\n",
+                    "\"train_loss\": %s, \"test_loss\": %s, \"test_accuracy\": %s%s}\n",
                     m.epoch, m.step, m.wall_s, m.samples_per_s, jnum(m.train_loss).c_str(), jnum(m.test_loss).c_str(),
-                    m.test_accuracy, avg);
+                    jnum(m.test_accuracy).c_str(), avg);
     }
     out_ << b;
     out_.flush();
@@ -238,6 +259,10 @@ class Both final : public train::Observer {
   void on_epoch(const train::EpochMetrics& m) override {
     for (auto* o : {a_, b_})
       if (o) o->on_epoch(m);
+  }
+  void on_warning(const std::string& w) override {
+    for (auto* o : {a_, b_})
+      if (o) o->on_warning(w);
   }
 
  private:
@@ -350,19 +375,22 @@ data::Split load_data(const TrainArgs& a, const std::string& model) {
 std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int world) {
   char b[1024];
   std::snprintf(b, sizeof b,
-                "{\"test_accuracy\": %.9g, \"test_loss\": %s, \"train_loss\": %s, \"steps\": %zu, \"param_hash\": "
+                "{\"test_accuracy\": %s, \"test_loss\": %s, \"train_loss\": %s, \"steps\": %zu, \"param_hash\": "
                 "\"%s\", \"samples_per_s\": %.6g, \"memory_per_rank\": {\"params\": %zu, \"grads\": %zu, "
                 "\"master_params\": %zu, \"optimizer_state\": %zu}, \"model\": \"%s\", \"data\": \"%s\", "
                 "\"optimizer\": \"%s\", \"strategy\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"epochs\": %d, "
-                "\"batch_size\": %zu, \"seed\": %llu, \"param_dtype\": \"%s\", \"bytes_sent_per_rank\": %llu}",
-                r.test_accuracy, jnum(r.test_loss).c_str(), jnum(r.train_loss).c_str(), r.steps, r.param_hash.c_str(),
+                "\"batch_size\": %zu, \"seed\": %llu, \"param_dtype\": \"%s\", \"bytes_sent_per_rank\": %llu, "
+                "\"interrupted\": %s}",
+                jnum(r.test_accuracy).c_str(), jnum(r.test_loss).c_str(), jnum(r.train_loss).c_str(), r.steps, r.param_hash.c_str(),
                 r.samples_per_s, r.memory.params, r.memory.grads, r.memory.master_params, r.memory.optimizer_state,
                 a.config.model.c_str(), a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(),
                 a.backend.c_str(), world, a.config.epochs, a.config.batch_size,
                 static_cast<unsigned long long>(a.config.seed), a.param_dtype.c_str(),
-                static_cast<unsigned long long>(r.bytes_sent));
+                static_cast<unsigned long long>(r.bytes_sent), r.interrupted ? "true" : "false");
   std::string out = b;
   out.pop_back();  // the closing brace; optional members follow
+  if (a.config.on_nonfinite != train::TrainConfig::OnNonFinite::error)
+    out += str(", \"nonfinite_steps\": ", r.nonfinite_steps);
   if (a.config.loss_scale) {
     char m[96];
     std::snprintf(m, sizeof m, ", \"loss_scale\": %.9g, \"skipped_steps\": %zu", r.loss_scale, r.skipped_steps);
@@ -371,10 +399,10 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
   if (r.averaged) {
     char m[320];
     std::snprintf(m, sizeof m,
-                  ", \"averaged\": {\"kind\": \"%s\", \"n_averaged\": %lld, \"test_accuracy\": %.9g, \"test_loss\": "
+                  ", \"averaged\": {\"kind\": \"%s\", \"n_averaged\": %lld, \"test_accuracy\": %s, \"test_loss\": "
                   "%s, \"param_hash\": \"%s\"}",
                   std::string(averaging_name(r.averaged->kind)).c_str(),
-                  static_cast<long long>(r.averaged->n_averaged), r.averaged->test_accuracy,
+                  static_cast<long long>(r.averaged->n_averaged), jnum(r.averaged->test_accuracy).c_str(),
                   jnum(r.averaged->test_loss).c_str(),
                   r.averaged->param_hash.c_str());
     out += m;
@@ -386,20 +414,31 @@ void print_result(const train::TrainResult& r, const TrainArgs& a, int world) {
   if (a.json) {
     std::printf("%s\n", summary_json(r, a, world).c_str());
   } else {
-    std::printf("%s on %s, %s, %s, world %d: test_accuracy %.4f  test_loss %.4f  train_loss %.4f  steps %zu  %s "
+    std::printf("%s on %s, %s, %s, world %d: test_accuracy %s  test_loss %s  train_loss %s  steps %zu%s  %s "
                 "samples/s  param_hash %s\n",
                 a.config.model.c_str(), a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(),
-                world, r.test_accuracy, r.test_loss, r.train_loss, r.steps, human_rate(r.samples_per_s).c_str(),
+                world, fixed4(r.test_accuracy).c_str(), fixed4(r.test_loss).c_str(), fixed4(r.train_loss).c_str(),
+                r.steps, r.interrupted ? " (interrupted)" : "", human_rate(r.samples_per_s).c_str(),
                 r.param_hash.c_str());
+    if (r.nonfinite_steps > 0)
+      std::printf("%zu of %zu steps had a non-finite loss or gradient norm\n", r.nonfinite_steps, r.steps);
     if (a.config.loss_scale)
       std::printf("loss scaling: final scale %g, %zu of %zu steps skipped on inf/NaN gradients\n", r.loss_scale,
                   r.skipped_steps, r.steps);
     if (r.averaged)
-      std::printf("averaged model (%s, %lld averages): test_accuracy %.4f  test_loss %.4f  param_hash %s\n",
+      std::printf("averaged model (%s, %lld averages): test_accuracy %s  test_loss %s  param_hash %s\n",
                   std::string(averaging_name(r.averaged->kind)).c_str(), static_cast<long long>(r.averaged->n_averaged),
-                  r.averaged->test_accuracy, r.averaged->test_loss, r.averaged->param_hash.c_str());
+                  fixed4(r.averaged->test_accuracy).c_str(), fixed4(r.averaged->test_loss).c_str(),
+                  r.averaged->param_hash.c_str());
   }
   std::fflush(stdout);
+}
+
+// After a stop by signal: which one, and that the outputs hold the last step.
+void report_stop(const train::TrainResult& r) {
+  if (!r.interrupted) return;
+  std::fprintf(stderr, "distopt: stopped by %s after step %zu; metrics and outputs hold that step\n",
+               r.stop_signal == SIGINT ? "SIGINT" : r.stop_signal == SIGTERM ? "SIGTERM" : "a signal", r.steps);
 }
 
 void export_params(const train::TrainResult& r, const TrainArgs& a) {
@@ -425,6 +464,28 @@ void check_writable(const std::string& flag, const std::string& path) {
     throw IoError(str(flag, " ", path, ": cannot create (folder ", parent.string(), " is missing or not writable)"));
 }
 
+// Outputs are written to NAME.tmp.<pid> and renamed; a run killed by
+// SIGKILL (or a second Ctrl-C) leaves that file behind. Before writing
+// NAME, remove the ones whose process no longer exists on this machine.
+void remove_stale_temp_files(const std::string& output) {
+  namespace fs = std::filesystem;
+  const fs::path real = output_path(output);
+  const std::string prefix = real.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(real.parent_path().empty() ? "." : real.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code rm;
+    if (fs::remove(entry.path(), rm))
+      std::fprintf(stderr, "distopt: removed %s, left by an earlier run (process %d) that was killed\n",
+                   printable(entry.path().string().c_str()).c_str(), static_cast<int>(pid));
+  }
+}
+
 // Every output checked before work starts, and no two naming one file.
 void check_outputs(const TrainArgs& a) {
   const std::pair<const char*, const std::string*> outputs[] = {
@@ -436,6 +497,7 @@ void check_outputs(const TrainArgs& a) {
     const auto [it, fresh] = seen.emplace(output_path(*path), flag);
     if (!fresh) throw InvalidInput(str(it->second, " and ", flag, " both name ", *path, ": give each its own file"));
   }
+  for (const auto& [file, flag] : seen) remove_stale_temp_files(file);
 }
 
 std::string gigabytes(double bytes) {
@@ -518,6 +580,10 @@ int run_train(TrainArgs& a) {
   } else if (a.scaler_option_given) {
     throw InvalidInput("--init-scale, --growth-factor, --backoff-factor and --growth-interval need --loss-scale dynamic");
   }
+  if (a.on_nonfinite == "warn") a.config.on_nonfinite = train::TrainConfig::OnNonFinite::warn;
+  else if (a.on_nonfinite == "ignore") a.config.on_nonfinite = train::TrainConfig::OnNonFinite::ignore;
+  const std::chrono::milliseconds timeout =
+      a.comm_timeout.empty() ? Communicator::default_timeout() : Communicator::parse_timeout(a.comm_timeout, "--comm-timeout");
   const bool tty = ::isatty(2) != 0;
   const bool bar = a.progress == "bar" || (a.progress == "auto" && tty);
   const bool lines = a.progress == "lines" || (a.progress == "auto" && !tty);
@@ -539,6 +605,10 @@ int run_train(TrainArgs& a) {
   if (a.backend == "mpi") {
     auto world = open_mpi_world();
     Communicator& comm = world->comm();
+    comm.set_timeout(timeout);
+    const StopOnSignal stop(comm.rank() == 0);
+    a.config.stop_flag = &stop.flag();
+    std::optional<MetricsFile> metrics;
     try {
       if (a.world_given && a.world != comm.size())
         throw InvalidInput(str("--world ", a.world, " disagrees with the ", comm.size(),
@@ -546,7 +616,6 @@ int run_train(TrainArgs& a) {
       check_memory(a, 1);
       const data::Split data = load_data(a, a.config.model);
       Progress progress(bar, lines);
-      std::optional<MetricsFile> metrics;
       if (comm.rank() == 0 && !a.metrics.empty()) metrics.emplace(a.metrics);
       Both both(&progress, metrics ? &*metrics : nullptr);
       const train::TrainResult r = train::train(comm, data, a.config, &both);
@@ -554,12 +623,22 @@ int run_train(TrainArgs& a) {
         if (metrics) metrics->finish();
         export_params(r, a);
         print_result(r, a, comm.size());
+        report_stop(r);
       }
       comm.barrier();
-      return 0;
+      return r.interrupted ? StopOnSignal::exit_code(r.stop_signal) : 0;
+    } catch (const NonFiniteError& e) {
+      // Every rank stopped at the same step with the same finding: no abort,
+      // one line, the metrics up to that step kept.
+      if (comm.rank() == 0) {
+        if (metrics) metrics->finish();
+        std::fprintf(stderr, "distopt: error: %s\n", printable(e.what()).c_str());
+      }
+      return 4;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "distopt: error (rank %d): %s\n", comm.rank(), e.what());
+      std::fprintf(stderr, "distopt: error (rank %d): %s\n", comm.rank(), printable(e.what()).c_str());
       std::fflush(stderr);
+      metrics.reset();  // MPI_Abort skips destructors: remove the temporary file now
       world->abort(2);
     }
   }
@@ -569,20 +648,31 @@ int run_train(TrainArgs& a) {
   if (a.config.batch_size < static_cast<std::size_t>(a.world))
     throw InvalidInput(str("batch size ", a.config.batch_size, " is smaller than the world size ", a.world,
                            ": every rank needs at least one sample per step"));
+  const StopOnSignal stop(true);
+  a.config.stop_flag = &stop.flag();
   const data::Split data = load_data(a, a.config.model);
   Progress progress(bar, lines);
   std::optional<MetricsFile> metrics;
   if (!a.metrics.empty()) metrics.emplace(a.metrics);
   Both both(&progress, metrics ? &*metrics : nullptr);
   train::TrainResult result;
-  spawn(a.world, [&](Communicator& comm) {
-    train::TrainResult r = train::train(comm, data, a.config, &both);
-    if (comm.rank() == 0) result = std::move(r);
-  });
+  try {
+    spawn(
+        a.world,
+        [&](Communicator& comm) {
+          train::TrainResult r = train::train(comm, data, a.config, &both);
+          if (comm.rank() == 0) result = std::move(r);
+        },
+        timeout);
+  } catch (const NonFiniteError&) {
+    if (metrics) metrics->finish();  // the steps up to the divergence
+    throw;
+  }
   if (metrics) metrics->finish();
   export_params(result, a);
   print_result(result, a, a.world);
-  return 0;
+  report_stop(result);
+  return result.interrupted ? StopOnSignal::exit_code(result.stop_signal) : 0;
 }
 
 }  // namespace
@@ -640,6 +730,13 @@ Runner add_train(CLI::App& app) {
       ->each([a](const std::string&) { a->given_outputs.insert("--metrics"); });
   sub->add_option("--export-params", a->export_path, "write the final fp32 parameters as a safetensors file")
       ->each([a](const std::string&) { a->given_outputs.insert("--export-params"); });
+  sub->add_option("--on-nonfinite", a->on_nonfinite,
+                  "a non-finite loss or gradient norm: error (default: stop, exit status 4), warn (say so once, "
+                  "train on) or ignore")
+      ->check(CLI::IsMember({"error", "warn", "ignore"}));
+  sub->add_option("--comm-timeout", a->comm_timeout,
+                  "seconds a rank waits for the others before the job ends naming the silent rank (default 300, "
+                  "or DISTOPT_COMM_TIMEOUT)");
   sub->add_option("--progress", a->progress, "auto (bar on a terminal, else lines), bar, lines, none")
       ->check(CLI::IsMember({"auto", "bar", "lines", "none"}));
   sub->add_flag("--json", a->json, "print the summary as one JSON object, the last line of stdout");

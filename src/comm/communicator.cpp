@@ -1,8 +1,30 @@
 #include "distopt/comm/communicator.hpp"
 
+#include <cmath>
+#include <cstdlib>
 #include <vector>
 
 namespace distopt {
+
+std::chrono::milliseconds Communicator::parse_timeout(const std::string& seconds, const std::string& what) {
+  std::size_t used = 0;
+  double s = 0;
+  try {
+    s = std::stod(seconds, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  constexpr double kYear = 365.0 * 24 * 3600;
+  if (used == 0 || used != seconds.size() || !(s > 0) || !(s <= kYear))
+    throw InvalidInput(str(what, ": '", seconds, "' is not a number of seconds in (0, one year]"));
+  return std::chrono::milliseconds(std::max<long long>(1, std::llround(s * 1000)));
+}
+
+std::chrono::milliseconds Communicator::default_timeout() {
+  const char* env = std::getenv("DISTOPT_COMM_TIMEOUT");
+  if (env == nullptr || *env == '\0') return kDefaultTimeout;
+  return parse_timeout(env, "DISTOPT_COMM_TIMEOUT");
+}
 
 struct Communicator::Task {
   std::function<void()> fn;
@@ -64,9 +86,22 @@ void Communicator::stop_progress() {
   progress_.join();
 }
 
+namespace {
+bool is_comm_error(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const CommError&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+}  // namespace
+
 void Communicator::progress_loop() {
   for (;;) {
     std::shared_ptr<Task> task;
+    std::exception_ptr error_before;
     {
       std::unique_lock lock(queue_mutex_);
       queue_cv_.wait(lock, [&] { return !queue_.empty() || stop_; });
@@ -74,16 +109,23 @@ void Communicator::progress_loop() {
       task = queue_.front();
       queue_.pop_front();
       busy_ = true;
+      error_before = broken_;
     }
-    std::exception_ptr error;
-    try {
-      timed(task->fn);
-    } catch (...) {
-      error = std::current_exception();
+    // After a communication failure the communicator is broken: what is
+    // queued behind it fails at once with that failure, instead of each
+    // operation waiting out its own timeout.
+    std::exception_ptr error = error_before;
+    if (!error) {
+      try {
+        timed(task->fn);
+      } catch (...) {
+        error = std::current_exception();
+      }
     }
     {
       std::lock_guard lock(queue_mutex_);
       busy_ = false;
+      if (error && !broken_ && is_comm_error(error)) broken_ = error;
     }
     queue_cv_.notify_all();
     task->finish(error);
@@ -106,6 +148,7 @@ void Communicator::run_ordered(std::function<void()> fn) {
   std::shared_ptr<Task> task;
   {
     std::lock_guard lock(queue_mutex_);
+    if (broken_) std::rethrow_exception(broken_);
     if (!queue_.empty() || busy_) {  // pending non-blocking collectives go first
       task = std::make_shared<Task>();
       task->fn = std::move(fn);
@@ -113,7 +156,13 @@ void Communicator::run_ordered(std::function<void()> fn) {
     }
   }
   if (!task) {
-    timed(fn);
+    try {
+      timed(fn);
+    } catch (const CommError&) {
+      std::lock_guard lock(queue_mutex_);
+      if (!broken_) broken_ = std::current_exception();
+      throw;
+    }
     return;
   }
   queue_cv_.notify_all();

@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
@@ -34,25 +35,52 @@ std::string seconds(std::chrono::milliseconds t) { return str(t.count() / 1000.0
 
 class MpiComm;
 
+// Between polls of a wait: yield for the first second (a collective's
+// messages progress only inside MPI calls, so a busy poll keeps transfers
+// at full speed), then sleep 1 ms, so that ranks waiting for a stalled
+// peer do not burn their cores until the timeout.
+class Backoff {
+ public:
+  void pause() {
+    if (Communicator::Clock::now() - start_ < std::chrono::seconds(1))
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+
+ private:
+  Communicator::Clock::time_point start_ = Communicator::Clock::now();
+};
+
 // Waits for `reqs` until the deadline, polling; names the peers of the
 // requests still open on expiry. `peers[i]` is -1 for "the collective".
 void wait_all(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, const char* op, int rank,
               std::chrono::milliseconds timeout) {
   if (reqs.empty()) return;
   const auto until = Communicator::Clock::now() + timeout;
+  Backoff backoff;
   for (;;) {
     int done = 0;
     check(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE), op);
     if (done) return;
     if (Communicator::Clock::now() > until) break;
-    std::this_thread::yield();
+    backoff.pause();
   }
-  std::string missing;
+  // The peers of the requests still open, each once (a rank may owe both a
+  // send and a receive).
+  std::vector<int> open;
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     int flag = 1;
     if (reqs[i] != MPI_REQUEST_NULL) MPI_Request_get_status(reqs[i], &flag, MPI_STATUS_IGNORE);
-    if (!flag) missing += (missing.empty() ? "" : ", ") + (peers[i] < 0 ? std::string("the other ranks") : std::to_string(peers[i]));
+    if (!flag && std::find(open.begin(), open.end(), peers[i]) == open.end()) open.push_back(peers[i]);
   }
+  if (open.empty()) {  // everything arrived at the last moment
+    check(MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE), op);
+    return;
+  }
+  std::sort(open.begin(), open.end());
+  std::string missing;
+  for (int p : open) missing += (missing.empty() ? "" : ", ") + (p < 0 ? std::string("the other ranks") : std::to_string(p));
   throw CommTimeout(str(op, " on rank ", rank, ": timed out after ", seconds(timeout), " waiting for rank(s) ", missing,
                         " (mpi backend)"));
 }
@@ -79,11 +107,12 @@ class MpiRequest final : public Request {
   void wait() override {
     if (done_) return;
     const auto until = Communicator::Clock::now() + timeout_;
+    Backoff backoff;
     while (!test()) {
       if (Communicator::Clock::now() > until)
         throw CommTimeout(str(op_, " on rank ", rank_, ": timed out after ", seconds(timeout_), " waiting for rank ",
                               peer_, " (tag ", tag_, ", mpi backend)"));
-      std::this_thread::yield();
+      backoff.pause();
     }
   }
 

@@ -315,46 +315,100 @@ std::vector<std::unique_ptr<Communicator>> make_threads_world(int n) {
 }
 
 void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout) {
-  auto comms = make_threads_world(n);
-  World& world = static_cast<ThreadsComm&>(*comms[0]).world();
-  std::vector<std::exception_ptr> errors(n);
-  // One byte per rank: ranks write their own entries concurrently (a
-  // vector<bool> packs them into shared words, a data race).
-  std::vector<unsigned char> consequence(n, 0);
+  // Shared with the rank threads, so that an abandoned one (below) never
+  // touches freed memory of this function.
+  struct State {
+    std::vector<std::unique_ptr<Communicator>> comms;
+    std::function<void(Communicator&)> fn;
+    std::vector<std::exception_ptr> errors;
+    // One byte per rank: ranks write their own entries concurrently (a
+    // vector<bool> packs them into shared words, a data race).
+    std::vector<unsigned char> consequence, finished;
+    std::mutex m;
+    std::condition_variable cv;
+    int running = 0;
+  };
+  auto st = std::make_shared<State>();
+  st->comms = make_threads_world(n);
+  st->fn = fn;
+  st->errors.resize(n);
+  st->consequence.assign(n, 0);
+  st->finished.assign(n, 0);
+  World& world = static_cast<ThreadsComm&>(*st->comms[0]).world();
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
-    comms[r]->set_timeout(timeout);
-    auto body = [&, r] {
+    st->comms[r]->set_timeout(timeout);
+    auto body = [st, r, &world = world] {
       try {
-        fn(*comms[r]);
+        st->fn(*st->comms[r]);
       } catch (const CommAborted&) {
-        errors[r] = std::current_exception();
-        consequence[r] = 1;
+        st->errors[r] = std::current_exception();
+        st->consequence[r] = 1;
       } catch (const std::exception& e) {
-        errors[r] = std::current_exception();
+        st->errors[r] = std::current_exception();
         world.abort(str("rank ", r, " failed: ", e.what()));
       } catch (...) {
-        errors[r] = std::current_exception();
+        st->errors[r] = std::current_exception();
         world.abort(str("rank ", r, " failed"));
       }
+      std::lock_guard lock(st->m);
+      st->finished[r] = 1;
+      --st->running;
+      st->cv.notify_all();
     };
     try {
+      {
+        std::lock_guard lock(st->m);
+        ++st->running;
+      }
       threads.emplace_back(body);
     } catch (const std::system_error& e) {
       // The system refused another thread (a memory or process limit): wake
       // the ranks that started, join them, and say so in one line.
+      {
+        std::lock_guard lock(st->m);
+        --st->running;
+      }
       world.abort(str("rank ", r, " could not start"));
       for (auto& t : threads) t.join();
       throw CommError(str("cannot start ", n, " ranks as threads: thread ", r + 1, " of ", n,
                           " failed to start (", e.what(), "); use fewer ranks (--world) or raise the limit"));
     }
   }
-  for (auto& t : threads) t.join();
-  comms.clear();
+  // Every rank ends, or the world aborts and the ranks that can see it end;
+  // one that has not ended kAbandonAfter later is stuck outside the
+  // communicator and is left behind.
+  std::vector<int> stuck;
+  {
+    std::unique_lock lock(st->m);
+    st->cv.wait(lock, [&] { return st->running == 0 || world.aborted.load(); });
+    if (!st->cv.wait_for(lock, kAbandonAfter, [&] { return st->running == 0; }))
+      for (int r = 0; r < n; ++r)
+        if (!st->finished[r]) stuck.push_back(r);
+  }
+  for (int r = 0; r < n; ++r) {
+    if (std::find(stuck.begin(), stuck.end(), r) != stuck.end())
+      threads[r].detach();
+    else
+      threads[r].join();
+  }
+  if (!stuck.empty()) {
+    std::string who;
+    for (int r : stuck) who += (who.empty() ? "" : ", ") + std::to_string(r);
+    std::string reason;
+    {
+      std::lock_guard lock(world.m);
+      reason = world.reason;
+    }
+    throw CommError(str(reason, "; rank(s) ", who, " did not stop within ",
+                        seconds(std::chrono::duration_cast<std::chrono::milliseconds>(kAbandonAfter)),
+                        " and were abandoned"));
+  }
+  st->comms.clear();
   for (int r = 0; r < n; ++r)
-    if (errors[r] && !consequence[r]) std::rethrow_exception(errors[r]);
+    if (st->errors[r] && !st->consequence[r]) std::rethrow_exception(st->errors[r]);
   for (int r = 0; r < n; ++r)
-    if (errors[r]) std::rethrow_exception(errors[r]);
+    if (st->errors[r]) std::rethrow_exception(st->errors[r]);
 }
 
 }  // namespace distopt

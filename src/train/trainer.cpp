@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <thread>
 
 #include "distopt/core/error.hpp"
 #include "distopt/core/fp_mode.hpp"
@@ -18,6 +20,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A figure in a message: "nan" whatever its sign bit, "inf", "-inf", or the number.
+std::string show(double v) { return std::isnan(v) ? std::string("nan") : str(v); }
+
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Sums of a data set's loss, correct predictions and count over all ranks:
@@ -30,6 +35,25 @@ models::BatchStats evaluate(Communicator& comm, models::Model& model, models::Un
   double sums[3] = {s.loss_sum, s.correct, s.count};
   comm.all_reduce(sums, sums, 3, ElemType::f64, ReduceOp::sum);
   return {sums[0], sums[1], sums[2]};
+}
+
+// A testing aid (docs/reliability.md): DISTOPT_FAULT=stall:RANK:STEP makes
+// that rank stop answering after that step, as a hung or SIGSTOPped
+// process would, so that time-outs can be tested on every backend.
+struct Fault {
+  int rank = -1;
+  std::size_t step = 0;
+};
+Fault fault_from_env() {
+  const char* env = std::getenv("DISTOPT_FAULT");
+  if (env == nullptr || *env == '\0') return {};
+  Fault f;
+  unsigned long long step = 0;
+  int used = 0;
+  if (std::sscanf(env, "stall:%d:%llu%n", &f.rank, &step, &used) != 2 || env[used] != '\0' || f.rank < 0)
+    throw InvalidInput(str("DISTOPT_FAULT: '", env, "' is not stall:RANK:STEP"));
+  f.step = static_cast<std::size_t>(step);
+  return f;
 }
 
 void validate(const Communicator& comm, const data::Split& data, const TrainConfig& c) {
@@ -59,6 +83,8 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
       throw InvalidInput(str("--max-steps ", c.max_steps, " ends training in epoch ", last, " (", per_epoch,
                              " steps each), before --swa-start ", c.swa_start, ": nothing would be averaged"));
   }
+  if (c.scheduler && c.scheduler->name == "reducelronplateau" && data.test.size() == 0)
+    throw InvalidInput("reducelronplateau steps on the test loss: it needs a test set (--test-size above 0)");
   if (c.swa_start > 0 && c.ema_decay) throw InvalidInput("--swa-start and --ema-decay cannot be combined: choose one average");
   if (c.swa_lr && c.swa_start == 0) throw InvalidInput("--swa-lr needs --swa-start");
   if (c.swa_lr && !(*c.swa_lr >= 0 && std::isfinite(*c.swa_lr)))
@@ -139,10 +165,15 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   const std::size_t per_rank = std::min(config.batch_size, data.train.size()) / comm.size() + 1;
   std::vector<float> xb(per_rank * features), yb(per_rank);
 
-  // The per-step loss reduction runs while the step does; if the step
-  // throws, the request must not outlive `sums`.
-  double sums[2] = {0, 0};
-  std::unique_ptr<Request> loss_sum;
+  // Per step, every rank contributes {loss sum, sample count, stop request}
+  // to a gather that runs while the step does: the loss is summed in rank
+  // order, a non-finite one is traced to its rank, and a stop request on any
+  // rank stops all of them after the same step. If the step throws, the
+  // request must not outlive the buffers.
+  const int world = comm.size();
+  double mine[3] = {0, 0, 0};
+  std::vector<double> all(3 * static_cast<std::size_t>(world));
+  std::unique_ptr<Request> gather;
   struct WaitOnExit {
     std::unique_ptr<Request>& r;
     ~WaitOnExit() {
@@ -151,8 +182,12 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         } catch (...) {
         }
     }
-  } wait_on_exit{loss_sum};
+  } wait_on_exit{gather};
+  double last_finite_loss = std::nan("");
+  std::size_t last_finite_step = 0;
+  bool warned = false;
 
+  const Fault fault = fault_from_env();
   TrainResult result;
   const auto start = Clock::now();
   double train_seconds = 0, train_samples = 0;
@@ -176,10 +211,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       if (scaler) scale *= static_cast<float>(loss_scale);
       const models::BatchStats s =
           model->forward_backward(strategy->access(), xb.data(), yb.data(), local.size(), scale);
-      // The batch's loss is summed over ranks while the step runs.
-      sums[0] = s.loss_sum;
-      sums[1] = s.count;
-      loss_sum = comm.iall_reduce(sums, sums, 2, ElemType::f64, ReduceOp::sum);
+      mine[0] = s.loss_sum;
+      mine[1] = s.count;
+      mine[2] = config.stop_flag ? static_cast<double>(config.stop_flag->load(std::memory_order_relaxed)) : 0.0;
+      gather = comm.iall_gather(mine, all.data(), 3, ElemType::f64);
       stepped = true;
       strategy->step(update);
       if (scaler) {
@@ -189,15 +224,56 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       if (config.ema_decay) averaged->update(strategy->own_params());
       const bool main_scheduler_active = !swa_scheduler;
       if (step_scheduler_per_batch && main_scheduler_active) scheduler->step();
-      loss_sum->wait();
-      loss_sum.reset();
-      epoch_loss += sums[0];
-      epoch_count += sums[1];
+      gather->wait();
+      gather.reset();
+      double loss_sum = 0, count = 0, stop_request = 0;
+      int nonfinite_rank = -1;
+      for (int r = 0; r < world; ++r) {
+        const double* v = all.data() + 3 * static_cast<std::size_t>(r);
+        loss_sum += v[0];
+        count += v[1];
+        stop_request = std::max(stop_request, v[2]);
+        if (nonfinite_rank < 0 && !std::isfinite(v[0])) nonfinite_rank = r;
+      }
+      epoch_loss += loss_sum;
+      epoch_count += count;
       ++result.steps;
+      const double loss = loss_sum / count;
       if (report) {
         const double t = seconds_since(epoch_start);
-        observer->on_step({epoch, result.steps, k + 1, per_epoch, sums[0] / sums[1], lr, seconds_since(start),
+        observer->on_step({epoch, result.steps, k + 1, per_epoch, loss, lr, seconds_since(start),
                            t > 0 ? epoch_count / t : 0, grad_norm, loss_scale, !stepped});
+      }
+      // Loss scaling skips steps with inf/NaN gradients on purpose: only a
+      // step it took counts with its norm.
+      const bool bad_norm = config.clip_grad_norm && stepped && !std::isfinite(grad_norm);
+      if (!std::isfinite(loss) || bad_norm) {
+        ++result.nonfinite_steps;
+        const std::string what =
+            !std::isfinite(loss)
+                ? str("the loss is ", show(loss), nonfinite_rank >= 0 ? str(" on rank ", nonfinite_rank) : std::string())
+                : str("the total gradient norm is ", show(grad_norm));
+        const std::string last = std::isfinite(last_finite_loss)
+                                     ? str("the last finite loss was ", last_finite_loss, ", at step ", last_finite_step)
+                                     : std::string("no step had a finite loss");
+        if (config.on_nonfinite == TrainConfig::OnNonFinite::error)
+          throw NonFiniteError(str("step ", result.steps, ": ", what, " (", last,
+                                   "); lower --lr or clip gradients (--clip-grad-norm), or pass --on-nonfinite "
+                                   "warn|ignore to train on"));
+        if (config.on_nonfinite == TrainConfig::OnNonFinite::warn && !warned && report)
+          observer->on_warning(str("step ", result.steps, ": ", what, " (", last, "); training goes on (--on-nonfinite warn)"));
+        warned = true;
+      } else {
+        last_finite_loss = loss;
+        last_finite_step = result.steps;
+      }
+      if (fault.rank == comm.rank() && fault.step == result.steps)
+        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+      if (stop_request > 0) {
+        result.interrupted = true;
+        result.stop_signal = static_cast<int>(stop_request);
+        stop = true;
+        break;
       }
       if (config.max_steps != 0 && result.steps >= config.max_steps) {
         stop = true;
@@ -208,9 +284,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     train_seconds += epoch_seconds;
     train_samples += epoch_count;
     const models::BatchStats test = evaluate(comm, *model, strategy->access(), data.test);
-    result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : 0;
-    result.test_loss = test.count > 0 ? test.loss_sum / test.count : 0;
-    result.test_accuracy = test.count > 0 ? test.correct / test.count : 0;
+    const double none = std::nan("");  // nothing measured: reported as null
+    result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : none;
+    result.test_loss = test.count > 0 ? test.loss_sum / test.count : none;
+    result.test_accuracy = test.count > 0 ? test.correct / test.count : none;
     // SWA: average at the end of epoch swa_start and every later one; with
     // swa_lr, SWALR then steps per epoch in place of the main scheduler
     // (torch's recipe: update_parameters, then swa_scheduler.step()).
@@ -236,8 +313,8 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       const auto access = strategy->access_to(averaged->params());
       const models::BatchStats a = evaluate(comm, *model, *access, data.test);
       em.averaged = true;
-      em.avg_test_loss = a.count > 0 ? a.loss_sum / a.count : 0;
-      em.avg_test_accuracy = a.count > 0 ? a.correct / a.count : 0;
+      em.avg_test_loss = a.count > 0 ? a.loss_sum / a.count : none;
+      em.avg_test_accuracy = a.count > 0 ? a.correct / a.count : none;
       if (!result.averaged) result.averaged.emplace();
       result.averaged->test_loss = em.avg_test_loss;
       result.averaged->test_accuracy = em.avg_test_accuracy;

@@ -7,10 +7,14 @@
 //  * One thread uses a communicator at a time. Non-blocking collectives run,
 //    in issue order, on the communicator's own progress thread; a blocking
 //    collective issued while some are pending waits its turn.
-//  * Every wait has a deadline (timeout(), default 300 s, settable). Past it,
-//    CommTimeout names the operation and the peers that did not answer.
+//  * Every wait has a deadline (timeout(): default_timeout(), settable). Past
+//    it, CommTimeout names the operation and the peers that did not answer.
+//    Waits that last long poll gently: the MPI backend yields for the first
+//    second and then sleeps 1 ms between polls; the threads backend sleeps
+//    on a condition variable after a short spin.
 //    When a rank of the threads backend fails, the others are woken with
-//    CommAborted. After any CommError the communicator is broken.
+//    CommAborted. After any CommError in a collective the communicator is
+//    broken: every later collective, queued or new, fails at once with it.
 //  * all_reduce is reduce_scatter followed by all_gather over the pieces of
 //    piece_of(), and reductions combine ranks in order 0, 1, ..., n-1
 //    (reduce_ordered). Results are therefore bitwise identical between
@@ -24,6 +28,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -50,6 +55,13 @@ class Communicator {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds kDefaultTimeout{300'000};
+  // The timeout new communicators start with: DISTOPT_COMM_TIMEOUT (seconds)
+  // where it is set, else kDefaultTimeout. A malformed value throws
+  // InvalidInput naming the variable.
+  static std::chrono::milliseconds default_timeout();
+  // A timeout given as text in seconds ("5", "0.5"): positive, finite and at
+  // most a year; `what` names the source in the error ("--comm-timeout").
+  static std::chrono::milliseconds parse_timeout(const std::string& seconds, const std::string& what);
 
   virtual ~Communicator();
   virtual int rank() const = 0;
@@ -137,7 +149,7 @@ class Communicator {
   void progress_loop();
   void check_rank(int r, const char* what) const;
 
-  std::chrono::milliseconds timeout_ = kDefaultTimeout;
+  std::chrono::milliseconds timeout_ = default_timeout();
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> busy_ns_{0};
   void timed(const std::function<void()>& fn);
@@ -146,6 +158,7 @@ class Communicator {
   std::deque<std::shared_ptr<Task>> queue_;
   bool busy_ = false;  // the progress thread is running a task
   bool stop_ = false;
+  std::exception_ptr broken_;  // the first CommError: later collectives fail with it at once
   std::thread progress_;
 };
 

@@ -19,8 +19,15 @@ std::vector<std::unique_ptr<Communicator>> make_threads_world(int n);
 // Runs fn(comm) for every rank of a new n-rank world, each on its own thread,
 // and returns when all have ended. When a rank throws, the others are woken
 // from any wait with CommAborted (never a hang); the first failure that is
-// not such a consequence is rethrown here.
+// not such a consequence is rethrown here. `timeout` bounds every wait.
+//
+// A rank that does not return within kAbandonAfter of the world's abort
+// (stuck outside any communicator call, where the abort cannot reach it)
+// is abandoned: spawn detaches its thread and throws CommError naming it
+// after the original failure. Whatever that thread references must then
+// outlive it -- in practice, the process should end.
+inline constexpr std::chrono::milliseconds kAbandonAfter{2'000};
 void spawn(int n, const std::function<void(Communicator&)>& fn,
-           std::chrono::milliseconds timeout = Communicator::kDefaultTimeout);
+           std::chrono::milliseconds timeout = Communicator::default_timeout());
 
 }  // namespace distopt

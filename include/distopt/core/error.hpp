@@ -33,6 +33,13 @@ class IoError : public Error {
   using Error::Error;
 };
 
+// Training produced a non-finite loss or gradient norm (divergence); the
+// message names the step, the rank and the last finite loss.
+class NonFiniteError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A violated precondition: a bug in the caller.
 class PreconditionError : public std::logic_error {
  public:

@@ -3,6 +3,7 @@
 // train() with its own). Rank 0 reports progress to an observer.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -62,6 +63,20 @@ struct TrainConfig {
   long swa_anneal_epochs = 10;
   std::string swa_anneal_strategy = "cos";
   std::optional<double> ema_decay;
+
+  // Divergence: a non-finite loss (on any rank) or, with clipping, a
+  // non-finite total gradient norm in a step that was not skipped on
+  // purpose by loss scaling. error: throw NonFiniteError naming the step,
+  // the rank and the last finite loss; warn: tell the observer once and go
+  // on; ignore: go on. Every rank decides the same at the same step.
+  enum class OnNonFinite { error, warn, ignore };
+  OnNonFinite on_nonfinite = OnNonFinite::error;
+
+  // Cooperative stop: when *stop_flag is non-zero on any rank (a signal
+  // handler sets it), every rank stops after the same step, evaluates, and
+  // returns with TrainResult::interrupted set. The ranks agree through the
+  // per-step loss gather, so a flag set on one rank only is enough.
+  const std::atomic<int>* stop_flag = nullptr;
 };
 
 struct StepMetrics {
@@ -81,7 +96,7 @@ struct EpochMetrics {
   int epoch;
   std::size_t step;
   double train_loss;  // mean over the epoch's samples
-  double test_loss, test_accuracy;
+  double test_loss, test_accuracy;  // NaN without a test set (reported as null)
   double samples_per_s;  // training samples / training time (evaluation excluded)
   double wall_s;
   // The averaged model's figures, once it has averaged at least once.
@@ -95,6 +110,9 @@ class Observer {
   virtual void on_start(int /*epochs*/, std::size_t /*steps_per_epoch*/) {}
   virtual void on_step(const StepMetrics&) {}
   virtual void on_epoch(const EpochMetrics&) {}
+  // Something the user should know that does not stop training (the first
+  // non-finite step under OnNonFinite::warn), as one line.
+  virtual void on_warning(const std::string&) {}
 };
 
 struct AveragedResult {
@@ -106,6 +124,7 @@ struct AveragedResult {
 };
 
 struct TrainResult {
+  // NaN where there is nothing to measure (no test set): reported as null.
   double test_accuracy = 0, test_loss = 0, train_loss = 0;
   std::size_t steps = 0;
   double samples_per_s = 0;
@@ -117,6 +136,9 @@ struct TrainResult {
   std::size_t skipped_steps = 0;  // loss scaling: updates skipped on inf/NaN
   double loss_scale = 0;          // loss scaling: the final scale
   std::optional<AveragedResult> averaged;  // SWA/EMA: the averaged model
+  bool interrupted = false;        // stopped early through TrainConfig::stop_flag
+  int stop_signal = 0;             // the flag's value that stopped it (a signal number)
+  std::size_t nonfinite_steps = 0;  // steps with a non-finite loss or norm (warn/ignore)
 };
 
 // Throws InvalidInput for bad configurations (unknown model, batch smaller

@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# docs/reliability.md from outside, on the threads backend: Ctrl-C and
+# SIGTERM, a second Ctrl-C, what a killed run leaves and the next run
+# cleans, divergence (--on-nonfinite), missing values, stalls
+# (--comm-timeout, DISTOPT_COMM_TIMEOUT).
+set -u
+bin=$1
+source "$(dirname "$0")/check_lib.sh"
+
+# A run long enough to be interrupted (100 epochs of 512 steps).
+long=(train --data synthetic --train-size 65536 --test-size 256 --epochs 100 --world 2 --progress lines)
+
+# started PID FILE: waits (at most 20 s) until the run's temporary metrics
+# file has data, i.e. training is under way.
+started() {
+  local i
+  for i in $(seq 400); do
+    [ -s "$2.tmp.$1" ] && return 0
+    kill -0 "$1" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+# SIGINT and SIGTERM: stop after the current step on every rank, write the
+# metrics, the parameters and the summary (marked interrupted), leave no
+# temporary file, exit 128 + the signal's number.
+for sig in INT TERM; do
+  d="$tmp/$sig"; mkdir -p "$d"
+  "$bin" "${long[@]}" --metrics "$d/m.jsonl" --export-params "$d/p.safetensors" --json >"$d/out" 2>"$d/err" &
+  pid=$!
+  started "$pid" "$d/m.jsonl" || fail "SIG$sig: the run did not start: $(cat "$d/err")"
+  kill -"$sig" "$pid"
+  wait "$pid"
+  status=$?
+  want=$([ "$sig" = INT ] && echo 130 || echo 143)
+  [ "$status" = "$want" ] || fail "SIG$sig: exit $status, want $want: $(tail -3 "$d/err")"
+  grep -q "distopt: stopped by SIG$sig after step [0-9]*; metrics and outputs hold that step" "$d/err" \
+    || fail "SIG$sig: no stop line: $(cat "$d/err")"
+  [ "$(ls "$d" | grep -c '\.tmp\.')" = 0 ] || fail "SIG$sig: temporary files left: $(ls "$d")"
+  /usr/bin/env python3 - "$d" <<'PY' || fail "SIG$sig: outputs incomplete"
+import json, struct, sys
+d = sys.argv[1]
+s = json.loads(open(d + "/out").read().strip().splitlines()[-1])
+assert s["interrupted"] is True and 0 < s["steps"] < 51200, s
+lines = [json.loads(l) for l in open(d + "/m.jsonl")]
+steps = [l for l in lines if l["kind"] == "step"]
+assert steps[-1]["step"] == s["steps"] and len(steps) == s["steps"], (steps[-1], s["steps"])
+assert lines[-1]["kind"] == "epoch" and lines[-1]["test_accuracy"] == s["test_accuracy"], lines[-1]
+raw = open(d + "/p.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+assert json.loads(raw[8:8 + n])["__metadata__"]["param_hash"] == s["param_hash"]
+PY
+done
+grep -q "interrupted (SIGINT): stopping after this step; press Ctrl-C again to quit at once" "$tmp/INT/err" \
+  || fail "SIGINT: no announcement: $(cat "$tmp/INT/err")"
+
+# A second SIGINT quits at once, even when no step boundary comes (rank 0
+# hangs from step 3 on); its temporary file stays behind, recognisable by
+# its name, and the next run writing that output removes it.
+d="$tmp/twice"; mkdir -p "$d"
+DISTOPT_FAULT=stall:0:3 "$bin" "${long[@]}" --metrics "$d/m.jsonl" >/dev/null 2>"$d/err" &
+pid=$!
+for i in $(seq 400); do [ -e "$d/m.jsonl.tmp.$pid" ] && break; sleep 0.05; done
+sleep 0.5
+kill -INT "$pid"; sleep 0.3; kill -INT "$pid"
+start=$(date +%s)
+wait "$pid"
+status=$?
+[ "$status" = 130 ] || fail "second SIGINT: exit $status, want 130"
+[ $(( $(date +%s) - start )) -le 2 ] || fail "second SIGINT: did not quit at once"
+[ -e "$d/m.jsonl.tmp.$pid" ] || fail "second SIGINT: expected the temporary file to stay: $(ls "$d")"
+"$bin" train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --progress none --metrics "$d/m.jsonl" \
+  >/dev/null 2>"$d/err2" || fail "the run after a killed one exited $?: $(cat "$d/err2")"
+grep -q "distopt: removed .*m.jsonl.tmp.$pid, left by an earlier run (process $pid) that was killed" "$d/err2" \
+  || fail "stale temporary file not reported: $(cat "$d/err2")"
+[ "$(ls "$d" | grep -c "\.tmp\.")" = 0 ] || fail "after the next run: $(ls "$d")"
+# A temporary file of a live process is not touched.
+sleep 60 & live=$!
+touch "$d/m.jsonl.tmp.$live"
+"$bin" train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --progress none --metrics "$d/m.jsonl" \
+  >/dev/null 2>&1 || fail "run beside a live temporary file exited $?"
+[ -e "$d/m.jsonl.tmp.$live" ] || fail "a live process's temporary file was removed"
+kill "$live"; wait "$live" 2>/dev/null
+
+# Divergence: --lr 1e10 gives a NaN loss at step 3. Default: stop there,
+# one line naming the step, the rank and the last finite loss, status 4,
+# the metrics up to that step kept.
+diverge=(train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --world 2 --optimizer sgd --lr 1e10
+         --progress none)
+expect_error 4 "^distopt: error: step 3: the loss is nan on rank 0 (the last finite loss was .*, at step 2); lower --lr" \
+  -- "${diverge[@]}" --metrics "$tmp/div.jsonl"
+[ "$(grep -c '"kind": "step"' "$tmp/div.jsonl" 2>/dev/null)" = 3 ] || fail "divergence: metrics not kept: $(cat "$tmp/div.jsonl")"
+"$bin" "${diverge[@]}" --on-nonfinite warn --json >"$tmp/out" 2>"$tmp/err" || fail "--on-nonfinite warn exited $?"
+[ "$(grep -c "warning" "$tmp/err")" = 1 ] || fail "--on-nonfinite warn: want one warning: $(cat "$tmp/err")"
+grep -q "^distopt: warning: step 3: the loss is nan on rank 0" "$tmp/err" || fail "warning text: $(cat "$tmp/err")"
+grep -q '"nonfinite_steps": 6' "$tmp/out" || fail "--on-nonfinite warn: nonfinite_steps: $(tail -1 "$tmp/out")"
+"$bin" "${diverge[@]}" --on-nonfinite ignore >"$tmp/out" 2>"$tmp/err" || fail "--on-nonfinite ignore exited $?"
+[ -s "$tmp/err" ] && fail "--on-nonfinite ignore printed: $(cat "$tmp/err")"
+grep -q "6 of 8 steps had a non-finite loss or gradient norm" "$tmp/out" || fail "ignore summary: $(cat "$tmp/out")"
+expect_error 2 "--on-nonfinite: stop not in {error,warn,ignore}" -- train --data synthetic --on-nonfinite stop
+
+# Missing values are null, never invented: no test set, no test accuracy.
+"$bin" train --data synthetic --train-size 512 --test-size 0 --batch-size 64 --progress lines --json \
+  --metrics "$tmp/nt.jsonl" >"$tmp/out" 2>"$tmp/err" || fail "--test-size 0 exited $?: $(cat "$tmp/err")"
+grep -q '"test_accuracy": null, "test_loss": null, "train_loss": [0-9]' "$tmp/out" || fail "--test-size 0: $(tail -1 "$tmp/out")"
+grep -q '"test_loss": null, "test_accuracy": null' "$tmp/nt.jsonl" || fail "--test-size 0 metrics: $(tail -1 "$tmp/nt.jsonl")"
+grep -q "test_loss n/a  test_accuracy n/a" "$tmp/err" || fail "--test-size 0 progress: $(cat "$tmp/err")"
+"$bin" train --data synthetic --train-size 512 --test-size 0 --batch-size 64 --progress none \
+  --metrics "$tmp/nt.csv" >/dev/null 2>&1 || fail "--test-size 0 with CSV metrics exited $?"
+grep -q '^epoch,1,8,[0-9.]*,,,[0-9.e+]*,[0-9.]*,,,,,,,$' "$tmp/nt.csv" || fail "--test-size 0 CSV: $(tail -1 "$tmp/nt.csv")"
+expect_error 2 "reducelronplateau steps on the test loss: it needs a test set" -- train --data synthetic \
+  --test-size 0 --scheduler reducelronplateau
+
+# Stalls: rank 1 stops answering after step 3 (DISTOPT_FAULT stands in for
+# a hung rank); with --comm-timeout 5 the job ends in under 10 s naming the
+# silent rank and the collective. The stuck thread is left behind.
+start=$(date +%s.%N)
+DISTOPT_FAULT=stall:1:3 "$bin" train --data synthetic --world 3 --progress none --comm-timeout 5 >/dev/null 2>"$tmp/err"
+status=$?
+elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+[ "$status" = 2 ] || fail "stall: exit $status, want 2: $(cat "$tmp/err")"
+grep -q "^distopt: error: rank [02] failed: [a-z_]* on rank [02]: timed out after 5 s waiting for rank(s) 1 (threads backend); rank(s) 1 did not stop within 2 s and were abandoned$" "$tmp/err" \
+  || fail "stall message: $(cat "$tmp/err")"
+[ "$(echo "$elapsed < 10" | bc)" = 1 ] || fail "stall: took $elapsed s"
+# The same from the environment.
+DISTOPT_FAULT=stall:1:3 DISTOPT_COMM_TIMEOUT=1.5 "$bin" train --data synthetic --world 2 --progress none \
+  >/dev/null 2>"$tmp/err"
+grep -q "timed out after 1.5 s waiting for rank(s) 1" "$tmp/err" || fail "DISTOPT_COMM_TIMEOUT: $(cat "$tmp/err")"
+expect_error 2 "--comm-timeout: '0' is not a number of seconds in (0, one year\]" -- train --data synthetic --comm-timeout 0
+expect_error 2 "--comm-timeout: 'soon' is not a number of seconds" -- train --data synthetic --comm-timeout soon
+DISTOPT_COMM_TIMEOUT=-3 expect_error 2 "DISTOPT_COMM_TIMEOUT: '-3' is not a number of seconds" -- train --data synthetic
+DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP" -- train --data synthetic
+
+finish "cli reliability"
