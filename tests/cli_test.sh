@@ -35,6 +35,11 @@ grep -q 'params\[0\]\[0\]' "$tmp/err" || fail "replay --check does not name the 
 
 # Bad input: one line on stderr, status 2.
 head -c 300 "$golden" >"$tmp/truncated.json"
+# --check judges every case; an unreadable one makes the status 2, not 1.
+"$bin" replay --check "$golden" "$tmp/truncated.json" >"$tmp/out" 2>"$tmp/err"
+[ $? = 2 ] || fail "replay --check with an unreadable case did not exit 2"
+grep -q "replay --check: 1 passed, 1 failed (1 of them unreadable)" "$tmp/out" || fail "unreadable summary: $(cat "$tmp/out")"
+grep -q "^FAIL .*truncated.json: .*malformed JSON" "$tmp/err" || fail "unreadable case line: $(cat "$tmp/err")"
 expect_error 2 "malformed JSON" -- replay "$tmp/truncated.json"
 expect_error 2 "cannot open file" -- replay "$tmp/missing.json"
 expect_error 2 "The following argument was not expected: --frobnicate" -- replay "$golden" --frobnicate

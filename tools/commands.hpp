@@ -16,12 +16,26 @@ using Runner = std::function<int()>;
 // <kind> (got -5)": CLI11 would wrap a negative into a huge unsigned number,
 // and its range validators print their bound, 1.8e308, in 300 digits. Text
 // that is not a number is left to the conversion's own error.
+// Whole numbers of more than 19 digits are refused as too large (CLI11
+// would saturate them into the largest value silently).
 inline CLI::Validator non_negative(const std::string& kind) {
   return CLI::Validator(
       [kind](std::string& v) -> std::string {
-        return !v.empty() && v[0] == '-' ? "must be a non-negative " + kind + " (got " + v + ")" : std::string();
+        if (!v.empty() && v[0] == '-') return "must be a non-negative " + kind + " (got " + v + ")";
+        const auto digits = v.find_first_not_of('0');
+        if (kind == "integer" && v.find_first_not_of("0123456789") == std::string::npos && digits != std::string::npos &&
+            v.size() - digits > 19)
+          return "is too large (got " + v + ")";
+        return {};
       },
       "X>=0");
+}
+
+// An option given with an empty value ("--seed ''"), which CLI11 would
+// otherwise take as not given.
+inline CLI::Validator non_empty() {
+  return CLI::Validator([](std::string& v) -> std::string { return v.empty() ? "needs a value (got an empty one)" : ""; },
+                        "VALUE");
 }
 // An error message as one printable line: control characters and other
 // bytes below 0x20 (from file names or option values) are written \xNN.

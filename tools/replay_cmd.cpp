@@ -42,13 +42,17 @@ int run_replay(const ReplayArgs& a) {
     std::printf("%s\n", replay::to_json(r).c_str());
     return 0;
   }
-  // --check: every file is judged; bad files count as failures with their error.
-  std::size_t passed = 0, failed = 0;
+  // --check: every file is judged; a file that cannot be read as a case
+  // counts as a failure with its error, and makes the status 2 (bad input)
+  // rather than 1 (a mismatch).
+  std::size_t passed = 0, failed = 0, unreadable = 0;
   std::string failures;
   for (const std::string& f : a.files) {
     std::string verdict;
+    bool loaded = false;
     try {
       const replay::Case c = replay::load_case(f);
+      loaded = true;
       if (!c.expected) throw InvalidInput(str(f, ": no 'expected' member to check against"));
       const replay::Comparison cmp = replay::compare(replay::run(c, &pool), *c.expected, a.tol);
       if (cmp.ok()) {
@@ -60,15 +64,21 @@ int run_replay(const ReplayArgs& a) {
       verdict = str(cmp.mismatches, " of ", cmp.compared, " values differ; first: ", cmp.first_mismatch);
     } catch (const Error& e) {
       verdict = e.what();
+      if (!loaded) ++unreadable;
     }
     ++failed;
     std::fprintf(stderr, "FAIL %s: %s\n", f.c_str(), verdict.c_str());
     failures += str(failures.empty() ? "" : ", ", "{\"file\": \"", json_escape(f), "\", \"error\": \"",
                     json_escape(verdict), "\"}");
   }
-  if (a.json) std::printf("{\"passed\": %zu, \"failed\": %zu, \"failures\": [%s]}\n", passed, failed, failures.c_str());
-  else std::printf("replay --check: %zu passed, %zu failed\n", passed, failed);
-  return failed == 0 ? 0 : 1;
+  if (a.json)
+    std::printf("{\"passed\": %zu, \"failed\": %zu, \"unreadable\": %zu, \"failures\": [%s]}\n", passed, failed,
+                unreadable, failures.c_str());
+  else if (unreadable > 0)
+    std::printf("replay --check: %zu passed, %zu failed (%zu of them unreadable)\n", passed, failed, unreadable);
+  else
+    std::printf("replay --check: %zu passed, %zu failed\n", passed, failed);
+  return unreadable > 0 ? 2 : failed == 0 ? 0 : 1;
 }
 }  // namespace
 
@@ -77,7 +87,7 @@ Runner add_replay(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("replay", "replay an optimizer trajectory (distopt-replay/1 case files)");
   sub->add_option("cases", args->files, "case file(s); with --check, directories are searched for *.json")
       ->required();
-  sub->add_flag("--check", args->check, "compare each case with its 'expected' member; exit 1 on any mismatch");
+  sub->add_flag("--check", args->check, "compare each case with its 'expected' member; exit 1 on any mismatch, 2 if a case cannot be read");
   sub->add_flag("-v,--verbose", args->verbose, "with --check, also list the cases that pass");
   sub->add_flag("--json", args->json, "print one JSON object as the last line of stdout");
   sub->add_option("--threads", args->threads, "threads for the optimizer step")->check(CLI::Range(1, 256));

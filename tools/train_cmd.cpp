@@ -773,7 +773,6 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--swa-start", c.swa_start,
                   "stochastic weight averaging: average the parameters at the end of this epoch and every later one");
   sub->add_option("--swa-lr", c.swa_lr, "with --swa-start: SWALR anneals the lr to this value, per epoch, from then on");
-  sub->add_option("--swa-anneal-epochs", c.swa_anneal_epochs, "SWALR's anneal_epochs (default 10)");
   sub->add_option("--swa-anneal-strategy", c.swa_anneal_strategy, "SWALR's anneal_strategy: cos (default) or linear")
       ->check(CLI::IsMember({"cos", "linear"}));
   sub->add_option("--ema-decay", c.ema_decay,
@@ -781,6 +780,8 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--export-averaged", a->export_averaged,
                   "write the averaged (SWA/EMA) model's fp32 parameters as a safetensors file")
       ->each([a](const std::string&) { a->given_outputs.insert("--export-averaged"); });
+  sub->add_option("--swa-anneal-epochs", c.swa_anneal_epochs, "SWALR's anneal_epochs (default 10)")
+      ->check(non_negative("integer"));
   // Every optimizer option of every rule, torch-named (--weight-decay or --weight_decay).
   std::set<std::string> seen;
   for (const RuleInfo* rule : all_rules())
@@ -793,6 +794,15 @@ Runner add_train(CLI::App& app) {
       sub->add_option_function<std::string>(names, [a, name](const std::string& v) { a->option_text[name] = v; },
                                             std::string("optimizer option ") + name);
     }
+  // An empty value is an error for every option but the outputs, which
+  // name the empty file themselves.
+  for (CLI::Option* opt : sub->get_options()) {
+    const std::string name = opt->get_name();
+    if (opt->get_expected_min() == 0 || name == "--metrics" || name == "--export-params" ||
+        name == "--export-averaged" || name == "--help")
+      continue;
+    opt->check(non_empty());
+  }
   return [a] { return run_train(*a); };
 }
 

@@ -99,6 +99,13 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
       throw InvalidInput(str("--init-scale must be a positive finite float32 number (got ", c.loss_scale->init_scale,
                              ")"));
     GradScaler check(*c.loss_scale);  // torch's checks on the factors
+    // ... and what torch lets through but makes no sense for a run: an
+    // infinite growth (the scale turns inf) or a non-positive backoff (a
+    // negative or zero scale).
+    if (!std::isfinite(c.loss_scale->growth_factor))
+      throw InvalidInput(str("--growth-factor must be finite (got ", c.loss_scale->growth_factor, ")"));
+    if (!(c.loss_scale->backoff_factor > 0))
+      throw InvalidInput(str("--backoff-factor must be in (0, 1) (got ", c.loss_scale->backoff_factor, ")"));
   }
 }
 
