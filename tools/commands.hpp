@@ -57,5 +57,6 @@ inline std::string printable(const char* what) {
 Runner add_replay(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_train(CLI::App& app);
+Runner add_gossip(CLI::App& app);
 
 }  // namespace distopt::cli

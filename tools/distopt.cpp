@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   add(distopt::cli::add_train);
   add(distopt::cli::add_replay);
   add(distopt::cli::add_bench);
+  add(distopt::cli::add_gossip);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# distopt gossip-average from outside: exact consensus, odd worlds, one rank,
+# bad input; with MPIEXEC given, the MPI backend gives the same numbers as
+# the threads backend at 2, 3 and 4 ranks.
+# Usage: gossip_cli_test.sh DISTOPT [MPIEXEC]
+set -u
+bin=$1
+mpiexec=${2:-}
+source "$(dirname "$0")/check_lib.sh"
+
+json() { "$bin" gossip-average --json "$@" 2>"$tmp/err" | tail -n 1; }
+
+if [ -z "$mpiexec" ]; then
+  out=$(json --world 8 --rounds 3 --dim 1000)
+  /usr/bin/env python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["max_abs_error"] < 1e-5 and d["weight_sum_error"] == 0 and d["rounds"] == 3, d
+assert len(d["errors"]) == 4 and d["errors"][2] > 1e-2 and d["predicted_rate"] == 0, d
+assert d["bytes_sent_per_rank"] == 3 * (8 + 4 * 1000), d
+' "$out" || fail "world 8: $out"
+  for args in "--world 1" "--world 5 --topology ring" "--world 7" "--world 6 --topology bipartite-exponential" \
+              "--world 9 --topology exponential-k --peers-per-iteration 2" "--world 3 --topology complete"; do
+    out=$(json $args --rounds 60 --dim 100) || fail "$args: exit $?: $(cat "$tmp/err")"
+    /usr/bin/env python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+assert d["max_abs_error"] < 1e-4 * max(d["errors"][0], 1e-30) + 1e-6, d
+assert abs(d["weight_sum_error"]) < 1e-12, d
+' "$out" || fail "$args: did not converge: $out"
+  done
+  "$bin" gossip-average --world 4 --rounds 2 >"$tmp/out" 2>&1 || fail "human output: exit $?"
+  grep -q "^gossip-average: exponential, world 4, 2 rounds, dim 65536: max_abs_error" "$tmp/out" || fail "$(cat "$tmp/out")"
+
+  expect_error 2 "unknown topology 'hypercube' (known: exponential, exponential-pm, exponential-k" -- \
+    gossip-average --topology hypercube
+  expect_error 2 "\-\-peers-per-iteration 4 needs a world of more than 4 ranks (world 4)" -- \
+    gossip-average --world 4 --topology exponential-k --peers-per-iteration 4
+  expect_error 2 "\-\-peers-per-iteration applies to topology exponential-k only" -- \
+    gossip-average --topology ring --peers-per-iteration 2
+  expect_error 2 "bipartite-exponential needs an even world size (got 5)" -- \
+    gossip-average --world 5 --topology bipartite-exponential
+  expect_error 2 "\-\-dim must be at least 1" -- gossip-average --dim 0
+  expect_error 2 "\-\-rounds: must be a non-negative integer (got -1)" -- gossip-average --rounds -1
+  expect_error 2 "\-\-world must be at least 1 (got 0)" -- gossip-average --world 0
+  expect_error 2 "\-\-topology: needs a value" -- gossip-average --topology ''
+  finish "gossip cli"
+fi
+
+# MPI: the same bits as threads.
+for np in 2 3 4; do
+  want=$(json --world "$np" --rounds 5 --dim 999 --topology ring | sed 's/"backend": "threads", //')
+  got=$("$mpiexec" -n "$np" "$bin" gossip-average --backend mpi --json --rounds 5 --dim 999 --topology ring 2>"$tmp/err" \
+        | tail -n 1 | sed 's/"backend": "mpi", //')
+  [ -n "$got" ] && [ "$got" = "$want" ] || fail "np $np: mpi $got, threads $want; $(cat "$tmp/err")"
+done
+finish "gossip mpi"
