@@ -67,7 +67,12 @@ add(SYN + ["--scheduler-option", "step_size=3"])
 for args in [["--batch-size", "2", "--world", "4"], ["--swa-lr", "0.1"], ["--swa-start", "5", "--epochs", "2"],
              ["--swa-start", "1", "--ema-decay", "0.9"], ["--export-averaged", "a.st"], ["--init-scale", "8"],
              ["--drop-last", "--batch-size", "1000"], ["--test-size", "0", "--scheduler", "reducelronplateau"],
-             ["--max-steps", "1", "--epochs", "3", "--swa-start", "2"], ["--strategy", "sgp"],
+             ["--max-steps", "1", "--epochs", "3", "--swa-start", "2"], ["--strategy", "adpsgd"], ["--topology", "ring"],
+             ["--strategy", "sgp", "--synch-freq", "2"], ["--strategy", "sgp", "--topology", "hypercube"],
+             ["--strategy", "dpsgd", "--world", "3"], ["--strategy", "sgp", "--param-dtype", "bf16"],
+             ["--strategy", "slowmo", "--slowmo-momentum", "1"], ["--strategy", "slowmo", "--topology", "ring"],
+             ["--strategy", "osgp", "--synch-freq", "-1"], ["--strategy", "slowmo", "--slowmo-base", "sgd"],
+             ["--strategy", "sgp", "--topology", "exponential-k", "--peers-per-iteration", "2", "--world", "2"],
              ["--model", "linreg"], ["--backend", "mpi", "--world", "3"]]:
     add(SYN + args)
 # Outputs: empty, a folder, a missing folder, the same file twice.

@@ -117,7 +117,30 @@ if ! sanitized; then
   [ "$(wc -l <"$tmp/err")" = 1 ] || fail "train --world 400 under ulimit -v: not one line: $(head -c 300 "$tmp/err")"
   grep -q "cannot start 400 ranks as threads" "$tmp/err" || fail "train --world 400: $(cat "$tmp/err")"
 fi
-expect_error 2 "strategy 'sgp' is not available yet" -- train --strategy sgp --data synthetic
+expect_error 2 "strategy 'adpsgd' is not available yet" -- train --strategy adpsgd --data synthetic
+# Gossip options: with the strategies that use them only, and checked.
+expect_error 2 "\-\-topology applies to the gossip strategies (sgp, osgp, dpsgd, slowmo), not \-\-strategy ddp" -- \
+  train --data synthetic --topology ring
+expect_error 2 "\-\-synch-freq applies to \-\-strategy osgp, not sgp" -- train --data synthetic --strategy sgp --synch-freq 1
+expect_error 2 "\-\-slowmo-lr applies to \-\-strategy slowmo, not sgp" -- train --data synthetic --strategy sgp --slowmo-lr 2
+expect_error 2 "unknown topology 'hypercube' (known: exponential," -- train --data synthetic --strategy sgp --topology hypercube
+expect_error 2 "bipartite-exponential needs an even world size (got 3)" -- train --data synthetic --strategy dpsgd --world 3
+expect_error 2 "\-\-peers-per-iteration 2 needs a world of more than 2 ranks (world 2)" -- train --data synthetic \
+  --strategy sgp --world 2 --topology exponential-k --peers-per-iteration 2
+expect_error 2 "\-\-param-dtype bf16: strategy sgp keeps fp32 parameters" -- train --data synthetic --strategy sgp \
+  --param-dtype bf16
+# A gossip run: the average model's figures, the consensus distance in the
+# summary and in every epoch record.
+"$bin" train --data synthetic --train-size 1024 --test-size 256 --world 4 --epochs 2 --strategy sgp --json \
+  --metrics "$tmp/g.jsonl" --progress none >"$tmp/out" 2>"$tmp/err" || fail "sgp exited $?: $(cat "$tmp/err")"
+/usr/bin/env python3 - "$tmp" <<'PY' || fail "sgp outputs"
+import json, sys
+tmp = sys.argv[1]
+s = json.loads(open(tmp + "/out").read().strip().splitlines()[-1])
+assert s["strategy"] == "sgp" and s["test_accuracy"] > 0.2 and s["consensus_distance"] >= 0, s
+epochs = [l for l in map(json.loads, open(tmp + "/g.jsonl")) if l["kind"] == "epoch"]
+assert len(epochs) == 2 and all(e["consensus_distance"] >= 0 for e in epochs), epochs
+PY
 expect_error 2 "--param-dtype: unknown dtype 'fp8' (known: f32, bf16, f16)" -- train --param-dtype fp8 --data synthetic
 expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got 0)" -- train --bucket-cap-mb 0 --data synthetic
 expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got -1)" -- train --bucket-cap-mb -1 --strategy zero2 --data synthetic

@@ -33,6 +33,19 @@ for np in 2 4; do
       fail "np $np: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
   done
 done
+# The gossip strategies: the same bits as on the threads backend (their
+# schedules do not depend on timing), 2 and 4 ranks.
+for np in 2 4; do
+  for g in "sgp" "osgp --synch-freq 1" "dpsgd" "slowmo --slowmo-frequency 4" "slowmo --slowmo-base sgp --slowmo-frequency 4"; do
+    "$bin" "${args[@]}" --world $np --strategy $g >"$tmp/threads" 2>"$tmp/err" || fail "threads $g $np: $(cat "$tmp/err")"
+    timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy $g \
+      >"$tmp/mpi" 2>"$tmp/err" || fail "mpi $g np $np exited $?: $(tail -n 3 "$tmp/err")"
+    [ -n "$(hash_of "$tmp/mpi")" ] || fail "mpi $g np $np printed no summary"
+    [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
+      fail "np $np $g: threads $(hash_of "$tmp/threads") vs mpi $(hash_of "$tmp/mpi")"
+    grep -q '"consensus_distance": ' "$tmp/mpi" || fail "mpi $g np $np: no consensus distance"
+  done
+done
 # Launch mistakes: without --backend, mpirun's processes are one MPI job
 # (not two duplicate runs); --world that disagrees with -np, and --backend
 # threads under mpirun, are errors.

@@ -21,6 +21,7 @@
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/gossip/topology.hpp"
 #include "distopt/optim/averaging.hpp"
 #include "distopt/optim/grad_scaler.hpp"
 #include "distopt/optim/rule.hpp"
@@ -45,6 +46,7 @@ struct TrainArgs {
   std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
   std::string param_dtype = "f32";
   std::string on_nonfinite = "error", comm_timeout;
+  std::set<std::string> gossip_flags;  // gossip options given on the command line
   std::set<std::string> given_outputs;  // output flags given on the command line, even as ''
   bool world_given = false, backend_given = false;
 
@@ -175,7 +177,7 @@ class MetricsFile final : public train::Observer {
     if (!out_) throw IoError(str(path_, ": cannot create ", tmp_));
     if (csv_)
       out_ << "kind,epoch,step,wall_s,loss,lr,samples_per_s,train_loss,test_loss,test_accuracy,grad_norm,loss_scale,"
-              "skipped,avg_test_loss,avg_test_accuracy\n";
+              "skipped,avg_test_loss,avg_test_accuracy,consensus_distance\n";
   }
   ~MetricsFile() override {
     if (!done_) {
@@ -193,7 +195,7 @@ class MetricsFile final : public train::Observer {
       char norm[32] = "", scale[32] = "";
       if (has_norm) std::snprintf(norm, sizeof norm, "%s", std::isfinite(m.grad_norm) ? jnum(m.grad_norm).c_str() : "");
       if (has_scale) std::snprintf(scale, sizeof scale, "%.9g", m.loss_scale);
-      std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%s,%.9g,%.6g,,,,%s,%s,%s,,\n", m.epoch, m.step, m.wall_s,
+      std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%s,%.9g,%.6g,,,,%s,%s,%s,,,\n", m.epoch, m.step, m.wall_s,
                     cnum(m.loss).c_str(), m.lr, m.samples_per_s, norm, scale, has_scale ? (m.skipped ? "1" : "0") : "");
     } else {
       std::string extra;
@@ -213,18 +215,21 @@ class MetricsFile final : public train::Observer {
     if (csv_) {
       if (m.averaged)
         std::snprintf(avg, sizeof avg, "%s,%s", cnum(m.avg_test_loss).c_str(), cnum(m.avg_test_accuracy).c_str());
-      std::snprintf(b, sizeof b, "epoch,%d,%zu,%.6f,,,%.6g,%s,%s,%s,,,,%s\n", m.epoch, m.step, m.wall_s,
+      std::snprintf(b, sizeof b, "epoch,%d,%zu,%.6f,,,%.6g,%s,%s,%s,,,,%s,%s\n", m.epoch, m.step, m.wall_s,
                     m.samples_per_s, cnum(m.train_loss).c_str(), cnum(m.test_loss).c_str(),
-                    cnum(m.test_accuracy).c_str(), m.averaged ? avg : ",");
+                    cnum(m.test_accuracy).c_str(), m.averaged ? avg : ",", cnum(m.consensus_distance).c_str());
     } else {
       if (m.averaged)
         std::snprintf(avg, sizeof avg, ", \"avg_test_loss\": %s, \"avg_test_accuracy\": %s",
                       jnum(m.avg_test_loss).c_str(), jnum(m.avg_test_accuracy).c_str());
       std::snprintf(b, sizeof b,
                     "{\"kind\": \"epoch\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"samples_per_s\": %.6g, "
-                    "\"train_loss\": %s, \"test_loss\": %s, \"test_accuracy\": %s%s}\n",
+                    "\"train_loss\": %s, \"test_loss\": %s, \"test_accuracy\": %s%s%s}\n",
                     m.epoch, m.step, m.wall_s, m.samples_per_s, jnum(m.train_loss).c_str(), jnum(m.test_loss).c_str(),
-                    jnum(m.test_accuracy).c_str(), avg);
+                    jnum(m.test_accuracy).c_str(), avg,
+                    std::isnan(m.consensus_distance)
+                        ? ""
+                        : str(", \"consensus_distance\": ", jnum(m.consensus_distance)).c_str());
     }
     out_ << b;
     out_.flush();
@@ -391,6 +396,7 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
   out.pop_back();  // the closing brace; optional members follow
   if (a.config.on_nonfinite != train::TrainConfig::OnNonFinite::error)
     out += str(", \"nonfinite_steps\": ", r.nonfinite_steps);
+  if (!std::isnan(r.consensus_distance)) out += str(", \"consensus_distance\": ", jnum(r.consensus_distance));
   if (a.config.loss_scale) {
     char m[96];
     std::snprintf(m, sizeof m, ", \"loss_scale\": %.9g, \"skipped_steps\": %zu", r.loss_scale, r.skipped_steps);
@@ -420,6 +426,8 @@ void print_result(const train::TrainResult& r, const TrainArgs& a, int world) {
                 world, fixed4(r.test_accuracy).c_str(), fixed4(r.test_loss).c_str(), fixed4(r.train_loss).c_str(),
                 r.steps, r.interrupted ? " (interrupted)" : "", human_rate(r.samples_per_s).c_str(),
                 r.param_hash.c_str());
+    if (!std::isnan(r.consensus_distance))
+      std::printf("gossip: the figures are the average model's; consensus distance %.3g\n", r.consensus_distance);
     if (r.nonfinite_steps > 0)
       std::printf("%zu of %zu steps had a non-finite loss or gradient norm\n", r.nonfinite_steps, r.steps);
     if (a.config.loss_scale)
@@ -538,11 +546,35 @@ void check_memory(const TrainArgs& a, int world) {
                            world, world == 1 ? " rank" : " ranks", " (this machine has ", gigabytes(have), ")"));
 }
 
+// Gossip options with a strategy that does not use them: an error, not a
+// silent no-op.
+void check_gossip_flags(const TrainArgs& a) {
+  const std::string& s = a.config.strategy;
+  const bool gossip = s == "sgp" || s == "osgp" || s == "dpsgd" || s == "slowmo" || s == "adpsgd";
+  for (const std::string& flag : a.gossip_flags) {
+    if (!gossip)
+      throw InvalidInput(str(flag, " applies to the gossip strategies (sgp, osgp, dpsgd, slowmo), not --strategy ", s));
+    if (flag == "--synch-freq" && s != "osgp") throw InvalidInput(str("--synch-freq applies to --strategy osgp, not ", s));
+    if (flag.rfind("--slowmo", 0) == 0 || flag == "--localsgd-frequency")
+      if (s != "slowmo") throw InvalidInput(str(flag, " applies to --strategy slowmo, not ", s));
+    if (flag == "--localsgd-frequency" && a.config.parallel.gossip.slowmo_base != "localsgd")
+      throw InvalidInput("--localsgd-frequency applies to --slowmo-base localsgd");
+  }
+  const std::string& topology = a.config.parallel.gossip.topology;
+  const auto names = gossip::topology_names();
+  if (!topology.empty() && std::find(names.begin(), names.end(), topology) == names.end())
+    (void)gossip::Topology(topology, 1);  // throws, listing the known names
+  if (s == "slowmo" && a.config.parallel.gossip.slowmo_base == "localsgd" &&
+      (a.gossip_flags.count("--topology") || a.gossip_flags.count("--peers-per-iteration")))
+    throw InvalidInput("--topology applies to slowmo with --slowmo-base sgp (local SGD averages exactly)");
+}
+
 int run_train(TrainArgs& a) {
   const RuleInfo& rule = rule_or_throw(a.config.optimizer.name);
   a.config.optimizer.options = parse_options(rule, a.option_text);
   rule.validate(resolve_options(rule, a.config.optimizer.options));
   parallel::require_exact(a.config.strategy, rule);  // one clear error before any data is read
+  check_gossip_flags(a);
   if (a.param_dtype == "f32") a.config.parallel.param_dtype = DType::f32;
   else if (a.param_dtype == "bf16") a.config.parallel.param_dtype = DType::bf16;
   else if (a.param_dtype == "f16") a.config.parallel.param_dtype = DType::f16;
@@ -704,8 +736,21 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--strategy", c.strategy,
                   "ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded gradients), zero3 (+ sharded "
-                  "parameters); gossip strategies arrive with their issue")
+                  "parameters), or gossip: sgp, osgp, dpsgd, slowmo (docs/gossip.md)")
       ->capture_default_str();
+  parallel::GossipOptions& g = c.parallel.gossip;
+  auto gossip_flag = [&](const std::string& name, auto& field, const std::string& help) {
+    sub->add_option(name, field, help)->each([a, name](const std::string&) { a->gossip_flags.insert(name); });
+  };
+  gossip_flag("--topology", g.topology,
+              "gossip graph (default exponential; dpsgd: bipartite-exponential; docs/gossip.md lists them)");
+  gossip_flag("--peers-per-iteration", g.peers_per_iteration, "peers per iteration of topology exponential-k");
+  gossip_flag("--synch-freq", g.synch_freq, "osgp: a round is added synch-freq + 1 steps after it is sent (default 0)");
+  gossip_flag("--slowmo-base", g.slowmo_base, "slowmo: localsgd (default) or sgp");
+  gossip_flag("--localsgd-frequency", g.localsgd_frequency, "slowmo with localsgd: steps between averages (default 3)");
+  gossip_flag("--slowmo-frequency", g.slowmo_frequency, "slowmo: steps between outer updates, tau (default 48)");
+  gossip_flag("--slowmo-momentum", g.slowmo_momentum, "slowmo: outer momentum beta (default 0.5)");
+  gossip_flag("--slowmo-lr", g.slowmo_lr, "slowmo: outer lr alpha (default 1)");
   sub->add_option("--param-dtype", a->param_dtype,
                   "parameters and gradients in f32 (default), bf16 or f16, with fp32 master weights and state");
   sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,

@@ -23,6 +23,7 @@
 // units it holds, and the optimizer keeps fp32 master weights for the
 // pieces it steps.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -32,6 +33,7 @@
 #include "distopt/core/error.hpp"
 #include "distopt/optim/rule.hpp"
 #include "distopt/parallel/strategy.hpp"
+#include "internal.hpp"
 
 namespace distopt::parallel {
 
@@ -39,7 +41,8 @@ namespace {
 
 constexpr std::string_view kStrategies[] = {"ddp", "zero1", "zero2", "zero3", "sgp",
                                             "osgp", "dpsgd", "adpsgd", "slowmo"};
-constexpr std::string_view kAvailable[] = {"ddp", "zero1", "zero2", "zero3"};
+constexpr std::string_view kAvailable[] = {"ddp", "zero1", "zero2", "zero3", "sgp", "osgp", "dpsgd", "slowmo"};
+bool is_gossip(std::string_view name) { return name == "sgp" || name == "osgp" || name == "dpsgd" || name == "slowmo"; }
 
 enum class Stage { ddp, zero1, zero2, zero3 };
 
@@ -166,44 +169,6 @@ std::uint64_t fnv_value(std::uint64_t h, T v) {
 }
 constexpr std::uint64_t kFnvBasis = 14695981039346656037ull;
 
-// Setup check: every rank must agree on what it is about to train. Each
-// rank contributes one fingerprint per item; a mismatch names the first
-// rank that differs from rank 0 and the item, on every rank alike.
-void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,
-                     const OptimizerSpec& spec, const StrategyOptions& options) {
-  enum { kWorld, kStrategy, kModel, kOptimizer, kDtype, kBucket, kItems };
-  static constexpr const char* kWhat[kItems] = {"world size", "strategy", "model shapes", "optimizer or its options",
-                                                 "parameter dtype", "bucket size"};
-  std::uint64_t mine[kItems];
-  mine[kWorld] = static_cast<std::uint64_t>(comm.size());
-  mine[kStrategy] = fnv(kFnvBasis, strategy);
-  std::uint64_t h = kFnvBasis;
-  for (const ParamSlot& s : layout.params()) {
-    h = fnv(h, s.name);
-    for (auto d : s.shape) h = fnv_value(h, d);
-  }
-  for (const auto& u : layout.units()) h = fnv_value(fnv_value(h, u.begin), u.end);
-  mine[kModel] = h;
-  h = fnv(kFnvBasis, spec.name);
-  for (const auto& [k, v] : spec.options) h = fnv(fnv(h, k), v.to_string());
-  mine[kOptimizer] = h;
-  mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
-  mine[kBucket] = options.bucket_elements;
-  const auto n = static_cast<std::size_t>(comm.size());
-  std::vector<std::uint64_t> all(n * kItems);
-  comm.all_gather(mine, all.data(), kItems, ElemType::i64);
-  for (std::size_t r = 1; r < n; ++r)
-    for (int k = 0; k < kItems; ++k)
-      if (all[r * kItems + k] != all[k]) {
-        std::string detail;
-        if (k == kWorld || k == kBucket) detail = str(" (", all[r * kItems + k], " vs ", all[k], ")");
-        if (k == kDtype)
-          detail = str(" (", name_of(static_cast<DType>(all[r * kItems + k])), " vs ", name_of(static_cast<DType>(all[k])), ")");
-        throw InvalidInput(str("rank ", r, " disagrees with rank 0 on the ", kWhat[k], detail,
-                               ": every rank must be started with the same configuration"));
-      }
-}
-
 // Read-only access to parameters held as fp32 values in some layout:
 // the padded buffer itself (replicated) or a shard buffer (gathered per unit).
 class ValuesAccess final : public models::UnitAccess {
@@ -245,7 +210,7 @@ class Engine final : public Strategy, public models::UnitAccess {
         es_(size_of(options.param_dtype)),
         rank_(static_cast<std::size_t>(comm.rank())) {
     DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
-    check_agreement(comm, name, layout_, spec, options);
+    detail::check_agreement(comm, name, layout_, spec, options);
     const std::vector<ShardLayout::Piece> pieces = layout_.pieces(comm.rank());
     const std::size_t padded = layout_.padded_elements(), shard = layout_.shard_elements();
     if (stage_ == Stage::zero3) {
@@ -586,6 +551,54 @@ Stage stage_of(std::string_view name) {
 
 }  // namespace
 
+namespace detail {
+
+// Setup check: every rank must agree on what it is about to train. Each
+// rank contributes one fingerprint per item; a mismatch names the first
+// rank that differs from rank 0 and the item, on every rank alike.
+void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,
+                     const OptimizerSpec& spec, const StrategyOptions& options) {
+  enum { kWorld, kStrategy, kModel, kOptimizer, kDtype, kBucket, kGossip, kItems };
+  static constexpr const char* kWhat[kItems] = {"world size",      "strategy",    "model shapes", "optimizer or its options",
+                                                 "parameter dtype", "bucket size", "gossip options"};
+  std::uint64_t mine[kItems];
+  mine[kWorld] = static_cast<std::uint64_t>(comm.size());
+  mine[kStrategy] = fnv(kFnvBasis, strategy);
+  std::uint64_t h = kFnvBasis;
+  for (const ParamSlot& s : layout.params()) {
+    h = fnv(h, s.name);
+    for (auto d : s.shape) h = fnv_value(h, d);
+  }
+  for (const auto& u : layout.units()) h = fnv_value(fnv_value(h, u.begin), u.end);
+  mine[kModel] = h;
+  h = fnv(kFnvBasis, spec.name);
+  for (const auto& [k, v] : spec.options) h = fnv(fnv(h, k), v.to_string());
+  mine[kOptimizer] = h;
+  mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
+  mine[kBucket] = options.bucket_elements;
+  const GossipOptions& g = options.gossip;
+  h = fnv(fnv(kFnvBasis, g.topology), g.slowmo_base);
+  for (double v : {double(g.peers_per_iteration), double(g.synch_freq), double(g.localsgd_frequency),
+                   double(g.slowmo_frequency), g.slowmo_momentum, g.slowmo_lr})
+    h = fnv_value(h, v);
+  mine[kGossip] = h;
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::uint64_t> all(n * kItems);
+  comm.all_gather(mine, all.data(), kItems, ElemType::i64);
+  for (std::size_t r = 1; r < n; ++r)
+    for (int k = 0; k < kItems; ++k)
+      if (all[r * kItems + k] != all[k]) {
+        std::string detail;
+        if (k == kWorld || k == kBucket) detail = str(" (", all[r * kItems + k], " vs ", all[k], ")");
+        if (k == kDtype)
+          detail = str(" (", name_of(static_cast<DType>(all[r * kItems + k])), " vs ", name_of(static_cast<DType>(all[k])), ")");
+        throw InvalidInput(str("rank ", r, " disagrees with rank 0 on the ", kWhat[k], detail,
+                               ": every rank must be started with the same configuration"));
+      }
+}
+
+}  // namespace detail
+
 FlatLayout flat_layout(const models::Model& model) {
   FlatLayout out{model.params(), model.buffer_elements(), {}};
   for (const models::Unit& u : model.units()) out.units.push_back({u.name, u.begin, u.end});
@@ -605,6 +618,8 @@ std::vector<float> unpadded(const ShardLayout& layout, std::span<const float> pa
 
 std::span<const std::string_view> strategy_names() { return kStrategies; }
 
+double Strategy::consensus_distance() { return std::nan(""); }
+
 void require_strategy(std::string_view name) {
   if (std::find(std::begin(kAvailable), std::end(kAvailable), name) != std::end(kAvailable)) return;
   std::string available;
@@ -618,7 +633,8 @@ void require_strategy(std::string_view name) {
 
 void require_exact(std::string_view strategy, const RuleInfo& rule) {
   require_strategy(strategy);
-  if (strategy == "ddp" || rule.locality == Locality::pointwise) return;
+  // Gossip strategies run the whole optimizer on the rank's whole model.
+  if (strategy == "ddp" || is_gossip(strategy) || rule.locality == Locality::pointwise) return;
   throw InvalidInput(str("optimizer ", rule.name, " is not pointwise (", name_of(rule.locality), "): strategy ",
                          strategy, " cannot run it exactly yet; use --strategy ddp"));
 }
@@ -627,6 +643,7 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& com
                                         std::span<const float> initial, const OptimizerSpec& optimizer,
                                         const StrategyOptions& options) {
   require_exact(name, rule_or_throw(optimizer.name));
+  if (is_gossip(name)) return detail::make_gossip_strategy(name, comm, layout, initial, optimizer, options);
   return std::make_unique<Engine>(stage_of(name), name, comm, layout, initial, optimizer, options);
 }
 

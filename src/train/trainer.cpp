@@ -290,7 +290,8 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     const double epoch_seconds = seconds_since(epoch_start);
     train_seconds += epoch_seconds;
     train_samples += epoch_count;
-    const models::BatchStats test = evaluate(comm, *model, strategy->access(), data.test);
+    const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test);
+    result.consensus_distance = strategy->consensus_distance();
     const double none = std::nan("");  // nothing measured: reported as null
     result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : none;
     result.test_loss = test.count > 0 ? test.loss_sum / test.count : none;
@@ -315,6 +316,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     }
     EpochMetrics em{epoch, result.steps, result.train_loss, result.test_loss, result.test_accuracy,
                     epoch_seconds > 0 ? epoch_count / epoch_seconds : 0, /*wall_s, below*/ 0};
+    em.consensus_distance = result.consensus_distance;
     if (averaged && averaged->n_averaged() > 0) {
       // Each rank holds the average of its own values; each evaluates its piece of the test set.
       const auto access = strategy->access_to(averaged->params());

@@ -43,11 +43,17 @@ class PushSum {
   // in-peer order, so every backend gives the same bits); the iteration
   // advances.
   void finish(std::span<float> x, double& w);
+  // finish() if every in-peer's share has arrived; false (and nothing
+  // changed) otherwise. Does not block.
+  bool try_finish(std::span<float> x, double& w);
   bool in_flight() const { return in_flight_; }
   // The weight this rank has sent in the round in flight (0 when none):
   // with it, the weights of all ranks sum to the world size.
   double weight_in_flight() const { return in_flight_ ? sent_weight_ : 0.0; }
   std::uint64_t iteration() const { return iteration_; }
+  // The topology iteration of the next round (several PushSums taking
+  // turns on one schedule, as osgp's pipeline does).
+  void set_iteration(std::uint64_t k) { iteration_ = k; }
 
  private:
   Communicator& comm_;

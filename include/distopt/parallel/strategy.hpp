@@ -23,6 +23,20 @@
 // All four use one ShardLayout per world size and the communicator's one
 // summation order, so for pointwise optimizers they produce bitwise-equal
 // parameters (clipping and loss scaling included).
+//
+// The gossip strategies (docs/gossip.md) keep a whole model per rank, step
+// it with the rank's own gradient (the local mean, not a global one) and
+// the rank's own optimizer state, and mix it with peers instead of
+// all-reducing gradients:
+//   sgp     push-sum on the topology after every step; gradients at the
+//           de-biased parameters x / w (Assran et al. 2019)
+//   osgp    sgp overlapped: a round is sent after every step and added
+//           synch_freq + 1 steps later (1-OSGP with synch_freq 0)
+//   dpsgd   x <- W x - lr g(x): the exchange of x runs during forward and
+//           backward (Lian et al. 2017), doubly stochastic W
+//   slowmo  local SGD (parameters averaged every localsgd_frequency steps)
+//           or sgp, with SlowMo's outer momentum every slowmo_frequency
+//           steps (Wang et al. 2020)
 #pragma once
 
 #include <cstddef>
@@ -65,6 +79,18 @@ struct FlatLayout {
 // A model's flat layout: its parameters, buffer length and units.
 FlatLayout flat_layout(const models::Model& model);
 
+// Options of the gossip strategies (ignored by the others).
+struct GossipOptions {
+  std::string topology;         // empty: exponential (dpsgd: bipartite-exponential)
+  int peers_per_iteration = 1;  // exponential-k
+  int synch_freq = 0;           // osgp: a round is added synch_freq + 1 steps after it was sent
+  std::string slowmo_base = "localsgd";  // slowmo: localsgd or sgp
+  int localsgd_frequency = 3;
+  int slowmo_frequency = 48;    // tau
+  double slowmo_momentum = 0.5;  // beta
+  double slowmo_lr = 1.0;        // alpha
+};
+
 struct StrategyOptions {
   // Gradient bucket size in elements (buckets hold whole units and close
   // once they reach it); must be at least 1.
@@ -72,6 +98,7 @@ struct StrategyOptions {
   // Parameters and gradients are held and communicated in this dtype; with
   // bf16/f16 the optimizer keeps fp32 master weights (of its shard).
   DType param_dtype = DType::f32;
+  GossipOptions gossip;
 };
 
 // The gradient as an update sees it: `owned` are the gradient elements this
@@ -99,6 +126,12 @@ class Strategy {
   // scaled so that the sum over ranks is the gradient of the global batch's
   // mean loss.
   virtual models::UnitAccess& access() = 0;
+  // What evaluation runs through: the parameters themselves, or for gossip
+  // strategies the average of all ranks' models (collective).
+  virtual models::UnitAccess& eval_access() { return access(); }
+  // Gossip strategies: (1/n) sum_i |z_i - z_mean|^2 over the ranks' de-biased
+  // models (collective). Others: NaN, without communicating.
+  virtual double consensus_distance();
   // Combines the ranks' contributions and updates the parameters: with
   // opt.step(), or with `update` when one is given.
   virtual void step(const UpdateFn& update = {}) = 0;
@@ -121,7 +154,8 @@ class Strategy {
   virtual std::vector<float> gather(std::span<const float> own) = 0;
   std::vector<float> gather_params() { return gather(own_params()); }
   // Read-only unit access (evaluation) to parameters given as values shaped
-  // like own_params(); `own` must outlive it (collective per unit).
+  // like own_params(); `own` must outlive it (collective per unit). Gossip
+  // strategies evaluate the average of the ranks' `own`.
   virtual std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) = 0;
 };
 

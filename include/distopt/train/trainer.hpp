@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -102,6 +103,8 @@ struct EpochMetrics {
   // The averaged model's figures, once it has averaged at least once.
   bool averaged = false;
   double avg_test_loss = 0, avg_test_accuracy = 0;
+  // Gossip strategies: (1/n) sum_i |z_i - z_mean|^2 at the epoch's end; NaN otherwise.
+  double consensus_distance = std::nan("");
 };
 
 class Observer {
@@ -139,6 +142,9 @@ struct TrainResult {
   bool interrupted = false;        // stopped early through TrainConfig::stop_flag
   int stop_signal = 0;             // the flag's value that stopped it (a signal number)
   std::size_t nonfinite_steps = 0;  // steps with a non-finite loss or norm (warn/ignore)
+  // Gossip strategies: the test figures and params are the average model's;
+  // this is the ranks' consensus distance at the end. NaN otherwise.
+  double consensus_distance = std::nan("");
 };
 
 // Throws InvalidInput for bad configurations (unknown model, batch smaller

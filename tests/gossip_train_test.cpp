@@ -1,0 +1,204 @@
+// The gossip strategies in training: the equivalences FairScale's SlowMo
+// suite checks, push-sum's conservation, and every strategy at odd world
+// sizes with the library's optimizers, clipping, schedulers and averaging.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+
+#include "distopt/comm/threads.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/core/random.hpp"
+#include "distopt/data/sampler.hpp"
+#include "distopt/models/model.hpp"
+#include "distopt/parallel/strategy.hpp"
+#include "distopt/train/trainer.hpp"
+
+using namespace distopt;
+
+namespace {
+
+const data::Split& data_set() {
+  static const data::Split d = data::make_synthetic_classification(16, 4, 960, 240, 9);
+  return d;
+}
+
+train::TrainConfig base(std::string strategy, OptionMap sgd) {
+  train::TrainConfig c;
+  c.model = "mlp";
+  c.hidden = {24, 12};
+  c.strategy = std::move(strategy);
+  c.optimizer = {"sgd", std::move(sgd)};
+  c.batch_size = 48;  // 20 batches of 48, divisible by every world below
+  c.seed = 4;
+  c.epochs = 1;
+  return c;
+}
+
+train::TrainResult run(int world, const train::TrainConfig& c) {
+  train::TrainResult out;
+  spawn(world, [&](Communicator& comm) {
+    train::TrainResult r = train::train(comm, data_set(), c);
+    if (comm.rank() == 0) out = std::move(r);
+  });
+  return out;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - b[i]) / (1e-3 + std::abs(double(b[i]))));
+  return worst;
+}
+
+}  // namespace
+
+TEST(GossipTraining, SlowMoWithTauOneIsSgdWithTheOuterLrAndMomentum) {
+  // FairScale's test: base SGD with lr 1 and no momentum, averaged exactly
+  // every step, then SlowMo's u <- beta u + (x_old - x_avg), x_old -= alpha u:
+  // single-process SGD (ddp) with lr alpha and momentum beta.
+  train::TrainConfig slowmo = base("slowmo", {{"lr", 1.0}});
+  slowmo.parallel.gossip.slowmo_frequency = 1;
+  slowmo.parallel.gossip.slowmo_momentum = 0.5;
+  slowmo.parallel.gossip.slowmo_lr = 0.05;
+  const train::TrainConfig ddp = base("ddp", {{"lr", 0.05}, {"momentum", 0.5}});
+  const train::TrainResult a = run(4, slowmo), b = run(4, ddp);
+  EXPECT_LT(max_rel_diff(a.params, b.params), 1e-4);
+  // ... and the test can tell: another beta is far off.
+  slowmo.parallel.gossip.slowmo_momentum = 0.4;
+  EXPECT_GT(max_rel_diff(run(4, slowmo).params, b.params), 1e-3);
+}
+
+TEST(GossipTraining, LocalSgdIsAManualAverageEveryFSteps) {
+  // SlowMo off (alpha 1, beta 0, tau beyond the run): local SGD averaging
+  // the parameters every 3 steps, against the same computed here by hand.
+  const int n = 3, f = 3, steps = 12;
+  const double lr = 0.1;
+  train::TrainConfig c = base("slowmo", {{"lr", lr}});
+  c.parallel.gossip.localsgd_frequency = f;
+  c.parallel.gossip.slowmo_frequency = 1000;
+  c.parallel.gossip.slowmo_momentum = 0.0;
+  c.parallel.gossip.slowmo_lr = 1.0;
+  c.max_steps = steps;
+  const train::TrainResult got = run(n, c);
+
+  const data::Split& d = data_set();
+  auto model = models::make_model(c.model, d.train.features, d.train.classes, c.hidden);
+  std::vector<float> init(model->buffer_elements());
+  model->init(init, c.seed);
+  std::vector<std::vector<float>> p(n, init);
+  data::BatchSampler sampler(d.train.size(), c.batch_size, c.seed, false);
+  sampler.set_epoch(0);
+  std::vector<float> g(init.size()), xb, yb;
+  for (int k = 0; k < steps; ++k) {
+    for (int r = 0; r < n; ++r) {
+      const auto local = sampler.local_batch(k, r, n);
+      xb.clear();
+      yb.clear();
+      for (std::uint32_t i : local) {
+        xb.insert(xb.end(), d.train.sample(i), d.train.sample(i) + d.train.features);
+        yb.push_back(d.train.y[i]);
+      }
+      model->forward_backward(p[r], xb.data(), yb.data(), local.size(), 1.0f / float(c.batch_size), g);
+      for (std::size_t i = 0; i < g.size(); ++i) p[r][i] -= static_cast<float>(lr) * (g[i] * float(n));
+    }
+    if ((k + 1) % f == 0)
+      for (std::size_t i = 0; i < init.size(); ++i) {
+        float s = 0;
+        for (int r = 0; r < n; ++r) s += p[r][i];
+        for (int r = 0; r < n; ++r) p[r][i] = s / float(n);
+      }
+  }
+  std::vector<float> want;
+  for (const ParamSlot& s : model->params()) want.insert(want.end(), p[0].begin() + s.offset, p[0].begin() + s.offset + s.numel());
+  EXPECT_LT(max_rel_diff(got.params, want), 1e-4);
+}
+
+TEST(GossipTraining, SgpOnTheCompleteGraphIsAllReduceSgd) {
+  // Mixing with every rank after every step averages exactly: the same as
+  // all-reducing the gradients, up to the order of the sums (momentum is
+  // linear, so local buffers average to ddp's).
+  train::TrainConfig sgp = base("sgp", {{"lr", 0.05}, {"momentum", 0.9}});
+  sgp.parallel.gossip.topology = "complete";
+  const train::TrainConfig ddp = base("ddp", {{"lr", 0.05}, {"momentum", 0.9}});
+  for (int n : {2, 3, 4}) {
+    const train::TrainResult a = run(n, sgp), b = run(n, ddp);
+    EXPECT_LT(max_rel_diff(a.params, b.params), 1e-4) << n;
+    EXPECT_LT(a.consensus_distance, 1e-9) << n;
+  }
+}
+
+TEST(GossipTraining, SgpWithLrZeroKeepsTheAverageAndReachesConsensus) {
+  // Ranks start from different parameters; with lr 0 gossip alone must keep
+  // their average and, on the exponential graph with 4 ranks, reach it
+  // exactly in log2(4) = 2 rounds.
+  const data::Split& d = data_set();
+  auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 12});
+  const parallel::FlatLayout layout = parallel::flat_layout(*model);
+  spawn(4, [&](Communicator& comm) {
+    std::vector<float> init(layout.elements);
+    model->init(init, 100 + static_cast<std::uint64_t>(comm.rank()));
+    auto s = parallel::make_strategy("sgp", comm, layout, init, {"sgd", {{"lr", 0.0}}});
+    const std::vector<float> before = s->gather_params();
+    const double d0 = s->consensus_distance();
+    EXPECT_GT(d0, 1e-3);
+    for (int round = 0; round < 2; ++round) {
+      for (std::size_t u = 0; u < layout.units.size(); ++u) {
+        auto g = s->access().grads(u);
+        std::fill(g.begin(), g.end(), 0.0f);
+        s->access().grads_done(u);
+      }
+      s->step();
+    }
+    EXPECT_LT(s->consensus_distance(), 1e-12 * d0 + 1e-12);
+    const std::vector<float> after = s->gather_params();
+    EXPECT_LT(max_rel_diff(after, before), 1e-5);  // float rounding of the halvings and sums
+  });
+}
+
+TEST(GossipTraining, EveryStrategyLearnsAtOddWorldsWithAdamClippingSchedulesAndEma) {
+  const train::TrainResult ddp = run(3, base("ddp", {{"lr", 0.1}}));
+  for (std::string strategy : {"sgp", "osgp", "dpsgd", "slowmo"}) {
+    for (int n : {1, 3, 5}) {
+      if (strategy == "dpsgd" && n % 2 != 0 && n > 1) continue;  // its bipartite graph needs an even world
+      train::TrainConfig c = base(strategy, {});
+      c.optimizer = {"adam", {{"lr", 3e-3}}};
+      c.epochs = 3;
+      c.clip_grad_norm = 5.0;
+      c.scheduler = SchedulerSpec{"steplr", {{"step_size", 10.0}, {"gamma", 0.9}}, {}};
+      c.ema_decay = 0.9;
+      if (strategy == "osgp") c.parallel.gossip.synch_freq = 1;
+      const train::TrainResult r = run(n, c);
+      EXPECT_GT(r.test_accuracy, 0.6) << strategy << " n=" << n;
+      ASSERT_TRUE(r.averaged) << strategy;
+      EXPECT_GT(r.averaged->test_accuracy, 0.5) << strategy << " n=" << n;
+      if (n == 1) {
+        EXPECT_EQ(r.consensus_distance, 0.0) << strategy;
+      }
+    }
+  }
+  // dpsgd on odd worlds: another topology.
+  train::TrainConfig c = base("dpsgd", {{"lr", 0.1}});
+  c.parallel.gossip.topology = "ring";
+  EXPECT_GT(run(5, c).test_accuracy, 0.5 * ddp.test_accuracy);
+}
+
+TEST(GossipTraining, BadOptionsAreOneLineErrors) {
+  train::TrainConfig c = base("sgp", {{"lr", 0.1}});
+  c.parallel.gossip.topology = "hypercube";
+  EXPECT_THROW(run(2, c), InvalidInput);
+  c = base("dpsgd", {{"lr", 0.1}});
+  try {
+    run(3, c);
+    FAIL();
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("bipartite-exponential needs an even world size (got 3)"), std::string::npos);
+  }
+  c = base("sgp", {{"lr", 0.1}});
+  c.parallel.param_dtype = DType::bf16;
+  EXPECT_THROW(run(2, c), InvalidInput);
+  c = base("slowmo", {{"lr", 0.1}});
+  c.parallel.gossip.slowmo_momentum = 1.0;
+  EXPECT_THROW(run(2, c), InvalidInput);
+}
