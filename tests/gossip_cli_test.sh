@@ -32,6 +32,18 @@ assert abs(d["weight_sum_error"]) < 1e-12, d
   "$bin" gossip-average --world 4 --rounds 2 >"$tmp/out" 2>&1 || fail "human output: exit $?"
   grep -q "^gossip-average: exponential, world 4, 2 rounds, dim 65536: max_abs_error" "$tmp/out" || fail "$(cat "$tmp/out")"
 
+  # A gossip peer that stops answering mid-training: a time-out naming it,
+  # for every strategy, within the time-out plus the 2 s abandonment.
+  for s in sgp osgp dpsgd slowmo; do
+    start=$(date +%s)
+    DISTOPT_FAULT=stall:1:2 "$bin" train --data synthetic --world 4 --strategy $s --comm-timeout 2 --progress none \
+      >/dev/null 2>"$tmp/err"
+    status=$?
+    [ "$status" = 2 ] || fail "$s stall: exit $status: $(cat "$tmp/err")"
+    grep -q "timed out after 2 s waiting for rank(s) 1.*rank(s) 1 did not stop within 2 s and were abandoned" "$tmp/err" \
+      || fail "$s stall: $(cat "$tmp/err")"
+    [ $(( $(date +%s) - start )) -lt 10 ] || fail "$s stall: took $(( $(date +%s) - start )) s"
+  done
   expect_error 2 "unknown topology 'hypercube' (known: exponential, exponential-pm, exponential-k" -- \
     gossip-average --topology hypercube
   expect_error 2 "\-\-peers-per-iteration 4 needs a world of more than 4 ranks (world 4)" -- \
