@@ -1,11 +1,13 @@
 // distopt bench optim [--json] [--rules a,b] [--cases 16M,1000x16K] [--threads 1,2]
 // distopt bench comm [--backend threads|mpi] [--world N] [--json] [--collectives ...]
 // distopt bench strategies [--backend threads|mpi] [--worlds 2,4] [--models mlp,wide] [--json]
+// distopt bench gossip [--backend threads|mpi] [--worlds 4,8,16] [--bandwidths 100M,1G,none] [--json]
 #include <memory>
 
 #include "backends.hpp"
 #include "commands.hpp"
 #include "distopt/bench/comm_bench.hpp"
+#include "distopt/bench/gossip_bench.hpp"
 #include "distopt/bench/optim_bench.hpp"
 #include "distopt/bench/strategies_bench.hpp"
 
@@ -15,6 +17,8 @@ Runner add_bench(CLI::App& app) {
   auto o = std::make_shared<bench::OptimBenchOptions>();
   auto c = std::make_shared<bench::CommBenchOptions>();
   auto st = std::make_shared<bench::StrategiesBenchOptions>();
+  auto gb = std::make_shared<bench::GossipBenchOptions>();
+  auto bandwidths = std::make_shared<std::vector<std::string>>();
   CLI::App* sub = app.add_subcommand("bench", "benchmarks that report ratios measured in the same run");
   sub->require_subcommand(1);
 
@@ -57,12 +61,35 @@ Runner add_bench(CLI::App& app) {
   strat->add_option("--bucket-cap-mb", st->bucket_cap_mb, "gradient bucket size in MiB (default 0.125, as train)");
   strat->add_flag("--json", st->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");
 
-  return [o, c, st, optim, strat] {
+  CLI::App* gossip = sub->add_subcommand(
+      "gossip", "time per iteration of ddp and the gossip strategies on emulated links (docs/gossip.md)");
+  gossip->add_option("--backend", gb->backend, "threads (default) or mpi (start with mpirun)")
+      ->check(CLI::IsMember({"threads", "mpi"}));
+  gossip->add_option("--worlds", gb->worlds, "world sizes of the threads backend (default 4,8,16)")
+      ->delimiter(',')->check(CLI::Range(1, 64));
+  gossip->add_option("--strategies", gb->strategies, "default ddp,sgp,osgp,dpsgd")->delimiter(',');
+  gossip->add_option("--bandwidths", *bandwidths, "link bandwidths per rank, bits/s (default 100M,1G,none)")
+      ->delimiter(',');
+  gossip->add_option("--link-latency", gb->latency_s, "link latency per message in seconds (default 0)");
+  gossip->add_option("--params", gb->params, "model parameters (default 5000000)")->check(non_negative("integer"));
+  gossip->add_option("--compute-s", gb->compute_s, "simulated forward + backward seconds per step (default 0.05)");
+  gossip->add_option("--steps", gb->steps, "timed steps after 2 warm-up steps (default 8)")->check(CLI::Range(1, 10000));
+  gossip->add_flag("--json", gb->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");
+
+  return [o, c, st, gb, bandwidths, optim, strat, gossip] {
     if (optim->parsed()) return bench::run_optim_bench(*o);
-    const bool mpi = strat->parsed() ? st->backend == "mpi" : c->backend == "mpi";
-    if (!mpi) return strat->parsed() ? bench::run_strategies_bench_threads(*st) : bench::run_comm_bench_threads(*c);
+    if (gossip->parsed() && !bandwidths->empty()) {
+      gb->bandwidths.clear();
+      for (const std::string& b : *bandwidths) gb->bandwidths.push_back(parse_bandwidth("--bandwidths", b));
+    }
+    const bool mpi = gossip->parsed() ? gb->backend == "mpi" : strat->parsed() ? st->backend == "mpi" : c->backend == "mpi";
+    if (!mpi) {
+      if (gossip->parsed()) return bench::run_gossip_bench_threads(*gb);
+      return strat->parsed() ? bench::run_strategies_bench_threads(*st) : bench::run_comm_bench_threads(*c);
+    }
     auto world = open_mpi_world();
     try {
+      if (gossip->parsed()) return bench::run_gossip_bench(world->comm(), *gb);
       if (strat->parsed()) return bench::run_strategies_bench(world->comm(), *st);
       return bench::run_comm_bench(world->comm(), &world->raw(), *c);
     } catch (const std::exception& e) {

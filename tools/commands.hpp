@@ -3,8 +3,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
+
+#include "distopt/core/error.hpp"
 
 namespace distopt::cli {
 
@@ -52,6 +55,43 @@ inline std::string printable(const char* what) {
     }
   }
   return out;
+}
+
+// A bandwidth in bits per second: a number with an optional k, M or G
+// (10^3, 10^6, 10^9), e.g. "100M"; "0" or "none": unshaped.
+inline double parse_bandwidth(const std::string& flag, const std::string& text) {
+  if (text == "none" || text == "0") return 0.0;
+  double scale = 1.0;
+  std::string digits = text;
+  if (!digits.empty()) {
+    switch (digits.back()) {
+      case 'k': scale = 1e3; digits.pop_back(); break;
+      case 'M': scale = 1e6; digits.pop_back(); break;
+      case 'G': scale = 1e9; digits.pop_back(); break;
+      default: break;
+    }
+  }
+  std::size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(digits, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != digits.size() || !(v > 0) || !(v * scale < 1e15))
+    throw InvalidInput(flag + ": '" + text + "' is not a positive bandwidth in bits per second (e.g. 100M, 1G)");
+  return v * scale;
+}
+
+// After spawn() abandoned a stuck rank: one line, then the process ends
+// without unwinding, since the rank may still use the memory unwinding
+// would free. `cleanup` removes temporary files first.
+[[noreturn]] inline void exit_abandoned(const std::exception& e, const std::function<void()>& cleanup = {}) {
+  if (cleanup) cleanup();
+  std::fprintf(stderr, "distopt: error: %s\n", printable(e.what()).c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(2);
 }
 
 Runner add_replay(CLI::App& app);

@@ -78,13 +78,17 @@ int run_gossip_average(GossipArgs& a) {
   if (a.world < 1) throw InvalidInput(str("--world must be at least 1 (got ", a.world, ")"));
   const gossip::Topology topology(a.topology, a.world, a.peers_per_iteration);  // bad names fail here
   gossip::AverageReport report;
-  spawn(
-      a.world,
-      [&](Communicator& comm) {
-        gossip::AverageReport r = gossip::average_random_vectors(comm, topology, a.rounds, a.dim, a.seed);
-        if (comm.rank() == 0) report = std::move(r);
-      },
-      timeout);
+  try {
+    spawn(
+        a.world,
+        [&](Communicator& comm) {
+          gossip::AverageReport r = gossip::average_random_vectors(comm, topology, a.rounds, a.dim, a.seed);
+          if (comm.rank() == 0) report = std::move(r);
+        },
+        timeout);
+  } catch (const RanksAbandoned& e) {
+    exit_abandoned(e);
+  }
   print_report(a, topology, report);
   return 0;
 }

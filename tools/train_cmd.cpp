@@ -47,6 +47,8 @@ struct TrainArgs {
   std::string param_dtype = "f32";
   std::string on_nonfinite = "error", comm_timeout;
   std::set<std::string> gossip_flags;  // gossip options given on the command line
+  std::string link_bandwidth = "none";
+  double link_latency = 0;
   std::set<std::string> given_outputs;  // output flags given on the command line, even as ''
   bool world_given = false, backend_given = false;
 
@@ -208,6 +210,12 @@ class MetricsFile final : public train::Observer {
                     m.epoch, m.step, m.wall_s, jnum(m.loss).c_str(), m.lr, m.samples_per_s, extra.c_str());
     }
     out_ << b;
+    // At least once a second, so that a killed run leaves recent lines.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_flush_ >= std::chrono::seconds(1)) {
+      out_.flush();
+      last_flush_ = now;
+    }
   }
   void on_epoch(const train::EpochMetrics& m) override {
     char avg[96] = "";
@@ -234,6 +242,8 @@ class MetricsFile final : public train::Observer {
     out_ << b;
     out_.flush();
   }
+  // Removes the temporary file only (a stuck rank may still hold this object).
+  void discard() { std::remove(tmp_.c_str()); }
   void finish() {
     out_.close();
     if (!out_) throw IoError(str(path_, ": write failed"));
@@ -248,6 +258,7 @@ class MetricsFile final : public train::Observer {
   bool csv_;
   std::ofstream out_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
 };
 
 class Both final : public train::Observer {
@@ -616,6 +627,11 @@ int run_train(TrainArgs& a) {
   else if (a.on_nonfinite == "ignore") a.config.on_nonfinite = train::TrainConfig::OnNonFinite::ignore;
   const std::chrono::milliseconds timeout =
       a.comm_timeout.empty() ? Communicator::default_timeout() : Communicator::parse_timeout(a.comm_timeout, "--comm-timeout");
+  LinkModel link;
+  link.bandwidth_bps = parse_bandwidth("--link-bandwidth", a.link_bandwidth);
+  link.latency_s = a.link_latency;
+  if (!(link.latency_s >= 0 && std::isfinite(link.latency_s)))
+    throw InvalidInput(str("--link-latency must be a non-negative number of seconds (got ", a.link_latency, ")"));
   const bool tty = ::isatty(2) != 0;
   const bool bar = a.progress == "bar" || (a.progress == "auto" && tty);
   const bool lines = a.progress == "lines" || (a.progress == "auto" && !tty);
@@ -638,6 +654,7 @@ int run_train(TrainArgs& a) {
     auto world = open_mpi_world();
     Communicator& comm = world->comm();
     comm.set_timeout(timeout);
+    comm.set_link_model(link);
     const StopOnSignal stop(comm.rank() == 0);
     a.config.stop_flag = &stop.flag();
     std::optional<MetricsFile> metrics;
@@ -692,6 +709,7 @@ int run_train(TrainArgs& a) {
     spawn(
         a.world,
         [&](Communicator& comm) {
+          comm.set_link_model(link);
           train::TrainResult r = train::train(comm, data, a.config, &both);
           if (comm.rank() == 0) result = std::move(r);
         },
@@ -699,6 +717,10 @@ int run_train(TrainArgs& a) {
   } catch (const NonFiniteError&) {
     if (metrics) metrics->finish();  // the steps up to the divergence
     throw;
+  } catch (const RanksAbandoned& e) {
+    exit_abandoned(e, [&] {
+      if (metrics) metrics->discard();
+    });
   }
   if (metrics) metrics->finish();
   export_params(result, a);
@@ -751,6 +773,9 @@ Runner add_train(CLI::App& app) {
   gossip_flag("--slowmo-frequency", g.slowmo_frequency, "slowmo: steps between outer updates, tau (default 48)");
   gossip_flag("--slowmo-momentum", g.slowmo_momentum, "slowmo: outer momentum beta (default 0.5)");
   gossip_flag("--slowmo-lr", g.slowmo_lr, "slowmo: outer lr alpha (default 1)");
+  sub->add_option("--link-bandwidth", a->link_bandwidth,
+                  "emulate a network link per rank of this many bits per second (e.g. 100M, 1G; default none)");
+  sub->add_option("--link-latency", a->link_latency, "emulated link latency in seconds (default 0)");
   sub->add_option("--param-dtype", a->param_dtype,
                   "parameters and gradients in f32 (default), bf16 or f16, with fp32 master weights and state");
   sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,

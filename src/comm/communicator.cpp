@@ -1,5 +1,6 @@
 #include "distopt/comm/communicator.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <vector>
@@ -63,6 +64,41 @@ class Communicator::TaskRequest : public Request {
 
 Communicator::~Communicator() { stop_progress(); }
 
+namespace {
+// Bytes counted by the calling thread: a collective's own bytes, whatever
+// other threads (the progress thread, other ranks' threads) send meanwhile.
+thread_local std::uint64_t t_bytes_sent = 0;
+// Point-to-point messages carry their arrival time under a shifted tag.
+constexpr int kStampTag = Communicator::kMaxTag;
+}  // namespace
+
+void Communicator::count_sent(std::size_t bytes) {
+  bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
+  t_bytes_sent += bytes;
+}
+
+void Communicator::set_link_model(const LinkModel& link) {
+  if (!(link.bandwidth_bps >= 0 && std::isfinite(link.bandwidth_bps)))
+    throw InvalidInput(str("link bandwidth must be a non-negative number of bits per second (got ", link.bandwidth_bps,
+                           ")"));
+  if (!(link.latency_s >= 0 && std::isfinite(link.latency_s)))
+    throw InvalidInput(str("link latency must be a non-negative number of seconds (got ", link.latency_s, ")"));
+  link_ = link;
+}
+
+Communicator::Clock::time_point Communicator::reserve_link(std::size_t bytes) {
+  std::lock_guard lock(link_mutex_);
+  const double seconds = link_.bandwidth_bps > 0 ? static_cast<double>(bytes) * 8.0 / link_.bandwidth_bps : 0.0;
+  const auto duration = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  const auto latency = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(link_.latency_s));
+  // Small messages (control, a step's loss) do not queue behind bulk
+  // transfers, as separate streams share a real link; bulk ones queue.
+  if (bytes <= kSmallMessage) return Clock::now() + duration + latency;
+  const auto start = std::max(Clock::now(), link_free_);
+  link_free_ = start + duration;
+  return link_free_ + latency;
+}
+
 void Communicator::timed(const std::function<void()>& fn) {
   const auto start = Clock::now();
   struct Add {
@@ -73,8 +109,59 @@ void Communicator::timed(const std::function<void()>& fn) {
                    std::memory_order_relaxed);
     }
   } add{busy_ns_, start};
+  const std::uint64_t before = t_bytes_sent;
   fn();
+  // Emulated link: the collective ends once this rank's bytes have crossed it.
+  if (link_.active()) std::this_thread::sleep_until(reserve_link(t_bytes_sent - before));
 }
+
+// A send on an emulated link: the payload, then its arrival time; done once
+// the payload has left this rank's link.
+class Communicator::EmulatedSend final : public Request {
+ public:
+  EmulatedSend(std::unique_ptr<Request> payload, std::unique_ptr<std::int64_t> stamp, std::unique_ptr<Request> stamp_req,
+               Clock::time_point left)
+      : payload_(std::move(payload)), stamp_(std::move(stamp)), stamp_req_(std::move(stamp_req)), left_(left) {}
+  ~EmulatedSend() override {
+    try {
+      if (stamp_req_) stamp_req_->wait();  // its buffer is ours
+    } catch (...) {
+    }
+  }
+  bool test() override { return payload_->test() && stamp_req_->test() && Clock::now() >= left_; }
+  void wait() override {
+    payload_->wait();
+    stamp_req_->wait();
+    std::this_thread::sleep_until(left_);
+  }
+
+ private:
+  std::unique_ptr<Request> payload_;
+  std::unique_ptr<std::int64_t> stamp_;
+  std::unique_ptr<Request> stamp_req_;
+  Clock::time_point left_;
+};
+
+// A receive on an emulated link: done at the arrival time the sender set.
+class Communicator::EmulatedRecv final : public Request {
+ public:
+  EmulatedRecv(std::unique_ptr<Request> payload, std::unique_ptr<std::int64_t> stamp, std::unique_ptr<Request> stamp_req)
+      : payload_(std::move(payload)), stamp_(std::move(stamp)), stamp_req_(std::move(stamp_req)) {}
+  bool test() override {
+    return stamp_req_->test() && payload_->test() && Clock::now() >= arrival();
+  }
+  void wait() override {
+    stamp_req_->wait();
+    payload_->wait();
+    std::this_thread::sleep_until(arrival());
+  }
+
+ private:
+  Clock::time_point arrival() const { return Clock::time_point(Clock::duration(*stamp_)); }
+  std::unique_ptr<Request> payload_;
+  std::unique_ptr<std::int64_t> stamp_;
+  std::unique_ptr<Request> stamp_req_;
+};
 
 void Communicator::stop_progress() {
   {
@@ -232,12 +319,28 @@ void Communicator::recv(void* buf, std::size_t count, ElemType type, int peer, i
 
 std::unique_ptr<Request> Communicator::isend(const void* buf, std::size_t count, ElemType type, int peer, int tag) {
   check_rank(peer, "send");
-  return do_isend(buf, count * size_of(type), peer, tag);
+  if (!link_.active()) return do_isend(buf, count * size_of(type), peer, tag);
+  if (tag < 0 || tag >= kMaxTag) throw InvalidInput(str("send: tag ", tag, " is outside [0, 2^20) of an emulated link"));
+  const std::size_t bytes = count * size_of(type);
+  const Clock::time_point arrival = reserve_link(bytes);
+  const Clock::time_point left = arrival - std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(link_.latency_s));
+  auto payload = do_isend(buf, bytes, peer, tag);
+  auto stamp = std::make_unique<std::int64_t>(arrival.time_since_epoch().count());
+  auto stamp_req = do_isend(stamp.get(), sizeof(std::int64_t), peer, tag + kStampTag);
+  bytes_sent_.fetch_sub(sizeof(std::int64_t), std::memory_order_relaxed);  // the emulator's, not the user's
+  t_bytes_sent -= sizeof(std::int64_t);
+  return std::make_unique<EmulatedSend>(std::move(payload), std::move(stamp), std::move(stamp_req), left);
 }
 
 std::unique_ptr<Request> Communicator::irecv(void* buf, std::size_t count, ElemType type, int peer, int tag) {
   check_rank(peer, "recv");
-  return do_irecv(buf, count * size_of(type), peer, tag);
+  if (!link_.active()) return do_irecv(buf, count * size_of(type), peer, tag);
+  if (tag < 0 || tag >= kMaxTag) throw InvalidInput(str("recv: tag ", tag, " is outside [0, 2^20) of an emulated link"));
+  auto stamp = std::make_unique<std::int64_t>(0);
+  auto stamp_req = do_irecv(stamp.get(), sizeof(std::int64_t), peer, tag + kStampTag);
+  auto payload = do_irecv(buf, count * size_of(type), peer, tag);
+  return std::make_unique<EmulatedRecv>(std::move(payload), std::move(stamp), std::move(stamp_req));
 }
 
 std::unique_ptr<Request> Communicator::iall_reduce(const void* send, void* recv, std::size_t count, ElemType type,
@@ -265,6 +368,7 @@ std::unique_ptr<Request> Communicator::ibroadcast(void* buf, std::size_t count, 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   std::unique_ptr<Communicator> out;
   run_ordered([&] { out = do_split(color, key); });
+  if (out) out->set_link_model(link_);
   return out;
 }
 

@@ -400,7 +400,7 @@ void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::mil
       std::lock_guard lock(world.m);
       reason = world.reason;
     }
-    throw CommError(str(reason, "; rank(s) ", who, " did not stop within ",
+    throw RanksAbandoned(str(reason, "; rank(s) ", who, " did not stop within ",
                         seconds(std::chrono::duration_cast<std::chrono::milliseconds>(kAbandonAfter)),
                         " and were abandoned"));
   }

@@ -51,6 +51,19 @@ class Request {
   virtual void wait() = 0;
 };
 
+// An emulated network link (docs/gossip.md, "Emulated links"): every rank
+// has one egress link of `bandwidth_bps` bits per second (0: unshaped)
+// shared by all it sends, in order (messages of up to kSmallMessage bytes
+// skip the queue), and every message arrives `latency_s` after its last
+// byte left. A point-to-point message is not received before
+// then; a collective ends on each rank once the bytes it sent have crossed
+// its link, plus one latency per phase.
+struct LinkModel {
+  double bandwidth_bps = 0;
+  double latency_s = 0;
+  bool active() const { return bandwidth_bps > 0 || latency_s > 0; }
+};
+
 class Communicator {
  public:
   using Clock = std::chrono::steady_clock;
@@ -79,6 +92,14 @@ class Communicator {
   double busy_seconds() const { return static_cast<double>(busy_ns_.load(std::memory_order_relaxed)) * 1e-9; }
 
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
+  // Throws InvalidInput for a negative or non-finite bandwidth or latency.
+  // While a model is active, point-to-point tags must be below kMaxTag.
+  void set_link_model(const LinkModel& link);
+  const LinkModel& link_model() const { return link_; }
+  static constexpr int kMaxTag = 1 << 20;
+  // Messages of at most this many bytes do not queue behind others on an
+  // emulated link.
+  static constexpr std::size_t kSmallMessage = 4096;
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // recv[i] = op over ranks of send[i]; `count` elements. In place allowed.
@@ -136,7 +157,7 @@ class Communicator {
   // backend's members still exist.
   void stop_progress();
   // Backends call this for the bytes they move to other ranks.
-  void count_sent(std::size_t bytes) { bytes_sent_.fetch_add(bytes, std::memory_order_relaxed); }
+  void count_sent(std::size_t bytes);
 
  private:
   struct Task;
@@ -150,6 +171,13 @@ class Communicator {
   void check_rank(int r, const char* what) const;
 
   std::chrono::milliseconds timeout_ = default_timeout();
+  // The emulated link: when this rank's egress is free again.
+  class EmulatedSend;
+  class EmulatedRecv;
+  Clock::time_point reserve_link(std::size_t bytes);
+  LinkModel link_;
+  std::mutex link_mutex_;
+  Clock::time_point link_free_{};
   std::atomic<std::uint64_t> bytes_sent_{0};
   std::atomic<std::uint64_t> busy_ns_{0};
   void timed(const std::function<void()>& fn);

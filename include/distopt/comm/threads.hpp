@@ -23,9 +23,10 @@ std::vector<std::unique_ptr<Communicator>> make_threads_world(int n);
 //
 // A rank that does not return within kAbandonAfter of the world's abort
 // (stuck outside any communicator call, where the abort cannot reach it)
-// is abandoned: spawn detaches its thread and throws CommError naming it
-// after the original failure. Whatever that thread references must then
-// outlive it -- in practice, the process should end.
+// is abandoned: spawn detaches its thread and throws RanksAbandoned naming
+// it after the original failure. Whatever that thread references must then
+// outlive it: the process should report and end without unwinding
+// (std::_Exit), as distopt's commands do.
 inline constexpr std::chrono::milliseconds kAbandonAfter{2'000};
 void spawn(int n, const std::function<void(Communicator&)>& fn,
            std::chrono::milliseconds timeout = Communicator::default_timeout());

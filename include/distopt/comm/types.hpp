@@ -49,6 +49,13 @@ class CommTimeout : public CommError {
  public:
   using CommError::CommError;
 };
+// spawn(): a rank did not return after the world aborted and was left
+// running (detached). Memory it may still use must not be freed: a program
+// should report and end the process without unwinding (std::_Exit).
+class RanksAbandoned : public CommError {
+ public:
+  using CommError::CommError;
+};
 // Another rank failed; this rank was woken from a wait.
 class CommAborted : public CommError {
  public:
