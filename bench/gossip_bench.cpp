@@ -171,9 +171,8 @@ int run_gossip_bench_threads(const GossipBenchOptions& o) {
   for (double bw : o.bandwidths)
     for (int world : o.worlds)
       for (const std::string& s : o.strategies) {
-        if (!o.json)
-          std::fprintf(stderr, "bench gossip: %s, world %d, %s\n", s.c_str(), world,
-                       bw > 0 ? (num(bw / 1e6) + " Mbit/s").c_str() : "unshaped");
+        std::fprintf(stderr, "bench gossip: %s, world %d, %s\n", s.c_str(), world,
+                     bw > 0 ? (num(bw / 1e6) + " Mbit/s").c_str() : "unshaped");
         Row row{};
         spawn(world, [&](Communicator& comm) {
           Row r = measure(comm, o, s, bw);

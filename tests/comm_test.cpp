@@ -371,3 +371,80 @@ TEST(Pieces, CoverTheBufferInOrder) {
 
 }  // namespace
 }  // namespace distopt
+
+namespace distopt {
+namespace {
+
+double since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+TEST(LinkEmulator, AMessageArrivesAfterItsBytesCrossedTheLinkAndTheLatency) {
+  // 1 MB at 80 Mbit/s takes 0.1 s on the link; plus 0.05 s latency.
+  spawn(2, [](Communicator& c) {
+    c.set_link_model({80e6, 0.05});
+    std::vector<unsigned char> buf(1'000'000, 7);
+    c.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    if (c.rank() == 0) {
+      c.send(buf.data(), buf.size(), ElemType::u8, 1, 3);
+      EXPECT_GE(since(t0), 0.1);  // the sender's link was busy
+      EXPECT_LT(since(t0), 0.2);
+    } else {
+      std::vector<unsigned char> got(buf.size());
+      c.recv(got.data(), got.size(), ElemType::u8, 0, 3);
+      EXPECT_GE(since(t0), 0.145);  // (the ranks leave the barrier up to a few ms apart)
+      EXPECT_LT(since(t0), 0.3);
+      EXPECT_EQ(got, buf);
+    }
+    // Two messages in a row queue on the link: the second leaves 0.2 s in.
+    c.barrier();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (c.rank() == 0) {
+      auto a = c.isend(buf.data(), buf.size(), ElemType::u8, 1, 4);
+      auto b = c.isend(buf.data(), buf.size(), ElemType::u8, 1, 5);
+      a->wait();
+      b->wait();
+      EXPECT_GE(since(t1), 0.2);
+    } else {
+      std::vector<unsigned char> got(buf.size());
+      c.recv(got.data(), got.size(), ElemType::u8, 0, 5);
+      EXPECT_GE(since(t1), 0.245);
+      c.recv(got.data(), got.size(), ElemType::u8, 0, 4);
+    }
+    EXPECT_EQ(c.bytes_sent(), c.rank() == 0 ? 3'000'000u : 0u) << "the arrival stamps are not counted";
+  });
+}
+
+TEST(LinkEmulator, ACollectiveTakesItsBytesOverTheLink) {
+  // all_reduce of 4 MB at 2 ranks: each rank sends 2 MB + 2 MB = 4 MB,
+  // 0.1 s at 320 Mbit/s. Unshaped it is far faster.
+  spawn(2, [](Communicator& c) {
+    std::vector<float> x(1'000'000, 1.0f);
+    c.barrier();
+    auto t0 = std::chrono::steady_clock::now();
+    c.all_reduce(x.data(), x.data(), x.size(), ElemType::f32, ReduceOp::sum);
+    const double plain = since(t0);
+    c.set_link_model({320e6, 0});
+    c.barrier();
+    t0 = std::chrono::steady_clock::now();
+    c.all_reduce(x.data(), x.data(), x.size(), ElemType::f32, ReduceOp::sum);
+    EXPECT_GE(since(t0), 0.1);
+    EXPECT_LT(since(t0), 0.1 + plain + 0.1);
+    EXPECT_EQ(x[0], 4.0f);
+  });
+}
+
+TEST(LinkEmulator, BadModelsAndTagsAreRefused) {
+  spawn(1, [](Communicator& c) {
+    EXPECT_THROW(c.set_link_model({-1, 0}), InvalidInput);
+    EXPECT_THROW(c.set_link_model({1e9, -0.1}), InvalidInput);
+    EXPECT_THROW(c.set_link_model({std::nan(""), 0}), InvalidInput);
+    c.set_link_model({1e9, 0});
+    int v = 0;
+    EXPECT_THROW(c.isend(&v, 1, ElemType::i32, 0, Communicator::kMaxTag), InvalidInput);
+  });
+}
+
+}  // namespace
+}  // namespace distopt

@@ -46,6 +46,29 @@ assert abs(d["weight_sum_error"]) < 1e-12, d
     sanitized && limit=30
     [ $(( $(date +%s) - start )) -lt $limit ] || fail "$s stall: took $(( $(date +%s) - start )) s"
   done
+  # bench gossip, small: the byte counts of each strategy, sgp waiting for
+  # its link after compute, osgp and dpsgd overlapping it.
+  "$bin" bench gossip --worlds 4 --bandwidths 100M --params 200000 --compute-s 0.02 --steps 3 --json \
+    >"$tmp/bench" 2>"$tmp/err" || fail "bench gossip exited $?: $(cat "$tmp/err")"
+  /usr/bin/env python3 - "$tmp/bench" <<'PY' || fail "bench gossip: $(tail -n 1 "$tmp/bench")"
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+r = {x["strategy"]: x for x in d["results"]}
+assert set(r) == {"ddp", "sgp", "osgp", "dpsgd"}, r.keys()
+for x in r.values():
+    assert x["world"] == 4 and x["link_bandwidth_bps"] == 1e8 and x["iter_s_p90"] >= x["iter_s_median"] > 0, x
+    for k in ("compute_s", "comm_s", "wait_s", "link_latency_s"):
+        assert k in x, (k, x)
+# ddp all-reduces 2 (n-1)/n of the model per step, sgp sends it once.
+assert abs(r["ddp"]["bytes_per_rank_per_step"] / r["sgp"]["bytes_per_rank_per_step"] - 1.5) < 0.02, r
+assert r["sgp"]["iter_s_median"] >= 0.95 * (r["sgp"]["compute_s"] + r["sgp"]["comm_s"]), r["sgp"]
+for s in ("osgp", "dpsgd"):
+    assert r[s]["iter_s_median"] < 0.95 * r["sgp"]["iter_s_median"], (r[s], r["sgp"])
+PY
+  expect_error 2 "\-\-bandwidths: '-5' is not a positive bandwidth" -- bench gossip --bandwidths -5
+  expect_error 2 "\-\-link-bandwidth: 'fast' is not a positive bandwidth" -- train --data synthetic --link-bandwidth fast
+  expect_error 2 "\-\-link-latency must be a non-negative number of seconds (got -1)" -- train --data synthetic \
+    --link-latency -1
   expect_error 2 "unknown topology 'hypercube' (known: exponential, exponential-pm, exponential-k" -- \
     gossip-average --topology hypercube
   expect_error 2 "\-\-peers-per-iteration 4 needs a world of more than 4 ranks (world 4)" -- \
