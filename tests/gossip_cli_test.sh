@@ -50,9 +50,12 @@ assert abs(d["weight_sum_error"]) < 1e-12, d
   # its link after compute, osgp and dpsgd overlapping it.
   "$bin" bench gossip --worlds 4 --bandwidths 100M --params 200000 --compute-s 0.02 --steps 3 --json \
     >"$tmp/bench" 2>"$tmp/err" || fail "bench gossip exited $?: $(cat "$tmp/err")"
-  /usr/bin/env python3 - "$tmp/bench" <<'PY' || fail "bench gossip: $(tail -n 1 "$tmp/bench")"
+  timing=1
+  sanitized && timing=0  # sanitizers make the copies, not the link, the bottleneck
+  /usr/bin/env python3 - "$tmp/bench" "$timing" <<'PY' || fail "bench gossip: $(tail -n 1 "$tmp/bench")"
 import json, sys
 d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+timing = sys.argv[2] == "1"
 r = {x["strategy"]: x for x in d["results"]}
 assert set(r) == {"ddp", "sgp", "osgp", "dpsgd"}, r.keys()
 for x in r.values():
@@ -63,7 +66,7 @@ for x in r.values():
 assert abs(r["ddp"]["bytes_per_rank_per_step"] / r["sgp"]["bytes_per_rank_per_step"] - 1.5) < 0.02, r
 assert r["sgp"]["iter_s_median"] >= 0.95 * (r["sgp"]["compute_s"] + r["sgp"]["comm_s"]), r["sgp"]
 for s in ("osgp", "dpsgd"):
-    assert r[s]["iter_s_median"] < 0.95 * r["sgp"]["iter_s_median"], (r[s], r["sgp"])
+    assert not timing or r[s]["iter_s_median"] < 0.95 * r["sgp"]["iter_s_median"], (r[s], r["sgp"])
 PY
   expect_error 2 "\-\-bandwidths: '-5' is not a positive bandwidth" -- bench gossip --bandwidths -5
   expect_error 2 "\-\-link-bandwidth: 'fast' is not a positive bandwidth" -- train --data synthetic --link-bandwidth fast

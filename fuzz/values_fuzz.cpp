@@ -1,0 +1,38 @@
+// libFuzzer target: the single-value parsers of outside input -- a
+// time-out (--comm-timeout, DISTOPT_COMM_TIMEOUT), a bandwidth
+// (--link-bandwidth, bench gossip --bandwidths) -- and gossip topologies
+// built from a fuzzed name, world size and peer count, whose peers are then
+// asked for. Only distopt::Error may escape as an answer.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "../tools/commands.hpp"
+#include "distopt/comm/communicator.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/gossip/topology.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  if (size < 3) return 0;
+  const std::string text(reinterpret_cast<const char*>(data) + 3, size - 3);
+  try {
+    (void)distopt::Communicator::parse_timeout(text, "--comm-timeout");
+  } catch (const distopt::Error&) {
+  }
+  try {
+    (void)distopt::cli::parse_bandwidth("--link-bandwidth", text);
+  } catch (const distopt::Error&) {
+  }
+  try {
+    // World 1..256, peers -2..125: names from the input's text.
+    const int world = 1 + data[0];
+    const int peers = static_cast<int>(data[1] % 128) - 2;
+    const distopt::gossip::Topology t(text, world, peers);
+    const std::uint64_t k = data[2];
+    for (int r = 0; r < world; r += 1 + world / 8) (void)t.peers(r, k);
+    (void)t.predicted_rate();
+  } catch (const distopt::Error&) {
+  }
+  return 0;
+}
