@@ -30,9 +30,11 @@ started() {
 }
 
 # A stopped rank (kill -STOP): the others time out after 5 s naming it and
-# the job ends well within 10 s of the stop, without temporary files.
-d="$tmp/stop"; mkdir -p "$d"
-"$mpiexec" -n 2 "$bin" "${long[@]}" --comm-timeout 5 --metrics "$d/m.jsonl" >/dev/null 2>"$d/err" &
+# the job ends well within 10 s of the stop, without temporary files; with
+# ddp's collectives and with sgp's point-to-point gossip.
+for strategy in ddp sgp; do
+d="$tmp/stop-$strategy"; mkdir -p "$d"
+"$mpiexec" -n 2 "$bin" "${long[@]}" --strategy $strategy --comm-timeout 5 --metrics "$d/m.jsonl" >/dev/null 2>"$d/err" &
 job=$!
 started "$job" "$d/m.jsonl" || fail "stop: the job did not start: $(cat "$d/err")"
 victim=$(rank_pid "$job" 1) || fail "stop: no rank 1 under mpirun $job"
@@ -42,11 +44,12 @@ wait "$job"
 status=$?
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 [ "$status" != 0 ] || fail "stop: exit 0"
-grep -q "distopt: error (rank 0): [a-z_]* on rank 0: timed out after 5 s waiting for rank(s) 1 (mpi backend)" "$d/err" \
-  || fail "stop: message: $(grep distopt "$d/err")"
+grep -qE "distopt: error \(rank 0\): [a-z_]+ on rank 0: timed out after 5 s waiting for rank(\(s\))? 1 \((tag [0-9]+, )?mpi backend\)" "$d/err" \
+  || fail "stop ($strategy): message: $(grep distopt "$d/err")"
 [ "$(echo "$elapsed < 10" | bc)" = 1 ] || fail "stop: the job took $elapsed s after the stop"
 [ "$(ls "$d" | grep -c '\.tmp\.')" = 0 ] || fail "stop: temporary files left: $(ls "$d")"
-echo "stopped rank: job ended ${elapsed} s after SIGSTOP"
+echo "stopped rank ($strategy): job ended ${elapsed} s after SIGSTOP"
+done
 
 # SIGTERM to rank 1 only, and SIGINT to mpirun (which passes SIGTERM on):
 # every rank stops after the same step; rank 0 writes the metrics and the

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "distopt/core/error.hpp"
 #include "distopt/core/random.hpp"
@@ -21,6 +22,16 @@ PushSum::PushSum(Communicator& comm, const Topology& topology, std::size_t dim, 
 }
 
 PushSum::~PushSum() {
+  if (failed_) {
+    // A round failed (a peer did not answer): waiting again would only time
+    // out again. Receives are cancelled with their requests; the send
+    // buffers are left allocated, since a send may still be reading them.
+    static std::mutex m;
+    static auto* kept = new std::vector<std::vector<Buffer>>;  // reachable, for leak checkers
+    std::lock_guard lock(m);
+    kept->push_back(std::move(send_));
+    return;
+  }
   for (auto* reqs : {&sends_, &recvs_})
     for (auto& r : *reqs) try {
         if (r) r->wait();
@@ -67,8 +78,15 @@ void PushSum::start(std::span<float> x, double& w) {
 void PushSum::finish(std::span<float> x, double& w) {
   DISTOPT_CHECK(x.size() == dim_, "x has ", x.size(), " elements, the gossiper ", dim_);
   DISTOPT_CHECK(in_flight_, "no push-sum round in flight");
+  try {
+    for (auto& r : recvs_) r->wait();
+    for (auto& r : sends_) r->wait();
+  } catch (...) {
+    failed_ = true;
+    in_flight_ = false;
+    throw;
+  }
   for (std::size_t i = 0; i < recvs_.size(); ++i) {
-    recvs_[i]->wait();
     const auto* msg = recv_[i].as<unsigned char>();
     double win = 0;
     std::memcpy(&win, msg, kHeader);
@@ -76,7 +94,6 @@ void PushSum::finish(std::span<float> x, double& w) {
     for (std::size_t e = 0; e < dim_; ++e) x[e] += xs[e];
     w += win;
   }
-  for (auto& s : sends_) s->wait();
   sends_.clear();
   recvs_.clear();
   in_flight_ = false;
@@ -86,6 +103,8 @@ void PushSum::finish(std::span<float> x, double& w) {
 bool PushSum::try_finish(std::span<float> x, double& w) {
   DISTOPT_CHECK(in_flight_, "no push-sum round in flight");
   for (auto& r : recvs_)
+    if (!r->test()) return false;
+  for (auto& r : sends_)
     if (!r->test()) return false;
   finish(x, w);
   return true;

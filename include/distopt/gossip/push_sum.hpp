@@ -30,7 +30,9 @@ class PushSum {
   static constexpr int kTag = 0x6055;
   // `topology` must outlive the PushSum and have the communicator's size.
   PushSum(Communicator& comm, const Topology& topology, std::size_t dim, int tag = kTag);
-  ~PushSum();  // waits for a round still in flight (its buffers are ours)
+  // Waits for a round still in flight (its buffers are ours), unless a
+  // round failed: then the send buffers are leaked, not freed under a send.
+  ~PushSum();
   PushSum(const PushSum&) = delete;
   PushSum& operator=(const PushSum&) = delete;
 
@@ -61,7 +63,7 @@ class PushSum {
   std::size_t dim_;
   int tag_;
   std::uint64_t iteration_ = 0;
-  bool in_flight_ = false;
+  bool in_flight_ = false, failed_ = false;
   double sent_weight_ = 0.0;
   Peers peers_;
   std::vector<Buffer> send_, recv_;
