@@ -65,16 +65,14 @@ class Communicator::TaskRequest : public Request {
 Communicator::~Communicator() { stop_progress(); }
 
 namespace {
-// Bytes counted by the calling thread: a collective's own bytes, whatever
-// other threads (the progress thread, other ranks' threads) send meanwhile.
-thread_local std::uint64_t t_bytes_sent = 0;
 // Point-to-point messages carry their arrival time under a shifted tag.
 constexpr int kStampTag = Communicator::kMaxTag;
 }  // namespace
 
 void Communicator::count_sent(std::size_t bytes) {
   bytes_sent_.fetch_add(bytes, std::memory_order_relaxed);
-  t_bytes_sent += bytes;
+  if (on_collective_thread_.load(std::memory_order_relaxed) == std::this_thread::get_id())
+    collective_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
 
 void Communicator::set_link_model(const LinkModel& link) {
@@ -109,10 +107,15 @@ void Communicator::timed(const std::function<void()>& fn) {
                    std::memory_order_relaxed);
     }
   } add{busy_ns_, start};
-  const std::uint64_t before = t_bytes_sent;
+  // The bytes this collective sends: counted while it runs on this thread,
+  // whatever other threads send meanwhile (one collective runs at a time).
+  on_collective_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+  const std::uint64_t before = collective_bytes_.load(std::memory_order_relaxed);
   fn();
+  on_collective_thread_.store(std::thread::id(), std::memory_order_relaxed);
   // Emulated link: the collective ends once this rank's bytes have crossed it.
-  if (link_.active()) std::this_thread::sleep_until(reserve_link(t_bytes_sent - before));
+  if (link_.active())
+    std::this_thread::sleep_until(reserve_link(collective_bytes_.load(std::memory_order_relaxed) - before));
 }
 
 // A send on an emulated link: the payload, then its arrival time; done once
@@ -329,7 +332,6 @@ std::unique_ptr<Request> Communicator::isend(const void* buf, std::size_t count,
   auto stamp = std::make_unique<std::int64_t>(arrival.time_since_epoch().count());
   auto stamp_req = do_isend(stamp.get(), sizeof(std::int64_t), peer, tag + kStampTag);
   bytes_sent_.fetch_sub(sizeof(std::int64_t), std::memory_order_relaxed);  // the emulator's, not the user's
-  t_bytes_sent -= sizeof(std::int64_t);
   return std::make_unique<EmulatedSend>(std::move(payload), std::move(stamp), std::move(stamp_req), left);
 }
 

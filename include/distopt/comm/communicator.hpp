@@ -179,6 +179,9 @@ class Communicator {
   std::mutex link_mutex_;
   Clock::time_point link_free_{};
   std::atomic<std::uint64_t> bytes_sent_{0};
+  // Bytes sent by the thread running a collective, while it runs one.
+  std::atomic<std::uint64_t> collective_bytes_{0};
+  std::atomic<std::thread::id> on_collective_thread_{};
   std::atomic<std::uint64_t> busy_ns_{0};
   void timed(const std::function<void()>& fn);
   std::mutex queue_mutex_;
