@@ -20,6 +20,19 @@ expect_error() {
 # which reserve terabytes of address space and cannot run under ulimit -v.
 sanitized() { nm "$bin" 2>/dev/null | grep -q "__asan_init\|__tsan_init"; }
 
+# started PID FILE: waits (at most 60 s) while PID lives until a temporary
+# file of FILE (FILE.tmp.*, the metrics, flushed at least once a second) has
+# data, i.e. training is under way. PID may be distopt's or mpirun's.
+started() {
+  local i f
+  for i in $(seq 1200); do
+    for f in "$2".tmp.*; do [ -s "$f" ] && return 0; done
+    kill -0 "$1" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
 # finish NAME: the summary line and the exit status.
 finish() {
   if [ "$failures" = 0 ]; then echo "$1: all checks passed"; exit 0; fi

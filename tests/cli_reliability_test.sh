@@ -14,18 +14,6 @@ long=(train --data synthetic --train-size 65536 --test-size 256 --epochs 100 --w
 limit=10
 sanitized && limit=30
 
-# started PID FILE: waits (at most 60 s) until the run's temporary metrics
-# file has data (flushed at least once a second), i.e. training is under way.
-started() {
-  local i
-  for i in $(seq 1200); do
-    [ -s "$2.tmp.$1" ] && return 0
-    kill -0 "$1" 2>/dev/null || return 1
-    sleep 0.05
-  done
-  return 1
-}
-
 # SIGINT and SIGTERM: stop after the current step on every rank, write the
 # metrics, the parameters and the summary (marked interrupted), leave no
 # temporary file, exit 128 + the signal's number.

@@ -18,16 +18,6 @@ rank_pid() {
   done
   return 1
 }
-# started MPIRUN-PID METRICS: rank 0's temporary metrics file has data.
-started() {
-  local i f
-  for i in $(seq 400); do
-    for f in "$2".tmp.*; do [ -s "$f" ] && return 0; done
-    kill -0 "$1" 2>/dev/null || return 1
-    sleep 0.05
-  done
-  return 1
-}
 
 # A stopped rank (kill -STOP): the others time out after 5 s naming it and
 # the job ends well within 10 s of the stop, without temporary files; with

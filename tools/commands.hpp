@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -55,6 +56,15 @@ inline std::string printable(const char* what) {
     }
   }
   return out;
+}
+
+// A float for JSON output: %.9g, or null where it is NaN or infinite (a
+// diverged run, a figure not measured), which JSON cannot spell.
+inline std::string jnum(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
 }
 
 // A bandwidth in bits per second: a number with an optional k, M or G

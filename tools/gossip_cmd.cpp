@@ -23,24 +23,17 @@ struct GossipArgs {
   bool json = false, world_given = false;
 };
 
-std::string num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[32];
-  std::snprintf(b, sizeof b, "%.9g", v);
-  return b;
-}
-
 void print_report(const GossipArgs& a, const gossip::Topology& t, const gossip::AverageReport& r) {
   if (a.json) {
     std::string errors;
-    for (double e : r.errors) errors += (errors.empty() ? "" : ", ") + num(e);
+    for (double e : r.errors) errors += (errors.empty() ? "" : ", ") + jnum(e);
     std::printf(
         "{\"max_abs_error\": %s, \"weight_sum_error\": %s, \"rounds\": %llu, \"topology\": \"%s\", "
         "\"peers_per_iteration\": %d, \"world\": %d, \"dim\": %zu, \"seed\": %llu, \"backend\": \"%s\", "
         "\"predicted_rate\": %s, \"bytes_sent_per_rank\": %llu, \"errors\": [%s]}\n",
-        num(r.max_abs_error).c_str(), num(r.weight_sum_error).c_str(), static_cast<unsigned long long>(a.rounds),
+        jnum(r.max_abs_error).c_str(), jnum(r.weight_sum_error).c_str(), static_cast<unsigned long long>(a.rounds),
         t.name().c_str(), t.peers_per_iteration(), t.world(), a.dim, static_cast<unsigned long long>(a.seed),
-        a.backend.c_str(), num(t.predicted_rate()).c_str(), static_cast<unsigned long long>(r.bytes_sent),
+        a.backend.c_str(), jnum(t.predicted_rate()).c_str(), static_cast<unsigned long long>(r.bytes_sent),
         errors.c_str());
   } else {
     std::printf("gossip-average: %s, world %d, %llu rounds, dim %zu: max_abs_error %.3g (from %.3g), "

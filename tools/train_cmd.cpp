@@ -65,15 +65,6 @@ std::string human_rate(double r) {
   return b;
 }
 
-// A float for JSON output: %.9g, or null where it is NaN or infinite (a
-// diverged run), which JSON cannot spell.
-std::string jnum(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[32];
-  std::snprintf(b, sizeof b, "%.9g", v);
-  return b;
-}
-
 // A float for CSV: %.9g, or an empty field where nothing was measured or
 // the value is not finite.
 std::string cnum(double v) { return std::isfinite(v) ? jnum(v) : std::string(); }
@@ -561,9 +552,8 @@ void check_memory(const TrainArgs& a, int world) {
 // silent no-op.
 void check_gossip_flags(const TrainArgs& a) {
   const std::string& s = a.config.strategy;
-  const bool gossip = s == "sgp" || s == "osgp" || s == "dpsgd" || s == "slowmo" || s == "adpsgd";
   for (const std::string& flag : a.gossip_flags) {
-    if (!gossip)
+    if (!parallel::is_gossip(s))
       throw InvalidInput(str(flag, " applies to the gossip strategies (sgp, osgp, dpsgd, slowmo), not --strategy ", s));
     if (flag == "--synch-freq" && s != "osgp") throw InvalidInput(str("--synch-freq applies to --strategy osgp, not ", s));
     if (flag.rfind("--slowmo", 0) == 0 || flag == "--localsgd-frequency")

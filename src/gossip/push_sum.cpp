@@ -100,16 +100,6 @@ void PushSum::finish(std::span<float> x, double& w) {
   ++iteration_;
 }
 
-bool PushSum::try_finish(std::span<float> x, double& w) {
-  DISTOPT_CHECK(in_flight_, "no push-sum round in flight");
-  for (auto& r : recvs_)
-    if (!r->test()) return false;
-  for (auto& r : sends_)
-    if (!r->test()) return false;
-  finish(x, w);
-  return true;
-}
-
 AverageReport average_random_vectors(Communicator& comm, const Topology& topology, std::uint64_t rounds,
                                      std::size_t dim, std::uint64_t seed) {
   if (dim == 0) throw InvalidInput("--dim must be at least 1");

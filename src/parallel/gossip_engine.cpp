@@ -43,23 +43,6 @@ void validate(std::string_view name, const StrategyOptions& o) {
     throw InvalidInput(str("--slowmo-base: '", g.slowmo_base, "' is not localsgd or sgp"));
 }
 
-// Read-only access to a padded buffer of values (evaluation).
-class PaddedAccess final : public models::UnitAccess {
- public:
-  PaddedAccess(const ShardLayout& layout, std::span<const float> padded) : layout_(layout), padded_(padded) {}
-  std::span<const float> acquire(std::size_t u, models::Pass) override {
-    const auto& unit = layout_.units().at(u);
-    return padded_.subspan(unit.padded_offset, unit.size());
-  }
-  void release(std::size_t, models::Pass) override {}
-  std::span<float> grads(std::size_t) override { throw PreconditionError("backward through an evaluation access"); }
-  void grads_done(std::size_t) override {}
-
- private:
-  const ShardLayout& layout_;
-  std::span<const float> padded_;
-};
-
 class GossipEngine final : public Strategy, public models::UnitAccess {
  public:
   GossipEngine(std::string_view name, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
@@ -196,20 +179,21 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
 
   std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) override {
     struct Owning final : models::UnitAccess {
-      Owning(const ShardLayout& l, std::vector<float> v) : values(std::move(v)), inner(l, values) {}
+      Owning(Communicator& c, const ShardLayout& l, std::vector<float> v)
+          : values(std::move(v)), inner(c, l, values, /*replicated=*/true) {}
       std::span<const float> acquire(std::size_t u, models::Pass p) override { return inner.acquire(u, p); }
       void release(std::size_t u, models::Pass p) override { inner.release(u, p); }
       std::span<float> grads(std::size_t u) override { return inner.grads(u); }
       void grads_done(std::size_t u) override { inner.grads_done(u); }
       std::vector<float> values;
-      PaddedAccess inner;
+      ValuesAccess inner;
     };
-    return std::make_unique<Owning>(layout_, average(own));
+    return std::make_unique<Owning>(comm_, layout_, average(own));
   }
 
   models::UnitAccess& eval_access() override {
     eval_values_ = average(model_values());
-    eval_ = std::make_unique<PaddedAccess>(layout_, eval_values_);
+    eval_ = std::make_unique<ValuesAccess>(comm_, layout_, eval_values_, /*replicated=*/true);
     return *eval_;
   }
 
@@ -296,9 +280,7 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
 
   template <class F>
   void blocked(F&& fn) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    exposed_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    add_seconds(exposed_s_, std::forward<F>(fn));
   }
 
   std::string name_;
@@ -312,7 +294,7 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
   std::unique_ptr<Optimizer> optimizer_;
   std::optional<gossip::PushSum> gossip_;
   std::vector<std::unique_ptr<gossip::PushSum>> pipeline_;  // osgp: the other synch_freq rounds in flight
-  std::unique_ptr<PaddedAccess> eval_;
+  std::unique_ptr<ValuesAccess> eval_;
   double w_ = 1.0;
   bool z_valid_ = false;
   std::uint64_t steps_ = 0;

@@ -1,13 +1,57 @@
 // Shared by the strategy engines of src/parallel (not installed).
 #pragma once
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <span>
 #include <string_view>
+#include <utility>
 
+#include "distopt/core/buffer.hpp"
+#include "distopt/core/error.hpp"
 #include "distopt/parallel/strategy.hpp"
 
 namespace distopt::parallel::detail {
+
+// Runs fn, adding its wall time to `total` (also when it throws).
+template <class F>
+void add_seconds(double& total, F&& fn) {
+  struct Add {
+    double& total;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    ~Add() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
+  } add{total};
+  std::forward<F>(fn)();
+}
+
+// Read-only access to parameters held as fp32 values in some layout:
+// the padded buffer itself (replicated) or a shard buffer (gathered per unit).
+class ValuesAccess final : public models::UnitAccess {
+ public:
+  ValuesAccess(Communicator& comm, const ShardLayout& layout, std::span<const float> own, bool replicated)
+      : comm_(comm), layout_(layout), own_(own), replicated_(replicated) {}
+  std::span<const float> acquire(std::size_t u, models::Pass) override {
+    const auto& unit = layout_.units().at(u);
+    if (replicated_) return own_.subspan(unit.padded_offset, unit.size());
+    Buffer& b = held_[u];
+    b = Buffer(unit.padded * sizeof(float), 0);
+    comm_.all_gather(own_.data() + unit.shard_offset, b.data(), unit.shard, ElemType::f32);
+    return {b.as<float>(), unit.size()};
+  }
+  void release(std::size_t u, models::Pass) override { held_.erase(u); }
+  std::span<float> grads(std::size_t) override {
+    throw PreconditionError("backward through an evaluation-only unit access");
+  }
+  void grads_done(std::size_t) override {}
+
+ private:
+  Communicator& comm_;
+  const ShardLayout& layout_;
+  std::span<const float> own_;
+  bool replicated_;
+  std::map<std::size_t, Buffer> held_;
+};
 
 // Setup check: every rank must agree on what it is about to train; a
 // mismatch names the first rank that differs from rank 0 and the item.

@@ -42,7 +42,6 @@ namespace {
 constexpr std::string_view kStrategies[] = {"ddp", "zero1", "zero2", "zero3", "sgp",
                                             "osgp", "dpsgd", "adpsgd", "slowmo"};
 constexpr std::string_view kAvailable[] = {"ddp", "zero1", "zero2", "zero3", "sgp", "osgp", "dpsgd", "slowmo"};
-bool is_gossip(std::string_view name) { return name == "sgp" || name == "osgp" || name == "dpsgd" || name == "slowmo"; }
 
 enum class Stage { ddp, zero1, zero2, zero3 };
 
@@ -168,34 +167,6 @@ std::uint64_t fnv_value(std::uint64_t h, T v) {
   return fnv(h, &v, sizeof v);
 }
 constexpr std::uint64_t kFnvBasis = 14695981039346656037ull;
-
-// Read-only access to parameters held as fp32 values in some layout:
-// the padded buffer itself (replicated) or a shard buffer (gathered per unit).
-class ValuesAccess final : public models::UnitAccess {
- public:
-  ValuesAccess(Communicator& comm, const ShardLayout& layout, std::span<const float> own, bool replicated)
-      : comm_(comm), layout_(layout), own_(own), replicated_(replicated) {}
-  std::span<const float> acquire(std::size_t u, models::Pass) override {
-    const auto& unit = layout_.units().at(u);
-    if (replicated_) return own_.subspan(unit.padded_offset, unit.size());
-    Buffer& b = held_[u];
-    b = Buffer(unit.padded * sizeof(float), 0);
-    comm_.all_gather(own_.data() + unit.shard_offset, b.data(), unit.shard, ElemType::f32);
-    return {b.as<float>(), unit.size()};
-  }
-  void release(std::size_t u, models::Pass) override { held_.erase(u); }
-  std::span<float> grads(std::size_t) override {
-    throw PreconditionError("backward through an evaluation-only unit access");
-  }
-  void grads_done(std::size_t) override {}
-
- private:
-  Communicator& comm_;
-  const ShardLayout& layout_;
-  std::span<const float> own_;
-  bool replicated_;
-  std::map<std::size_t, Buffer> held_;
-};
 
 class Engine final : public Strategy, public models::UnitAccess {
  public:
@@ -385,7 +356,7 @@ class Engine final : public Strategy, public models::UnitAccess {
   }
 
   std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) override {
-    return std::make_unique<ValuesAccess>(comm_, layout_, own, stage_ == Stage::ddp);
+    return std::make_unique<detail::ValuesAccess>(comm_, layout_, own, stage_ == Stage::ddp);
   }
 
  private:
@@ -402,12 +373,7 @@ class Engine final : public Strategy, public models::UnitAccess {
   // Runs fn, counting its time as communication the rank waited for.
   template <class F>
   void blocked(F&& fn) {
-    struct Add {
-      double& total;
-      std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-      ~Add() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
-    } add{exposed_s_};
-    fn();
+    detail::add_seconds(exposed_s_, std::forward<F>(fn));
   }
 
   // Waits for every collective still using our buffers, ignoring their
@@ -617,6 +583,8 @@ std::vector<float> unpadded(const ShardLayout& layout, std::span<const float> pa
 }
 
 std::span<const std::string_view> strategy_names() { return kStrategies; }
+
+bool is_gossip(std::string_view name) { return name == "sgp" || name == "osgp" || name == "dpsgd" || name == "slowmo"; }
 
 double Strategy::consensus_distance() { return std::nan(""); }
 

@@ -45,9 +45,6 @@ class PushSum {
   // in-peer order, so every backend gives the same bits); the iteration
   // advances.
   void finish(std::span<float> x, double& w);
-  // finish() if every in-peer's share has arrived; false (and nothing
-  // changed) otherwise. Does not block.
-  bool try_finish(std::span<float> x, double& w);
   bool in_flight() const { return in_flight_; }
   // The weight this rank has sent in the round in flight (0 when none):
   // with it, the weights of all ranks sum to the world size.

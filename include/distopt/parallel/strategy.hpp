@@ -168,6 +168,9 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& com
 
 // The strategy names of the command-line contract, and those available now.
 std::span<const std::string_view> strategy_names();
+// Whether `name` is one of the gossip strategies this build runs (sgp,
+// osgp, dpsgd, slowmo), which take GossipOptions.
+bool is_gossip(std::string_view name);
 // Throws InvalidInput unless `name` is a strategy this build can run.
 void require_strategy(std::string_view name);
 // Throws InvalidInput unless `strategy` gives the exact result with `rule`:
