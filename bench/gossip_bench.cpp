@@ -84,7 +84,7 @@ Row measure(Communicator& comm, const GossipBenchOptions& o, const std::string& 
       t0 = Clock::now();
     }
     const double exposed0 = s->exposed_seconds(), busy0 = comm.busy_seconds();
-    const std::uint64_t bytes0 = comm.bytes_sent();
+    const std::uint64_t bytes0 = s->bytes_sent();  // adpsgd's gossip thread included
     double computing = 0;
     models::UnitAccess& access = s->access();
     for (int u = 0; u < kUnits; ++u) {
@@ -109,7 +109,7 @@ Row measure(Communicator& comm, const GossipBenchOptions& o, const std::string& 
     const double took = seconds(t1 - t0);
     t0 = t1;
     if (k < kWarmup) continue;
-    const double sent = static_cast<double>(comm.bytes_sent() - bytes0);
+    const double sent = static_cast<double>(s->bytes_sent() - bytes0);
     iter.push_back(took);
     compute.push_back(computing);
     wait.push_back(s->exposed_seconds() - exposed0);

@@ -117,11 +117,10 @@ if ! sanitized; then
   [ "$(wc -l <"$tmp/err")" = 1 ] || fail "train --world 400 under ulimit -v: not one line: $(head -c 300 "$tmp/err")"
   grep -q "cannot start 400 ranks as threads" "$tmp/err" || fail "train --world 400: $(cat "$tmp/err")"
 fi
-expect_error 2 "strategy 'adpsgd' is not available yet" -- train --strategy adpsgd --data synthetic
 # Gossip options: with the strategies that use them only, and checked.
-expect_error 2 "\-\-topology applies to the gossip strategies (sgp, osgp, dpsgd, slowmo), not \-\-strategy ddp" -- \
+expect_error 2 "\-\-topology applies to the gossip strategies (sgp, osgp, dpsgd, adpsgd, slowmo), not \-\-strategy ddp" -- \
   train --data synthetic --topology ring
-expect_error 2 "\-\-synch-freq applies to \-\-strategy osgp, not sgp" -- train --data synthetic --strategy sgp --synch-freq 1
+expect_error 2 "\-\-synch-freq applies to \-\-strategy osgp and adpsgd, not sgp" -- train --data synthetic --strategy sgp --synch-freq 1
 expect_error 2 "\-\-slowmo-lr applies to \-\-strategy slowmo, not sgp" -- train --data synthetic --strategy sgp --slowmo-lr 2
 expect_error 2 "unknown topology 'hypercube' (known: exponential," -- train --data synthetic --strategy sgp --topology hypercube
 expect_error 2 "bipartite-exponential needs an even world size (got 3)" -- train --data synthetic --strategy dpsgd --world 3

@@ -34,7 +34,7 @@ assert abs(d["weight_sum_error"]) < 1e-12, d
 
   # A gossip peer that stops answering mid-training: a time-out naming it,
   # for every strategy, within the time-out plus the 2 s abandonment.
-  for s in sgp osgp dpsgd slowmo; do
+  for s in sgp osgp dpsgd adpsgd slowmo; do
     start=$(date +%s)
     DISTOPT_FAULT=stall:1:2 "$bin" train --data synthetic --world 4 --strategy $s --comm-timeout 2 --progress none \
       >/dev/null 2>"$tmp/err"
@@ -47,7 +47,7 @@ assert abs(d["weight_sum_error"]) < 1e-12, d
     [ $(( $(date +%s) - start )) -lt $limit ] || fail "$s stall: took $(( $(date +%s) - start )) s"
   done
   # bench gossip, small: the byte counts of each strategy, sgp waiting for
-  # its link after compute, osgp and dpsgd overlapping it.
+  # its link after compute, osgp, dpsgd and adpsgd overlapping it.
   "$bin" bench gossip --worlds 4 --bandwidths 100M --params 200000 --compute-s 0.02 --steps 3 --json \
     >"$tmp/bench" 2>"$tmp/err" || fail "bench gossip exited $?: $(cat "$tmp/err")"
   timing=1
@@ -57,7 +57,7 @@ import json, sys
 d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 timing = sys.argv[2] == "1"
 r = {x["strategy"]: x for x in d["results"]}
-assert set(r) == {"ddp", "sgp", "osgp", "dpsgd"}, r.keys()
+assert set(r) == {"ddp", "sgp", "osgp", "dpsgd", "adpsgd"}, r.keys()
 for x in r.values():
     assert x["world"] == 4 and x["link_bandwidth_bps"] == 1e8 and x["iter_s_p90"] >= x["iter_s_median"] > 0, x
     for k in ("compute_s", "comm_s", "wait_s", "link_latency_s"):
@@ -65,10 +65,14 @@ for x in r.values():
 # ddp all-reduces 2 (n-1)/n of the model per step, sgp sends it once.
 assert abs(r["ddp"]["bytes_per_rank_per_step"] / r["sgp"]["bytes_per_rank_per_step"] - 1.5) < 0.02, r
 assert r["sgp"]["iter_s_median"] >= 0.95 * (r["sgp"]["compute_s"] + r["sgp"]["comm_s"]), r["sgp"]
-for s in ("osgp", "dpsgd"):
+for s in ("osgp", "dpsgd", "adpsgd"):
     assert not timing or r[s]["iter_s_median"] < 0.95 * r["sgp"]["iter_s_median"], (r[s], r["sgp"])
 PY
   expect_error 2 "\-\-bandwidths: '-5' is not a positive bandwidth" -- bench gossip --bandwidths -5
+  expect_error 2 "\-\-topology ring: adpsgd averages in pairs on bipartite-exponential (its only topology)" -- \
+    train --data synthetic --strategy adpsgd --topology ring
+  expect_error 2 "\-\-peers-per-iteration: adpsgd averages with one partner at a time" -- \
+    train --data synthetic --strategy adpsgd --peers-per-iteration 2
   expect_error 2 "\-\-link-bandwidth: 'fast' is not a positive bandwidth" -- train --data synthetic --link-bandwidth fast
   expect_error 2 "\-\-link-latency must be a non-negative number of seconds (got -1)" -- train --data synthetic \
     --link-latency -1

@@ -1,12 +1,16 @@
 // Gossip topologies and push-sum averaging (docs/gossip.md).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/random.hpp"
+#include "distopt/gossip/pairwise.hpp"
 #include "distopt/gossip/push_sum.hpp"
 #include "distopt/gossip/topology.hpp"
 
@@ -288,4 +292,179 @@ TEST(PushSum, OneRankIsItsOwnAverage) {
     EXPECT_EQ(x, (std::vector<float>{1.5f, -2.0f}));
     EXPECT_EQ(w, 1.0);
   });
+}
+
+// ---- AD-PSGD's pairwise averaging ----
+
+TEST(Pairwise, EveryRoundIsAMatchingAndTheRoundsConnectEveryRank) {
+  for (int n = 1; n <= 17; ++n) {
+    std::vector<int> component(n);  // union-find over the pairs of 2n rounds
+    std::iota(component.begin(), component.end(), 0);
+    auto root = [&](int i) {
+      while (component[i] != i) i = component[i];
+      return i;
+    };
+    for (std::uint64_t r = 0; r < 2 * static_cast<std::uint64_t>(n); ++r) {
+      int resting = 0;
+      for (int i = 0; i < n; ++i) {
+        const int p = gossip::pairwise_partner(i, n, r);
+        if (p < 0) {
+          ++resting;
+          continue;
+        }
+        ASSERT_NE(p, i) << n;
+        ASSERT_EQ(gossip::pairwise_partner(p, n, r), i) << "n=" << n << " round " << r << ": " << i << " -> " << p;
+        if (n % 2 == 0) {
+          EXPECT_NE(p % 2, i % 2) << "n=" << n << ": bipartite";
+        }
+        component[root(i)] = root(p);
+      }
+      EXPECT_EQ(resting, n == 1 ? 1 : n % 2) << "n=" << n << " round " << r;
+      if (n % 2 == 1 && n > 1) {
+        EXPECT_LT(gossip::pairwise_partner(static_cast<int>((2 * r) % n), n, r), 0) << n;
+      }
+    }
+    for (int i = 0; i < n; ++i) EXPECT_EQ(root(i), root(0)) << "n=" << n << ": rank " << i << " never mixes with 0";
+  }
+}
+
+namespace {
+
+// Each rank's vector after `rounds` pairwise rounds from its own random
+// start, with `update` run by the owner between allowing rounds; returns
+// the all-reduced sums before and after and the spread after.
+struct PairwiseRun {
+  std::vector<double> sum_before, sum_after, added;
+  double spread_before = 0, spread_after = 0;
+};
+
+PairwiseRun pairwise_run(Communicator& c, int rounds, std::size_t dim, bool owner_updates) {
+  std::vector<float> x(dim);
+  Rng rng(11, c.rank());
+  for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1));
+  auto sums = [&] {
+    std::vector<double> s(x.begin(), x.end());
+    c.all_reduce(s.data(), s.data(), s.size(), ElemType::f64, ReduceOp::sum);
+    return s;
+  };
+  auto spread = [&](const std::vector<double>& sum) {
+    double worst = 0;
+    for (std::size_t i = 0; i < dim; ++i) worst = std::max(worst, std::abs(x[i] - sum[i] / c.size()));
+    c.all_reduce(&worst, &worst, 1, ElemType::f64, ReduceOp::max);
+    return worst;
+  };
+  PairwiseRun out;
+  out.sum_before = sums();
+  out.spread_before = spread(out.sum_before);
+  out.added.assign(dim, 0.0);
+  auto pair_comm = c.split(0, c.rank());
+  std::mutex m;
+  {
+    gossip::AsyncPairwise g(*pair_comm, x, m);
+    for (int r = 1; r <= rounds; ++r) {
+      g.allow(static_cast<std::uint64_t>(r));
+      if (owner_updates) {
+        // A "gradient step" while rounds are in flight: kept whole.
+        std::lock_guard lock(m);
+        for (std::size_t i = 0; i < dim; ++i) {
+          const float before = x[i];
+          x[i] += 0.01f * static_cast<float>(c.rank() + 1);
+          out.added[i] += static_cast<double>(x[i]) - before;
+        }
+      }
+      if (r > 2) g.wait_for(static_cast<std::uint64_t>(r - 2));
+    }
+    g.finish();
+    EXPECT_EQ(g.completed(), static_cast<std::uint64_t>(rounds));
+  }
+  c.all_reduce(out.added.data(), out.added.data(), dim, ElemType::f64, ReduceOp::sum);
+  out.sum_after = sums();
+  out.spread_after = spread(out.sum_after);
+  return out;
+}
+
+}  // namespace
+
+TEST(Pairwise, AveragingKeepsTheSumAndReachesConsensus) {
+  for (int n : {1, 2, 3, 4, 5, 8}) {
+    spawn(n, [&](Communicator& c) {
+      const PairwiseRun r = pairwise_run(c, 60, 257, false);
+      for (std::size_t i = 0; i < r.sum_before.size(); ++i)
+        ASSERT_NEAR(r.sum_after[i], r.sum_before[i], 1e-5 * n) << "n=" << n << " element " << i;
+      if (n == 1) {
+        EXPECT_EQ(r.spread_after, 0.0);
+      } else {
+        EXPECT_LT(r.spread_after, 1e-5 * r.spread_before) << "n=" << n;
+      }
+    });
+  }
+  // Four ranks on distances 1 and 3: exact after two rounds; eight after three.
+  spawn(4, [&](Communicator& c) { EXPECT_LT(pairwise_run(c, 2, 64, false).spread_after, 1e-6); });
+  spawn(8, [&](Communicator& c) {
+    EXPECT_LT(pairwise_run(c, 3, 64, false).spread_after, 1e-6);
+    EXPECT_GT(pairwise_run(c, 2, 64, false).spread_after, 1e-2);
+  });
+}
+
+TEST(Pairwise, WhatTheOwnersAddWhileRoundsAreInFlightIsKeptWhole) {
+  // The delta form: the sum after is the sum before plus every rank's
+  // additions, however the additions and the rounds interleaved; so no
+  // round was lost or half-applied at shutdown either.
+  for (int n : {2, 3, 6}) {
+    spawn(n, [&](Communicator& c) {
+      const PairwiseRun r = pairwise_run(c, 200, 100, true);
+      for (std::size_t i = 0; i < r.sum_before.size(); ++i)
+        ASSERT_NEAR(r.sum_after[i], r.sum_before[i] + r.added[i], 2e-5 * n) << "n=" << n << " element " << i;
+    });
+  }
+}
+
+TEST(Pairwise, ASilentPartnerIsATimeOutNamingIt) {
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    spawn(2, [&](Communicator& c) {
+      auto pair_comm = c.split(0, c.rank());
+      std::vector<float> x(16, 1.0f);
+      std::mutex m;
+      gossip::AsyncPairwise g(*pair_comm, x, m);
+      if (c.rank() == 1) {
+        // Allows nothing and stays until the others have timed out.
+        std::this_thread::sleep_for(std::chrono::seconds(1));
+        return;
+      }
+      g.allow(3);
+      g.wait_for(3);
+    }, std::chrono::milliseconds(300));
+    FAIL() << "no error";
+  } catch (const CommTimeout& e) {
+    EXPECT_NE(std::string(e.what()).find("adpsgd on rank 0: timed out after 0.3 s receiving from rank 1 in pairwise round 0"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(Pairwise, AnOwnerFailingMidRoundEndsEveryRankPromptly) {
+  // Rank 3 throws with rounds allowed that its partners wait for: its own
+  // gossip thread stops at once (no join on a round that cannot finish),
+  // and the others are woken by the world's abort, not by a time-out.
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    spawn(4, [&](Communicator& c) {
+      auto pair_comm = c.split(0, c.rank());
+      std::vector<float> x(1 << 16, 1.0f);
+      std::mutex m;
+      gossip::AsyncPairwise g(*pair_comm, x, m);
+      if (c.rank() == 3) {
+        g.allow(1);
+        throw IoError("rank 3 lost its disk");
+      }
+      g.allow(50);
+      g.wait_for(50);
+    }, std::chrono::seconds(60));
+    FAIL() << "no error";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 3 lost its disk"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }

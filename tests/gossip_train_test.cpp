@@ -3,6 +3,7 @@
 // sizes with the library's optimizers, clipping, schedulers and averaging.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <mutex>
 
@@ -152,9 +153,85 @@ TEST(GossipTraining, SgpWithLrZeroKeepsTheAverageAndReachesConsensus) {
   });
 }
 
+TEST(GossipTraining, AdPsgdWithLrZeroKeepsTheAverageAndReachesConsensus) {
+  // As for sgp: different starts, lr 0, the pairwise averages alone. Four
+  // ranks reach the average exactly after two rounds; three (one resting
+  // per round) approach it geometrically.
+  const data::Split& d = data_set();
+  auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 12});
+  const parallel::FlatLayout layout = parallel::flat_layout(*model);
+  for (int n : {3, 4}) {
+    spawn(n, [&](Communicator& comm) {
+      std::vector<float> init(layout.elements);
+      model->init(init, 100 + static_cast<std::uint64_t>(comm.rank()));
+      parallel::StrategyOptions o;
+      o.gossip.synch_freq = 1;
+      auto s = parallel::make_strategy("adpsgd", comm, layout, init, {"sgd", {{"lr", 0.0}}}, o);
+      const std::vector<float> before = s->gather_params();
+      const double d0 = s->consensus_distance();
+      EXPECT_GT(d0, 1e-3);
+      const int steps = n == 4 ? 2 : 30;
+      for (int step = 0; step < steps; ++step) {
+        for (std::size_t u = 0; u < layout.units.size(); ++u) {
+          auto g = s->access().grads(u);
+          std::fill(g.begin(), g.end(), 0.0f);
+          s->access().grads_done(u);
+        }
+        s->step();
+      }
+      EXPECT_LT(s->consensus_distance(), (n == 4 ? 1e-12 : 1e-9) * d0) << n;  // waits for every round allowed
+      EXPECT_LT(max_rel_diff(s->gather_params(), before), 1e-5) << n;
+    });
+  }
+}
+
+TEST(GossipTraining, AdPsgdOnOneRankIsPlainSgd) {
+  // No partner, no gossip thread: the same bits as ddp on one rank.
+  const train::TrainConfig c = base("adpsgd", {{"lr", 0.05}, {"momentum", 0.9}});
+  const train::TrainResult a = run(1, c), b = run(1, base("ddp", {{"lr", 0.05}, {"momentum", 0.9}}));
+  EXPECT_EQ(a.params, b.params);
+}
+
+TEST(GossipTraining, AFailingRankEndsEveryGossipRankWithItsError) {
+  // Rank 1 fails between steps, with gossip in flight (osgp's rounds,
+  // dpsgd's exchange, adpsgd's gossip thread): every rank ends, promptly,
+  // with rank 1's error, and no thread is left running.
+  const data::Split& d = data_set();
+  auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 12});
+  const parallel::FlatLayout layout = parallel::flat_layout(*model);
+  for (const char* strategy : {"sgp", "osgp", "dpsgd", "adpsgd", "slowmo"}) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      spawn(4, [&](Communicator& comm) {
+        comm.set_timeout(std::chrono::seconds(30));
+        std::vector<float> init(layout.elements);
+        model->init(init, 1);
+        parallel::StrategyOptions o;
+        o.gossip.synch_freq = 2;
+        o.gossip.slowmo_base = "sgp";
+        auto s = parallel::make_strategy(strategy, comm, layout, init, {"sgd", {{"lr", 0.1}}}, o);
+        for (int step = 0; step < 6; ++step) {
+          if (step == 3 && comm.rank() == 1) throw IoError("rank 1 lost its disk");
+          for (std::size_t u = 0; u < layout.units.size(); ++u) {
+            auto g = s->access().grads(u);
+            std::fill(g.begin(), g.end(), 0.01f);
+            s->access().grads_done(u);
+          }
+          s->step();
+          (void)s->consensus_distance();  // a collective per step, as the trainer's loss gather
+        }
+      });
+      ADD_FAILURE() << "no error under " << strategy;
+    } catch (const IoError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 1 lost its disk"), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10)) << strategy << ": no hang";
+  }
+}
+
 TEST(GossipTraining, EveryStrategyLearnsAtOddWorldsWithAdamClippingSchedulesAndEma) {
   const train::TrainResult ddp = run(3, base("ddp", {{"lr", 0.1}}));
-  for (std::string strategy : {"sgp", "osgp", "dpsgd", "slowmo"}) {
+  for (std::string strategy : {"sgp", "osgp", "dpsgd", "adpsgd", "slowmo"}) {
     for (int n : {1, 3, 5}) {
       if (strategy == "dpsgd" && n % 2 != 0 && n > 1) continue;  // its bipartite graph needs an even world
       train::TrainConfig c = base(strategy, {});
@@ -163,7 +240,7 @@ TEST(GossipTraining, EveryStrategyLearnsAtOddWorldsWithAdamClippingSchedulesAndE
       c.clip_grad_norm = 5.0;
       c.scheduler = SchedulerSpec{"steplr", {{"step_size", 10.0}, {"gamma", 0.9}}, {}};
       c.ema_decay = 0.9;
-      if (strategy == "osgp") c.parallel.gossip.synch_freq = 1;
+      if (strategy == "osgp" || strategy == "adpsgd") c.parallel.gossip.synch_freq = 1;
       const train::TrainResult r = run(n, c);
       EXPECT_GT(r.test_accuracy, 0.6) << strategy << " n=" << n;
       ASSERT_TRUE(r.averaged) << strategy;
@@ -195,5 +272,8 @@ TEST(GossipTraining, BadOptionsAreOneLineErrors) {
   EXPECT_THROW(run(2, c), InvalidInput);
   c = base("slowmo", {{"lr", 0.1}});
   c.parallel.gossip.slowmo_momentum = 1.0;
+  EXPECT_THROW(run(2, c), InvalidInput);
+  c = base("adpsgd", {{"lr", 0.1}});
+  c.parallel.gossip.topology = "ring";
   EXPECT_THROW(run(2, c), InvalidInput);
 }

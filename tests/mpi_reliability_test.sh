@@ -21,8 +21,8 @@ rank_pid() {
 
 # A stopped rank (kill -STOP): the others time out after 5 s naming it and
 # the job ends well within 10 s of the stop, without temporary files; with
-# ddp's collectives and with sgp's point-to-point gossip.
-for strategy in ddp sgp; do
+# ddp's collectives, sgp's point-to-point gossip and adpsgd's gossip thread.
+for strategy in ddp sgp adpsgd; do
 d="$tmp/stop-$strategy"; mkdir -p "$d"
 "$mpiexec" -n 2 "$bin" "${long[@]}" --strategy $strategy --comm-timeout 5 --metrics "$d/m.jsonl" >/dev/null 2>"$d/err" &
 job=$!
@@ -34,7 +34,7 @@ wait "$job"
 status=$?
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 [ "$status" != 0 ] || fail "stop: exit 0"
-grep -qE "distopt: error \(rank 0\): [a-z_]+ on rank 0: timed out after 5 s waiting for rank(\(s\))? 1 \((tag [0-9]+, )?mpi backend\)" "$d/err" \
+grep -qE "distopt: error \(rank 0\): ([a-z_]+ on rank 0: timed out after 5 s waiting for rank(\(s\))? 1 \((tag [0-9]+, )?|adpsgd on rank 0: timed out after 5 s (receiving from|sending to) rank 1 in pairwise round [0-9]+ \()mpi backend\)" "$d/err" \
   || fail "stop ($strategy): message: $(grep distopt "$d/err")"
 [ "$(echo "$elapsed < 10" | bc)" = 1 ] || fail "stop: the job took $elapsed s after the stop"
 [ "$(ls "$d" | grep -c '\.tmp\.')" = 0 ] || fail "stop: temporary files left: $(ls "$d")"

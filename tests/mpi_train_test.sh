@@ -46,6 +46,18 @@ for np in 2 4; do
     grep -q '"consensus_distance": ' "$tmp/mpi" || fail "mpi $g np $np: no consensus distance"
   done
 done
+# adpsgd: its bits depend on timing, so the MPI run (with its gossip thread
+# on a communicator of its own, under MPI_THREAD_MULTIPLE) must end cleanly
+# and learn as much as the threads run, at 2, 3 and 4 ranks.
+acc_of() { tail -n 1 "$1" | grep -o '"test_accuracy": [0-9.e-]*' | cut -d' ' -f2; }
+for np in 2 3 4; do
+  "$bin" "${args[@]}" --world $np --strategy adpsgd >"$tmp/threads" 2>"$tmp/err" || fail "threads adpsgd $np: $(cat "$tmp/err")"
+  timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy adpsgd \
+    >"$tmp/mpi" 2>"$tmp/err" || fail "mpi adpsgd np $np exited $?: $(tail -n 3 "$tmp/err")"
+  grep -q '"consensus_distance": ' "$tmp/mpi" || fail "mpi adpsgd np $np: no consensus distance"
+  [ "$(echo "d = $(acc_of "$tmp/mpi") - $(acc_of "$tmp/threads"); if (d < 0) d = -d; d < 0.05" | bc -l)" = 1 ] ||
+    fail "np $np adpsgd: mpi accuracy $(acc_of "$tmp/mpi"), threads $(acc_of "$tmp/threads")"
+done
 # Launch mistakes: without --backend, mpirun's processes are one MPI job
 # (not two duplicate runs); --world that disagrees with -np, and --backend
 # threads under mpirun, are errors.

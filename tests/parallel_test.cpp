@@ -434,8 +434,7 @@ TEST(Setup, RanksThatDisagreeAreNamedBeforeTraining) {
 
 TEST(Setup, UnknownOrInexactStrategiesAreRefused) {
   EXPECT_THROW(parallel::require_strategy("zero4"), InvalidInput);
-  EXPECT_THROW(parallel::require_strategy("adpsgd"), InvalidInput);  // not built yet
-  for (const char* s : {"sgp", "osgp", "dpsgd", "slowmo"}) EXPECT_NO_THROW(parallel::require_strategy(s));
+  for (const char* s : {"sgp", "osgp", "dpsgd", "adpsgd", "slowmo"}) EXPECT_NO_THROW(parallel::require_strategy(s));
   for (const char* s : kSharded) EXPECT_NO_THROW(parallel::require_strategy(s));
   RuleInfo lamb_like = *find_rule("adam");
   lamb_like.name = "lamb_like";

@@ -67,7 +67,7 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"threads", "mpi"}));
   gossip->add_option("--worlds", gb->worlds, "world sizes of the threads backend (default 4,8,16)")
       ->delimiter(',')->check(CLI::Range(1, 64));
-  gossip->add_option("--strategies", gb->strategies, "default ddp,sgp,osgp,dpsgd")->delimiter(',');
+  gossip->add_option("--strategies", gb->strategies, "default ddp,sgp,osgp,dpsgd,adpsgd")->delimiter(',');
   gossip->add_option("--bandwidths", *bandwidths, "link bandwidths per rank, bits/s (default 100M,1G,none)")
       ->delimiter(',');
   gossip->add_option("--link-latency", gb->latency_s, "link latency per message in seconds (default 0)");

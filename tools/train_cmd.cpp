@@ -554,8 +554,9 @@ void check_gossip_flags(const TrainArgs& a) {
   const std::string& s = a.config.strategy;
   for (const std::string& flag : a.gossip_flags) {
     if (!parallel::is_gossip(s))
-      throw InvalidInput(str(flag, " applies to the gossip strategies (sgp, osgp, dpsgd, slowmo), not --strategy ", s));
-    if (flag == "--synch-freq" && s != "osgp") throw InvalidInput(str("--synch-freq applies to --strategy osgp, not ", s));
+      throw InvalidInput(str(flag, " applies to the gossip strategies (sgp, osgp, dpsgd, adpsgd, slowmo), not --strategy ", s));
+    if (flag == "--synch-freq" && s != "osgp" && s != "adpsgd")
+      throw InvalidInput(str("--synch-freq applies to --strategy osgp and adpsgd, not ", s));
     if (flag.rfind("--slowmo", 0) == 0 || flag == "--localsgd-frequency")
       if (s != "slowmo") throw InvalidInput(str(flag, " applies to --strategy slowmo, not ", s));
     if (flag == "--localsgd-frequency" && a.config.parallel.gossip.slowmo_base != "localsgd")
@@ -748,16 +749,18 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--strategy", c.strategy,
                   "ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded gradients), zero3 (+ sharded "
-                  "parameters), or gossip: sgp, osgp, dpsgd, slowmo (docs/gossip.md)")
+                  "parameters), or gossip: sgp, osgp, dpsgd, adpsgd, slowmo (docs/gossip.md)")
       ->capture_default_str();
   parallel::GossipOptions& g = c.parallel.gossip;
   auto gossip_flag = [&](const std::string& name, auto& field, const std::string& help) {
     sub->add_option(name, field, help)->each([a, name](const std::string&) { a->gossip_flags.insert(name); });
   };
   gossip_flag("--topology", g.topology,
-              "gossip graph (default exponential; dpsgd: bipartite-exponential; docs/gossip.md lists them)");
+              "gossip graph (default exponential; dpsgd and adpsgd: bipartite-exponential; docs/gossip.md lists them)");
   gossip_flag("--peers-per-iteration", g.peers_per_iteration, "peers per iteration of topology exponential-k");
-  gossip_flag("--synch-freq", g.synch_freq, "osgp: a round is added synch-freq + 1 steps after it is sent (default 0)");
+  gossip_flag("--synch-freq", g.synch_freq,
+              "osgp: a round is added synch-freq + 1 steps after it is sent; adpsgd: a step waits for the round "
+              "synch-freq + 1 steps old (default 0)");
   gossip_flag("--slowmo-base", g.slowmo_base, "slowmo: localsgd (default) or sgp");
   gossip_flag("--localsgd-frequency", g.localsgd_frequency, "slowmo with localsgd: steps between averages (default 3)");
   gossip_flag("--slowmo-frequency", g.slowmo_frequency, "slowmo: steps between outer updates, tau (default 48)");

@@ -370,7 +370,10 @@ std::unique_ptr<Request> Communicator::ibroadcast(void* buf, std::size_t count, 
 std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   std::unique_ptr<Communicator> out;
   run_ordered([&] { out = do_split(color, key); });
-  if (out) out->set_link_model(link_);
+  if (out) {
+    out->set_link_model(link_);
+    out->set_timeout(timeout_);
+  }
   return out;
 }
 

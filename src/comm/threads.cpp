@@ -246,8 +246,13 @@ class MailRecv final : public Request {
 
   bool test() override {
     if (done_) return true;
-    std::lock_guard lock(c_->g_->m);
-    return take();
+    {
+      std::lock_guard lock(c_->g_->m);
+      if (take()) return true;
+    }
+    // A message that will never come: the world has aborted.
+    if (c_->g_->world->aborted) c_->throw_aborted("recv");
+    return false;
   }
 
   void wait() override {

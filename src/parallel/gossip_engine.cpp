@@ -1,14 +1,21 @@
-// The gossip strategies: sgp, osgp, dpsgd, slowmo (strategy.hpp;
+// The gossip strategies: sgp, osgp, dpsgd, adpsgd, slowmo (strategy.hpp;
 // docs/gossip.md). Each rank holds the whole model: the numerator x (what
 // its optimizer steps, in the padded layout) and the push-sum weight w;
 // the model runs on the de-biased z = x / w. The trainer scales backward so
 // that the ranks' gradients sum to the global batch's; a gossip rank steps
 // with its own local mean gradient, which is n times its contribution.
+//
+// adpsgd is the one whose result depends on timing: its pairwise averages
+// run on a thread of their own (gossip::AsyncPairwise) and land in x
+// whenever they complete, while the model runs on a copy of x taken after
+// each step.
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <optional>
 
 #include "distopt/core/error.hpp"
+#include "distopt/gossip/pairwise.hpp"
 #include "distopt/gossip/push_sum.hpp"
 #include "internal.hpp"
 
@@ -16,11 +23,12 @@ namespace distopt::parallel::detail {
 
 namespace {
 
-enum class Mode { sgp, osgp, dpsgd, slowmo };
+enum class Mode { sgp, osgp, dpsgd, adpsgd, slowmo };
 
 Mode mode_of(std::string_view name) {
   if (name == "osgp") return Mode::osgp;
   if (name == "dpsgd") return Mode::dpsgd;
+  if (name == "adpsgd") return Mode::adpsgd;
   if (name == "slowmo") return Mode::slowmo;
   return Mode::sgp;
 }
@@ -41,6 +49,17 @@ void validate(std::string_view name, const StrategyOptions& o) {
     throw InvalidInput(str("--slowmo-lr must be a positive number (got ", g.slowmo_lr, ")"));
   if (g.slowmo_base != "localsgd" && g.slowmo_base != "sgp")
     throw InvalidInput(str("--slowmo-base: '", g.slowmo_base, "' is not localsgd or sgp"));
+  if (name == "adpsgd" && !g.topology.empty() && g.topology != "bipartite-exponential")
+    throw InvalidInput(str("--topology ", g.topology,
+                           ": adpsgd averages in pairs on bipartite-exponential (its only topology)"));
+  if (name == "adpsgd" && g.peers_per_iteration != 1)
+    throw InvalidInput("--peers-per-iteration: adpsgd averages with one partner at a time");
+}
+
+std::optional<gossip::Topology> topology_for(Mode mode, const GossipOptions& g, int world) {
+  if (mode == Mode::adpsgd) return std::nullopt;  // gossip::pairwise_partner's matching
+  if (!g.topology.empty()) return gossip::Topology(g.topology, world, g.peers_per_iteration);
+  return gossip::Topology(mode == Mode::dpsgd ? "bipartite-exponential" : "exponential", world, g.peers_per_iteration);
 }
 
 class GossipEngine final : public Strategy, public models::UnitAccess {
@@ -52,9 +71,7 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
         comm_(comm),
         layout_(flat.params, flat.elements, flat.units, comm.size(), options.bucket_elements),
         options_(options.gossip),
-        topology_(options.gossip.topology.empty() ? (mode_ == Mode::dpsgd ? "bipartite-exponential" : "exponential")
-                                                  : options.gossip.topology,
-                  comm.size(), options.gossip.peers_per_iteration) {
+        topology_(topology_for(mode_, options.gossip, comm.size())) {
     DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
     check_agreement(comm, name, layout_, spec, options);
     const std::size_t padded = layout_.padded_elements();
@@ -73,10 +90,17 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
     optimizer_ = std::make_unique<Optimizer>(spec.name, std::move(views), spec.options);
     const bool push_sum = mode_ == Mode::sgp || mode_ == Mode::osgp ||
                           (mode_ == Mode::slowmo && options_.slowmo_base == "sgp");
-    if (push_sum || mode_ == Mode::dpsgd) gossip_.emplace(comm, topology_, padded);
+    if (push_sum || mode_ == Mode::dpsgd) gossip_.emplace(comm, *topology_, padded);
     if (mode_ == Mode::osgp)
       for (int j = 1; j <= options_.synch_freq; ++j)
-        pipeline_.push_back(std::make_unique<gossip::PushSum>(comm, topology_, padded, gossip::PushSum::kTag + j));
+        pipeline_.push_back(std::make_unique<gossip::PushSum>(comm, *topology_, padded, gossip::PushSum::kTag + j));
+    if (mode_ == Mode::adpsgd) {
+      z_ = x_;
+      if (comm.size() > 1) {
+        pair_comm_ = comm.split(0, comm.rank());
+        pairwise_ = std::make_unique<gossip::AsyncPairwise>(*pair_comm_, x_, x_mutex_);
+      }
+    }
     if (mode_ == Mode::dpsgd) {
       // The exchange of x^0 runs during the first forward and backward.
       send_ = x_;
@@ -108,11 +132,16 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
   const ShardLayout& layout() const override { return layout_; }
   models::UnitAccess& access() override { return *this; }
   Optimizer& optimizer() override { return *optimizer_; }
-  std::uint64_t bytes_sent() const override { return comm_.bytes_sent(); }
+  std::uint64_t bytes_sent() const override {
+    return comm_.bytes_sent() + (pairwise_ ? pairwise_->bytes_sent() : 0);
+  }
   double exposed_seconds() const override { return exposed_s_; }
   MemoryUse memory() const override {
     MemoryUse m;
-    m.params = (x_.size() + z_.size() + send_.size() + slow_x_.size()) * sizeof(float);
+    // adpsgd: x, the model's copy z, and the gossip thread's snapshot and
+    // received message.
+    m.params = (x_.size() + z_.size() + send_.size() + slow_x_.size() + (pairwise_ ? 2 * x_.size() : 0)) *
+               sizeof(float);
     m.grads = grads_.size() * sizeof(float);
     m.master_params = optimizer_->master_bytes();
     m.optimizer_state = optimizer_->state_bytes() - m.master_params + slow_u_.size() * sizeof(float);
@@ -148,10 +177,14 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
     }
     // Statistics (clipping, the scaler's inf check) are the rank's own.
     const GradShard shard{owned_, [](double&, bool) {}};
-    if (update)
-      update(*optimizer_, shard);
-    else
-      optimizer_->step();
+    {
+      // adpsgd's gossip thread adds its averages to x under this lock.
+      std::lock_guard lock(x_mutex_);
+      if (update)
+        update(*optimizer_, shard);
+      else
+        optimizer_->step();
+    }
     ++steps_;
     switch (mode_) {
       case Mode::sgp:
@@ -166,6 +199,9 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
         gossip_->start(send_, unused);
         break;
       }
+      case Mode::adpsgd:
+        adpsgd_round();
+        return;
       case Mode::slowmo:
         slowmo_round();
         break;
@@ -173,7 +209,10 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
     z_valid_ = false;
   }
 
-  std::span<const float> own_params() override { return model_values(); }
+  std::span<const float> own_params() override {
+    settle();
+    return model_values();
+  }
 
   std::vector<float> gather(std::span<const float> own) override { return unpadded(layout_, average(own)); }
 
@@ -192,12 +231,14 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
   }
 
   models::UnitAccess& eval_access() override {
+    settle();
     eval_values_ = average(model_values());
     eval_ = std::make_unique<ValuesAccess>(comm_, layout_, eval_values_, /*replicated=*/true);
     return *eval_;
   }
 
   double consensus_distance() override {
+    settle();
     const std::span<const float> z = model_values();
     const std::vector<float> mean = average(z);
     double d = 0;
@@ -210,8 +251,10 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
   }
 
  private:
-  // x itself on a regular graph in step (w = 1), else z = x / w.
+  // x itself on a regular graph in step (w = 1), else z = x / w; adpsgd:
+  // the copy of x taken after the last step.
   std::span<const float> model_values() {
+    if (mode_ == Mode::adpsgd) return z_;
     if (w_ == 1.0) return x_;
     if (!z_valid_) {
       z_.resize(x_.size());
@@ -246,6 +289,28 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
     if (slot.in_flight()) blocked([&] { slot.finish(x_, w_); });
     slot.set_iteration(round);
     slot.start(x_, w_);
+  }
+
+  // adpsgd: allow the pairwise round of this step, wait for the one
+  // synch_freq + 1 steps older (bounded staleness), and take the model's
+  // copy of x with every average that has arrived.
+  void adpsgd_round() {
+    if (pairwise_) {
+      pairwise_->allow(steps_);
+      const auto lag = static_cast<std::uint64_t>(options_.synch_freq) + 1;
+      if (steps_ > lag) blocked([&] { pairwise_->wait_for(steps_ - lag); });
+    }
+    std::lock_guard lock(x_mutex_);
+    std::copy(x_.begin(), x_.end(), z_.begin());
+  }
+
+  // adpsgd: waits for every round allowed, so that x is every rank's x
+  // after the same rounds, and copies it for the model. Others: nothing.
+  void settle() {
+    if (mode_ != Mode::adpsgd) return;
+    if (pairwise_) blocked([&] { pairwise_->wait_for(steps_); });
+    std::lock_guard lock(x_mutex_);
+    std::copy(x_.begin(), x_.end(), z_.begin());
   }
 
   // slowmo: the base algorithm's communication, and every slowmo_frequency
@@ -288,7 +353,7 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
   Communicator& comm_;
   ShardLayout layout_;
   GossipOptions options_;
-  gossip::Topology topology_;
+  std::optional<gossip::Topology> topology_;  // none for adpsgd
   std::vector<float> x_, grads_, z_, send_, slow_x_, slow_u_, eval_values_;
   std::vector<TensorView> owned_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -299,6 +364,12 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
   bool z_valid_ = false;
   std::uint64_t steps_ = 0;
   double exposed_s_ = 0;
+  // adpsgd: x_ is shared with the gossip thread, which has a communicator
+  // of its own; pairwise_ is declared last so that it ends (joining its
+  // thread) before everything it touches.
+  std::mutex x_mutex_;
+  std::unique_ptr<Communicator> pair_comm_;
+  std::unique_ptr<gossip::AsyncPairwise> pairwise_;
 };
 
 }  // namespace

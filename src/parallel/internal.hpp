@@ -58,7 +58,7 @@ class ValuesAccess final : public models::UnitAccess {
 void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,
                      const OptimizerSpec& spec, const StrategyOptions& options);
 
-// sgp, osgp, dpsgd, slowmo (gossip_engine.cpp).
+// sgp, osgp, dpsgd, adpsgd, slowmo (gossip_engine.cpp).
 std::unique_ptr<Strategy> make_gossip_strategy(std::string_view name, Communicator& comm, const FlatLayout& layout,
                                                std::span<const float> initial, const OptimizerSpec& optimizer,
                                                const StrategyOptions& options);

@@ -41,7 +41,7 @@ namespace {
 
 constexpr std::string_view kStrategies[] = {"ddp", "zero1", "zero2", "zero3", "sgp",
                                             "osgp", "dpsgd", "adpsgd", "slowmo"};
-constexpr std::string_view kAvailable[] = {"ddp", "zero1", "zero2", "zero3", "sgp", "osgp", "dpsgd", "slowmo"};
+constexpr std::string_view kAvailable[] = {"ddp", "zero1", "zero2", "zero3", "sgp", "osgp", "dpsgd", "adpsgd", "slowmo"};
 
 enum class Stage { ddp, zero1, zero2, zero3 };
 
@@ -584,7 +584,9 @@ std::vector<float> unpadded(const ShardLayout& layout, std::span<const float> pa
 
 std::span<const std::string_view> strategy_names() { return kStrategies; }
 
-bool is_gossip(std::string_view name) { return name == "sgp" || name == "osgp" || name == "dpsgd" || name == "slowmo"; }
+bool is_gossip(std::string_view name) {
+  return name == "sgp" || name == "osgp" || name == "dpsgd" || name == "adpsgd" || name == "slowmo";
+}
 
 double Strategy::consensus_distance() { return std::nan(""); }
 

@@ -14,7 +14,7 @@ namespace distopt::bench {
 struct GossipBenchOptions {
   std::string backend = "threads";
   std::vector<int> worlds{4, 8, 16};  // threads backend; MPI takes the job's size
-  std::vector<std::string> strategies{"ddp", "sgp", "osgp", "dpsgd"};
+  std::vector<std::string> strategies{"ddp", "sgp", "osgp", "dpsgd", "adpsgd"};
   std::vector<double> bandwidths{1e8, 1e9, 0};  // bits per second per rank; 0: unshaped
   double latency_s = 0;                         // per message
   std::size_t params = 5'000'000;

@@ -130,7 +130,9 @@ class Communicator {
   std::unique_ptr<Request> ibroadcast(void* buf, std::size_t count, ElemType type, int root);
 
   // Collective: ranks with the same color form a new communicator, ordered
-  // by (key, rank). A negative color returns nullptr for that rank.
+  // by (key, rank). A negative color returns nullptr for that rank. The new
+  // one starts with this one's timeout and link model (an emulated link of
+  // its own: the two do not share a token bucket).
   std::unique_ptr<Communicator> split(int color, int key);
 
   // Typed conveniences.

@@ -34,6 +34,11 @@
 //           synch_freq + 1 steps later (1-OSGP with synch_freq 0)
 //   dpsgd   x <- W x - lr g(x): the exchange of x runs during forward and
 //           backward (Lian et al. 2017), doubly stochastic W
+//   adpsgd  asynchronous pairwise averaging x <- (x + x_partner) / 2 on a
+//           communication thread, the partner from a bipartite matching per
+//           round (Lian et al. 2018); gradients at the copy of x taken after
+//           the last step; a step waits only for the round synch_freq + 1
+//           steps old. The only strategy whose bits depend on timing.
 //   slowmo  local SGD (parameters averaged every localsgd_frequency steps)
 //           or sgp, with SlowMo's outer momentum every slowmo_frequency
 //           steps (Wang et al. 2020)
@@ -83,7 +88,8 @@ FlatLayout flat_layout(const models::Model& model);
 struct GossipOptions {
   std::string topology;         // empty: exponential (dpsgd: bipartite-exponential)
   int peers_per_iteration = 1;  // exponential-k
-  int synch_freq = 0;           // osgp: a round is added synch_freq + 1 steps after it was sent
+  int synch_freq = 0;           // osgp: a round is added synch_freq + 1 steps after it was sent;
+                                // adpsgd: a step waits for the round synch_freq + 1 steps old
   std::string slowmo_base = "localsgd";  // slowmo: localsgd or sgp
   int localsgd_frequency = 3;
   int slowmo_frequency = 48;    // tau
@@ -169,7 +175,7 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& com
 // The strategy names of the command-line contract, and those available now.
 std::span<const std::string_view> strategy_names();
 // Whether `name` is one of the gossip strategies this build runs (sgp,
-// osgp, dpsgd, slowmo), which take GossipOptions.
+// osgp, dpsgd, adpsgd, slowmo), which take GossipOptions.
 bool is_gossip(std::string_view name);
 // Throws InvalidInput unless `name` is a strategy this build can run.
 void require_strategy(std::string_view name);
