@@ -229,7 +229,7 @@ TEST(GossipTraining, AFailingRankEndsEveryGossipRankWithItsError) {
   }
 }
 
-TEST(GossipTraining, EveryStrategyLearnsAtOddWorldsWithAdamClippingSchedulesAndEma) {
+TEST(GossipTraining, EveryStrategyLearnsAtOddWorldsWithAdamClippingSchedulesAndSwaOrEma) {
   const train::TrainResult ddp = run(3, base("ddp", {{"lr", 0.1}}));
   for (std::string strategy : {"sgp", "osgp", "dpsgd", "adpsgd", "slowmo"}) {
     for (int n : {1, 3, 5}) {
@@ -239,7 +239,11 @@ TEST(GossipTraining, EveryStrategyLearnsAtOddWorldsWithAdamClippingSchedulesAndE
       c.epochs = 3;
       c.clip_grad_norm = 5.0;
       c.scheduler = SchedulerSpec{"steplr", {{"step_size", 10.0}, {"gamma", 0.9}}, {}};
-      c.ema_decay = 0.9;
+      if (n == 3) {
+        c.swa_start = 2;  // SWA over epochs 2 and 3
+      } else {
+        c.ema_decay = 0.9;
+      }
       if (strategy == "osgp" || strategy == "adpsgd") c.parallel.gossip.synch_freq = 1;
       const train::TrainResult r = run(n, c);
       EXPECT_GT(r.test_accuracy, 0.6) << strategy << " n=" << n;
