@@ -150,14 +150,17 @@ TEST(Rules, DefaultsAreTorchs) {
     EXPECT_EQ(option_spec(rule_or_throw(rule), option).default_value, value) << rule << "." << option;
 }
 
-TEST(Registry, EveryRuleIsPointwiseAndFindable) {
-  EXPECT_EQ(all_rules().size(), 12u);
+TEST(Registry, EveryRuleDeclaresItsLocalityAndIsFindable) {
+  EXPECT_EQ(all_rules().size(), 14u);
   for (const RuleInfo* r : all_rules()) {
-    EXPECT_EQ(r->locality, Locality::pointwise) << r->name;
+    const bool stats = r->name == "lars" || r->name == "lamb";
+    EXPECT_EQ(r->locality, stats ? Locality::tensor_stats : Locality::pointwise) << r->name;
+    EXPECT_EQ(r->stat_passes > 0, stats) << r->name;
     EXPECT_EQ(find_rule(r->name), r);
   }
-  EXPECT_EQ(find_rule("lamb"), nullptr);
+  EXPECT_EQ(find_rule("muon"), nullptr);
 }
+
 
 // Runs `steps` steps of `rule` over a tensor of n elements placed `offset`
 // floats past an aligned start, with a pool of `threads` and work chunks of
@@ -476,6 +479,27 @@ TEST(BadInput, MismatchedStateDictIsRejectedBeforeAnyChange) {
   EXPECT_NE(error_of([&] { fresh.load_state_dict(d); }).find("lacks 'max_exp_avg_sq'"), std::string::npos);
   EXPECT_FALSE(fresh.group(0).options.at("amsgrad").flag());
   EXPECT_FALSE(fresh.has_state(0));
+}
+
+TEST(BadInput, LambsOptimizerLevelOptionsAreNotGroupOptions) {
+  // apex reads max_grad_norm (and the modes) from the optimizer, not from a
+  // group: a group that sets one is an error, not silently ignored.
+  Tensor1 a(random_vector(8, 1)), b(random_vector(8, 2));
+  std::vector<ParamGroupSpec> groups(2);
+  groups[0].params = {a.param()};
+  groups[1].params = {b.param()};
+  groups[1].options = {{"max_grad_norm", 0.5}};
+  EXPECT_NE(error_of([&] { Optimizer("lamb", groups); }).find(
+                "max_grad_norm is an option of the whole lamb optimizer, not of a parameter group"),
+            std::string::npos);
+  groups[1].options = {{"weight_decay", 0.0}};
+  Optimizer opt("lamb", groups, OptionMap{{"max_grad_norm", 0.5}});
+  EXPECT_NE(error_of([&] { opt.set_option(0, "use_nvlamb", true); }).find("use_nvlamb is an option of the whole"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { Optimizer("lamb", std::vector<Param>{a.param()}, OptionMap{{"max_grad_norm", -1.0}}); }).find("Invalid max_grad_norm"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { Optimizer("lars", std::vector<Param>{a.param()}, OptionMap{{"momentum", -0.5}}); }).find("Invalid momentum value"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -106,11 +106,18 @@ TEST(Layout, BucketsHoldWholeUnitsInBackwardOrder) {
 
 namespace {
 
+// Options that exercise a rule's statistics (defaults elsewhere).
+OptionMap test_options(const std::string& optimizer) {
+  if (optimizer == "lars") return {{"lr", 0.1}, {"weight_decay", 1e-3}, {"momentum", 0.9}};
+  if (optimizer == "lamb") return {{"lr", 3e-3}, {"max_grad_norm", 0.5}};
+  return {};
+}
+
 train::TrainConfig tiny_config(const std::string& optimizer, const std::string& strategy) {
   train::TrainConfig c;
   c.model = "mlp";
   c.hidden = {24, 40, 8};  // units straddle shard boundaries at every world size
-  c.optimizer = {optimizer, {}};
+  c.optimizer = {optimizer, test_options(optimizer)};
   c.epochs = 2;
   c.batch_size = 32;
   c.seed = 11;
@@ -132,7 +139,9 @@ RunResult run(int world, const data::Split& d, const train::TrainConfig& c) {
 }  // namespace
 
 // The central promise: for a pointwise optimizer the strategy never changes
-// a bit of the result, at any world size, clipped, loss-scaled or not.
+// a bit of the result, at any world size, clipped, loss-scaled or not; nor
+// for a tensor_stats one, whose statistics every strategy takes over the
+// same pieces and sums in rank order.
 class Equivalence : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Equivalence, EveryStrategyGivesTheSameBits) {
@@ -162,6 +171,14 @@ INSTANTIATE_TEST_SUITE_P(Pointwise, Equivalence, ::testing::ValuesIn([] {
                            std::vector<std::string> names;
                            for (const RuleInfo* r : all_rules())
                              if (r->locality == Locality::pointwise) names.emplace_back(r->name);
+                           return names;
+                         }()),
+                         [](const auto& info) { return info.param; });
+
+INSTANTIATE_TEST_SUITE_P(TensorStats, Equivalence, ::testing::ValuesIn([] {
+                           std::vector<std::string> names;
+                           for (const RuleInfo* r : all_rules())
+                             if (r->locality == Locality::tensor_stats) names.emplace_back(r->name);
                            return names;
                          }()),
                          [](const auto& info) { return info.param; });
@@ -436,15 +453,19 @@ TEST(Setup, UnknownOrInexactStrategiesAreRefused) {
   EXPECT_THROW(parallel::require_strategy("zero4"), InvalidInput);
   for (const char* s : {"sgp", "osgp", "dpsgd", "adpsgd", "slowmo"}) EXPECT_NO_THROW(parallel::require_strategy(s));
   for (const char* s : kSharded) EXPECT_NO_THROW(parallel::require_strategy(s));
-  RuleInfo lamb_like = *find_rule("adam");
-  lamb_like.name = "lamb_like";
-  lamb_like.locality = Locality::tensor_stats;
-  EXPECT_NO_THROW(parallel::require_exact("ddp", lamb_like));
+  // tensor_stats rules run under every strategy; whole_tensor ones (not
+  // built yet) only where each rank has whole tensors.
+  EXPECT_NO_THROW(parallel::require_exact("zero3", *find_rule("lamb")));
+  RuleInfo muon_like = *find_rule("adam");
+  muon_like.name = "muon_like";
+  muon_like.locality = Locality::whole_tensor;
+  EXPECT_NO_THROW(parallel::require_exact("ddp", muon_like));
+  EXPECT_NO_THROW(parallel::require_exact("sgp", muon_like));
   try {
-    parallel::require_exact("zero2", lamb_like);
-    ADD_FAILURE() << "a tensor_stats rule under zero2 must be refused";
+    parallel::require_exact("zero2", muon_like);
+    ADD_FAILURE() << "a whole_tensor rule under zero2 must be refused";
   } catch (const InvalidInput& e) {
-    EXPECT_NE(std::string(e.what()).find("not pointwise"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("needs whole tensors (whole_tensor)"), std::string::npos) << e.what();
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <fstream>
 
@@ -28,6 +29,27 @@ TEST(Golden, EveryTorchCasePasses) {
   }
   EXPECT_GE(files, 100u);
   EXPECT_EQ(optimizers.size(), 11u);  // every torch optimizer distopt has (lion is not in torch)
+}
+
+TEST(Golden, NonPointwiseReferencesPassWithAndWithoutThreads) {
+  // LARS and LAMB against scripts/gen_golden_nonpointwise.py's torch
+  // references; on threads, the same bits as on one (the statistics are
+  // summed per tensor, not per chunk).
+  ThreadPool pool(3);
+  std::map<std::string, int> cases;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(DISTOPT_SOURCE_DIR) +
+                                                               "/tests/golden/nonpointwise")) {
+    if (entry.path().extension() != ".json") continue;
+    const Case c = load_case(entry.path().string());
+    ASSERT_TRUE(c.expected.has_value()) << entry.path();
+    ++cases[c.optimizer];
+    const Result a = run(c);
+    const Comparison cmp = compare(a, *c.expected);
+    EXPECT_TRUE(cmp.ok()) << entry.path().filename() << ": " << cmp.first_mismatch;
+    EXPECT_EQ(run(c, &pool).params, a.params) << entry.path().filename();
+  }
+  EXPECT_GE(cases["lars"], 10);
+  EXPECT_GE(cases["lamb"], 10);
 }
 
 TEST(Golden, ThreadedReplayIsBitwiseTheSame) {

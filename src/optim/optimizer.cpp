@@ -18,6 +18,7 @@ struct Optimizer::ParamState {
   std::vector<std::string_view> scalar_names;
   float scalars[kMaxStateScalars] = {};
   Buffer master;  // fp32 copy of a bf16/f16 parameter
+  Buffer work;    // fp32 scratch of tensor_stats rules (RuleInfo::workspace)
 };
 
 namespace {
@@ -57,6 +58,10 @@ Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
 void Optimizer::add_param_group(ParamGroupSpec spec) {
   // Validate everything before changing anything.
+  for (std::string_view key : rule_->optimizer_level)
+    if (spec.options.count(key))
+      throw InvalidInput(str(key, " is an option of the whole ", rule_->name,
+                             " optimizer, not of a parameter group (as in the reference); set it once for all"));
   OptionMap options = defaults_;
   for (const auto& [name, value] : resolve_options(*rule_, spec.options))
     if (spec.options.count(name)) options[name] = value;
@@ -81,6 +86,7 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
   }
   layouts_.push_back({rule_->layout(group.options), next_version_++});
   groups_.push_back(std::move(group));
+  group_steps_.push_back(0);
   parsed_.resize(groups_.size());
   coeffs_.resize(params_.size());
   if (rule_->eager_state)
@@ -94,6 +100,9 @@ const ParamGroup& Optimizer::group(std::size_t g) const {
 
 void Optimizer::set_option(std::size_t g, std::string_view option, OptionValue value) {
   DISTOPT_CHECK(g < groups_.size(), "group ", g, " of ", groups_.size());
+  for (std::string_view key : rule_->optimizer_level)
+    if (option == key)
+      throw InvalidInput(str(key, " is an option of the whole ", rule_->name, " optimizer, not of a parameter group"));
   OptionMap options = groups_[g].options;
   (void)resolve_options(*rule_, OptionMap{{std::string(option), value}});  // name and kind
   options[std::string(option)] = value;
@@ -202,8 +211,53 @@ Slice Optimizer::slice_of(std::size_t i, std::size_t begin, std::size_t end) con
   s.master = st.master.empty() ? nullptr : const_cast<float*>(st.master.as<float>()) + begin;
   for (std::size_t k = 0; k < st.tensors.size(); ++k)
     s.state[k] = const_cast<float*>(st.tensors[k].as<float>()) + begin;
+  s.work = st.work.empty() ? nullptr : const_cast<float*>(st.work.as<float>()) + begin;
   s.n = end - begin;
   return s;
+}
+
+void Optimizer::run_stat_passes(bool threaded) {
+  auto for_each = [&](std::size_t n, auto fn) {
+    if (threaded) config_.pool->parallel_for(n, fn);
+    else
+      for (std::size_t k = 0; k < n; ++k) fn(k);
+  };
+  if (rule_->workspace)
+    for (std::size_t i : active_) {
+      ParamState& st = *state_[i];
+      const std::size_t bytes = static_cast<std::size_t>(params_[i].value.numel()) * sizeof(float);
+      if (st.work.size_bytes() != bytes) st.work = Buffer(bytes, kFirstStateSlot + kMaxStateTensors);
+    }
+  for (int pass = 0; pass < rule_->stat_passes; ++pass) {
+    if (rule_->transform != nullptr)
+      for_each(work_.size(), [&](std::size_t k) {
+        const WorkItem& w = work_[k];
+        rule_->transform(coeffs_[w.param], pass, slice_of(w.param, w.begin, w.end));
+      });
+    // Each tensor's partial statistics over its stat range, in one piece
+    // (so the order of the sums does not depend on the threads).
+    const auto c = static_cast<std::size_t>(rule_->num_stats(pass));
+    stats_.assign(active_.size() * c, 0.0);
+    for_each(active_.size(), [&](std::size_t j) {
+      const std::size_t i = active_[j];
+      const Param& p = params_[i];
+      const auto n = static_cast<std::size_t>(p.value.numel());
+      const std::size_t begin = std::min(p.stat_begin, n);
+      const std::size_t end = p.stat_count == Param::kAll ? n : std::min(n, begin + p.stat_count);
+      rule_->partial(coeffs_[i], pass, slice_of(i, begin, end), stats_.data() + j * c);
+    });
+    if (rule_->global_pass(pass)) {
+      // One total over every tensor, summed in parameter order.
+      double total[kMaxStats] = {};
+      for (std::size_t j = 0; j < active_.size(); ++j)
+        for (std::size_t s = 0; s < c; ++s) total[s] += stats_[j * c + s];
+      if (stats_reduce_) stats_reduce_(std::span<double>(total, c));
+      for (std::size_t j = 0; j < active_.size(); ++j) std::copy(total, total + c, stats_.begin() + j * c);
+    } else if (stats_reduce_) {
+      stats_reduce_(stats_);
+    }
+    for (std::size_t j = 0; j < active_.size(); ++j) rule_->finish_pass(pass, stats_.data() + j * c, coeffs_[active_[j]]);
+  }
 }
 
 void Optimizer::step() {
@@ -211,18 +265,24 @@ void Optimizer::step() {
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (params_[i].has_grad) check_grad(i);
   work_.clear();
+  active_.clear();
   const bool threaded = config_.pool != nullptr && config_.pool->size() > 1;
   const std::size_t chunk = threaded ? std::max<std::size_t>(config_.chunk_elements, 64) : SIZE_MAX;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     rule_->parse(groups_[g].options, parsed_[g]);
+    ++group_steps_[g];
     for (std::size_t i : groups_[g].params) {
       if (!params_[i].has_grad) continue;  // torch skips p.grad is None entirely
       const bool fresh = ensure_state(i, g);
+      // The rule advances "step" once: from the group's count before this step.
+      if (rule_->group_step) state_[i]->scalars[0] = static_cast<float>(group_steps_[g] - 1);
       rule_->prepare(parsed_[g], state_[i]->scalars, fresh, coeffs_[i]);
+      active_.push_back(i);
       const auto n = static_cast<std::size_t>(params_[i].value.numel());
       for (std::size_t b = 0; b < n; b += std::min(chunk, n - b)) work_.push_back({i, b, b + std::min(chunk, n - b)});
     }
   }
+  if (rule_->stat_passes > 0) run_stat_passes(threaded);
   auto run = [&](std::size_t k) {
     const WorkItem& w = work_[k];
     rule_->apply(coeffs_[w.param], slice_of(w.param, w.begin, w.end));
@@ -354,13 +414,21 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   // Eager-state rules (Adagrad) have state for every parameter.
   if (rule_->eager_state)
     for (std::size_t i = 0; i < params_.size(); ++i) ensure_state(i, group_of_[i]);
+  // Group-counted steps (LAMB) continue from the largest saved step.
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    group_steps_[g] = 0;
+    if (rule_->group_step)
+      for (std::size_t i : groups_[g].params)
+        if (state_[i]->initialized)
+          group_steps_[g] = std::max(group_steps_[g], static_cast<std::uint64_t>(state_[i]->scalars[0]));
+  }
 }
 
 std::size_t Optimizer::state_bytes() const {
   std::size_t bytes = 0;
   for (const auto& st : state_) {
     for (const Buffer& b : st->tensors) bytes += b.size_bytes();
-    bytes += st->master.size_bytes();
+    bytes += st->master.size_bytes() + st->work.size_bytes();
   }
   return bytes;
 }

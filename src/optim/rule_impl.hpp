@@ -24,6 +24,8 @@ DISTOPT_INTERNAL const RuleInfo& radam_rule();
 DISTOPT_INTERNAL const RuleInfo& rprop_rule();
 DISTOPT_INTERNAL const RuleInfo& asgd_rule();
 DISTOPT_INTERNAL const RuleInfo& lion_rule();
+DISTOPT_INTERNAL const RuleInfo& lars_rule();
+DISTOPT_INTERNAL const RuleInfo& lamb_rule();
 #undef DISTOPT_INTERNAL
 
 // Option readers; resolve_options has already checked names and kinds.
@@ -67,6 +69,28 @@ inline void store(T* __restrict lp, std::size_t i, float v) {
 
 inline float sign(float x) { return static_cast<float>((x > 0.0f) - (x < 0.0f)); }
 
+// A slice with its element type resolved (see Typed).
+template <class T>
+Typed<T> typed(const Slice& s) {
+  if constexpr (std::is_same_v<T, float>)
+    return {static_cast<float*>(s.param), nullptr, static_cast<const T*>(s.grad), s.state, s.n};
+  else
+    return {s.master, static_cast<T*>(s.param), static_cast<const T*>(s.grad), s.state, s.n};
+}
+
+// Σ f(i) for i in [0, n) in double, in 8 interleaved lanes combined in a
+// fixed order: vectorizable, and the same bits for the same elements
+// wherever the range comes from (a whole tensor or a shard's piece of it).
+template <class F>
+double lane_sum(std::size_t n, F&& f) {
+  double lane[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int l = 0; l < 8; ++l) lane[l] += f(i + static_cast<std::size_t>(l));
+  for (int l = 0; i < n; ++i, ++l) lane[l] += f(i);
+  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+}
+
 // Builds the type-erased table from a rule struct R (see adam.cpp for the
 // shape every rule has).
 template <class R>
@@ -86,15 +110,35 @@ RuleInfo make_rule_info() {
   info.apply = [](const RuleBlob& coeffs, const Slice& s) {
     const auto& c = coeffs.as<typename R::Coeffs>();
     dispatch_dtype(s.dtype, [&]<class T>() {
-      if constexpr (std::is_same_v<T, float>) {
-        R::template kernel<float>(c, Typed<float>{static_cast<float*>(s.param), nullptr,
-                                                  static_cast<const float*>(s.grad), s.state, s.n});
-      } else {
-        R::template kernel<T>(c, Typed<T>{s.master, static_cast<T*>(s.param),
-                                          static_cast<const T*>(s.grad), s.state, s.n});
-      }
+      if constexpr (requires { R::kStatPasses; })
+        R::template apply_update<T>(c, typed<T>(s), s.work);
+      else
+        R::template kernel<T>(c, typed<T>(s));
     });
   };
+  if constexpr (requires { R::kStatPasses; }) {
+    // tensor_stats: R::num_stats(pass), R::global_pass(pass),
+    // R::transform<T>(c, pass, typed, work), R::partial<T>(c, pass, typed,
+    // work, out), R::finish_pass(pass, stats, c), and apply_update<T>(c,
+    // typed, work) in place of kernel; kGroupStep, kOptimizerLevel.
+    info.group_step = R::kGroupStep;
+    info.optimizer_level = std::span<const std::string_view>(R::kOptimizerLevel);
+    info.stat_passes = R::kStatPasses;
+    info.workspace = R::kWorkspace;
+    info.num_stats = [](int pass) { return R::num_stats(pass); };
+    info.global_pass = [](int pass) { return R::global_pass(pass); };
+    info.transform = [](const RuleBlob& coeffs, int pass, const Slice& s) {
+      const auto& c = coeffs.as<typename R::Coeffs>();
+      dispatch_dtype(s.dtype, [&]<class T>() { R::template transform<T>(c, pass, typed<T>(s), s.work); });
+    };
+    info.partial = [](const RuleBlob& coeffs, int pass, const Slice& s, double* out) {
+      const auto& c = coeffs.as<typename R::Coeffs>();
+      dispatch_dtype(s.dtype, [&]<class T>() { R::template partial<T>(c, pass, typed<T>(s), s.work, out); });
+    };
+    info.finish_pass = [](int pass, const double* stats, RuleBlob& coeffs) {
+      R::finish_pass(pass, stats, coeffs.as<typename R::Coeffs>());
+    };
+  }
   static_assert(std::is_trivially_copyable_v<typename R::Options>);
   static_assert(std::is_trivially_copyable_v<typename R::Coeffs>);
   return info;

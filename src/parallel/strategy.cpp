@@ -207,6 +207,9 @@ class Engine final : public Strategy, public models::UnitAccess {
       if (stage_ == Stage::ddp) {
         const std::size_t at = layout_.padded_offset(piece.param);
         views.push_back({s.name, {params_.bytes() + at * es_, dtype_, s.shape}, {grads_.bytes() + at * es_, dtype_, s.shape}, true});
+        // Statistics of tensor_stats rules over the same piece as zero1-3's.
+        views.back().stat_begin = piece.param_begin;
+        views.back().stat_count = piece.count;
         owned_.push_back({grads_.bytes() + piece.padded_offset * es_, dtype_, {std::int64_t(piece.count)}});
         continue;
       }
@@ -220,6 +223,13 @@ class Engine final : public Strategy, public models::UnitAccess {
       owned_.push_back(views.back().grad);
     }
     optimizer_ = std::make_unique<Optimizer>(spec.name, std::move(views), spec.options);
+    // tensor_stats rules: each rank's partial statistics of its pieces,
+    // summed over the ranks in rank order -- the same numbers in the same
+    // order under every strategy (docs/sharding.md, "Non-pointwise rules").
+    if (comm.size() > 1)
+      optimizer_->set_stats_reduce([this](std::span<double> v) {
+        blocked([&] { comm_.all_reduce(v.data(), v.data(), v.size(), ElemType::f64, ReduceOp::sum); });
+      });
     param_requests_.resize(layout_.units().size());
   }
 
@@ -603,9 +613,10 @@ void require_strategy(std::string_view name) {
 
 void require_exact(std::string_view strategy, const RuleInfo& rule) {
   require_strategy(strategy);
-  // Gossip strategies run the whole optimizer on the rank's whole model.
-  if (strategy == "ddp" || is_gossip(strategy) || rule.locality == Locality::pointwise) return;
-  throw InvalidInput(str("optimizer ", rule.name, " is not pointwise (", name_of(rule.locality), "): strategy ",
+  // Gossip strategies run the whole optimizer on the rank's whole model;
+  // ddp and zero1-3 reduce the statistics of tensor_stats rules.
+  if (strategy == "ddp" || is_gossip(strategy) || rule.locality != Locality::whole_tensor) return;
+  throw InvalidInput(str("optimizer ", rule.name, " needs whole tensors (", name_of(rule.locality), "): strategy ",
                          strategy, " cannot run it exactly yet; use --strategy ddp"));
 }
 

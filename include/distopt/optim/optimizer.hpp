@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <map>
 #include <memory>
@@ -33,11 +34,22 @@
 namespace distopt {
 
 struct Param {
+  static constexpr std::size_t kAll = static_cast<std::size_t>(-1);
   std::string name;
   TensorView value;  // the parameter
   TensorView grad;   // its gradient: same dtype and number of elements
   bool has_grad = false;
+  // For tensor_stats rules under a parallel engine: the elements
+  // [stat_begin, stat_begin + stat_count) of this view are the ones this
+  // rank accounts for in the statistics of the tensor (ddp: its shard's
+  // piece of a replicated tensor), the rest being other ranks'. Default:
+  // all of them.
+  std::size_t stat_begin = 0, stat_count = kAll;
 };
+
+// Sums per-tensor statistics over the ranks in place (in rank order, so
+// that every rank gets the same bits); the identity in one process.
+using StatsReduce = std::function<void(std::span<double> values)>;
 
 struct ParamGroup {
   std::vector<std::size_t> params;  // indices into Optimizer::params()
@@ -107,7 +119,12 @@ class Optimizer {
   const Param& param(std::size_t i) const;
 
   // One optimizer step over every parameter that has a gradient.
+  // tensor_stats rules reduce their statistics with the stats reduce (every
+  // rank must then step the same parameters).
   void step();
+  // Set by a parallel engine whose parameters are pieces of tensors spread
+  // over ranks (or replicated, with stat ranges): see Param::stat_begin.
+  void set_stats_reduce(StatsReduce reduce) { stats_reduce_ = std::move(reduce); }
   // set_to_none: mark every gradient absent; otherwise zero them.
   void zero_grad(bool set_to_none = true);
 
@@ -121,7 +138,8 @@ class Optimizer {
   // keys and shapes) before changing anything; throws InvalidInput.
   void load_state_dict(const StateDict& dict);
 
-  // Bytes of optimizer state (and fp32 master weights) currently held;
+  // Bytes of optimizer state (and fp32 master weights, and the scratch of
+  // tensor_stats rules that keep one) currently held;
   // master_bytes() is the master weights' part of it.
   std::size_t state_bytes() const;
   std::size_t master_bytes() const;
@@ -143,6 +161,8 @@ class Optimizer {
   bool ensure_state(std::size_t i, std::size_t g);
   void check_grad(std::size_t i) const;
   Slice slice_of(std::size_t i, std::size_t begin, std::size_t end) const;
+  // The tensor_stats passes of a step over active_ (work_ holds their chunks).
+  void run_stat_passes(bool threaded);
 
   const RuleInfo* rule_;
   OptionMap defaults_;
@@ -157,6 +177,10 @@ class Optimizer {
   std::vector<RuleBlob> parsed_;
   std::vector<RuleBlob> coeffs_;
   std::vector<WorkItem> work_;
+  std::vector<std::size_t> active_;  // parameters stepped this step
+  std::vector<std::uint64_t> group_steps_;  // step() calls per group (RuleInfo::group_step)
+  std::vector<double> stats_;
+  StatsReduce stats_reduce_;
 };
 
 }  // namespace distopt

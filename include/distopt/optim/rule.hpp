@@ -9,7 +9,17 @@
 // state, so any slicing of a tensor -- across threads or across ranks --
 // gives bitwise the same result as one call over the whole tensor.
 //
-// RuleInfo is the type-erased table through which Optimizer and, later, the
+// A tensor_stats rule (LAMB, LARS) also needs statistics of whole tensors
+// (norms). It declares stat passes: pass k may first transform each slice
+// (pointwise, e.g. LAMB's moments and update direction), then accumulates
+// per-tensor partial statistics over the elements the rank accounts for;
+// the Optimizer reduces them over the ranks holding pieces of the tensor
+// (Optimizer::set_stats_reduce) and hands the totals to the rule's
+// finish_pass, which folds them into the step's coefficients. apply then
+// runs pointwise, as for any rule. Kernels still allocate and communicate
+// nothing.
+//
+// RuleInfo is the type-erased table through which Optimizer and the
 // sharding engine drive a rule. Rules are looked up by their torch name.
 #pragma once
 
@@ -63,8 +73,12 @@ struct Slice {
   const void* grad = nullptr;     // the gradient's elements
   float* master = nullptr;        // fp32 master weights (bf16/f16 params), else null
   float* state[kMaxStateTensors] = {};  // in StateLayout::tensors order
+  float* work = nullptr;          // fp32 scratch kept between passes of one step (RuleInfo::workspace)
   std::size_t n = 0;
 };
+
+// The most statistics a rule gathers per tensor in one pass.
+inline constexpr int kMaxStats = 4;
 
 struct RuleInfo {
   std::string_view name;
@@ -84,6 +98,29 @@ struct RuleInfo {
   void (*prepare)(const RuleBlob& parsed, float* scalars, bool fresh, RuleBlob& coeffs);
   // Updates one slice.
   void (*apply)(const RuleBlob& coeffs, const Slice& slice);
+
+  // ---- tensor_stats rules only (stat_passes == 0 otherwise) ----
+  int stat_passes = 0;
+  // Statistics per tensor gathered in pass k (at most kMaxStats).
+  int (*num_stats)(int pass) = nullptr;
+  // Whether pass k's statistics are global: summed over every tensor of
+  // every group (LAMB's gradient norm) before finish_pass sees them.
+  bool (*global_pass)(int pass) = nullptr;
+  // Optional pointwise work on a whole slice before pass k's statistics.
+  void (*transform)(const RuleBlob& coeffs, int pass, const Slice& slice) = nullptr;
+  // Adds pass k's partial statistics of `slice` to out[0 .. num_stats(k)).
+  void (*partial)(const RuleBlob& coeffs, int pass, const Slice& slice, double* out) = nullptr;
+  // Folds pass k's reduced statistics of the tensor into its coefficients.
+  void (*finish_pass)(int pass, const double* stats, RuleBlob& coeffs) = nullptr;
+  // Whether slices carry an fp32 scratch buffer (Slice::work).
+  bool workspace = false;
+  // Whether the scalar state "step" (the first scalar) counts the group's
+  // steps, as apex's FusedLAMB does, rather than the parameter's: every
+  // step() advances it, with or without a gradient.
+  bool group_step = false;
+  // Options read from the optimizer's defaults only (apex reads LAMB's
+  // max_grad_norm from self.defaults): a group may not set them.
+  std::span<const std::string_view> optimizer_level;
 };
 
 // Every rule, in a stable order; the registry feeds the property tests.

@@ -180,8 +180,8 @@ bool is_gossip(std::string_view name);
 // Throws InvalidInput unless `name` is a strategy this build can run.
 void require_strategy(std::string_view name);
 // Throws InvalidInput unless `strategy` gives the exact result with `rule`:
-// the sharded strategies need a pointwise rule (non-pointwise ones arrive
-// with their statistics phase).
+// the sharded strategies run pointwise and tensor_stats rules (reducing the
+// statistics of each tensor's pieces), not yet whole_tensor ones.
 void require_exact(std::string_view strategy, const RuleInfo& rule);
 
 // The parameters of a padded buffer in slot order, without padding.

@@ -1,0 +1,172 @@
+// LAMB (You et al. 2020) as NVIDIA apex's FusedLAMB computes it
+// (apex/optimizers/fused_lamb.py, csrc/multi_tensor_lamb.cu;
+// spec/optimizers.md §3.1), in float32:
+//   G = ||all gradients of all groups||  (max_grad_norm: the optimizer's own
+//       option, not a group's, as apex reads self.defaults)
+//   c = G / max_grad_norm if G > max_grad_norm else 1;  g <- g / c
+//   L2 mode (adam_w_mode false): g <- g + wd*p
+//   m <- m*b1 + b3*g  (b3 = 1 - b1 with grad_averaging, else 1)
+//   v <- v*b2 + (1 - b2)*g*g
+//   u = (m / bc1) / (sqrt(v / bc2) + eps)  (+ wd*p in adamw mode)
+//   ratio = lr * (||p|| / ||u||) if (wd != 0 or use_nvlamb) and both norms
+//           are non-zero, else lr   (||p|| taken before the update)
+//   p <- p - ratio*u
+// bc_k = 1 - b_k^t (1 without bias_correction) with t the group's step,
+// which apex counts per group: every step() advances it, whether or not a
+// parameter had a gradient (RuleInfo::group_step).
+// tensor_stats: pass 0 is global (sum g^2 over every tensor); pass 1 writes
+// u into the scratch and gathers sum p^2 and sum u^2 per tensor.
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+struct LambRule {
+  static constexpr std::string_view kName = "lamb";
+  static constexpr Locality kLocality = Locality::tensor_stats;
+  static constexpr bool kEagerState = false;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 1e-3, "learning rate"},
+      {"betas", OptionValue(0.9, 0.999), "decay rates of the first and second moments"},
+      {"eps", 1e-6, "added to the denominator"},
+      {"weight_decay", 0.01, "weight decay (decoupled in adam_w_mode, else L2)"},
+      {"bias_correction", true, "correct the moments' bias"},
+      {"adam_w_mode", true, "decoupled weight decay (false: L2 on the gradient)"},
+      {"grad_averaging", true, "scale the gradient by 1 - beta1 in the first moment"},
+      {"max_grad_norm", 1.0, "clip the global gradient norm to this (optimizer-level, as apex)"},
+      {"use_nvlamb", false, "apply the trust ratio also without weight decay"},
+  };
+  struct Options {
+    double lr, beta1, beta2, eps, weight_decay, max_grad_norm;
+    bool bias_correction, adam_w_mode, grad_averaging, use_nvlamb;
+  };
+  static Options parse(const OptionMap& m) {
+    const auto b = pair(m, "betas");
+    return {num(m, "lr"),
+            b[0],
+            b[1],
+            num(m, "eps"),
+            num(m, "weight_decay"),
+            num(m, "max_grad_norm"),
+            flag(m, "bias_correction"),
+            flag(m, "adam_w_mode"),
+            flag(m, "grad_averaging"),
+            flag(m, "use_nvlamb")};
+  }
+  static void validate(const Options& o) {
+    check_lr(o.lr);
+    check_eps(o.eps);
+    check_betas({o.beta1, o.beta2});
+    check_weight_decay(o.weight_decay);
+    require(o.max_grad_norm >= 0.0, "Invalid max_grad_norm value: ", o.max_grad_norm);
+  }
+  static StateLayout layout(const Options&) { return {{"exp_avg", "exp_avg_sq"}, {"step"}}; }
+  static void init(const Options&, float* fill, float* scalars) {
+    fill[0] = fill[1] = 0.0f;
+    scalars[0] = 0.0f;
+  }
+  struct Coeffs {
+    float beta1, beta2, beta3, one_minus_beta2, bc1, bc2, eps, decay, lr, max_grad_norm;
+    float clip;   // from pass 0
+    float ratio;  // from pass 1
+    bool adam_w_mode, adapt;
+  };
+  static Coeffs prepare(const Options& o, float* scalars, bool) {
+    const double t = scalars[0] += 1.0f;
+    Coeffs c{};
+    // apex: float hyper-parameters; bias corrections by std::pow(float, int)
+    // (in double), stored as float.
+    c.beta1 = static_cast<float>(o.beta1);
+    c.beta2 = static_cast<float>(o.beta2);
+    c.beta3 = o.grad_averaging ? 1.0f - c.beta1 : 1.0f;
+    c.one_minus_beta2 = 1.0f - c.beta2;
+    c.bc1 = o.bias_correction ? static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta1), t)) : 1.0f;
+    c.bc2 = o.bias_correction ? static_cast<float>(1.0 - std::pow(static_cast<double>(c.beta2), t)) : 1.0f;
+    c.eps = static_cast<float>(o.eps);
+    c.decay = static_cast<float>(o.weight_decay);
+    c.lr = static_cast<float>(o.lr);
+    c.max_grad_norm = static_cast<float>(o.max_grad_norm);
+    c.adam_w_mode = o.adam_w_mode;
+    c.adapt = o.use_nvlamb || o.weight_decay != 0.0;
+    c.clip = 1.0f;
+    c.ratio = c.lr;
+    return c;
+  }
+
+  static constexpr int kStatPasses = 2;
+  static constexpr bool kWorkspace = true;
+  static constexpr bool kGroupStep = true;
+  static constexpr std::string_view kOptimizerLevel[] = {"max_grad_norm", "adam_w_mode", "use_nvlamb"};
+  static int num_stats(int pass) { return pass == 0 ? 1 : 2; }
+  static bool global_pass(int pass) { return pass == 0; }
+
+  // Pass 1: stage 1 of apex, the update direction u into the scratch.
+  template <class T>
+  static void transform(const Coeffs& c, int pass, const Typed<T>& s, float* work) {
+    if (pass != 1) return;
+    const float* __restrict p = s.p;
+    const T* __restrict g = s.g;
+    float* __restrict m = s.s[0];
+    float* __restrict v = s.s[1];
+    float* __restrict u = work;
+    const float decay = c.decay;
+    for (std::size_t i = 0; i < s.n; ++i) {
+      // apex reads p only when decay != 0 (0 otherwise, whatever p is).
+      const float pi = decay != 0.0f ? p[i] : 0.0f;
+      float gi = to_float(g[i]) / c.clip;
+      if (!c.adam_w_mode) gi = gi + decay * pi;
+      const float mi = m[i] * c.beta1 + c.beta3 * gi;
+      const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      const float denom = std::sqrt(vi / c.bc2) + c.eps;
+      float ui = (mi / c.bc1) / denom;
+      if (c.adam_w_mode) ui = ui + decay * pi;
+      u[i] = ui;
+    }
+  }
+  template <class T>
+  static void partial(const Coeffs&, int pass, const Typed<T>& s, const float* work, double* out) {
+    if (pass == 0) {
+      out[0] += lane_sum(s.n, [&](std::size_t i) {
+        const double g = to_float(s.g[i]);
+        return g * g;
+      });
+      return;
+    }
+    out[0] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(s.p[i]) * s.p[i]; });
+    out[1] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(work[i]) * work[i]; });
+  }
+  static void finish_pass(int pass, const double* stats, Coeffs& c) {
+    if (pass == 0) {
+      const auto norm = static_cast<float>(std::sqrt(stats[0]));
+      c.clip = norm > c.max_grad_norm ? norm / c.max_grad_norm : 1.0f;
+      return;
+    }
+    if (!c.adapt) return;
+    const auto param_norm = static_cast<float>(std::sqrt(stats[0]));
+    const auto update_norm = static_cast<float>(std::sqrt(stats[1]));
+    c.ratio = update_norm != 0.0f && param_norm != 0.0f ? c.lr * (param_norm / update_norm) : c.lr;
+  }
+
+  // Stage 2: p <- p - ratio*u.
+  template <class T>
+  static void apply_update(const Coeffs& c, const Typed<T>& s, const float* work) {
+    float* __restrict p = s.p;
+    T* __restrict lp = s.lp;
+    for (std::size_t i = 0; i < s.n; ++i) {
+      const float pi = p[i] - c.ratio * work[i];
+      p[i] = pi;
+      store(lp, i, pi);
+    }
+  }
+};
+
+}  // namespace
+
+const RuleInfo& lamb_rule() {
+  static const RuleInfo info = make_rule_info<LambRule>();
+  return info;
+}
+
+}  // namespace distopt::rules

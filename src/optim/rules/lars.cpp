@@ -1,0 +1,139 @@
+// LARS (You et al. 2017) as timm's Lars computes it (timm/optim/lars.py;
+// spec/optimizers.md §3.3), in float32 like torch:
+//   adapt iff weight_decay != 0 or always_adapt:
+//     w = ||p||, n = ||g||   (whole tensors, before the update)
+//     trust = trust_coeff * w / (n + w*wd + eps), or 1 if w or n is 0
+//     trust_clip: trust = min(trust / lr, 1)
+//     g <- (g + wd*p) * trust
+//   then torch SGD: b <- g on the first step, else b <- b*mu + (1-damp)*g;
+//   g <- g + mu*b (nesterov) or b;  p <- p - lr*g
+// tensor_stats: one pass of two statistics per tensor, sum p^2 and sum g^2.
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+struct LarsRule {
+  static constexpr std::string_view kName = "lars";
+  static constexpr Locality kLocality = Locality::tensor_stats;
+  static constexpr bool kEagerState = false;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 1.0, "learning rate"},
+      {"momentum", 0.0, "momentum factor"},
+      {"dampening", 0.0, "dampening of the momentum"},
+      {"weight_decay", 0.0, "L2 penalty (also switches the adaptation on)"},
+      {"nesterov", false, "Nesterov momentum"},
+      {"trust_coeff", 0.001, "trust coefficient of the layer-wise rate"},
+      {"eps", 1e-8, "added to the trust ratio's denominator"},
+      {"trust_clip", false, "LARC clipping: min(trust / lr, 1)"},
+      {"always_adapt", false, "adapt the rate also without weight decay"},
+  };
+  struct Options {
+    double lr, momentum, dampening, weight_decay, trust_coeff, eps;
+    bool nesterov, trust_clip, always_adapt;
+  };
+  static Options parse(const OptionMap& m) {
+    return {num(m, "lr"),          num(m, "momentum"), num(m, "dampening"),   num(m, "weight_decay"),
+            num(m, "trust_coeff"), num(m, "eps"),      flag(m, "nesterov"),   flag(m, "trust_clip"),
+            flag(m, "always_adapt")};
+  }
+  static void validate(const Options& o) {
+    check_lr(o.lr);
+    require(o.momentum >= 0.0, "Invalid momentum value: ", o.momentum);
+    check_weight_decay(o.weight_decay);
+    require(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
+            "Nesterov momentum requires a momentum and zero dampening");
+  }
+  static StateLayout layout(const Options& o) {
+    StateLayout l;
+    if (o.momentum != 0.0) l.tensors.push_back("momentum_buffer");
+    return l;
+  }
+  static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
+  struct Coeffs {
+    float wd, momentum, one_minus_dampening, neg_lr, lr, trust_coeff, eps;
+    float trust;  // from the statistics
+    bool adapt, trust_clip, has_momentum, first, nesterov;
+  };
+  static Coeffs prepare(const Options& o, float*, bool fresh) {
+    Coeffs c{};
+    c.wd = static_cast<float>(o.weight_decay);
+    c.has_momentum = o.momentum != 0.0;
+    c.momentum = static_cast<float>(o.momentum);
+    c.one_minus_dampening = static_cast<float>(1.0 - o.dampening);
+    c.neg_lr = static_cast<float>(-o.lr);
+    c.lr = static_cast<float>(o.lr);
+    c.trust_coeff = static_cast<float>(o.trust_coeff);
+    c.eps = static_cast<float>(o.eps);
+    c.adapt = o.weight_decay != 0.0 || o.always_adapt;
+    c.trust_clip = o.trust_clip;
+    c.first = fresh;
+    c.nesterov = o.nesterov;
+    c.trust = 1.0f;
+    return c;
+  }
+
+  static constexpr int kStatPasses = 1;
+  static constexpr bool kWorkspace = false;
+  static constexpr bool kGroupStep = false;
+  static constexpr std::span<const std::string_view> kOptimizerLevel{};
+  static int num_stats(int) { return 2; }
+  static bool global_pass(int) { return false; }
+  template <class T>
+  static void transform(const Coeffs&, int, const Typed<T>&, float*) {}
+  template <class T>
+  static void partial(const Coeffs& c, int, const Typed<T>& s, float*, double* out) {
+    if (!c.adapt) return;
+    out[0] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(s.p[i]) * s.p[i]; });
+    out[1] += lane_sum(s.n, [&](std::size_t i) {
+      const double g = to_float(s.g[i]);
+      return g * g;
+    });
+  }
+  static void finish_pass(int, const double* stats, Coeffs& c) {
+    if (!c.adapt) return;
+    // torch: float32 norms and float32 arithmetic on 0-dim tensors.
+    const auto w = static_cast<float>(std::sqrt(stats[0]));
+    const auto n = static_cast<float>(std::sqrt(stats[1]));
+    float trust = c.trust_coeff * w / (n + w * c.wd + c.eps);
+    if (!(w > 0.0f) || !(n > 0.0f)) trust = 1.0f;
+    if (c.trust_clip) trust = std::min(trust / c.lr, 1.0f);
+    c.trust = trust;
+  }
+
+  template <class T>
+  static void apply_update(const Coeffs& c, const Typed<T>& s, const float*) {
+    dispatch_bools(
+        [&](auto adapt, auto has_momentum, auto nesterov) {
+          float* __restrict p = s.p;
+          T* __restrict lp = s.lp;
+          const T* __restrict g = s.g;
+          float* __restrict b = s.s[0];
+          const bool first = c.first;
+          for (std::size_t i = 0; i < s.n; ++i) {
+            float pi = p[i];
+            float gi = to_float(g[i]);
+            if constexpr (adapt) gi = (gi + c.wd * pi) * c.trust;
+            if constexpr (has_momentum) {
+              const float bi = first ? gi : b[i] * c.momentum + c.one_minus_dampening * gi;
+              b[i] = bi;
+              if constexpr (nesterov) gi = gi + c.momentum * bi;
+              else gi = bi;
+            }
+            pi = pi + c.neg_lr * gi;
+            p[i] = pi;
+            store(lp, i, pi);
+          }
+        },
+        c.adapt, c.has_momentum, c.nesterov);
+  }
+};
+
+}  // namespace
+
+const RuleInfo& lars_rule() {
+  static const RuleInfo info = make_rule_info<LarsRule>();
+  return info;
+}
+
+}  // namespace distopt::rules
