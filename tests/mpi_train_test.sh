@@ -33,6 +33,21 @@ for np in 2 4; do
       fail "np $np: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
   done
 done
+# tensor_stats rules (their per-tensor statistics reduced over the ranks'
+# pieces): every sharded strategy under mpirun gives ddp's bits on threads.
+for np in 2 4; do
+  for o in "lamb --lr 0.003 --max-grad-norm 0.5" "lars --lr 0.1 --weight-decay 0.001 --momentum 0.9"; do
+    nargs=(train --data synthetic --train-size 1024 --test-size 256 --epochs 2 --batch-size 96 --seed 3
+           --progress none --json --optimizer $o)
+    "$bin" "${nargs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads $o $np: $(cat "$tmp/err")"
+    for s in zero1 zero3; do
+      timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${nargs[@]}" --backend mpi --strategy $s \
+        >"$tmp/mpi" 2>"$tmp/err" || fail "mpi $o $s np $np exited $?: $(tail -n 3 "$tmp/err")"
+      [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
+        fail "np $np $o: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
+    done
+  done
+done
 # The gossip strategies: the same bits as on the threads backend (their
 # schedules do not depend on timing), 2 and 4 ranks.
 for np in 2 4; do
