@@ -52,6 +52,35 @@ TEST(Golden, NonPointwiseReferencesPassWithAndWithoutThreads) {
   EXPECT_GE(cases["lamb"], 10);
 }
 
+TEST(SchedulerSpec, ChildrenInsideTheOptionsAsInTorchsConstructor) {
+  // torch: SequentialLR(opt, schedulers=[...], milestones=[...]); the same
+  // spec beside the options or inside them.
+  const SchedulerSpec beside = parse_scheduler_spec(
+      R"({"name": "sequentiallr", "options": {"milestones": [4]},
+          "schedulers": [{"name": "linearlr"}, {"name": "exponentiallr", "options": {"gamma": 0.9}}]})",
+      "beside");
+  const SchedulerSpec inside = parse_scheduler_spec(
+      R"({"name": "sequentiallr", "options": {"milestones": [4],
+          "schedulers": [{"name": "linearlr"}, {"name": "exponentiallr", "options": {"gamma": 0.9}}]}})",
+      "inside");
+  ASSERT_EQ(inside.schedulers.size(), 2u);
+  EXPECT_EQ(inside.schedulers[1].name, "exponentiallr");
+  EXPECT_EQ(std::get<double>(inside.schedulers[1].options.at("gamma")), 0.9);
+  EXPECT_EQ(inside.options.count("schedulers"), 0u);
+  EXPECT_EQ(inside.options.at("milestones"), beside.options.at("milestones"));
+  const SchedulerSpec chained = parse_scheduler_spec(
+      R"({"name": "chainedscheduler", "options": {"schedulers": [{"name": "constantlr"}]}})", "chained");
+  EXPECT_EQ(chained.schedulers.size(), 1u);
+  try {
+    (void)parse_scheduler_spec(R"({"name": "sequentiallr", "options": {"schedulers": [{"name": "linearlr"}]},
+                                   "schedulers": [{"name": "linearlr"}]})",
+                               "twice");
+    ADD_FAILURE() << "schedulers given twice was accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("schedulers given twice"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Golden, ThreadedReplayIsBitwiseTheSame) {
   ThreadPool pool(2);
   const Case c = load_case(kGolden + "/adam_012_big.json");

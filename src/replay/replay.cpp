@@ -54,7 +54,8 @@ class Reader {
 
   // {"name": ..., "options": {...}, "schedulers": [...]} (options and
   // schedulers optional); option values are numbers, booleans, strings or
-  // lists of numbers.
+  // lists of numbers. The children may also sit inside the options, as
+  // torch's constructor argument: {"options": {"schedulers": [...], ...}}.
   SchedulerSpec scheduler(const json& v, const std::string& where) const {
     SchedulerSpec s;
     const json& name = member(v, "name", where);
@@ -68,6 +69,12 @@ class Reader {
       for (const auto& [key, value] : o.items()) {
         const std::string at = str(where, ".options.", key);
         if (value.is_null()) continue;  // torch's None: the default
+        if (key == "schedulers" && value.is_array() && (value.empty() || value[0].is_object())) {
+          if (v.contains("schedulers")) fail(at, "schedulers given twice (in options and beside them)");
+          for (std::size_t i = 0; i < value.size(); ++i)
+            s.schedulers.push_back(scheduler(value[i], str(at, "[", i, "]")));
+          continue;
+        }
         if (value.is_boolean()) {
           s.options[key] = value.get<bool>();
         } else if (value.is_string()) {
