@@ -4,9 +4,9 @@ non-pointwise optimizers, from reference implementations written here in torch.
 
 The references
 --------------
-torch has no LARS or LAMB, so this script implements them as
-``torch.optim.Optimizer`` subclasses, op for op in float32, after the code
-distopt names as the reference (spec/optimizers.md §3):
+torch has no LARS, LAMB or (in 1.13) Adafactor, so this script implements
+them as ``torch.optim.Optimizer`` subclasses, op for op in float32, after the
+code distopt names as the reference (spec/optimizers.md §3):
 
 * ``RefLars``: timm's ``Lars`` (timm/optim/lars.py): the LARS trust ratio
   trust_coeff*||p|| / (||g|| + wd*||p|| + eps) when weight_decay != 0 or
@@ -21,6 +21,13 @@ distopt names as the reference (spec/optimizers.md §3):
   and the trust ratio lr*||p||/||u|| when wd != 0 or use_nvlamb and both norms
   are non-zero. The step count is the group's (apex's group["step"]), which
   advances on every step() whether or not a parameter has a gradient.
+* ``RefAdafactor``: transformers' ``Adafactor`` (src/transformers/
+  optimization.py, fairseq's math): relative or fixed step size scaled by the
+  parameter's RMS, factored second moments (row and column averages of
+  g^2 + eps1) for tensors of two or more dimensions, the update's RMS clipped
+  to clip_threshold, optional first moment (beta1) and lr-scaled weight decay.
+  lr and beta1 default to None (written as null in the cases; the expected
+  lr is then "NaN").
 
 Cases
 -----
@@ -40,6 +47,7 @@ The output is deterministic; existing ``*.json`` files there are replaced.
 
 import argparse
 import glob
+import math
 import os
 import random
 import struct
@@ -156,7 +164,73 @@ class RefLamb(torch.optim.Optimizer):
                 p.copy_(p - ratio * u)
 
 
-REFERENCES = {"lars": RefLars, "lamb": RefLamb}
+class RefAdafactor(torch.optim.Optimizer):
+    """transformers' Adafactor (src/transformers/optimization.py; fairseq's math), in float32."""
+
+    def __init__(self, params, lr=None, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8, beta1=None,
+                 weight_decay=0.0, scale_parameter=True, relative_step=True, warmup_init=False):
+        defaults = dict(lr=lr, eps=eps, clip_threshold=clip_threshold, decay_rate=decay_rate, beta1=beta1,
+                        weight_decay=weight_decay, scale_parameter=scale_parameter, relative_step=relative_step,
+                        warmup_init=warmup_init)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def rms(t):
+        return t.norm(2) / (t.numel() ** 0.5)
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                state = self.state[p]
+                factored = g.dim() >= 2
+                if not state:
+                    state["step"] = 0
+                    if group["beta1"] is not None:
+                        state["exp_avg"] = torch.zeros_like(g)
+                    if factored:
+                        state["row"] = torch.zeros(g.shape[:-1])
+                        state["col"] = torch.zeros(g.shape[:-2] + g.shape[-1:])
+                    else:
+                        state["exp_avg_sq"] = torch.zeros_like(g)
+                state["step"] += 1
+                t = state["step"]
+                rms = self.rms(p)  # before the update
+                # The step size: relative, then scaled by the parameter's RMS
+                # (Python's max of a float and a 0-dim tensor, as transformers).
+                rho = group["lr"]
+                if group["relative_step"]:
+                    rho = min(1e-6 * t if group["warmup_init"] else 1e-2, 1.0 / math.sqrt(t))
+                scale = max(group["eps"][1], rms) if group["scale_parameter"] else 1.0
+                lr = scale * rho
+                beta2t = 1.0 - math.pow(t, group["decay_rate"])
+                q = g ** 2 + group["eps"][0]
+                if factored:
+                    row, col = state["row"], state["col"]
+                    row.mul_(beta2t).add_(q.mean(dim=-1), alpha=1.0 - beta2t)
+                    col.mul_(beta2t).add_(q.mean(dim=-2), alpha=1.0 - beta2t)
+                    r_factor = (row / row.mean(dim=-1, keepdim=True)).rsqrt_().unsqueeze(-1)
+                    c_factor = col.unsqueeze(-2).rsqrt()
+                    u = torch.mul(r_factor, c_factor).mul_(g)
+                else:
+                    v = state["exp_avg_sq"]
+                    v.mul_(beta2t).add_(q, alpha=1.0 - beta2t)
+                    u = v.rsqrt().mul_(g)
+                u.div_((self.rms(u) / group["clip_threshold"]).clamp_(min=1.0))
+                u.mul_(lr)
+                if group["beta1"] is not None:
+                    m = state["exp_avg"]
+                    m.mul_(group["beta1"]).add_(u, alpha=1 - group["beta1"])
+                    u = m
+                if group["weight_decay"] != 0:
+                    p.add_(p, alpha=(-group["weight_decay"] * lr))
+                p.add_(-u)
+
+
+REFERENCES = {"lars": RefLars, "lamb": RefLamb, "adafactor": RefAdafactor}
 
 # Per optimizer: (top-level options, layout) for each case. Layouts: "small"
 # (two tensors), "groups" (two groups, overrides), "nulls", "zeros" (zero
@@ -193,9 +267,25 @@ PLAN = {
     ],
 }
 
+PLAN["adafactor"] = [
+    ({}, "small"),
+    ({}, "shapes"),
+    ({"lr": 0.01, "relative_step": False}, "small"),
+    ({"lr": 0.005, "relative_step": False, "scale_parameter": False, "beta1": 0.9}, "groups"),
+    ({"warmup_init": True}, "nulls"),
+    ({"clip_threshold": 0.5, "decay_rate": -0.5, "weight_decay": 0.01}, "zeros"),
+    ({"beta1": 0.8, "eps": [1e-20, 1e-2]}, "shapes"),
+    ({"lr": 0.02, "relative_step": False, "weight_decay": 0.1, "clip_threshold": 2.0}, "groups"),
+    ({"scale_parameter": False}, "long"),
+    ({"lr": 0.001, "relative_step": False, "beta1": 0.5, "scale_parameter": False}, "zeros"),
+    ({"decay_rate": -0.9, "weight_decay": 0.001}, "nulls"),
+    ({"eps": [1e-30, 1e-1]}, "small"),
+]
+
 GROUP_OVERRIDES = {
     "lars": [{"lr": 0.05, "weight_decay": 0.0}, {"momentum": 0.0, "trust_coeff": 0.005}],
     "lamb": [{"lr": 0.002, "weight_decay": 0.0}, {"betas": [0.95, 0.98], "eps": 1e-5}],
+    "adafactor": [{"clip_threshold": 0.3, "weight_decay": 0.01}, {"decay_rate": -0.6, "beta1": 0.7}],
 }
 
 
@@ -275,7 +365,7 @@ def run_reference(case):
             p.grad = None if g is None else torch.tensor(g, dtype=torch.float32).reshape(spec["shape"])
         optimizer.step()
         for gi, group in enumerate(optimizer.param_groups):
-            lrs[gi].append(float(group["lr"]))
+            lrs[gi].append("NaN" if group["lr"] is None else float(group["lr"]))  # Adafactor's None
     return [base.flat(p) for p in params], lrs
 
 

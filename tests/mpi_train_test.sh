@@ -36,7 +36,7 @@ done
 # tensor_stats rules (their per-tensor statistics reduced over the ranks'
 # pieces): every sharded strategy under mpirun gives ddp's bits on threads.
 for np in 2 4; do
-  for o in "lamb --lr 0.003 --max-grad-norm 0.5" "lars --lr 0.1 --weight-decay 0.001 --momentum 0.9"; do
+  for o in "lamb --lr 0.003 --max-grad-norm 0.5" "lars --lr 0.1 --weight-decay 0.001 --momentum 0.9" "adafactor --beta1 0.9"; do
     nargs=(train --data synthetic --train-size 1024 --test-size 256 --epochs 2 --batch-size 96 --seed 3
            --progress none --json --optimizer $o)
     "$bin" "${nargs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads $o $np: $(cat "$tmp/err")"
@@ -63,15 +63,17 @@ for np in 2 4; do
 done
 # adpsgd: its bits depend on timing, so the MPI run (with its gossip thread
 # on a communicator of its own, under MPI_THREAD_MULTIPLE) must end cleanly
-# and learn as much as the threads run, at 2, 3 and 4 ranks.
-acc_of() { tail -n 1 "$1" | grep -o '"test_accuracy": [0-9.e-]*' | cut -d' ' -f2; }
+# and learn as much as the threads run, at 2, 3 and 4 ranks: test loss
+# within 5% (accuracy on this short run sits at a plateau that one run in
+# several leaves by chance, either way).
+loss_of() { tail -n 1 "$1" | grep -o '"test_loss": [0-9.e-]*' | cut -d' ' -f2; }
 for np in 2 3 4; do
   "$bin" "${args[@]}" --world $np --strategy adpsgd >"$tmp/threads" 2>"$tmp/err" || fail "threads adpsgd $np: $(cat "$tmp/err")"
   timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy adpsgd \
     >"$tmp/mpi" 2>"$tmp/err" || fail "mpi adpsgd np $np exited $?: $(tail -n 3 "$tmp/err")"
   grep -q '"consensus_distance": ' "$tmp/mpi" || fail "mpi adpsgd np $np: no consensus distance"
-  [ "$(echo "d = $(acc_of "$tmp/mpi") - $(acc_of "$tmp/threads"); if (d < 0) d = -d; d < 0.05" | bc -l)" = 1 ] ||
-    fail "np $np adpsgd: mpi accuracy $(acc_of "$tmp/mpi"), threads $(acc_of "$tmp/threads")"
+  [ "$(echo "a = $(loss_of "$tmp/mpi"); b = $(loss_of "$tmp/threads"); d = a - b; if (d < 0) d = -d; d < 0.05 * b" | bc -l)" = 1 ] ||
+    fail "np $np adpsgd: mpi test loss $(loss_of "$tmp/mpi"), threads $(loss_of "$tmp/threads")"
 done
 # Launch mistakes: without --backend, mpirun's processes are one MPI job
 # (not two duplicate runs); --world that disagrees with -np, and --backend

@@ -128,7 +128,8 @@ Figures measure(const std::string& rule, const OptionMap& options) {
 TEST(NonPointwise, FlatPartitionsChangeLambAndLarsButDistoptsShardsDoNot) {
   for (const auto& [rule, options] :
        std::vector<std::pair<std::string, OptionMap>>{{"lamb", {{"lr", 3e-3}}},
-                                                      {"lars", {{"lr", 0.1}, {"weight_decay", 1e-3}, {"momentum", 0.9}}}}) {
+                                                      {"lars", {{"lr", 0.1}, {"weight_decay", 1e-3}, {"momentum", 0.9}}},
+                                                      {"adafactor", {}}}) {
     const Figures f = measure(rule, options);
     // The loop reproduces the trainer: only summation order differs.
     EXPECT_LT(f.by_hand_vs_trainer, 1e-5) << rule;

@@ -151,9 +151,9 @@ TEST(Rules, DefaultsAreTorchs) {
 }
 
 TEST(Registry, EveryRuleDeclaresItsLocalityAndIsFindable) {
-  EXPECT_EQ(all_rules().size(), 14u);
+  EXPECT_EQ(all_rules().size(), 15u);
   for (const RuleInfo* r : all_rules()) {
-    const bool stats = r->name == "lars" || r->name == "lamb";
+    const bool stats = r->name == "lars" || r->name == "lamb" || r->name == "adafactor";
     EXPECT_EQ(r->locality, stats ? Locality::tensor_stats : Locality::pointwise) << r->name;
     EXPECT_EQ(r->stat_passes > 0, stats) << r->name;
     EXPECT_EQ(find_rule(r->name), r);
@@ -264,6 +264,7 @@ TEST(Optimizer, StateDictRoundTripIsBitwise) {
         return p;
       };
       OptionMap options{{"lr", 0.01}};
+      if (rule->name == "adafactor") options["relative_step"] = false;  // lr given
       ParamGroupSpec g0{{make_param(0)}, {}}, g1{{make_param(1)}, {}};
       Optimizer straight(rule->name, std::vector<ParamGroupSpec>{g0}, options);
       auto feed = [&](Optimizer& o, int run, int k) {
@@ -282,7 +283,9 @@ TEST(Optimizer, StateDictRoundTripIsBitwise) {
       }
       const StateDict saved = first->state_dict();
       first.reset();
-      Optimizer resumed(rule->name, std::vector<ParamGroupSpec>{ParamGroupSpec{{make_param(1)}, {}}}, {{"lr", 0.5}});
+      OptionMap other{{"lr", 0.5}};
+      if (rule->name == "adafactor") other["relative_step"] = false;
+      Optimizer resumed(rule->name, std::vector<ParamGroupSpec>{ParamGroupSpec{{make_param(1)}, {}}}, other);
       // make_param re-initialised run 1's bf16 storage; restore the values it had.
       if (dtype != DType::f32)
         for (std::size_t i = 0; i < n; ++i)
@@ -303,6 +306,45 @@ TEST(Optimizer, StateDictRoundTripIsBitwise) {
       }
     }
   }
+}
+
+TEST(Optimizer, AdafactorsFactoredStateRoundTripsWithTorchsShapes) {
+  // A 3 x 4 x 5 tensor: exp_avg_sq_row [3, 4], exp_avg_sq_col [3, 5], no
+  // exp_avg_sq; saved, reloaded and continued bit for bit.
+  const Shape shape{3, 4, 5};
+  std::vector<float> a = random_vector(60, 8), b = a, ga(60), gb(60);
+  auto param = [&](std::vector<float>& v, std::vector<float>& g) {
+    return Param{"w", {v.data(), DType::f32, shape}, {g.data(), DType::f32, shape}, true};
+  };
+  auto feed = [&](Optimizer& o, std::vector<float>& g, int k) {
+    g = random_vector(60, 300 + k);
+    o.param(0).has_grad = true;
+    o.step();
+  };
+  Optimizer straight("adafactor", std::vector<Param>{param(a, ga)}, OptionMap{{"beta1", 0.9}});
+  auto first = std::make_unique<Optimizer>("adafactor", std::vector<Param>{param(b, gb)}, OptionMap{{"beta1", 0.9}});
+  for (int k = 0; k < 4; ++k) {
+    feed(straight, ga, k);
+    feed(*first, gb, k);
+  }
+  const StateDict saved = first->state_dict();
+  first.reset();
+  const auto& entry = saved.state.at(0);
+  EXPECT_EQ(std::get<StateTensor>(entry.at("exp_avg_sq_row")).shape, (Shape{3, 4}));
+  EXPECT_EQ(std::get<StateTensor>(entry.at("exp_avg_sq_col")).shape, (Shape{3, 5}));
+  EXPECT_EQ(entry.count("exp_avg_sq"), 0u);
+  EXPECT_EQ(std::get<StateTensor>(entry.at("exp_avg")).data.size(), 60u);
+  Optimizer resumed("adafactor", std::vector<Param>{param(b, gb)}, OptionMap{{"beta1", 0.9}});
+  resumed.load_state_dict(saved);
+  for (int k = 4; k < 8; ++k) {
+    feed(straight, ga, k);
+    feed(resumed, gb, k);
+  }
+  EXPECT_TRUE(bitwise_equal(a, b));
+  // A row vector of the wrong size is refused before anything changes.
+  StateDict bad = saved;
+  std::get<StateTensor>(bad.state.at(0).at("exp_avg_sq_row")).data.resize(11);
+  EXPECT_THROW(resumed.load_state_dict(bad), InvalidInput);
 }
 
 TEST(Optimizer, ParamWithoutGradIsSkippedLikeTorch) {

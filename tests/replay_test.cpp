@@ -32,7 +32,7 @@ TEST(Golden, EveryTorchCasePasses) {
 }
 
 TEST(Golden, NonPointwiseReferencesPassWithAndWithoutThreads) {
-  // LARS and LAMB against scripts/gen_golden_nonpointwise.py's torch
+  // LARS, LAMB and Adafactor against scripts/gen_golden_nonpointwise.py's torch
   // references; on threads, the same bits as on one (the statistics are
   // summed per tensor, not per chunk).
   ThreadPool pool(3);
@@ -50,6 +50,7 @@ TEST(Golden, NonPointwiseReferencesPassWithAndWithoutThreads) {
   }
   EXPECT_GE(cases["lars"], 10);
   EXPECT_GE(cases["lamb"], 10);
+  EXPECT_GE(cases["adafactor"], 10);
 }
 
 TEST(SchedulerSpec, ChildrenInsideTheOptionsAsInTorchsConstructor) {

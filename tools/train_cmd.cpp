@@ -188,8 +188,9 @@ class MetricsFile final : public train::Observer {
       char norm[32] = "", scale[32] = "";
       if (has_norm) std::snprintf(norm, sizeof norm, "%s", std::isfinite(m.grad_norm) ? jnum(m.grad_norm).c_str() : "");
       if (has_scale) std::snprintf(scale, sizeof scale, "%.9g", m.loss_scale);
-      std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%s,%.9g,%.6g,,,,%s,%s,%s,,,\n", m.epoch, m.step, m.wall_s,
-                    cnum(m.loss).c_str(), m.lr, m.samples_per_s, norm, scale, has_scale ? (m.skipped ? "1" : "0") : "");
+      std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%s,%s,%.6g,,,,%s,%s,%s,,,\n", m.epoch, m.step, m.wall_s,
+                    cnum(m.loss).c_str(), cnum(m.lr).c_str(), m.samples_per_s, norm, scale,
+                    has_scale ? (m.skipped ? "1" : "0") : "");
     } else {
       std::string extra;
       if (has_norm) extra += str(", \"grad_norm\": ", jnum(m.grad_norm));
@@ -197,8 +198,8 @@ class MetricsFile final : public train::Observer {
         extra += str(", \"loss_scale\": ", jnum(m.loss_scale), ", \"skipped\": ", m.skipped ? "true" : "false");
       std::snprintf(b, sizeof b,
                     "{\"kind\": \"step\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"loss\": %s, \"lr\": "
-                    "%.9g, \"samples_per_s\": %.6g%s}\n",
-                    m.epoch, m.step, m.wall_s, jnum(m.loss).c_str(), m.lr, m.samples_per_s, extra.c_str());
+                    "%s, \"samples_per_s\": %.6g%s}\n",
+                    m.epoch, m.step, m.wall_s, jnum(m.loss).c_str(), jnum(m.lr).c_str(), m.samples_per_s, extra.c_str());
     }
     out_ << b;
     // At least once a second, so that a killed run leaves recent lines.

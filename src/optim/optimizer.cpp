@@ -19,6 +19,7 @@ struct Optimizer::ParamState {
   float scalars[kMaxStateScalars] = {};
   Buffer master;  // fp32 copy of a bf16/f16 parameter
   Buffer work;    // fp32 scratch of tensor_stats rules (RuleInfo::workspace)
+  Buffer aux;     // small per-tensor state (RuleInfo::aux_size), whole
 };
 
 namespace {
@@ -160,10 +161,20 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
       tensors.push_back(std::move(st.tensors[it - st.tensor_names.begin()]));
       continue;
     }
-    Buffer b(n * sizeof(float), kFirstStateSlot + static_cast<int>(k));
-    if (fill[k] != 0.0f) std::fill_n(b.as<float>(), n, fill[k]);
+    const bool needed = rule_->tensor_needed == nullptr ||
+                        rule_->tensor_needed(groups_[g].options, k, tensor_shape_of(i));
+    Buffer b(needed ? n * sizeof(float) : 0, kFirstStateSlot + static_cast<int>(k));
+    if (needed && fill[k] != 0.0f) std::fill_n(b.as<float>(), n, fill[k]);
     tensors.push_back(std::move(b));
     created = true;
+  }
+  if (rule_->aux_size != nullptr) {
+    const std::size_t a = rule_->aux_size(groups_[g].options, tensor_shape_of(i));
+    if (st.aux.size_bytes() != a * sizeof(float)) {
+      st.aux = Buffer(a * sizeof(float), kFirstStateSlot + kMaxStateTensors + 1);
+      std::fill_n(st.aux.as<float>(), a, 0.0f);
+      created = true;
+    }
   }
   float kept[kMaxStateScalars];
   for (std::size_t k = 0; k < gl.layout.scalars.size(); ++k) {
@@ -212,8 +223,16 @@ Slice Optimizer::slice_of(std::size_t i, std::size_t begin, std::size_t end) con
   for (std::size_t k = 0; k < st.tensors.size(); ++k)
     s.state[k] = const_cast<float*>(st.tensors[k].as<float>()) + begin;
   s.work = st.work.empty() ? nullptr : const_cast<float*>(st.work.as<float>()) + begin;
+  s.aux = st.aux.empty() ? nullptr : const_cast<float*>(st.aux.as<float>());
+  s.shape = &tensor_shape_of(i);
+  s.offset = p.tensor_offset + begin;
   s.n = end - begin;
   return s;
+}
+
+const Shape& Optimizer::tensor_shape_of(std::size_t i) const {
+  const Param& p = params_[i];
+  return p.tensor_shape ? *p.tensor_shape : p.value.shape;
 }
 
 void Optimizer::run_stat_passes(bool threaded) {
@@ -236,18 +255,23 @@ void Optimizer::run_stat_passes(bool threaded) {
       });
     // Each tensor's partial statistics over its stat range, in one piece
     // (so the order of the sums does not depend on the threads).
-    const auto c = static_cast<std::size_t>(rule_->num_stats(pass));
-    stats_.assign(active_.size() * c, 0.0);
+    stat_offsets_.resize(active_.size() + 1);
+    stat_offsets_[0] = 0;
+    for (std::size_t j = 0; j < active_.size(); ++j)
+      stat_offsets_[j + 1] = stat_offsets_[j] + rule_->num_stats(pass, tensor_shape_of(active_[j]));
+    stats_.assign(stat_offsets_.back(), 0.0);
     for_each(active_.size(), [&](std::size_t j) {
       const std::size_t i = active_[j];
       const Param& p = params_[i];
       const auto n = static_cast<std::size_t>(p.value.numel());
       const std::size_t begin = std::min(p.stat_begin, n);
       const std::size_t end = p.stat_count == Param::kAll ? n : std::min(n, begin + p.stat_count);
-      rule_->partial(coeffs_[i], pass, slice_of(i, begin, end), stats_.data() + j * c);
+      rule_->partial(coeffs_[i], pass, slice_of(i, begin, end), stats_.data() + stat_offsets_[j]);
     });
     if (rule_->global_pass(pass)) {
       // One total over every tensor, summed in parameter order.
+      const std::size_t c = active_.empty() ? 0 : stat_offsets_[1];
+      DISTOPT_CHECK(c <= static_cast<std::size_t>(kMaxStats), c, " global statistics");
       double total[kMaxStats] = {};
       for (std::size_t j = 0; j < active_.size(); ++j)
         for (std::size_t s = 0; s < c; ++s) total[s] += stats_[j * c + s];
@@ -256,7 +280,12 @@ void Optimizer::run_stat_passes(bool threaded) {
     } else if (stats_reduce_) {
       stats_reduce_(stats_);
     }
-    for (std::size_t j = 0; j < active_.size(); ++j) rule_->finish_pass(pass, stats_.data() + j * c, coeffs_[active_[j]]);
+    for (std::size_t j = 0; j < active_.size(); ++j) {
+      const std::size_t i = active_[j];
+      ParamState& st = *state_[i];
+      rule_->finish_pass(pass, tensor_shape_of(i), stats_.data() + stat_offsets_[j], coeffs_[i],
+                         st.aux.empty() ? nullptr : st.aux.as<float>());
+    }
   }
 }
 
@@ -310,7 +339,11 @@ std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view k
   const auto n = static_cast<std::size_t>(params_[i].value.numel());
   if (key == "master_param" && !st.master.empty()) return {st.master.as<float>(), n};
   for (std::size_t k = 0; k < st.tensor_names.size(); ++k)
-    if (st.tensor_names[k] == key) return {st.tensors[k].as<float>(), n};
+    if (st.tensor_names[k] == key && (!st.tensors[k].empty() || n == 0)) return {st.tensors[k].as<float>(), n};
+  if (rule_->aux_parts != nullptr && st.initialized)
+    for (const AuxPart& part : rule_->aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
+      if (part.name == key)
+        return {st.aux.as<float>() + part.offset, static_cast<std::size_t>(numel(part.shape))};
   throw InvalidInput(str("parameter ", i, " has no state tensor '", key, "'"));
 }
 
@@ -332,9 +365,15 @@ StateDict Optimizer::state_dict() const {
     const Shape& shape = params_[i].value.shape;
     for (std::size_t k = 0; k < st.scalar_names.size(); ++k) entry[std::string(st.scalar_names[k])] = double{st.scalars[k]};
     for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
+      if (st.tensors[k].empty() && params_[i].value.numel() > 0) continue;  // not kept for this shape
       auto span = state_tensor(i, st.tensor_names[k]);
       entry[std::string(st.tensor_names[k])] = StateTensor{shape, {span.begin(), span.end()}};
     }
+    if (rule_->aux_parts != nullptr)
+      for (const AuxPart& part : rule_->aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i))) {
+        const float* a = st.aux.as<float>() + part.offset;
+        entry[std::string(part.name)] = StateTensor{part.shape, {a, a + numel(part.shape)}};
+      }
     if (!st.master.empty()) {
       auto span = state_tensor(i, "master_param");
       entry["master_param"] = StateTensor{shape, {span.begin(), span.end()}};
@@ -374,19 +413,25 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     const std::size_t i = it->second;
     const StateLayout& l = layouts[group_of_[i]];
     const auto n = static_cast<std::size_t>(params_[i].value.numel());
-    auto need = [&](std::string_view key, bool tensor) {
+    auto need = [&](std::string_view key, bool tensor, std::size_t size) {
       auto e = entry.find(std::string(key));
       if (e == entry.end()) throw InvalidInput(str("loaded state of parameter ", id, " lacks '", key, "'"));
       if (tensor != std::holds_alternative<StateTensor>(e->second))
         throw InvalidInput(str("loaded state '", key, "' of parameter ", id, " must be a ",
                                tensor ? "tensor" : "number"));
-      if (tensor && std::get<StateTensor>(e->second).data.size() != n)
+      if (tensor && std::get<StateTensor>(e->second).data.size() != size)
         throw InvalidInput(str("loaded state '", key, "' of parameter ", id, " has ",
-                               std::get<StateTensor>(e->second).data.size(), " elements, the parameter has ", n));
+                               std::get<StateTensor>(e->second).data.size(), " elements, it needs ", size));
     };
-    for (auto key : l.tensors) need(key, true);
-    for (auto key : l.scalars) need(key, false);
-    if (params_[i].value.dtype != DType::f32) need("master_param", true);
+    const OptionMap& group_options = options[group_of_[i]];
+    for (std::size_t k = 0; k < l.tensors.size(); ++k)
+      if (rule_->tensor_needed == nullptr || rule_->tensor_needed(group_options, k, tensor_shape_of(i)))
+        need(l.tensors[k], true, n);
+    for (auto key : l.scalars) need(key, false, 0);
+    if (rule_->aux_parts != nullptr)
+      for (const AuxPart& part : rule_->aux_parts(group_options, tensor_shape_of(i)))
+        need(part.name, true, static_cast<std::size_t>(numel(part.shape)));
+    if (params_[i].value.dtype != DType::f32) need("master_param", true, n);
   }
   // Apply.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -401,9 +446,15 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     ensure_state(i, g);
     ParamState& st = *state_[i];
     for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
+      if (st.tensors[k].empty()) continue;  // not kept for this shape
       const auto& t = std::get<StateTensor>(entry.at(std::string(st.tensor_names[k])));
       std::copy(t.data.begin(), t.data.end(), st.tensors[k].as<float>());
     }
+    if (rule_->aux_parts != nullptr)
+      for (const AuxPart& part : rule_->aux_parts(groups_[g].options, tensor_shape_of(i))) {
+        const auto& t = std::get<StateTensor>(entry.at(std::string(part.name)));
+        std::copy(t.data.begin(), t.data.end(), st.aux.as<float>() + part.offset);
+      }
     for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
       st.scalars[k] = static_cast<float>(std::get<double>(entry.at(std::string(st.scalar_names[k]))));
     if (!st.master.empty()) {
@@ -428,7 +479,7 @@ std::size_t Optimizer::state_bytes() const {
   std::size_t bytes = 0;
   for (const auto& st : state_) {
     for (const Buffer& b : st->tensors) bytes += b.size_bytes();
-    bytes += st->master.size_bytes() + st->work.size_bytes();
+    bytes += st->master.size_bytes() + st->work.size_bytes() + st->aux.size_bytes();
   }
   return bytes;
 }

@@ -26,6 +26,7 @@ DISTOPT_INTERNAL const RuleInfo& asgd_rule();
 DISTOPT_INTERNAL const RuleInfo& lion_rule();
 DISTOPT_INTERNAL const RuleInfo& lars_rule();
 DISTOPT_INTERNAL const RuleInfo& lamb_rule();
+DISTOPT_INTERNAL const RuleInfo& adafactor_rule();
 #undef DISTOPT_INTERNAL
 
 // Option readers; resolve_options has already checked names and kinds.
@@ -117,27 +118,35 @@ RuleInfo make_rule_info() {
     });
   };
   if constexpr (requires { R::kStatPasses; }) {
-    // tensor_stats: R::num_stats(pass), R::global_pass(pass),
-    // R::transform<T>(c, pass, typed, work), R::partial<T>(c, pass, typed,
-    // work, out), R::finish_pass(pass, stats, c), and apply_update<T>(c,
-    // typed, work) in place of kernel; kGroupStep, kOptimizerLevel.
+    // tensor_stats: R::num_stats(pass, shape), R::global_pass(pass),
+    // R::transform<T>(c, pass, typed, slice), R::partial<T>(c, pass, typed,
+    // slice, out), R::finish_pass(pass, shape, stats, c, aux), and
+    // apply_update<T>(c, typed, work) in place of kernel; kGroupStep,
+    // kOptimizerLevel; with kAux, aux_size, aux_parts and tensor_needed.
     info.group_step = R::kGroupStep;
     info.optimizer_level = std::span<const std::string_view>(R::kOptimizerLevel);
     info.stat_passes = R::kStatPasses;
     info.workspace = R::kWorkspace;
-    info.num_stats = [](int pass) { return R::num_stats(pass); };
+    info.num_stats = [](int pass, const Shape& shape) { return R::num_stats(pass, shape); };
     info.global_pass = [](int pass) { return R::global_pass(pass); };
     info.transform = [](const RuleBlob& coeffs, int pass, const Slice& s) {
       const auto& c = coeffs.as<typename R::Coeffs>();
-      dispatch_dtype(s.dtype, [&]<class T>() { R::template transform<T>(c, pass, typed<T>(s), s.work); });
+      dispatch_dtype(s.dtype, [&]<class T>() { R::template transform<T>(c, pass, typed<T>(s), s); });
     };
     info.partial = [](const RuleBlob& coeffs, int pass, const Slice& s, double* out) {
       const auto& c = coeffs.as<typename R::Coeffs>();
-      dispatch_dtype(s.dtype, [&]<class T>() { R::template partial<T>(c, pass, typed<T>(s), s.work, out); });
+      dispatch_dtype(s.dtype, [&]<class T>() { R::template partial<T>(c, pass, typed<T>(s), s, out); });
     };
-    info.finish_pass = [](int pass, const double* stats, RuleBlob& coeffs) {
-      R::finish_pass(pass, stats, coeffs.as<typename R::Coeffs>());
+    info.finish_pass = [](int pass, const Shape& shape, const double* stats, RuleBlob& coeffs, float* aux) {
+      R::finish_pass(pass, shape, stats, coeffs.as<typename R::Coeffs>(), aux);
     };
+    if constexpr (requires { R::kAux; }) {
+      info.aux_size = [](const OptionMap& m, const Shape& shape) { return R::aux_size(R::parse(m), shape); };
+      info.aux_parts = [](const OptionMap& m, const Shape& shape) { return R::aux_parts(R::parse(m), shape); };
+      info.tensor_needed = [](const OptionMap& m, std::size_t k, const Shape& shape) {
+        return R::tensor_needed(R::parse(m), k, shape);
+      };
+    }
   }
   static_assert(std::is_trivially_copyable_v<typename R::Options>);
   static_assert(std::is_trivially_copyable_v<typename R::Coeffs>);

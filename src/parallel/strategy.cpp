@@ -220,6 +220,8 @@ class Engine final : public Strategy, public models::UnitAccess {
       const std::size_t p_at = stage_ == Stage::zero3 ? piece.shard_offset : piece.padded_offset;
       const std::size_t g_at = stage_ == Stage::zero1 ? piece.padded_offset : piece.shard_offset;
       views.push_back({s.name, {params_.bytes() + p_at * es_, dtype_, shape}, {grads_.bytes() + g_at * es_, dtype_, shape}, true});
+      views.back().tensor_shape = s.shape;  // rows and columns for the rules that need them
+      views.back().tensor_offset = piece.param_begin;
       owned_.push_back(views.back().grad);
     }
     optimizer_ = std::make_unique<Optimizer>(spec.name, std::move(views), spec.options);

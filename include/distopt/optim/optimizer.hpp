@@ -45,6 +45,11 @@ struct Param {
   // piece of a replicated tensor), the rest being other ranks'. Default:
   // all of them.
   std::size_t stat_begin = 0, stat_count = kAll;
+  // When this view is a piece of a larger tensor (a shard's): the whole
+  // tensor's shape and the index in it of the view's first element.
+  // tensor_stats rules that look at rows and columns (Adafactor) need them.
+  std::optional<Shape> tensor_shape = std::nullopt;
+  std::size_t tensor_offset = 0;
 };
 
 // Sums per-tensor statistics over the ranks in place (in rank order, so
@@ -163,6 +168,7 @@ class Optimizer {
   Slice slice_of(std::size_t i, std::size_t begin, std::size_t end) const;
   // The tensor_stats passes of a step over active_ (work_ holds their chunks).
   void run_stat_passes(bool threaded);
+  const Shape& tensor_shape_of(std::size_t i) const;
 
   const RuleInfo* rule_;
   OptionMap defaults_;
@@ -180,6 +186,7 @@ class Optimizer {
   std::vector<std::size_t> active_;  // parameters stepped this step
   std::vector<std::uint64_t> group_steps_;  // step() calls per group (RuleInfo::group_step)
   std::vector<double> stats_;
+  std::vector<std::size_t> stat_offsets_;
   StatsReduce stats_reduce_;
 };
 

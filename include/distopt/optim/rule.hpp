@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "distopt/core/dtype.hpp"
+#include "distopt/core/tensor.hpp"
 #include "distopt/optim/options.hpp"
 
 namespace distopt {
@@ -74,7 +75,17 @@ struct Slice {
   float* master = nullptr;        // fp32 master weights (bf16/f16 params), else null
   float* state[kMaxStateTensors] = {};  // in StateLayout::tensors order
   float* work = nullptr;          // fp32 scratch kept between passes of one step (RuleInfo::workspace)
+  float* aux = nullptr;           // the tensor's small state, whole (RuleInfo::aux_size)
+  const Shape* shape = nullptr;   // the whole tensor's shape (a shard may hold a piece of it)
+  std::size_t offset = 0;         // index in the whole tensor of this slice's first element
   std::size_t n = 0;
+};
+
+// A named part of a tensor's small state, as state_dict shows it.
+struct AuxPart {
+  std::string_view name;
+  std::size_t offset = 0;  // in the aux buffer
+  Shape shape;
 };
 
 // The most statistics a rule gathers per tensor in one pass.
@@ -101,8 +112,9 @@ struct RuleInfo {
 
   // ---- tensor_stats rules only (stat_passes == 0 otherwise) ----
   int stat_passes = 0;
-  // Statistics per tensor gathered in pass k (at most kMaxStats).
-  int (*num_stats)(int pass) = nullptr;
+  // Statistics per tensor gathered in pass k, for a tensor of that shape
+  // (at most kMaxStats for a global pass).
+  std::size_t (*num_stats)(int pass, const Shape& tensor) = nullptr;
   // Whether pass k's statistics are global: summed over every tensor of
   // every group (LAMB's gradient norm) before finish_pass sees them.
   bool (*global_pass)(int pass) = nullptr;
@@ -110,8 +122,17 @@ struct RuleInfo {
   void (*transform)(const RuleBlob& coeffs, int pass, const Slice& slice) = nullptr;
   // Adds pass k's partial statistics of `slice` to out[0 .. num_stats(k)).
   void (*partial)(const RuleBlob& coeffs, int pass, const Slice& slice, double* out) = nullptr;
-  // Folds pass k's reduced statistics of the tensor into its coefficients.
-  void (*finish_pass)(int pass, const double* stats, RuleBlob& coeffs) = nullptr;
+  // Folds pass k's reduced statistics of the tensor into its coefficients
+  // and its small state.
+  void (*finish_pass)(int pass, const Shape& tensor, const double* stats, RuleBlob& coeffs, float* aux) = nullptr;
+  // Small per-tensor state, whole on every rank that holds a piece of the
+  // tensor (Adafactor's row and column averages): its size in floats (0:
+  // none) and its named parts, zero at the start.
+  std::size_t (*aux_size)(const OptionMap& options, const Shape& tensor) = nullptr;
+  std::vector<AuxPart> (*aux_parts)(const OptionMap& options, const Shape& tensor) = nullptr;
+  // Whether state tensor k (StateLayout::tensors order) exists for a tensor
+  // of this shape (Adafactor keeps exp_avg_sq only for 1-D ones); null: all.
+  bool (*tensor_needed)(const OptionMap& options, std::size_t k, const Shape& tensor) = nullptr;
   // Whether slices carry an fp32 scratch buffer (Slice::work).
   bool workspace = false;
   // Whether the scalar state "step" (the first scalar) counts the group's

@@ -97,13 +97,14 @@ struct LambRule {
   static constexpr bool kWorkspace = true;
   static constexpr bool kGroupStep = true;
   static constexpr std::string_view kOptimizerLevel[] = {"max_grad_norm", "adam_w_mode", "use_nvlamb"};
-  static int num_stats(int pass) { return pass == 0 ? 1 : 2; }
+  static std::size_t num_stats(int pass, const Shape&) { return pass == 0 ? 1 : 2; }
   static bool global_pass(int pass) { return pass == 0; }
 
   // Pass 1: stage 1 of apex, the update direction u into the scratch.
   template <class T>
-  static void transform(const Coeffs& c, int pass, const Typed<T>& s, float* work) {
+  static void transform(const Coeffs& c, int pass, const Typed<T>& s, const Slice& slice) {
     if (pass != 1) return;
+    float* work = slice.work;
     const float* __restrict p = s.p;
     const T* __restrict g = s.g;
     float* __restrict m = s.s[0];
@@ -126,7 +127,8 @@ struct LambRule {
     }
   }
   template <class T>
-  static void partial(const Coeffs&, int pass, const Typed<T>& s, const float* work, double* out) {
+  static void partial(const Coeffs&, int pass, const Typed<T>& s, const Slice& slice, double* out) {
+    const float* work = slice.work;
     if (pass == 0) {
       out[0] += lane_sum(s.n, [&](std::size_t i) {
         const double g = to_float(s.g[i]);
@@ -137,7 +139,7 @@ struct LambRule {
     out[0] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(s.p[i]) * s.p[i]; });
     out[1] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(work[i]) * work[i]; });
   }
-  static void finish_pass(int pass, const double* stats, Coeffs& c) {
+  static void finish_pass(int pass, const Shape&, const double* stats, Coeffs& c, float*) {
     if (pass == 0) {
       const auto norm = static_cast<float>(std::sqrt(stats[0]));
       c.clip = norm > c.max_grad_norm ? norm / c.max_grad_norm : 1.0f;

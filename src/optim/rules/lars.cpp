@@ -77,12 +77,12 @@ struct LarsRule {
   static constexpr bool kWorkspace = false;
   static constexpr bool kGroupStep = false;
   static constexpr std::span<const std::string_view> kOptimizerLevel{};
-  static int num_stats(int) { return 2; }
+  static std::size_t num_stats(int, const Shape&) { return 2; }
   static bool global_pass(int) { return false; }
   template <class T>
-  static void transform(const Coeffs&, int, const Typed<T>&, float*) {}
+  static void transform(const Coeffs&, int, const Typed<T>&, const Slice&) {}
   template <class T>
-  static void partial(const Coeffs& c, int, const Typed<T>& s, float*, double* out) {
+  static void partial(const Coeffs& c, int, const Typed<T>& s, const Slice&, double* out) {
     if (!c.adapt) return;
     out[0] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(s.p[i]) * s.p[i]; });
     out[1] += lane_sum(s.n, [&](std::size_t i) {
@@ -90,7 +90,7 @@ struct LarsRule {
       return g * g;
     });
   }
-  static void finish_pass(int, const double* stats, Coeffs& c) {
+  static void finish_pass(int, const Shape&, const double* stats, Coeffs& c, float*) {
     if (!c.adapt) return;
     // torch: float32 norms and float32 arithmetic on 0-dim tensors.
     const auto w = static_cast<float>(std::sqrt(stats[0]));
