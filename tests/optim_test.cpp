@@ -317,7 +317,8 @@ TEST(Optimizer, AdafactorsFactoredStateRoundTripsWithTorchsShapes) {
     return Param{"w", {v.data(), DType::f32, shape}, {g.data(), DType::f32, shape}, true};
   };
   auto feed = [&](Optimizer& o, std::vector<float>& g, int k) {
-    g = random_vector(60, 300 + k);
+    const std::vector<float> v = random_vector(60, 300 + k);
+    std::copy(v.begin(), v.end(), g.begin());  // in place: the gradient view points into g
     o.param(0).has_grad = true;
     o.step();
   };

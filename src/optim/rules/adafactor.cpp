@@ -166,12 +166,19 @@ struct AdafactorRule {
     const Grid g = Grid::of(*slice.shape);
     double* rows = out + 1;
     double* cols = out + 1 + g.b * g.r;
-    for (std::size_t i = 0; i < s.n; ++i) {
-      const std::size_t e = offset + i;
-      const float gi = to_float(s.g[i]);
-      const float q = gi * gi + c.eps1;
-      rows[e / g.c] += q;
-      cols[(e / (g.r * g.c)) * g.c + e % g.c] += q;
+    // Row segment by row segment (the slice may start and end mid-row).
+    for (std::size_t i = 0, e = offset; i < s.n;) {
+      const std::size_t r = e / g.c, j0 = e % g.c, len = std::min(g.c - j0, s.n - i);
+      double& row = rows[r];
+      double* col = cols + (r / g.r) * g.c + j0;
+      for (std::size_t k = 0; k < len; ++k) {
+        const float gi = to_float(s.g[i + k]);
+        const float q = gi * gi + c.eps1;
+        row += q;
+        col[k] += q;
+      }
+      i += len;
+      e += len;
     }
   }
 
@@ -238,12 +245,16 @@ struct AdafactorRule {
     const float* row = aux;
     const float* col = aux + g.b * g.r;
     const float* row_mean = aux + g.b * g.r + g.b * g.c;
-    for (std::size_t i = 0; i < s.n; ++i) {
-      const std::size_t e = offset + i;
-      const std::size_t r = e / g.c, b = e / (g.r * g.c), cc = b * g.c + e % g.c;
-      const float r_factor = 1.0f / std::sqrt(row[r] / row_mean[b]);
-      const float c_factor = 1.0f / std::sqrt(col[cc]);
-      work[i] = (r_factor * c_factor) * to_float(s.g[i]);
+    for (std::size_t i = 0, e = offset; i < s.n;) {
+      const std::size_t r = e / g.c, j0 = e % g.c, len = std::min(g.c - j0, s.n - i);
+      const float r_factor = 1.0f / std::sqrt(row[r] / row_mean[r / g.r]);
+      const float* cols = col + (r / g.r) * g.c + j0;
+      for (std::size_t k = 0; k < len; ++k) {
+        const float c_factor = 1.0f / std::sqrt(cols[k]);
+        work[i + k] = (r_factor * c_factor) * to_float(s.g[i + k]);
+      }
+      i += len;
+      e += len;
     }
   }
   template <class T>
