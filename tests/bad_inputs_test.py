@@ -69,6 +69,8 @@ for args in [["--batch-size", "2", "--world", "4"], ["--swa-lr", "0.1"], ["--swa
              ["--drop-last", "--batch-size", "1000"], ["--test-size", "0", "--scheduler", "reducelronplateau"],
              ["--max-steps", "1", "--epochs", "3", "--swa-start", "2"], ["--strategy", "adpsgd", "--topology", "ring"],
              ["--strategy", "adpsgd", "--peers-per-iteration", "2"], ["--topology", "ring"],
+             ["--optimizer", "adafactor", "--lr", "0.01"], ["--optimizer", "adafactor", "--relative-step", "false"],
+             ["--optimizer", "lamb", "--max-grad-norm", "-1"], ["--optimizer", "lars", "--momentum", "-1"],
              ["--strategy", "sgp", "--synch-freq", "2"], ["--strategy", "sgp", "--topology", "hypercube"],
              ["--strategy", "dpsgd", "--world", "3"], ["--strategy", "sgp", "--param-dtype", "bf16"],
              ["--strategy", "slowmo", "--slowmo-momentum", "1"], ["--strategy", "slowmo", "--topology", "ring"],

@@ -543,6 +543,24 @@ TEST(BadInput, LambsOptimizerLevelOptionsAreNotGroupOptions) {
             std::string::npos);
   EXPECT_NE(error_of([&] { Optimizer("lars", std::vector<Param>{a.param()}, OptionMap{{"momentum", -0.5}}); }).find("Invalid momentum value"),
             std::string::npos);
+  // Adafactor: transformers' own errors, and what transformers would only
+  // fail on later.
+  auto adafactor_error = [&](OptionMap o) {
+    return error_of([&] { Optimizer("adafactor", std::vector<Param>{a.param()}, std::move(o)); });
+  };
+  EXPECT_NE(adafactor_error({{"lr", 0.01}}).find("Cannot combine manual `lr` and `relative_step=True` options"),
+            std::string::npos);
+  EXPECT_NE(adafactor_error({{"relative_step", false}, {"warmup_init", true}, {"lr", 0.01}})
+                .find("`warmup_init=True` requires `relative_step=True`"),
+            std::string::npos);
+  EXPECT_NE(adafactor_error({{"relative_step", false}}).find("needs an lr when relative_step is false"),
+            std::string::npos);
+  EXPECT_NE(adafactor_error({{"clip_threshold", 0.0}}).find("Invalid clip_threshold"), std::string::npos);
+  EXPECT_NE(adafactor_error({{"beta1", 1.0}}).find("Invalid beta1"), std::string::npos);
+  // A rejected option leaves the group as it was.
+  Optimizer ok("adafactor", std::vector<Param>{b.param()});
+  EXPECT_NE(error_of([&] { ok.set_option(0, "lr", 0.1); }).find("Cannot combine"), std::string::npos);
+  EXPECT_TRUE(std::isnan(ok.lr(0)));
 }
 
 }  // namespace
