@@ -150,6 +150,22 @@ TEST(Rules, DefaultsAreTorchs) {
     EXPECT_EQ(option_spec(rule_or_throw(rule), option).default_value, value) << rule << "." << option;
 }
 
+TEST(Options, TriplesAndWordsAreValuesLikeTheOthers) {
+  // Muon's ns_coefficients and adjust_lr_fn are of these kinds.
+  constexpr OptionValue coefficients(3.4445, -4.775, 2.0315), fn("match_rms_adamw");
+  static_assert(coefficients.kind() == OptionValue::Kind::triple);
+  EXPECT_EQ(coefficients.triple()[1], -4.775);
+  EXPECT_EQ(coefficients.to_string(), "(3.4445000000000001, -4.7750000000000004, 2.0314999999999999)");
+  EXPECT_EQ(fn.kind(), OptionValue::Kind::word);
+  EXPECT_EQ(fn.word(), "match_rms_adamw");
+  EXPECT_EQ(fn, OptionValue(std::string("match_rms_adamw")));
+  EXPECT_NE(fn, OptionValue("original"));
+  EXPECT_EQ(OptionValue("x").kind(), OptionValue::Kind::word);  // not a flag from the pointer
+  EXPECT_FALSE(OptionValue::word_fits(std::string(40, 'a')));
+  EXPECT_THROW((void)fn.number(), PreconditionError);
+  EXPECT_EQ(name_of(OptionValue::Kind::triple), "three numbers");
+}
+
 TEST(Registry, EveryRuleDeclaresItsLocalityAndIsFindable) {
   EXPECT_EQ(all_rules().size(), 15u);
   for (const RuleInfo* r : all_rules()) {

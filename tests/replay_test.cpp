@@ -82,6 +82,22 @@ TEST(SchedulerSpec, ChildrenInsideTheOptionsAsInTorchsConstructor) {
   }
 }
 
+TEST(BadInput, OptionsMayBeNullTriplesOrWords) {
+  // null is torch's None (the default); three numbers and words are read
+  // as such (the rule then checks their kinds and values).
+  const Case c = parse_case(R"({"format": "distopt-replay/1", "optimizer": {"name": "adafactor", "options":
+                                 {"lr": null, "beta1": null, "x": [1, 2, 3], "y": "original"}},
+                                 "params": [{"shape": [2], "data": [1, 2]}], "steps": []})",
+                            "t.json");
+  EXPECT_EQ(c.options.count("lr"), 0u);
+  EXPECT_EQ(c.options.at("x").triple()[2], 3.0);
+  EXPECT_EQ(c.options.at("y").word(), "original");
+  EXPECT_THROW(parse_case(R"({"format": "distopt-replay/1", "optimizer": {"name": "sgd", "options": {"lr": [1, 2, 3, 4]}},
+                              "params": [], "steps": []})",
+                          "t.json"),
+               InvalidInput);
+}
+
 TEST(Golden, ThreadedReplayIsBitwiseTheSame) {
   ThreadPool pool(2);
   const Case c = load_case(kGolden + "/adam_012_big.json");
@@ -156,8 +172,9 @@ TEST(BadInput, MalformedCasesGetOneLineErrors) {
   EXPECT_EQ(error_of(with("\"params\": [1]", "\"params\": []")), "case.json: param_groups: parameter 1 is in no group");
   EXPECT_EQ(error_of(with("[0.5, 0.5]", "[0.5, \"x\"]")), "case.json: steps[0].grads[0][1]: expected a number, got \"x\"");
   EXPECT_EQ(error_of(with("\"steps\"", "\"stepz\"")), "case.json: case: missing member 'steps'");
-  EXPECT_EQ(error_of(with("{\"lr\": 0.01}", "{\"lr\": \"fast\"}")),
-            "case.json: optimizer.options.lr: must be a number, a boolean or a pair of numbers, got \"fast\"");
+  EXPECT_EQ(error_of(with("{\"lr\": 0.01}", "{\"lr\": {\"fast\": 1}}")),
+            "case.json: optimizer.options.lr: must be a number, a boolean, two or three numbers or a word, got "
+            "{\"fast\":1}");
 }
 
 TEST(BadInput, UnknownOptimizerOrOptionFailsAtRun) {
@@ -175,6 +192,11 @@ TEST(BadInput, UnknownOptimizerOrOptionFailsAtRun) {
   s = kGood;
   s.replace(s.find("\"adam\""), 6, "\"adan\"");
   EXPECT_NE(run_text(s).find("unknown optimizer 'adan'"), std::string::npos);
+  // A word where the rule wants a number: the rule's spec decides, at run.
+  s = kGood;
+  s.replace(s.find("\"lr\": 0.01"), 10, "\"lr\": \"fast\"");
+  EXPECT_NE(run_text(s).find("lr"), std::string::npos);
+  EXPECT_NE(run_text(s).find("fast"), std::string::npos);
 }
 
 TEST(BadInput, MissingFileIsAnIoError) {

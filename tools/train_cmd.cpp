@@ -316,6 +316,19 @@ OptionMap parse_options(const RuleInfo& rule, const std::map<std::string, std::s
         out[name] = OptionValue(parse_number(flag, text.substr(0, comma)), parse_number(flag, text.substr(comma + 1)));
         break;
       }
+      case OptionValue::Kind::triple: {
+        const auto a = text.find(','), b = a == std::string::npos ? a : text.find(',', a + 1);
+        if (b == std::string::npos || text.find(',', b + 1) != std::string::npos)
+          throw InvalidInput(str("--", flag, ": '", text, "' is not three numbers like 3.4445,-4.775,2.0315"));
+        out[name] = OptionValue(parse_number(flag, text.substr(0, a)), parse_number(flag, text.substr(a + 1, b - a - 1)),
+                                parse_number(flag, text.substr(b + 1)));
+        break;
+      }
+      case OptionValue::Kind::word:
+        if (text.empty() || !OptionValue::word_fits(text))
+          throw InvalidInput(str("--", flag, ": '", text, "' is not one of the option's words"));
+        out[name] = OptionValue(std::string_view(text));
+        break;
     }
   }
   return out;

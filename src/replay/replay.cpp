@@ -107,11 +107,17 @@ class Reader {
     OptionMap out;
     for (const auto& [name, value] : v.items()) {
       const std::string at = str(where, ".", name);
+      if (value.is_null()) continue;  // torch's None: the default
       if (value.is_boolean()) out[name] = OptionValue(value.get<bool>());
       else if (value.is_number()) out[name] = OptionValue(value.get<double>());
       else if (value.is_array() && value.size() == 2)
         out[name] = OptionValue(number(value[0], at + "[0]"), number(value[1], at + "[1]"));
-      else fail(at, str("must be a number, a boolean or a pair of numbers, got ", value.dump()));
+      else if (value.is_array() && value.size() == 3)
+        out[name] = OptionValue(number(value[0], at + "[0]"), number(value[1], at + "[1]"),
+                                number(value[2], at + "[2]"));
+      else if (value.is_string() && OptionValue::word_fits(value.get_ref<const std::string&>()))
+        out[name] = OptionValue(std::string_view(value.get_ref<const std::string&>()));
+      else fail(at, str("must be a number, a boolean, two or three numbers or a word, got ", value.dump()));
     }
     return out;
   }
