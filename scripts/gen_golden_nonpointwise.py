@@ -230,7 +230,58 @@ class RefAdafactor(torch.optim.Optimizer):
                 p.add_(-u)
 
 
-REFERENCES = {"lars": RefLars, "lamb": RefLamb, "adafactor": RefAdafactor}
+class RefMuon(torch.optim.Optimizer):
+    """torch.optim.Muon (torch/optim/_muon.py, torch 2.9; torch 1.13 has none), with distopt's
+    ns_dtype: the Newton-Schulz iteration in float32 (distopt's default) or bfloat16 (torch's)."""
+
+    def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
+                 ns_coefficients=(3.4445, -4.7750, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn="original",
+                 ns_dtype="float32"):
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
+                        ns_dtype=ns_dtype)
+        super().__init__(params, defaults)
+
+    @staticmethod
+    def newton_schulz(u, coefficients, steps, eps, dtype):
+        a, b, c = coefficients
+        x = u.to(dtype)
+        if u.size(0) > u.size(1):
+            x = x.T
+        x = x / x.norm().clamp(min=eps)
+        for _ in range(int(steps)):
+            gram = x @ x.T
+            update = b * gram + c * gram @ gram
+            x = a * x + update @ x
+        if u.size(0) > u.size(1):
+            x = x.T
+        return x.float()
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
+            dtype = torch.bfloat16 if group["ns_dtype"] == "bfloat16" else torch.float32
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - mu)
+                u = p.grad.lerp(buf, mu) if group["nesterov"] else buf
+                o = self.newton_schulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"], dtype)
+                rows, cols = p.shape[:2]
+                if group["adjust_lr_fn"] == "match_rms_adamw":
+                    ratio = 0.2 * math.sqrt(max(rows, cols))
+                else:
+                    ratio = math.sqrt(max(1, rows / cols))
+                p.mul_(1 - lr * wd)
+                p.add_(o, alpha=-lr * ratio)
+
+
+REFERENCES = {"lars": RefLars, "lamb": RefLamb, "adafactor": RefAdafactor, "muon": RefMuon}
 
 # Per optimizer: (top-level options, layout) for each case. Layouts: "small"
 # (two tensors), "groups" (two groups, overrides), "nulls", "zeros" (zero
@@ -282,17 +333,36 @@ PLAN["adafactor"] = [
     ({"eps": [1e-30, 1e-1]}, "small"),
 ]
 
+PLAN["muon"] = [
+    ({}, "small"),
+    ({"lr": 0.02}, "shapes"),
+    ({"lr": 0.02, "nesterov": False, "momentum": 0.9}, "small"),
+    ({"lr": 0.01, "weight_decay": 0.0, "adjust_lr_fn": "match_rms_adamw"}, "groups"),
+    ({"lr": 0.02, "ns_steps": 3, "eps": 1e-5}, "nulls"),
+    ({"lr": 0.02, "momentum": 0.3}, "zeros"),
+    ({"lr": 0.02, "ns_coefficients": [2.0, -1.5, 0.5]}, "shapes"),
+    ({"lr": 0.05, "weight_decay": 0.05, "adjust_lr_fn": "match_rms_adamw"}, "groups"),
+    ({"lr": 0.01}, "long"),
+    ({"lr": 0.02, "ns_steps": 0, "nesterov": False}, "zeros"),
+    ({"lr": 0.02, "momentum": 0.0}, "nulls"),
+    ({"lr": 0.03, "ns_steps": 8}, "small"),
+]
+
 GROUP_OVERRIDES = {
     "lars": [{"lr": 0.05, "weight_decay": 0.0}, {"momentum": 0.0, "trust_coeff": 0.005}],
     "lamb": [{"lr": 0.002, "weight_decay": 0.0}, {"betas": [0.95, 0.98], "eps": 1e-5}],
     "adafactor": [{"clip_threshold": 0.3, "weight_decay": 0.01}, {"decay_rate": -0.6, "beta1": 0.7}],
+    "muon": [{"lr": 0.005, "weight_decay": 0.0}, {"momentum": 0.8, "ns_steps": 4}],
 }
 
 
 def layout_of(opt, kind, rng):
     """(shapes, groups, nulls[step][param], zero grads[step][param], zero params)."""
     steps = 25 if kind == "long" else 5
-    if kind == "shapes":
+    if opt == "muon":  # 2-D parameters only
+        shapes = {"shapes": [(20, 30), (30, 20), (10, 3)], "groups": [(4, 5), (5, 3), (3, 3), (7, 2)]}.get(
+            kind, [(3, 4), (6, 2), (5, 5)])
+    elif kind == "shapes":
         shapes = [(2, 3, 4), (1000,), (10, 3)]
     elif kind == "groups":
         shapes = [(4, 5), (5,), (3, 3), (7,)]
@@ -347,7 +417,7 @@ def make_case(opt, idx, top, kind):
 
 
 def options_for_torch(options):
-    return {k: (tuple(v) if k == "betas" else v) for k, v in options.items()}
+    return {k: (tuple(v) if k in ("betas", "ns_coefficients") else v) for k, v in options.items()}
 
 
 def run_reference(case):
@@ -374,6 +444,7 @@ def main(argv=None):
     default_out = os.path.normpath(os.path.join(here, "..", "tests", "golden", "nonpointwise"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=default_out, help="output directory (default: tests/golden/nonpointwise)")
+    ap.add_argument("--bf16-out", help="also write Muon cases with ns_dtype bfloat16 here (not checked in)")
     args = ap.parse_args(argv)
     torch.set_default_dtype(torch.float32)
     torch.set_num_threads(1)
@@ -386,6 +457,15 @@ def main(argv=None):
             with open(os.path.join(args.out, name + ".json"), "w", encoding="ascii", newline="\n") as f:
                 f.write(base.serialize(case))
         print("%-6s %d cases" % (opt, len(plan)))
+    # Muon with ns_dtype "bfloat16" is not written: distopt's emulation of
+    # torch's bfloat16 Newton-Schulz is not yet closer to torch than float32
+    # (docs/optimizers.md). --bf16-out DIR writes such cases for study.
+    if args.bf16_out:
+        os.makedirs(args.bf16_out, exist_ok=True)
+        for idx, (top, kind) in enumerate(PLAN["muon"][:6]):
+            name, case = make_case("muon", idx, dict(top, ns_dtype="bfloat16"), kind)
+            with open(os.path.join(args.bf16_out, name + "_bf16.json"), "w", encoding="ascii", newline="\n") as f:
+                f.write(base.serialize(case))
     return 0
 
 

@@ -167,14 +167,16 @@ TEST(Options, TriplesAndWordsAreValuesLikeTheOthers) {
 }
 
 TEST(Registry, EveryRuleDeclaresItsLocalityAndIsFindable) {
-  EXPECT_EQ(all_rules().size(), 15u);
+  EXPECT_EQ(all_rules().size(), 16u);
   for (const RuleInfo* r : all_rules()) {
     const bool stats = r->name == "lars" || r->name == "lamb" || r->name == "adafactor";
-    EXPECT_EQ(r->locality, stats ? Locality::tensor_stats : Locality::pointwise) << r->name;
-    EXPECT_EQ(r->stat_passes > 0, stats) << r->name;
+    const bool whole = r->name == "muon";
+    EXPECT_EQ(r->locality, stats ? Locality::tensor_stats : whole ? Locality::whole_tensor : Locality::pointwise)
+        << r->name;
+    EXPECT_EQ(r->stat_passes > 0, stats || whole) << r->name;
     EXPECT_EQ(find_rule(r->name), r);
   }
-  EXPECT_EQ(find_rule("muon"), nullptr);
+  EXPECT_EQ(find_rule("shampoo"), nullptr);
 }
 
 
@@ -206,6 +208,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(Rules, SlicingThreadingAndAlignmentDoNotChangeBits) {
   for (const RuleInfo* rule : all_rules()) {
+    if (rule->check_param != nullptr) continue;  // Muon: 2-D only, MuonRule.* below
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}, (std::size_t{1} << 20) + 3}) {
       SCOPED_TRACE(std::string(rule->name) + " n=" + std::to_string(n));
       const auto whole = run_rule(*rule, n, 0, 1, 1u << 30);
@@ -220,6 +223,7 @@ template <class T>
 void check_low_precision_master_weights(DType dtype) {
   const std::size_t n = 1000;
   for (const RuleInfo* rule : all_rules()) {
+    if (rule->check_param != nullptr) continue;  // Muon: 2-D only, MuonRule.* below
     SCOPED_TRACE(std::string(rule->name) + " " + std::string(name_of(dtype)));
     // Low-precision parameter and gradient...
     std::vector<T> value(n), grad(n);
@@ -260,6 +264,7 @@ TEST(Rules, F16ParamsKeepFp32MasterWeights) { check_low_precision_master_weights
 TEST(Optimizer, StateDictRoundTripIsBitwise) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (const RuleInfo* rule : all_rules()) {
+      if (rule->check_param != nullptr) continue;  // Muon: 2-D only, MuonRule.* below
       SCOPED_TRACE(std::string(rule->name) + " " + std::string(name_of(dtype)));
       const std::size_t n = 257;
       // Two runs over identical storage: one straight through, one stopped,
@@ -364,6 +369,52 @@ TEST(Optimizer, AdafactorsFactoredStateRoundTripsWithTorchsShapes) {
   EXPECT_THROW(resumed.load_state_dict(bad), InvalidInput);
 }
 
+TEST(MuonRule, ThreadsStateDictAndMasterWeightsOnMatrices) {
+  // What the all-rules tests above check on 1-D tensors, on 2-D ones.
+  const Shape shape{24, 40};
+  auto run = [&](ThreadPool* pool, DType dtype, bool resume) {
+    std::vector<float> w = random_vector(960, 4), g(960);
+    std::vector<std::uint16_t> lw(960), lg(960);
+    Param p{"w", {w.data(), DType::f32, shape}, {g.data(), DType::f32, shape}, true};
+    if (dtype == DType::bf16) {
+      for (std::size_t i = 0; i < 960; ++i) lw[i] = float_to_bf16_bits(w[i]);
+      p.value = {lw.data(), dtype, shape};
+      p.grad = {lg.data(), dtype, shape};
+    }
+    OptimizerConfig cfg;
+    cfg.pool = pool;
+    cfg.chunk_elements = 64;
+    auto opt = std::make_unique<Optimizer>("muon", std::vector<Param>{p}, OptionMap{{"lr", 0.02}}, cfg);
+    for (int k = 0; k < 6; ++k) {
+      const auto v = random_vector(960, 50 + k);
+      for (std::size_t i = 0; i < 960; ++i) {
+        g[i] = v[i];
+        lg[i] = float_to_bf16_bits(v[i]);
+      }
+      if (resume && k == 3) {
+        const StateDict d = opt->state_dict();
+        opt = std::make_unique<Optimizer>("muon", std::vector<Param>{p}, OptionMap{{"lr", 0.5}}, cfg);
+        opt->load_state_dict(d);
+      }
+      opt->param(0).has_grad = true;
+      opt->step();
+    }
+    std::vector<float> out(960);
+    for (std::size_t i = 0; i < 960; ++i) out[i] = dtype == DType::f32 ? w[i] : bf16_bits_to_float(lw[i]);
+    return out;
+  };
+  ThreadPool pool(3);
+  const std::vector<float> plain = run(nullptr, DType::f32, false);
+  EXPECT_TRUE(bitwise_equal(run(&pool, DType::f32, false), plain));
+  EXPECT_TRUE(bitwise_equal(run(nullptr, DType::f32, true), plain));
+  // bf16 parameters step fp32 master weights: close to the fp32 run.
+  const std::vector<float> low = run(nullptr, DType::bf16, false);
+  double worst = 0;
+  for (std::size_t i = 0; i < 960; ++i) worst = std::max(worst, std::abs(double(low[i]) - plain[i]));
+  EXPECT_LT(worst, 2e-2);
+  EXPECT_GT(worst, 0.0);
+}
+
 TEST(Optimizer, ParamWithoutGradIsSkippedLikeTorch) {
   Tensor1 a(random_vector(8, 1)), b(random_vector(8, 2));
   const std::vector<float> b_before(b.data(), b.data() + 8);
@@ -447,6 +498,7 @@ TEST(Optimizer, ZeroGrad) {
 
 TEST(Optimizer, SteadyStateStepAllocatesNothing) {
   for (const RuleInfo* rule : all_rules()) {
+    if (rule->check_param != nullptr) continue;  // Muon: 2-D only, MuonRule.* below
     std::vector<Tensor1> ts;
     ts.reserve(20);
     std::vector<Param> params;
@@ -573,6 +625,22 @@ TEST(BadInput, LambsOptimizerLevelOptionsAreNotGroupOptions) {
             std::string::npos);
   EXPECT_NE(adafactor_error({{"clip_threshold", 0.0}}).find("Invalid clip_threshold"), std::string::npos);
   EXPECT_NE(adafactor_error({{"beta1", 1.0}}).find("Invalid beta1"), std::string::npos);
+  // Muon: 2-D parameters only (torch's check, at construction), and its
+  // words and step count.
+  EXPECT_NE(error_of([&] { Optimizer("muon", std::vector<Param>{a.param()}); })
+                .find("Muon only supports 2D parameters whereas we found a parameter with size: [8]"),
+            std::string::npos);
+  std::vector<float> m(12, 0.5f), mg(12, 0.1f);
+  const Param matrix{"w", {m.data(), DType::f32, {3, 4}}, {mg.data(), DType::f32, {3, 4}}, true};
+  auto muon_error = [&](OptionMap o) {
+    return error_of([&] { Optimizer("muon", std::vector<Param>{matrix}, std::move(o)); });
+  };
+  EXPECT_NE(muon_error({{"adjust_lr_fn", "spectral"}}).find("Adjust learning rate function is not supported"),
+            std::string::npos);
+  EXPECT_NE(muon_error({{"ns_dtype", "float16"}}).find("ns_dtype must be float32 or bfloat16"), std::string::npos);
+  EXPECT_NE(muon_error({{"ns_steps", 100}}).find("less than 100"), std::string::npos);
+  EXPECT_NE(muon_error({{"ns_coefficients", 1.0}}).find("must be three numbers"), std::string::npos);
+  EXPECT_EQ(muon_error({{"adjust_lr_fn", "match_rms_adamw"}}), "(no error)");
   // A rejected option leaves the group as it was.
   Optimizer ok("adafactor", std::vector<Param>{b.param()});
   EXPECT_NE(error_of([&] { ok.set_option(0, "lr", 0.1); }).find("Cannot combine"), std::string::npos);

@@ -51,6 +51,7 @@ TEST(Golden, NonPointwiseReferencesPassWithAndWithoutThreads) {
   EXPECT_GE(cases["lars"], 10);
   EXPECT_GE(cases["lamb"], 10);
   EXPECT_GE(cases["adafactor"], 10);
+  EXPECT_GE(cases["muon"], 10);
 }
 
 TEST(SchedulerSpec, ChildrenInsideTheOptionsAsInTorchsConstructor) {

@@ -69,6 +69,8 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
   rule_->validate(options);
   std::set<const void*> seen;
   for (const Param& p : params_) seen.insert(p.value.data);
+  if (rule_->check_param != nullptr)
+    for (const Param& p : spec.params) rule_->check_param(p.tensor_shape ? *p.tensor_shape : p.value.shape);
   for (std::size_t k = 0; k < spec.params.size(); ++k) {
     const Param& p = spec.params[k];
     const std::size_t i = params_.size() + k;
@@ -286,6 +288,14 @@ void Optimizer::run_stat_passes(bool threaded) {
       rule_->finish_pass(pass, tensor_shape_of(i), stats_.data() + stat_offsets_[j], coeffs_[i],
                          st.aux.empty() ? nullptr : st.aux.as<float>());
     }
+    if (rule_->whole != nullptr)
+      for_each(active_.size(), [&](std::size_t j) {
+        const std::size_t i = active_[j];
+        const Param& p = params_[i];
+        DISTOPT_CHECK(p.tensor_offset == 0 && p.value.numel() == numel(tensor_shape_of(i)),
+                      rule_->name, " needs whole tensors, parameter ", i, " is a piece");
+        rule_->whole(coeffs_[i], pass, tensor_shape_of(i), state_[i]->work.as<float>());
+      });
   }
 }
 

@@ -27,6 +27,7 @@ DISTOPT_INTERNAL const RuleInfo& lion_rule();
 DISTOPT_INTERNAL const RuleInfo& lars_rule();
 DISTOPT_INTERNAL const RuleInfo& lamb_rule();
 DISTOPT_INTERNAL const RuleInfo& adafactor_rule();
+DISTOPT_INTERNAL const RuleInfo& muon_rule();
 #undef DISTOPT_INTERNAL
 
 // Option readers; resolve_options has already checked names and kinds.

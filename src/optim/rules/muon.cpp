@@ -1,0 +1,221 @@
+// Muon (Jordan et al. 2024) as torch.optim.Muon computes it
+// (torch/optim/_muon.py; spec/optimizers.md §3), for 2-D parameters:
+//   b <- lerp(b, g, 1 - momentum)                  (torch's lerp, in float)
+//   u = lerp(g, b, momentum) if nesterov else b
+//   O = NS(u): X = u (transposed if rows > cols), X /= max(||X||, eps), then
+//       ns_steps times  A = X X^T;  B = b*A + (c*A) A;  X = a*X + B X
+//   p <- p * (1 - lr*weight_decay);  p <- p - lr*ratio * O
+//   ratio = sqrt(max(1, rows/cols)) ("original") or 0.2*sqrt(max(rows, cols))
+//           ("match_rms_adamw")
+// torch runs NS in bfloat16. distopt runs it in float32 by default
+// (ns_dtype "float32", documented in docs/optimizers.md) and emulates
+// torch's rounding with ns_dtype "bfloat16": every operand rounded to
+// bfloat16 and every operation's result too, the products accumulated in
+// float as torch's CPU bfloat16 matmul does.
+// whole_tensor: the matrix products need the whole update, so the sharded
+// strategies refuse it for now (parallel::require_exact).
+#include <Eigen/Core>
+
+#include <cmath>
+
+#include "../rule_impl.hpp"
+
+namespace distopt::rules {
+namespace {
+
+using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// torch's lerp: start + w*(end - start) for |w| < 0.5, else
+// end - (end - start)*(1 - w), in float.
+inline float lerp(float start, float end, float w) {
+  return std::abs(w) < 0.5f ? start + w * (end - start) : end - (end - start) * (1.0f - w);
+}
+
+float round_bf16(float v) { return bf16_bits_to_float(float_to_bf16_bits(v)); }
+
+void round_all(Mat& m) {
+  for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = round_bf16(m.data()[i]);
+}
+
+enum class AdjustLr : int { original, match_rms_adamw };
+
+struct MuonRule {
+  static constexpr std::string_view kName = "muon";
+  static constexpr Locality kLocality = Locality::whole_tensor;
+  static constexpr bool kEagerState = false;
+  static constexpr OptionSpec kOptions[] = {
+      {"lr", 1e-3, "learning rate"},
+      {"weight_decay", 0.1, "decoupled weight decay"},
+      {"momentum", 0.95, "momentum factor"},
+      {"nesterov", true, "Nesterov momentum"},
+      {"ns_coefficients", OptionValue(3.4445, -4.7750, 2.0315), "Newton-Schulz coefficients a, b, c"},
+      {"eps", 1e-7, "the smallest norm the update is divided by"},
+      {"ns_steps", 5, "Newton-Schulz iterations"},
+      {"adjust_lr_fn", "original", "original (sqrt(max(1, rows/cols))) or match_rms_adamw (0.2 sqrt(max(rows, cols)))"},
+      {"ns_dtype", "float32", "float32 (distopt's default) or bfloat16 (torch's rounding, emulated)"},
+  };
+  struct Options {
+    double lr, weight_decay, momentum, a, b, c, eps, ns_steps;
+    bool nesterov, bf16, valid_fn, valid_dtype;
+    AdjustLr adjust;
+  };
+  static Options parse(const OptionMap& m) {
+    const auto abc = m.find("ns_coefficients")->second.triple();
+    const std::string_view fn = m.find("adjust_lr_fn")->second.word();
+    const std::string_view dtype = m.find("ns_dtype")->second.word();
+    return {num(m, "lr"),
+            num(m, "weight_decay"),
+            num(m, "momentum"),
+            abc[0],
+            abc[1],
+            abc[2],
+            num(m, "eps"),
+            num(m, "ns_steps"),
+            flag(m, "nesterov"),
+            dtype == "bfloat16",
+            fn == "original" || fn == "match_rms_adamw",
+            dtype == "float32" || dtype == "bfloat16",
+            fn == "match_rms_adamw" ? AdjustLr::match_rms_adamw : AdjustLr::original};
+  }
+  static void validate(const Options& o) {
+    require(o.lr >= 0.0, "Learning rate should be >= 0 but is: ", o.lr);
+    require(o.momentum >= 0.0, "momentum should be >= 0 but is: ", o.momentum);
+    require(o.weight_decay >= 0.0, "weight decay should be >= 0 but is: ", o.weight_decay);
+    require(o.valid_fn, "Adjust learning rate function is not supported: use original or match_rms_adamw");
+    require(o.valid_dtype, "ns_dtype must be float32 or bfloat16");
+    require(o.ns_steps >= 0 && o.ns_steps < 100 && o.ns_steps == std::floor(o.ns_steps),
+            "Number of steps must be a whole number less than 100 for computational efficiency (got ", o.ns_steps, ")");
+    check_eps(o.eps);
+  }
+  static StateLayout layout(const Options&) { return {{"momentum_buffer"}, {}}; }
+  static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
+  static void check_param(const Shape& s) {
+    require(s.size() == 2, "Muon only supports 2D parameters whereas we found a parameter with size: ", to_string(s),
+            " (give such parameters to another optimizer)");
+  }
+
+  struct Coeffs {
+    float w, momentum, a, b, c, eps, decay;
+    double lr, adjust_scale;
+    int ns_steps;
+    bool nesterov, bf16;
+    AdjustLr adjust;
+    float neg_adjusted_lr;  // from whole()
+  };
+  static Coeffs prepare(const Options& o, float*, bool) {
+    Coeffs c{};
+    c.w = static_cast<float>(1.0 - o.momentum);
+    c.momentum = static_cast<float>(o.momentum);
+    c.a = static_cast<float>(o.a);
+    c.b = static_cast<float>(o.b);
+    c.c = static_cast<float>(o.c);
+    c.eps = static_cast<float>(o.eps);
+    c.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+    c.lr = o.lr;
+    c.ns_steps = static_cast<int>(o.ns_steps);
+    c.nesterov = o.nesterov;
+    c.bf16 = o.bf16;
+    c.adjust = o.adjust;
+    return c;
+  }
+
+  static constexpr int kStatPasses = 1;
+  static constexpr bool kWorkspace = true;
+  static constexpr bool kGroupStep = false;
+  static constexpr std::span<const std::string_view> kOptimizerLevel{};
+  static std::size_t num_stats(int, const Shape&) { return 0; }
+  static bool global_pass(int) { return false; }
+  static void finish_pass(int, const Shape&, const double*, Coeffs&, float*) {}
+  template <class T>
+  static void partial(const Coeffs&, int, const Typed<T>&, const Slice&, double*) {}
+
+  // The momentum and the update to orthogonalize, into the scratch.
+  template <class T>
+  static void transform(const Coeffs& c, int, const Typed<T>& s, const Slice& slice) {
+    float* __restrict buf = s.s[0];
+    float* __restrict u = slice.work;
+    for (std::size_t i = 0; i < s.n; ++i) {
+      const float g = to_float(s.g[i]);
+      const float b = lerp(buf[i], g, c.w);
+      buf[i] = b;
+      u[i] = c.nesterov ? lerp(g, b, c.momentum) : b;
+    }
+  }
+
+  // Newton-Schulz on the whole matrix, in place.
+  static void whole(Coeffs& c, const Shape& shape, float* work) {
+    const auto rows = static_cast<Eigen::Index>(shape[0]), cols = static_cast<Eigen::Index>(shape[1]);
+    const Eigen::Map<Mat> u(work, rows, cols);
+    const bool transpose = rows > cols;
+    Mat x = transpose ? Mat(u.transpose()) : Mat(u);
+    if (c.bf16) round_all(x);
+    float norm = static_cast<float>(std::sqrt(static_cast<double>(x.cast<double>().squaredNorm())));
+    if (c.bf16) norm = round_bf16(norm);
+    x /= std::max(norm, c.eps);
+    if (c.bf16) round_all(x);
+    Mat gram, update;
+    for (int k = 0; k < c.ns_steps; ++k) {
+      gram.noalias() = x * x.transpose();
+      if (c.bf16) {
+        round_all(gram);
+        Mat b_gram = c.b * gram, c_gram = c.c * gram;
+        round_all(b_gram);
+        round_all(c_gram);
+        Mat prod = c_gram * gram;
+        round_all(prod);
+        update = b_gram + prod;
+        round_all(update);
+        Mat ax = c.a * x;
+        round_all(ax);
+        Mat ux = update * x;
+        round_all(ux);
+        x = ax + ux;
+        round_all(x);
+      } else {
+        // torch's order: (c*A) rounded, then its product with A.
+        const Mat c_gram = c.c * gram;
+        Mat prod;
+        prod.noalias() = c_gram * gram;
+        update = c.b * gram + prod;
+        Mat ux;
+        ux.noalias() = update * x;
+        x = c.a * x + ux;
+      }
+    }
+    Eigen::Map<Mat> out(work, rows, cols);
+    if (transpose) out = x.transpose();
+    else out = x;
+    const double ratio = c.adjust == AdjustLr::original
+                             ? std::sqrt(std::max(1.0, static_cast<double>(rows) / static_cast<double>(cols)))
+                             : 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+    c.neg_adjusted_lr = static_cast<float>(-(c.lr * ratio));
+  }
+
+  template <class T>
+  static void apply_update(const Coeffs& c, const Typed<T>& s, const float* work) {
+    float* __restrict p = s.p;
+    T* __restrict lp = s.lp;
+    for (std::size_t i = 0; i < s.n; ++i) {
+      float pi = p[i] * c.decay;
+      pi = pi + c.neg_adjusted_lr * work[i];
+      p[i] = pi;
+      store(lp, i, pi);
+    }
+  }
+};
+
+}  // namespace
+
+const RuleInfo& muon_rule() {
+  static const RuleInfo info = [] {
+    RuleInfo r = make_rule_info<MuonRule>();
+    r.whole = [](RuleBlob& coeffs, int, const Shape& shape, float* work) {
+      MuonRule::whole(coeffs.as<MuonRule::Coeffs>(), shape, work);
+    };
+    r.check_param = &MuonRule::check_param;
+    return r;
+  }();
+  return info;
+}
+
+}  // namespace distopt::rules
