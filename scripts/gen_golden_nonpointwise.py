@@ -421,22 +421,7 @@ def options_for_torch(options):
 
 
 def run_reference(case):
-    opt = case["optimizer"]["name"]
-    params = [torch.tensor(p["data"], dtype=torch.float32).reshape(p["shape"]) for p in case["params"]]
-    groups = []
-    for g in case["param_groups"]:
-        d = {"params": [params[i] for i in g["params"]]}
-        d.update(options_for_torch(g.get("options", {})))
-        groups.append(d)
-    optimizer = REFERENCES[opt](groups, **options_for_torch(case["optimizer"]["options"]))
-    lrs = [[] for _ in optimizer.param_groups]
-    for step in case["steps"]:
-        for p, g, spec in zip(params, step["grads"], case["params"]):
-            p.grad = None if g is None else torch.tensor(g, dtype=torch.float32).reshape(spec["shape"])
-        optimizer.step()
-        for gi, group in enumerate(optimizer.param_groups):
-            lrs[gi].append("NaN" if group["lr"] is None else float(group["lr"]))  # Adafactor's None
-    return [base.flat(p) for p in params], lrs
+    return base.run_torch(case, REFERENCES, options_for_torch)
 
 
 def main(argv=None):

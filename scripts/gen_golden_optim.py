@@ -549,22 +549,24 @@ def torch_options(options):
     return {k: (tuple(v) if k in PAIR_OPTIONS else v) for k, v in options.items()}
 
 
-def run_torch(case):
+def run_torch(case, optimizers=OPTIMIZERS, options=torch_options):
+    """Replays a case on torch: the final parameters and each group's lr after
+    every step ("NaN" for an lr of None, as Adafactor's)."""
     opt = case["optimizer"]["name"]
     params = [torch.tensor(p["data"], dtype=torch.float32).reshape(p["shape"]) for p in case["params"]]
     groups = []
     for g in case["param_groups"]:
         d = {"params": [params[i] for i in g["params"]]}
-        d.update(torch_options(g.get("options", {})))
+        d.update(options(g.get("options", {})))
         groups.append(d)
-    optimizer = OPTIMIZERS[opt](groups, **torch_options(case["optimizer"]["options"]))
+    optimizer = optimizers[opt](groups, **options(case["optimizer"]["options"]))
     lrs = [[] for _ in optimizer.param_groups]
     for step in case["steps"]:
         for p, g, spec in zip(params, step["grads"], case["params"]):
             p.grad = None if g is None else torch.tensor(g, dtype=torch.float32).reshape(spec["shape"])
         optimizer.step()
         for gi, group in enumerate(optimizer.param_groups):
-            lrs[gi].append(float(group["lr"]))
+            lrs[gi].append("NaN" if group["lr"] is None else float(group["lr"]))
     return [flat(p) for p in params], lrs
 
 

@@ -71,6 +71,17 @@ inline void store(T* __restrict lp, std::size_t i, float v) {
 
 inline float sign(float x) { return static_cast<float>((x > 0.0f) - (x < 0.0f)); }
 
+// torch SGD's momentum on one element (sgd, lars): b <- g on the
+// parameter's first step, else b*mu + (1 - dampening)*g; returns the step's
+// direction, g + mu*b (Nesterov) or b.
+template <bool kNesterov>
+inline float sgd_momentum(float g, float& b, bool first, float momentum, float one_minus_dampening) {
+  const float bi = first ? g : b * momentum + one_minus_dampening * g;
+  b = bi;
+  if constexpr (kNesterov) return g + momentum * bi;
+  else return bi;
+}
+
 // A slice with its element type resolved (see Typed).
 template <class T>
 Typed<T> typed(const Slice& s) {

@@ -114,12 +114,8 @@ struct LarsRule {
             float pi = p[i];
             float gi = to_float(g[i]);
             if constexpr (adapt) gi = (gi + c.wd * pi) * c.trust;
-            if constexpr (has_momentum) {
-              const float bi = first ? gi : b[i] * c.momentum + c.one_minus_dampening * gi;
-              b[i] = bi;
-              if constexpr (nesterov) gi = gi + c.momentum * bi;
-              else gi = bi;
-            }
+            if constexpr (has_momentum)
+              gi = sgd_momentum<nesterov>(gi, b[i], first, c.momentum, c.one_minus_dampening);
             pi = pi + c.neg_lr * gi;
             p[i] = pi;
             store(lp, i, pi);

@@ -73,12 +73,8 @@ struct SgdRule {
             float pi = p[i];
             float gi = to_float(g[i]) * c.grad_sign;
             if constexpr (l2) gi = gi + c.wd * pi;
-            if constexpr (has_momentum) {
-              const float bi = first ? gi : b[i] * c.momentum + c.one_minus_dampening * gi;
-              b[i] = bi;
-              if constexpr (nesterov) gi = gi + c.momentum * bi;
-              else gi = bi;
-            }
+            if constexpr (has_momentum)
+              gi = sgd_momentum<nesterov>(gi, b[i], first, c.momentum, c.one_minus_dampening);
             pi = pi + c.neg_lr * gi;
             p[i] = pi;
             store(lp, i, pi);
