@@ -647,5 +647,47 @@ TEST(BadInput, LambsOptimizerLevelOptionsAreNotGroupOptions) {
   EXPECT_TRUE(std::isnan(ok.lr(0)));
 }
 
+TEST(Optimizer, AGroupMayHaveItsOwnRuleAsTwoTorchOptimizersWould) {
+  // muon on a matrix and adamw on a vector in one Optimizer: the same bits
+  // as two optimizers, one per rule (what torch users run).
+  std::vector<float> w1 = random_vector(12, 1), v1 = random_vector(5, 2), w2 = w1, v2 = v1;
+  std::vector<float> gw(12), gv(5);
+  auto matrix = [&](std::vector<float>& w) {
+    return Param{"w", {w.data(), DType::f32, {3, 4}}, {gw.data(), DType::f32, {3, 4}}, true};
+  };
+  auto vector = [&](std::vector<float>& v) {
+    return Param{"b", {v.data(), DType::f32, {5}}, {gv.data(), DType::f32, {5}}, true};
+  };
+  std::vector<ParamGroupSpec> groups(2);
+  groups[0].params = {matrix(w1)};
+  groups[1].params = {vector(v1)};
+  groups[1].rule = "adamw";
+  groups[1].options = {{"lr", 0.01}};
+  Optimizer both("muon", groups, OptionMap{{"lr", 0.02}});
+  EXPECT_EQ(both.group(1).rule, "adamw");
+  EXPECT_EQ(both.rule_of_group(1).name, "adamw");
+  EXPECT_EQ(both.group(1).options.at("weight_decay").number(), 0.01);  // adamw's default, not muon's 0.1
+  Optimizer muon("muon", std::vector<Param>{matrix(w2)}, OptionMap{{"lr", 0.02}});
+  Optimizer adamw("adamw", std::vector<Param>{vector(v2)}, OptionMap{{"lr", 0.01}});
+  for (int k = 0; k < 4; ++k) {
+    const auto a = random_vector(12, 10 + k), b = random_vector(5, 20 + k);
+    std::copy(a.begin(), a.end(), gw.begin());
+    std::copy(b.begin(), b.end(), gv.begin());
+    for (Optimizer* o : {&both, &muon, &adamw})
+      for (std::size_t i = 0; i < o->num_params(); ++i) o->param(i).has_grad = true;
+    both.step();
+    muon.step();
+    adamw.step();
+  }
+  EXPECT_TRUE(bitwise_equal(w1, w2));
+  EXPECT_TRUE(bitwise_equal(v1, v2));
+  // A saved group of another rule is refused.
+  StateDict d = both.state_dict();
+  EXPECT_EQ(d.param_groups[1].rule, "adamw");
+  d.param_groups[1].rule = "sgd";
+  EXPECT_NE(error_of([&] { both.load_state_dict(d); }).find("is for optimizer sgd, this group's is adamw"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace distopt

@@ -59,18 +59,21 @@ Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
 void Optimizer::add_param_group(ParamGroupSpec spec) {
   // Validate everything before changing anything.
-  for (std::string_view key : rule_->optimizer_level)
+  // A group of another rule (muon's 1-D parameters under adamw) starts
+  // from that rule's defaults, not from the optimizer's.
+  const RuleInfo& rule = spec.rule.empty() ? *rule_ : rule_or_throw(spec.rule);
+  for (std::string_view key : rule.optimizer_level)
     if (spec.options.count(key))
-      throw InvalidInput(str(key, " is an option of the whole ", rule_->name,
+      throw InvalidInput(str(key, " is an option of the whole ", rule.name,
                              " optimizer, not of a parameter group (as in the reference); set it once for all"));
-  OptionMap options = defaults_;
-  for (const auto& [name, value] : resolve_options(*rule_, spec.options))
+  OptionMap options = &rule == rule_ ? defaults_ : resolve_options(rule, {});
+  for (const auto& [name, value] : resolve_options(rule, spec.options))
     if (spec.options.count(name)) options[name] = value;
-  rule_->validate(options);
+  rule.validate(options);
   std::set<const void*> seen;
   for (const Param& p : params_) seen.insert(p.value.data);
-  if (rule_->check_param != nullptr)
-    for (const Param& p : spec.params) rule_->check_param(p.tensor_shape ? *p.tensor_shape : p.value.shape);
+  if (rule.check_param != nullptr)
+    for (const Param& p : spec.params) rule.check_param(p.tensor_shape ? *p.tensor_shape : p.value.shape);
   for (std::size_t k = 0; k < spec.params.size(); ++k) {
     const Param& p = spec.params[k];
     const std::size_t i = params_.size() + k;
@@ -87,12 +90,14 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
     params_.push_back(std::move(p));
     state_.push_back(std::make_unique<ParamState>());
   }
-  layouts_.push_back({rule_->layout(group.options), next_version_++});
+  group.rule = std::string(rule.name);
+  layouts_.push_back({rule.layout(group.options), next_version_++});
   groups_.push_back(std::move(group));
   group_steps_.push_back(0);
+  group_rules_.push_back(&rule);
   parsed_.resize(groups_.size());
   coeffs_.resize(params_.size());
-  if (rule_->eager_state)
+  if (rule.eager_state)
     for (std::size_t i : groups_.back().params) ensure_state(i, groups_.size() - 1);
 }
 
@@ -103,15 +108,16 @@ const ParamGroup& Optimizer::group(std::size_t g) const {
 
 void Optimizer::set_option(std::size_t g, std::string_view option, OptionValue value) {
   DISTOPT_CHECK(g < groups_.size(), "group ", g, " of ", groups_.size());
-  for (std::string_view key : rule_->optimizer_level)
+  const RuleInfo& rule = *group_rules_[g];
+  for (std::string_view key : rule.optimizer_level)
     if (option == key)
-      throw InvalidInput(str(key, " is an option of the whole ", rule_->name, " optimizer, not of a parameter group"));
+      throw InvalidInput(str(key, " is an option of the whole ", rule.name, " optimizer, not of a parameter group"));
   OptionMap options = groups_[g].options;
-  (void)resolve_options(*rule_, OptionMap{{std::string(option), value}});  // name and kind
+  (void)resolve_options(rule, OptionMap{{std::string(option), value}});  // name and kind
   options[std::string(option)] = value;
-  rule_->validate(options);
+  rule.validate(options);
   groups_[g].options = std::move(options);
-  StateLayout layout = rule_->layout(groups_[g].options);
+  StateLayout layout = rule.layout(groups_[g].options);
   if (layout.tensors != layouts_[g].layout.tensors || layout.scalars != layouts_[g].layout.scalars)
     layouts_[g] = {std::move(layout), next_version_++};
 }
@@ -153,7 +159,8 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
   const auto n = static_cast<std::size_t>(p.value.numel());
   float fill[kMaxStateTensors] = {};
   float scalars[kMaxStateScalars] = {};
-  rule_->init(groups_[g].options, fill, scalars);
+  const RuleInfo& rule = *group_rules_[g];
+  rule.init(groups_[g].options, fill, scalars);
   bool created = false;
   // Keep tensors that exist under the new layout, create the missing ones.
   std::vector<Buffer> tensors;
@@ -163,15 +170,14 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
       tensors.push_back(std::move(st.tensors[it - st.tensor_names.begin()]));
       continue;
     }
-    const bool needed = rule_->tensor_needed == nullptr ||
-                        rule_->tensor_needed(groups_[g].options, k, tensor_shape_of(i));
+    const bool needed = rule.tensor_needed == nullptr || rule.tensor_needed(groups_[g].options, k, tensor_shape_of(i));
     Buffer b(needed ? n * sizeof(float) : 0, kFirstStateSlot + static_cast<int>(k));
     if (needed && fill[k] != 0.0f) std::fill_n(b.as<float>(), n, fill[k]);
     tensors.push_back(std::move(b));
     created = true;
   }
-  if (rule_->aux_size != nullptr) {
-    const std::size_t a = rule_->aux_size(groups_[g].options, tensor_shape_of(i));
+  if (rule.aux_size != nullptr) {
+    const std::size_t a = rule.aux_size(groups_[g].options, tensor_shape_of(i));
     if (st.aux.size_bytes() != a * sizeof(float)) {
       st.aux = Buffer(a * sizeof(float), kFirstStateSlot + kMaxStateTensors + 1);
       std::fill_n(st.aux.as<float>(), a, 0.0f);
@@ -238,63 +244,82 @@ const Shape& Optimizer::tensor_shape_of(std::size_t i) const {
 }
 
 void Optimizer::run_stat_passes(bool threaded) {
+  // Each rule with stat passes runs them over the parameters of its own
+  // groups (a muon group beside an adamw group: only the muon one).
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const RuleInfo* rule = group_rules_[g];
+    if (rule->stat_passes == 0) continue;
+    bool seen = false;
+    for (std::size_t h = 0; h < g; ++h) seen = seen || group_rules_[h] == rule;
+    if (seen) continue;
+    pass_active_.clear();
+    pass_work_.clear();
+    for (std::size_t i : active_)
+      if (group_rules_[group_of_[i]] == rule) pass_active_.push_back(i);
+    for (const WorkItem& w : work_)
+      if (group_rules_[group_of_[w.param]] == rule) pass_work_.push_back(w);
+    run_stat_passes(*rule, threaded);
+  }
+}
+
+void Optimizer::run_stat_passes(const RuleInfo& rule, bool threaded) {
   auto for_each = [&](std::size_t n, auto fn) {
     if (threaded) config_.pool->parallel_for(n, fn);
     else
       for (std::size_t k = 0; k < n; ++k) fn(k);
   };
-  if (rule_->workspace)
-    for (std::size_t i : active_) {
+  if (rule.workspace)
+    for (std::size_t i : pass_active_) {
       ParamState& st = *state_[i];
       const std::size_t bytes = static_cast<std::size_t>(params_[i].value.numel()) * sizeof(float);
       if (st.work.size_bytes() != bytes) st.work = Buffer(bytes, kFirstStateSlot + kMaxStateTensors);
     }
-  for (int pass = 0; pass < rule_->stat_passes; ++pass) {
-    if (rule_->transform != nullptr)
-      for_each(work_.size(), [&](std::size_t k) {
-        const WorkItem& w = work_[k];
-        rule_->transform(coeffs_[w.param], pass, slice_of(w.param, w.begin, w.end));
+  for (int pass = 0; pass < rule.stat_passes; ++pass) {
+    if (rule.transform != nullptr)
+      for_each(pass_work_.size(), [&](std::size_t k) {
+        const WorkItem& w = pass_work_[k];
+        rule.transform(coeffs_[w.param], pass, slice_of(w.param, w.begin, w.end));
       });
     // Each tensor's partial statistics over its stat range, in one piece
     // (so the order of the sums does not depend on the threads).
-    stat_offsets_.resize(active_.size() + 1);
+    stat_offsets_.resize(pass_active_.size() + 1);
     stat_offsets_[0] = 0;
-    for (std::size_t j = 0; j < active_.size(); ++j)
-      stat_offsets_[j + 1] = stat_offsets_[j] + rule_->num_stats(pass, tensor_shape_of(active_[j]));
+    for (std::size_t j = 0; j < pass_active_.size(); ++j)
+      stat_offsets_[j + 1] = stat_offsets_[j] + rule.num_stats(pass, tensor_shape_of(pass_active_[j]));
     stats_.assign(stat_offsets_.back(), 0.0);
-    for_each(active_.size(), [&](std::size_t j) {
-      const std::size_t i = active_[j];
+    for_each(pass_active_.size(), [&](std::size_t j) {
+      const std::size_t i = pass_active_[j];
       const Param& p = params_[i];
       const auto n = static_cast<std::size_t>(p.value.numel());
       const std::size_t begin = std::min(p.stat_begin, n);
       const std::size_t end = p.stat_count == Param::kAll ? n : std::min(n, begin + p.stat_count);
-      rule_->partial(coeffs_[i], pass, slice_of(i, begin, end), stats_.data() + stat_offsets_[j]);
+      rule.partial(coeffs_[i], pass, slice_of(i, begin, end), stats_.data() + stat_offsets_[j]);
     });
-    if (rule_->global_pass(pass)) {
+    if (rule.global_pass(pass)) {
       // One total over every tensor, summed in parameter order.
-      const std::size_t c = active_.empty() ? 0 : stat_offsets_[1];
+      const std::size_t c = pass_active_.empty() ? 0 : stat_offsets_[1];
       DISTOPT_CHECK(c <= static_cast<std::size_t>(kMaxStats), c, " global statistics");
       double total[kMaxStats] = {};
-      for (std::size_t j = 0; j < active_.size(); ++j)
+      for (std::size_t j = 0; j < pass_active_.size(); ++j)
         for (std::size_t s = 0; s < c; ++s) total[s] += stats_[j * c + s];
       if (stats_reduce_) stats_reduce_(std::span<double>(total, c));
-      for (std::size_t j = 0; j < active_.size(); ++j) std::copy(total, total + c, stats_.begin() + j * c);
+      for (std::size_t j = 0; j < pass_active_.size(); ++j) std::copy(total, total + c, stats_.begin() + j * c);
     } else if (stats_reduce_) {
       stats_reduce_(stats_);
     }
-    for (std::size_t j = 0; j < active_.size(); ++j) {
-      const std::size_t i = active_[j];
+    for (std::size_t j = 0; j < pass_active_.size(); ++j) {
+      const std::size_t i = pass_active_[j];
       ParamState& st = *state_[i];
-      rule_->finish_pass(pass, tensor_shape_of(i), stats_.data() + stat_offsets_[j], coeffs_[i],
+      rule.finish_pass(pass, tensor_shape_of(i), stats_.data() + stat_offsets_[j], coeffs_[i],
                          st.aux.empty() ? nullptr : st.aux.as<float>());
     }
-    if (rule_->whole != nullptr)
-      for_each(active_.size(), [&](std::size_t j) {
-        const std::size_t i = active_[j];
+    if (rule.whole != nullptr)
+      for_each(pass_active_.size(), [&](std::size_t j) {
+        const std::size_t i = pass_active_[j];
         const Param& p = params_[i];
         DISTOPT_CHECK(p.tensor_offset == 0 && p.value.numel() == numel(tensor_shape_of(i)),
-                      rule_->name, " needs whole tensors, parameter ", i, " is a piece");
-        rule_->whole(coeffs_[i], pass, tensor_shape_of(i), state_[i]->work.as<float>());
+                      rule.name, " needs whole tensors, parameter ", i, " is a piece");
+        rule.whole(coeffs_[i], pass, tensor_shape_of(i), state_[i]->work.as<float>());
       });
   }
 }
@@ -308,23 +333,24 @@ void Optimizer::step() {
   const bool threaded = config_.pool != nullptr && config_.pool->size() > 1;
   const std::size_t chunk = threaded ? std::max<std::size_t>(config_.chunk_elements, 64) : SIZE_MAX;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    rule_->parse(groups_[g].options, parsed_[g]);
+    const RuleInfo& rule = *group_rules_[g];
+    rule.parse(groups_[g].options, parsed_[g]);
     ++group_steps_[g];
     for (std::size_t i : groups_[g].params) {
       if (!params_[i].has_grad) continue;  // torch skips p.grad is None entirely
       const bool fresh = ensure_state(i, g);
       // The rule advances "step" once: from the group's count before this step.
-      if (rule_->group_step) state_[i]->scalars[0] = static_cast<float>(group_steps_[g] - 1);
-      rule_->prepare(parsed_[g], state_[i]->scalars, fresh, coeffs_[i]);
+      if (rule.group_step) state_[i]->scalars[0] = static_cast<float>(group_steps_[g] - 1);
+      rule.prepare(parsed_[g], state_[i]->scalars, fresh, coeffs_[i]);
       active_.push_back(i);
       const auto n = static_cast<std::size_t>(params_[i].value.numel());
       for (std::size_t b = 0; b < n; b += std::min(chunk, n - b)) work_.push_back({i, b, b + std::min(chunk, n - b)});
     }
   }
-  if (rule_->stat_passes > 0) run_stat_passes(threaded);
+  run_stat_passes(threaded);
   auto run = [&](std::size_t k) {
     const WorkItem& w = work_[k];
-    rule_->apply(coeffs_[w.param], slice_of(w.param, w.begin, w.end));
+    group_rules_[group_of_[w.param]]->apply(coeffs_[w.param], slice_of(w.param, w.begin, w.end));
   };
   if (threaded) config_.pool->parallel_for(work_.size(), run);
   else
@@ -350,8 +376,9 @@ std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view k
   if (key == "master_param" && !st.master.empty()) return {st.master.as<float>(), n};
   for (std::size_t k = 0; k < st.tensor_names.size(); ++k)
     if (st.tensor_names[k] == key && (!st.tensors[k].empty() || n == 0)) return {st.tensors[k].as<float>(), n};
-  if (rule_->aux_parts != nullptr && st.initialized)
-    for (const AuxPart& part : rule_->aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
+  const RuleInfo& rule = *group_rules_[group_of_[i]];
+  if (rule.aux_parts != nullptr && st.initialized)
+    for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
       if (part.name == key)
         return {st.aux.as<float>() + part.offset, static_cast<std::size_t>(numel(part.shape))};
   throw InvalidInput(str("parameter ", i, " has no state tensor '", key, "'"));
@@ -379,8 +406,9 @@ StateDict Optimizer::state_dict() const {
       auto span = state_tensor(i, st.tensor_names[k]);
       entry[std::string(st.tensor_names[k])] = StateTensor{shape, {span.begin(), span.end()}};
     }
-    if (rule_->aux_parts != nullptr)
-      for (const AuxPart& part : rule_->aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i))) {
+    const RuleInfo& rule = *group_rules_[group_of_[i]];
+    if (rule.aux_parts != nullptr)
+      for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i))) {
         const float* a = st.aux.as<float>() + part.offset;
         entry[std::string(part.name)] = StateTensor{part.shape, {a, a + numel(part.shape)}};
       }
@@ -404,9 +432,13 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       throw InvalidInput(str("loaded state dict contains a parameter group (", g, ") of ",
                              dict.param_groups[g].params.size(), " parameters that doesn't match the size of "
                              "optimizer's group (", groups_[g].params.size(), ")"));
-    options[g] = resolve_options(*rule_, dict.param_groups[g].options);
-    rule_->validate(options[g]);
-    layouts[g] = rule_->layout(options[g]);
+    const RuleInfo& rule = *group_rules_[g];
+    if (!dict.param_groups[g].rule.empty() && dict.param_groups[g].rule != rule.name)
+      throw InvalidInput(str("loaded state dict's parameter group ", g, " is for optimizer ", dict.param_groups[g].rule,
+                             ", this group's is ", rule.name));
+    options[g] = resolve_options(rule, dict.param_groups[g].options);
+    rule.validate(options[g]);
+    layouts[g] = rule.layout(options[g]);
   }
   // Saved ids map to current parameters by position, as in torch.
   std::map<std::size_t, std::size_t> id_to_param;
@@ -434,12 +466,13 @@ void Optimizer::load_state_dict(const StateDict& dict) {
                                std::get<StateTensor>(e->second).data.size(), " elements, it needs ", size));
     };
     const OptionMap& group_options = options[group_of_[i]];
+    const RuleInfo& rule = *group_rules_[group_of_[i]];
     for (std::size_t k = 0; k < l.tensors.size(); ++k)
-      if (rule_->tensor_needed == nullptr || rule_->tensor_needed(group_options, k, tensor_shape_of(i)))
+      if (rule.tensor_needed == nullptr || rule.tensor_needed(group_options, k, tensor_shape_of(i)))
         need(l.tensors[k], true, n);
     for (auto key : l.scalars) need(key, false, 0);
-    if (rule_->aux_parts != nullptr)
-      for (const AuxPart& part : rule_->aux_parts(group_options, tensor_shape_of(i)))
+    if (rule.aux_parts != nullptr)
+      for (const AuxPart& part : rule.aux_parts(group_options, tensor_shape_of(i)))
         need(part.name, true, static_cast<std::size_t>(numel(part.shape)));
     if (params_[i].value.dtype != DType::f32) need("master_param", true, n);
   }
@@ -460,8 +493,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       const auto& t = std::get<StateTensor>(entry.at(std::string(st.tensor_names[k])));
       std::copy(t.data.begin(), t.data.end(), st.tensors[k].as<float>());
     }
-    if (rule_->aux_parts != nullptr)
-      for (const AuxPart& part : rule_->aux_parts(groups_[g].options, tensor_shape_of(i))) {
+    if (group_rules_[g]->aux_parts != nullptr)
+      for (const AuxPart& part : group_rules_[g]->aux_parts(groups_[g].options, tensor_shape_of(i))) {
         const auto& t = std::get<StateTensor>(entry.at(std::string(part.name)));
         std::copy(t.data.begin(), t.data.end(), st.aux.as<float>() + part.offset);
       }
@@ -473,12 +506,12 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     }
   }
   // Eager-state rules (Adagrad) have state for every parameter.
-  if (rule_->eager_state)
-    for (std::size_t i = 0; i < params_.size(); ++i) ensure_state(i, group_of_[i]);
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (group_rules_[group_of_[i]]->eager_state) ensure_state(i, group_of_[i]);
   // Group-counted steps (LAMB) continue from the largest saved step.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     group_steps_[g] = 0;
-    if (rule_->group_step)
+    if (group_rules_[g]->group_step)
       for (std::size_t i : groups_[g].params)
         if (state_[i]->initialized)
           group_steps_[g] = std::max(group_steps_[g], static_cast<std::uint64_t>(state_[i]->scalars[0]));

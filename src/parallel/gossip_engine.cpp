@@ -87,7 +87,7 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
       views.push_back({s.name, {x_.data() + at, DType::f32, s.shape}, {grads_.data() + at, DType::f32, s.shape}, true});
       owned_.push_back({grads_.data() + at, DType::f32, {std::int64_t(s.numel())}});
     }
-    optimizer_ = std::make_unique<Optimizer>(spec.name, std::move(views), spec.options);
+    optimizer_ = std::make_unique<Optimizer>(spec.name, optimizer_groups(spec, std::move(views)), spec.options);
     const bool push_sum = mode_ == Mode::sgp || mode_ == Mode::osgp ||
                           (mode_ == Mode::slowmo && options_.slowmo_base == "sgp");
     if (push_sum || mode_ == Mode::dpsgd) gossip_.emplace(comm, *topology_, padded);

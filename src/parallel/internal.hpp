@@ -53,6 +53,11 @@ class ValuesAccess final : public models::UnitAccess {
   std::map<std::size_t, Buffer> held_;
 };
 
+// The optimizer's groups for a strategy's parameter views: one group, or
+// with spec.fallback the parameters the rule refuses in a second group of
+// the fallback rule.
+std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vector<Param> views);
+
 // Setup check: every rank must agree on what it is about to train; a
 // mismatch names the first rank that differs from rank 0 and the item.
 void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,

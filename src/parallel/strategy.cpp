@@ -224,7 +224,7 @@ class Engine final : public Strategy, public models::UnitAccess {
       views.back().tensor_offset = piece.param_begin;
       owned_.push_back(views.back().grad);
     }
-    optimizer_ = std::make_unique<Optimizer>(spec.name, std::move(views), spec.options);
+    optimizer_ = std::make_unique<Optimizer>(spec.name, detail::optimizer_groups(spec, std::move(views)), spec.options);
     // tensor_stats rules: each rank's partial statistics of its pieces,
     // summed over the ranks in rank order -- the same numbers in the same
     // order under every strategy (docs/sharding.md, "Non-pointwise rules").
@@ -534,6 +534,30 @@ namespace detail {
 // Setup check: every rank must agree on what it is about to train. Each
 // rank contributes one fingerprint per item; a mismatch names the first
 // rank that differs from rank 0 and the item, on every rank alike.
+std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vector<Param> views) {
+  std::vector<ParamGroupSpec> groups(1);
+  const RuleInfo& rule = rule_or_throw(spec.name);
+  if (spec.fallback.empty() || rule.check_param == nullptr) {
+    groups[0].params = std::move(views);
+    return groups;
+  }
+  ParamGroupSpec other;
+  other.rule = spec.fallback;
+  for (Param& p : views) {
+    bool accepted = true;
+    try {
+      rule.check_param(p.tensor_shape ? *p.tensor_shape : p.value.shape);
+    } catch (const InvalidInput&) {
+      accepted = false;
+    }
+    (accepted ? groups[0] : other).params.push_back(std::move(p));
+  }
+  if (groups[0].params.empty())
+    throw InvalidInput(str("optimizer ", spec.name, " takes none of the model's parameters"));
+  if (!other.params.empty()) groups.push_back(std::move(other));
+  return groups;
+}
+
 void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,
                      const OptimizerSpec& spec, const StrategyOptions& options) {
   enum { kWorld, kStrategy, kModel, kOptimizer, kDtype, kBucket, kGossip, kItems };
@@ -549,7 +573,7 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   }
   for (const auto& u : layout.units()) h = fnv_value(fnv_value(h, u.begin), u.end);
   mine[kModel] = h;
-  h = fnv(kFnvBasis, spec.name);
+  h = fnv(fnv(kFnvBasis, spec.name), spec.fallback);
   for (const auto& [k, v] : spec.options) h = fnv(fnv(h, k), v.to_string());
   mine[kOptimizer] = h;
   mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
@@ -626,6 +650,7 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& com
                                         std::span<const float> initial, const OptimizerSpec& optimizer,
                                         const StrategyOptions& options) {
   require_exact(name, rule_or_throw(optimizer.name));
+  if (!optimizer.fallback.empty()) require_exact(name, rule_or_throw(optimizer.fallback));
   if (is_gossip(name)) return detail::make_gossip_strategy(name, comm, layout, initial, optimizer, options);
   return std::make_unique<Engine>(stage_of(name), name, comm, layout, initial, optimizer, options);
 }

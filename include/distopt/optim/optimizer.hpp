@@ -57,6 +57,7 @@ struct Param {
 using StatsReduce = std::function<void(std::span<double> values)>;
 
 struct ParamGroup {
+  std::string rule;                 // the group's update rule (the optimizer's, or its own)
   std::vector<std::size_t> params;  // indices into Optimizer::params()
   OptionMap options;                // complete: defaults filled in
   // Other numbers kept in the group, as torch keeps "initial_lr", "max_lr",
@@ -68,6 +69,10 @@ struct ParamGroup {
 struct ParamGroupSpec {
   std::vector<Param> params;
   OptionMap options;  // overrides of the optimizer's defaults
+  // Another update rule for this group (empty: the optimizer's), e.g.
+  // adamw for the 1-D parameters beside muon's matrices, as torch users
+  // run two optimizers; its options start from that rule's defaults.
+  std::string rule = {};
 };
 
 // torch-like state_dict: state keyed by parameter index (only parameters
@@ -101,7 +106,9 @@ class Optimizer {
   Optimizer(Optimizer&&) noexcept;
   Optimizer& operator=(Optimizer&&) noexcept;
 
+  // The optimizer's rule (a group may have its own: group(g).rule).
   const RuleInfo& rule() const { return *rule_; }
+  const RuleInfo& rule_of_group(std::size_t g) const { return *group_rules_.at(g); }
   const OptionMap& defaults() const { return defaults_; }
 
   void add_param_group(ParamGroupSpec group);
@@ -168,6 +175,7 @@ class Optimizer {
   Slice slice_of(std::size_t i, std::size_t begin, std::size_t end) const;
   // The tensor_stats passes of a step over active_ (work_ holds their chunks).
   void run_stat_passes(bool threaded);
+  void run_stat_passes(const RuleInfo& rule, bool threaded);
   const Shape& tensor_shape_of(std::size_t i) const;
 
   const RuleInfo* rule_;
@@ -185,6 +193,9 @@ class Optimizer {
   std::vector<WorkItem> work_;
   std::vector<std::size_t> active_;  // parameters stepped this step
   std::vector<std::uint64_t> group_steps_;  // step() calls per group (RuleInfo::group_step)
+  std::vector<const RuleInfo*> group_rules_;  // one per group
+  std::vector<std::size_t> pass_active_;     // run_stat_passes: one rule's parameters
+  std::vector<WorkItem> pass_work_;
   std::vector<double> stats_;
   std::vector<std::size_t> stat_offsets_;
   StatsReduce stats_reduce_;

@@ -72,6 +72,10 @@ struct MemoryUse {
 struct OptimizerSpec {
   std::string name;    // a registered update rule, e.g. "adamw"
   OptionMap options;   // torch-named; omitted ones take the defaults
+  // The rule for the parameters `name` cannot take (muon's 1-D ones), in a
+  // second group with that rule's defaults; empty: such a parameter is an
+  // error.
+  std::string fallback = {};
 };
 
 // The model's flat buffer: every parameter's slot, the buffer's length
