@@ -185,15 +185,20 @@ st = [json.loads(l) for l in open(tmp + "/st.jsonl") if '"kind": "step"' in l]
 for e, want in ((1, 0.01), (2, 0.005), (3, 0.0025)):
     assert all(abs(s["lr"] - want) < 1e-15 for s in st if s["epoch"] == e), (e, want)
 PY
-# muon: the matrices to muon, the biases to adamw, said once; the sharded
-# strategies refuse it (whole_tensor) before any data is read.
+# muon: the matrices to muon, the biases to adamw, said once; zero2 gathers
+# each matrix's update and gives ddp's bits.
 "$bin" train --data synthetic --train-size 256 --test-size 64 --epochs 1 --optimizer muon --lr 0.02 --progress none \
   >"$tmp/out" 2>"$tmp/err" || fail "train --optimizer muon exited $?: $(cat "$tmp/err")"
 grep -q "muon takes the weight matrices; the other parameters (biases) go to a second group with adamw" "$tmp/err" \
   || fail "muon notice: $(cat "$tmp/err")"
 grep -q "^mlp on synthetic, muon, ddp" "$tmp/out" || fail "muon summary: $(cat "$tmp/out")"
-expect_error 2 "optimizer muon needs whole tensors (whole_tensor): strategy zero2 cannot run it exactly yet" -- \
-  train --data synthetic --optimizer muon --strategy zero2 --world 2
+for s in ddp zero2; do
+  "$bin" train --data synthetic --train-size 256 --test-size 64 --epochs 1 --optimizer muon --lr 0.02 --world 2 \
+    --strategy $s --progress none --json 2>/dev/null | tail -n 1 | grep -o '"param_hash": "[0-9a-f]*"' >"$tmp/muon_$s" \
+    || fail "muon $s failed"
+done
+[ -s "$tmp/muon_ddp" ] && cmp -s "$tmp/muon_ddp" "$tmp/muon_zero2" \
+  || fail "muon: ddp $(cat "$tmp/muon_ddp") vs zero2 $(cat "$tmp/muon_zero2")"
 expect_error 2 "unknown scheduler 'warmup'" -- train --data synthetic --scheduler warmup
 expect_error 2 "steplr: option step_size is required" -- train --data synthetic --scheduler steplr
 expect_error 2 "reducelronplateau: Factor should be < 1.0." -- train --data synthetic --scheduler reducelronplateau \

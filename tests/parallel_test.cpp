@@ -109,6 +109,7 @@ namespace {
 // Options that exercise a rule's statistics (defaults elsewhere).
 OptionMap test_options(const std::string& optimizer) {
   if (optimizer == "lars") return {{"lr", 0.1}, {"weight_decay", 1e-3}, {"momentum", 0.9}};
+  if (optimizer == "muon") return {{"lr", 0.02}};
   if (optimizer == "lamb") return {{"lr", 3e-3}, {"max_grad_norm", 0.5}};
   return {};
 }
@@ -118,6 +119,7 @@ train::TrainConfig tiny_config(const std::string& optimizer, const std::string& 
   c.model = "mlp";
   c.hidden = {24, 40, 8};  // units straddle shard boundaries at every world size
   c.optimizer = {optimizer, test_options(optimizer)};
+  if (find_rule(optimizer)->check_param != nullptr) c.optimizer.fallback = "adamw";  // muon's biases
   c.epochs = 2;
   c.batch_size = 32;
   c.seed = 11;
@@ -152,8 +154,8 @@ TEST_P(Equivalence, EveryStrategyGivesTheSameBits) {
       std::string first;
       for (const char* strategy : kSharded) {
         train::TrainConfig c = tiny_config(optimizer, strategy);
-        // tensor_stats rules: 56 steps (the 50 or more).
-        if (find_rule(optimizer)->locality == Locality::tensor_stats) c.epochs = 8;
+        // Non-pointwise rules: 56 steps (the 50 or more).
+        if (find_rule(optimizer)->locality != Locality::pointwise) c.epochs = 8;
         if (extras) {
           c.clip_grad_norm = 0.05;  // clips most steps
           c.loss_scale = GradScalerOptions{};
@@ -173,6 +175,14 @@ INSTANTIATE_TEST_SUITE_P(Pointwise, Equivalence, ::testing::ValuesIn([] {
                            std::vector<std::string> names;
                            for (const RuleInfo* r : all_rules())
                              if (r->locality == Locality::pointwise) names.emplace_back(r->name);
+                           return names;
+                         }()),
+                         [](const auto& info) { return info.param; });
+
+INSTANTIATE_TEST_SUITE_P(WholeTensor, Equivalence, ::testing::ValuesIn([] {
+                           std::vector<std::string> names;
+                           for (const RuleInfo* r : all_rules())
+                             if (r->locality == Locality::whole_tensor) names.emplace_back(r->name);
                            return names;
                          }()),
                          [](const auto& info) { return info.param; });
@@ -458,6 +468,7 @@ TEST(Setup, UnknownOrInexactStrategiesAreRefused) {
   // tensor_stats rules run under every strategy; whole_tensor ones (not
   // built yet) only where each rank has whole tensors.
   EXPECT_NO_THROW(parallel::require_exact("zero3", *find_rule("lamb")));
+  EXPECT_NO_THROW(parallel::require_exact("zero2", *find_rule("muon")));  // gathers its matrices
   RuleInfo muon_like = *find_rule("adam");
   muon_like.name = "muon_like";
   muon_like.locality = Locality::whole_tensor;

@@ -71,7 +71,8 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
     if (spec.options.count(name)) options[name] = value;
   rule.validate(options);
   std::set<const void*> seen;
-  for (const Param& p : params_) seen.insert(p.value.data);
+  for (const Param& p : params_)
+    if (p.value.numel() > 0) seen.insert(p.value.data);  // an empty piece shares its address with the next
   if (rule.check_param != nullptr)
     for (const Param& p : spec.params) rule.check_param(p.tensor_shape ? *p.tensor_shape : p.value.shape);
   for (std::size_t k = 0; k < spec.params.size(); ++k) {
@@ -313,14 +314,29 @@ void Optimizer::run_stat_passes(const RuleInfo& rule, bool threaded) {
       rule.finish_pass(pass, tensor_shape_of(i), stats_.data() + stat_offsets_[j], coeffs_[i],
                          st.aux.empty() ? nullptr : st.aux.as<float>());
     }
-    if (rule.whole != nullptr)
+    if (rule.whole != nullptr) {
+      auto is_whole = [&](std::size_t i) {
+        return params_[i].tensor_offset == 0 && params_[i].value.numel() == numel(tensor_shape_of(i));
+      };
+      // Whole tensors: in parallel. Pieces: gathered one tensor at a time,
+      // in parameter order (a collective), the step computed on the whole
+      // tensor (the same bits on every rank) and the own piece kept.
       for_each(pass_active_.size(), [&](std::size_t j) {
         const std::size_t i = pass_active_[j];
-        const Param& p = params_[i];
-        DISTOPT_CHECK(p.tensor_offset == 0 && p.value.numel() == numel(tensor_shape_of(i)),
-                      rule.name, " needs whole tensors, parameter ", i, " is a piece");
-        rule.whole(coeffs_[i], pass, tensor_shape_of(i), state_[i]->work.as<float>());
+        if (is_whole(i)) rule.whole(coeffs_[i], pass, tensor_shape_of(i), state_[i]->work.as<float>());
       });
+      for (std::size_t i : pass_active_) {
+        if (is_whole(i)) continue;
+        DISTOPT_CHECK(tensor_gather_ != nullptr, rule.name, " needs whole tensors: parameter ", i,
+                      " is a piece and no gather is set");
+        const auto n = static_cast<std::size_t>(params_[i].value.numel());
+        float* piece = n > 0 ? state_[i]->work.as<float>() : nullptr;
+        whole_.resize(static_cast<std::size_t>(numel(tensor_shape_of(i))));
+        tensor_gather_(params_[i], std::span<const float>(piece, n), whole_);
+        rule.whole(coeffs_[i], pass, tensor_shape_of(i), whole_.data());
+        std::copy_n(whole_.data() + params_[i].tensor_offset, n, piece);
+      }
+    }
   }
 }
 

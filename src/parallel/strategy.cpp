@@ -232,6 +232,19 @@ class Engine final : public Strategy, public models::UnitAccess {
       optimizer_->set_stats_reduce([this](std::span<double> v) {
         blocked([&] { comm_.all_reduce(v.data(), v.data(), v.size(), ElemType::f64, ReduceOp::sum); });
       });
+    // whole_tensor rules: each tensor's pieces, all-gathered in rank order
+    // (a rank's piece of a tensor precedes the next rank's).
+    if (stage_ != Stage::ddp) {
+      for (std::size_t p = 0; p < layout_.params().size(); ++p) {
+        std::vector<std::size_t> counts;
+        for (int r = 0; r < comm.size(); ++r) counts.push_back(layout_.pieces(r)[p].count);
+        piece_counts_[layout_.params()[p].name] = std::move(counts);
+      }
+      optimizer_->set_tensor_gather([this](const Param& p, std::span<const float> piece, std::span<float> whole) {
+        const std::vector<std::size_t>& counts = piece_counts_.at(p.name);
+        blocked([&] { comm_.all_gather_v(piece.data(), whole.data(), counts, ElemType::f32); });
+      });
+    }
     param_requests_.resize(layout_.units().size());
   }
 
@@ -510,6 +523,7 @@ class Engine final : public Strategy, public models::UnitAccess {
   Held params_, grads_;
   std::vector<TensorView> owned_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::map<std::string, std::vector<std::size_t>> piece_counts_;  // per parameter name: each rank's piece
   std::vector<std::unique_ptr<Request>> param_requests_;  // zero1/2: the gather of each unit after a step
   std::map<std::size_t, Gathered> gathered_;              // zero3: units gathered or being gathered
   std::map<std::size_t, Held> compute_;                   // bf16/f16: fp32 copies of held units
@@ -640,8 +654,10 @@ void require_strategy(std::string_view name) {
 void require_exact(std::string_view strategy, const RuleInfo& rule) {
   require_strategy(strategy);
   // Gossip strategies run the whole optimizer on the rank's whole model;
-  // ddp and zero1-3 reduce the statistics of tensor_stats rules.
-  if (strategy == "ddp" || is_gossip(strategy) || rule.locality != Locality::whole_tensor) return;
+  // ddp and zero1-3 reduce the statistics of tensor_stats rules and gather
+  // the tensors of whole_tensor rules that say how (RuleInfo::whole).
+  if (strategy == "ddp" || is_gossip(strategy) || rule.locality != Locality::whole_tensor || rule.whole != nullptr)
+    return;
   throw InvalidInput(str("optimizer ", rule.name, " needs whole tensors (", name_of(rule.locality), "): strategy ",
                          strategy, " cannot run it exactly yet; use --strategy ddp"));
 }

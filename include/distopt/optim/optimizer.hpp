@@ -55,6 +55,9 @@ struct Param {
 // Sums per-tensor statistics over the ranks in place (in rank order, so
 // that every rank gets the same bits); the identity in one process.
 using StatsReduce = std::function<void(std::span<double> values)>;
+// Gathers a whole tensor from the pieces the ranks hold (`piece` is this
+// rank's, of parameter `p`) into `whole`, in element order (collective).
+using TensorGather = std::function<void(const Param& p, std::span<const float> piece, std::span<float> whole)>;
 
 struct ParamGroup {
   std::string rule;                 // the group's update rule (the optimizer's, or its own)
@@ -137,6 +140,10 @@ class Optimizer {
   // Set by a parallel engine whose parameters are pieces of tensors spread
   // over ranks (or replicated, with stat ranges): see Param::stat_begin.
   void set_stats_reduce(StatsReduce reduce) { stats_reduce_ = std::move(reduce); }
+  // Set by a parallel engine whose parameters are pieces: whole_tensor
+  // rules (Muon) gather each tensor's update, every rank computes the
+  // whole-tensor step on it and keeps its own piece.
+  void set_tensor_gather(TensorGather gather) { tensor_gather_ = std::move(gather); }
   // set_to_none: mark every gradient absent; otherwise zero them.
   void zero_grad(bool set_to_none = true);
 
@@ -199,6 +206,8 @@ class Optimizer {
   std::vector<double> stats_;
   std::vector<std::size_t> stat_offsets_;
   StatsReduce stats_reduce_;
+  TensorGather tensor_gather_;
+  std::vector<float> whole_;  // a gathered tensor (whole_tensor rules on pieces)
 };
 
 }  // namespace distopt
