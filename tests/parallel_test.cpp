@@ -171,29 +171,18 @@ TEST_P(Equivalence, EveryStrategyGivesTheSameBits) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Pointwise, Equivalence, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const RuleInfo* r : all_rules())
-                             if (r->locality == Locality::pointwise) names.emplace_back(r->name);
-                           return names;
-                         }()),
-                         [](const auto& info) { return info.param; });
+// The rules of one locality, by name.
+std::vector<std::string> rules_of(Locality locality) {
+  std::vector<std::string> names;
+  for (const RuleInfo* r : all_rules())
+    if (r->locality == locality) names.emplace_back(r->name);
+  return names;
+}
+std::string rule_label(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
 
-INSTANTIATE_TEST_SUITE_P(WholeTensor, Equivalence, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const RuleInfo* r : all_rules())
-                             if (r->locality == Locality::whole_tensor) names.emplace_back(r->name);
-                           return names;
-                         }()),
-                         [](const auto& info) { return info.param; });
-
-INSTANTIATE_TEST_SUITE_P(TensorStats, Equivalence, ::testing::ValuesIn([] {
-                           std::vector<std::string> names;
-                           for (const RuleInfo* r : all_rules())
-                             if (r->locality == Locality::tensor_stats) names.emplace_back(r->name);
-                           return names;
-                         }()),
-                         [](const auto& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(Pointwise, Equivalence, ::testing::ValuesIn(rules_of(Locality::pointwise)), rule_label);
+INSTANTIATE_TEST_SUITE_P(TensorStats, Equivalence, ::testing::ValuesIn(rules_of(Locality::tensor_stats)), rule_label);
+INSTANTIATE_TEST_SUITE_P(WholeTensor, Equivalence, ::testing::ValuesIn(rules_of(Locality::whole_tensor)), rule_label);
 
 TEST(Equivalence, ClippingReallyClipsAndTheBucketSizeChangesNothing) {
   const data::Split d = data::make_synthetic_classification(20, 5, 200, 40, 4);
