@@ -29,6 +29,15 @@ namespace {
 constexpr int kMasterSlot = 2;
 constexpr int kFirstStateSlot = 3;
 
+// Options the rule reads from the optimizer only (LAMB's max_grad_norm, as
+// apex): a group may not set them.
+void refuse_optimizer_level(const RuleInfo& rule, std::string_view option) {
+  for (std::string_view key : rule.optimizer_level)
+    if (option == key)
+      throw InvalidInput(str(key, " is an option of the whole ", rule.name,
+                             " optimizer, not of a parameter group (as in the reference); set it once for all"));
+}
+
 std::string param_label(const Param& p, std::size_t i) {
   return p.name.empty() ? str("parameter ", i) : str("parameter ", i, " ('", p.name, "')");
 }
@@ -62,10 +71,7 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
   // A group of another rule (muon's 1-D parameters under adamw) starts
   // from that rule's defaults, not from the optimizer's.
   const RuleInfo& rule = spec.rule.empty() ? *rule_ : rule_or_throw(spec.rule);
-  for (std::string_view key : rule.optimizer_level)
-    if (spec.options.count(key))
-      throw InvalidInput(str(key, " is an option of the whole ", rule.name,
-                             " optimizer, not of a parameter group (as in the reference); set it once for all"));
+  for (const auto& [key, value] : spec.options) refuse_optimizer_level(rule, key);
   OptionMap options = &rule == rule_ ? defaults_ : resolve_options(rule, {});
   for (const auto& [name, value] : resolve_options(rule, spec.options))
     if (spec.options.count(name)) options[name] = value;
@@ -110,9 +116,7 @@ const ParamGroup& Optimizer::group(std::size_t g) const {
 void Optimizer::set_option(std::size_t g, std::string_view option, OptionValue value) {
   DISTOPT_CHECK(g < groups_.size(), "group ", g, " of ", groups_.size());
   const RuleInfo& rule = *group_rules_[g];
-  for (std::string_view key : rule.optimizer_level)
-    if (option == key)
-      throw InvalidInput(str(key, " is an option of the whole ", rule.name, " optimizer, not of a parameter group"));
+  refuse_optimizer_level(rule, option);
   OptionMap options = groups_[g].options;
   (void)resolve_options(rule, OptionMap{{std::string(option), value}});  // name and kind
   options[std::string(option)] = value;

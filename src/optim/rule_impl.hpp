@@ -104,6 +104,16 @@ double lane_sum(std::size_t n, F&& f) {
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
+// Σ x[i]^2 over n elements (float, bf16 or f16), as lane_sum adds them: the
+// squared norms of tensor_stats rules.
+template <class T>
+double sum_squares(const T* x, std::size_t n) {
+  return lane_sum(n, [&](std::size_t i) {
+    const double v = to_float(x[i]);
+    return v * v;
+  });
+}
+
 // Builds the type-erased table from a rule struct R (see adam.cpp for the
 // shape every rule has).
 template <class R>

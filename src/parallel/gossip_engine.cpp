@@ -295,20 +295,21 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
   // synch_freq + 1 steps older (bounded staleness), and take the model's
   // copy of x with every average that has arrived.
   void adpsgd_round() {
-    if (pairwise_) {
-      pairwise_->allow(steps_);
-      const auto lag = static_cast<std::uint64_t>(options_.synch_freq) + 1;
-      if (steps_ > lag) blocked([&] { pairwise_->wait_for(steps_ - lag); });
-    }
-    std::lock_guard lock(x_mutex_);
-    std::copy(x_.begin(), x_.end(), z_.begin());
+    if (pairwise_) pairwise_->allow(steps_);
+    const auto lag = static_cast<std::uint64_t>(options_.synch_freq) + 1;
+    copy_model_after(steps_ > lag ? steps_ - lag : 0);
   }
 
   // adpsgd: waits for every round allowed, so that x is every rank's x
   // after the same rounds, and copies it for the model. Others: nothing.
   void settle() {
-    if (mode_ != Mode::adpsgd) return;
-    if (pairwise_) blocked([&] { pairwise_->wait_for(steps_); });
+    if (mode_ == Mode::adpsgd) copy_model_after(steps_);
+  }
+
+  // adpsgd: waits until `rounds` pairwise rounds have completed, then takes
+  // the model's copy of x with every average that has arrived.
+  void copy_model_after(std::uint64_t rounds) {
+    if (pairwise_ && rounds > 0) blocked([&] { pairwise_->wait_for(rounds); });
     std::lock_guard lock(x_mutex_);
     std::copy(x_.begin(), x_.end(), z_.begin());
   }

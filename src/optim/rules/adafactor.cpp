@@ -156,11 +156,10 @@ struct AdafactorRule {
   template <class T>
   static void partial(const Coeffs& c, int pass, const Typed<T>& s, const Slice& slice, double* out) {
     if (pass == 1) {
-      const float* work = slice.work;
-      out[0] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(work[i]) * work[i]; });
+      out[0] += sum_squares(slice.work, s.n);
       return;
     }
-    out[0] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(s.p[i]) * s.p[i]; });
+    out[0] += sum_squares(s.p, s.n);
     if (!factored(*slice.shape)) return;
     const std::size_t offset = slice.offset;
     const Grid g = Grid::of(*slice.shape);

@@ -128,16 +128,12 @@ struct LambRule {
   }
   template <class T>
   static void partial(const Coeffs&, int pass, const Typed<T>& s, const Slice& slice, double* out) {
-    const float* work = slice.work;
     if (pass == 0) {
-      out[0] += lane_sum(s.n, [&](std::size_t i) {
-        const double g = to_float(s.g[i]);
-        return g * g;
-      });
+      out[0] += sum_squares(s.g, s.n);
       return;
     }
-    out[0] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(s.p[i]) * s.p[i]; });
-    out[1] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(work[i]) * work[i]; });
+    out[0] += sum_squares(s.p, s.n);
+    out[1] += sum_squares(slice.work, s.n);
   }
   static void finish_pass(int pass, const Shape&, const double* stats, Coeffs& c, float*) {
     if (pass == 0) {

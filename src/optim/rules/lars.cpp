@@ -84,11 +84,8 @@ struct LarsRule {
   template <class T>
   static void partial(const Coeffs& c, int, const Typed<T>& s, const Slice&, double* out) {
     if (!c.adapt) return;
-    out[0] += lane_sum(s.n, [&](std::size_t i) { return static_cast<double>(s.p[i]) * s.p[i]; });
-    out[1] += lane_sum(s.n, [&](std::size_t i) {
-      const double g = to_float(s.g[i]);
-      return g * g;
-    });
+    out[0] += sum_squares(s.p, s.n);
+    out[1] += sum_squares(s.g, s.n);
   }
   static void finish_pass(int, const Shape&, const double* stats, Coeffs& c, float*) {
     if (!c.adapt) return;
