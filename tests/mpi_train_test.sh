@@ -33,10 +33,13 @@ for np in 2 4; do
       fail "np $np: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
   done
 done
-# tensor_stats rules (their per-tensor statistics reduced over the ranks'
-# pieces): every sharded strategy under mpirun gives ddp's bits on threads.
+# Non-pointwise rules (tensor_stats: per-tensor statistics reduced over the
+# ranks' pieces; whole_tensor: matrices gathered): every sharded strategy
+# under mpirun gives ddp's bits on threads.
 for np in 2 4; do
-  for o in "lamb --lr 0.003 --max-grad-norm 0.5" "lars --lr 0.1 --weight-decay 0.001 --momentum 0.9" "adafactor --beta1 0.9" "muon --lr 0.02"; do
+  for o in "lamb --lr 0.003 --max-grad-norm 0.5" "lars --lr 0.1 --weight-decay 0.001 --momentum 0.9" "adafactor --beta1 0.9" "muon --lr 0.02" \
+           "shampoo --lr 0.02 --momentum 0.5 --update-freq 3 --hidden 16" \
+           "adagrad_full --lr 0.05 --block-size 32 --update-freq 2 --hidden 16"; do
     nargs=(train --data synthetic --train-size 1024 --test-size 256 --epochs 5 --batch-size 96 --seed 3
            --progress none --json --optimizer $o)  # 55 steps
     "$bin" "${nargs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads $o $np: $(cat "$tmp/err")"

@@ -167,16 +167,17 @@ TEST(Options, TriplesAndWordsAreValuesLikeTheOthers) {
 }
 
 TEST(Registry, EveryRuleDeclaresItsLocalityAndIsFindable) {
-  EXPECT_EQ(all_rules().size(), 16u);
+  EXPECT_EQ(all_rules().size(), 18u);
   for (const RuleInfo* r : all_rules()) {
     const bool stats = r->name == "lars" || r->name == "lamb" || r->name == "adafactor";
-    const bool whole = r->name == "muon";
+    const bool whole = r->name == "muon" || r->name == "shampoo" || r->name == "adagrad_full";
     EXPECT_EQ(r->locality, stats ? Locality::tensor_stats : whole ? Locality::whole_tensor : Locality::pointwise)
         << r->name;
     EXPECT_EQ(r->stat_passes > 0, stats || whole) << r->name;
+    EXPECT_EQ(r->whole != nullptr, whole) << r->name;
     EXPECT_EQ(find_rule(r->name), r);
   }
-  EXPECT_EQ(find_rule("shampoo"), nullptr);
+  EXPECT_EQ(find_rule("kfac"), nullptr);
 }
 
 
@@ -208,7 +209,7 @@ bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(Rules, SlicingThreadingAndAlignmentDoNotChangeBits) {
   for (const RuleInfo* rule : all_rules()) {
-    if (rule->check_param != nullptr) continue;  // Muon: 2-D only, MuonRule.* below
+    if (rule->locality == Locality::whole_tensor) continue;  // shape limits: their own tests
     for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{4096}, (std::size_t{1} << 20) + 3}) {
       SCOPED_TRACE(std::string(rule->name) + " n=" + std::to_string(n));
       const auto whole = run_rule(*rule, n, 0, 1, 1u << 30);
@@ -223,7 +224,7 @@ template <class T>
 void check_low_precision_master_weights(DType dtype) {
   const std::size_t n = 1000;
   for (const RuleInfo* rule : all_rules()) {
-    if (rule->check_param != nullptr) continue;  // Muon: 2-D only, MuonRule.* below
+    if (rule->locality == Locality::whole_tensor) continue;  // shape limits: their own tests
     SCOPED_TRACE(std::string(rule->name) + " " + std::string(name_of(dtype)));
     // Low-precision parameter and gradient...
     std::vector<T> value(n), grad(n);
@@ -264,7 +265,7 @@ TEST(Rules, F16ParamsKeepFp32MasterWeights) { check_low_precision_master_weights
 TEST(Optimizer, StateDictRoundTripIsBitwise) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (const RuleInfo* rule : all_rules()) {
-      if (rule->check_param != nullptr) continue;  // Muon: 2-D only, MuonRule.* below
+      if (rule->locality == Locality::whole_tensor) continue;  // shape limits: their own tests
       SCOPED_TRACE(std::string(rule->name) + " " + std::string(name_of(dtype)));
       const std::size_t n = 257;
       // Two runs over identical storage: one straight through, one stopped,
@@ -369,50 +370,63 @@ TEST(Optimizer, AdafactorsFactoredStateRoundTripsWithTorchsShapes) {
   EXPECT_THROW(resumed.load_state_dict(bad), InvalidInput);
 }
 
-TEST(MuonRule, ThreadsStateDictAndMasterWeightsOnMatrices) {
-  // What the all-rules tests above check on 1-D tensors, on 2-D ones.
-  const Shape shape{24, 40};
-  auto run = [&](ThreadPool* pool, DType dtype, bool resume) {
-    std::vector<float> w = random_vector(960, 4), g(960);
-    std::vector<std::uint16_t> lw(960), lg(960);
-    Param p{"w", {w.data(), DType::f32, shape}, {g.data(), DType::f32, shape}, true};
-    if (dtype == DType::bf16) {
-      for (std::size_t i = 0; i < 960; ++i) lw[i] = float_to_bf16_bits(w[i]);
-      p.value = {lw.data(), dtype, shape};
-      p.grad = {lg.data(), dtype, shape};
-    }
-    OptimizerConfig cfg;
-    cfg.pool = pool;
-    cfg.chunk_elements = 64;
-    auto opt = std::make_unique<Optimizer>("muon", std::vector<Param>{p}, OptionMap{{"lr", 0.02}}, cfg);
-    for (int k = 0; k < 6; ++k) {
-      const auto v = random_vector(960, 50 + k);
-      for (std::size_t i = 0; i < 960; ++i) {
-        g[i] = v[i];
-        lg[i] = float_to_bf16_bits(v[i]);
-      }
-      if (resume && k == 3) {
-        const StateDict d = opt->state_dict();
-        opt = std::make_unique<Optimizer>("muon", std::vector<Param>{p}, OptionMap{{"lr", 0.5}}, cfg);
-        opt->load_state_dict(d);
-      }
-      opt->param(0).has_grad = true;
-      opt->step();
-    }
-    std::vector<float> out(960);
-    for (std::size_t i = 0; i < 960; ++i) out[i] = dtype == DType::f32 ? w[i] : bf16_bits_to_float(lw[i]);
-    return out;
+TEST(WholeTensorRules, ThreadsStateDictAndMasterWeightsOnMatrices) {
+  // What the all-rules tests above check on 1-D tensors, on 2-D ones, for
+  // every whole_tensor rule (the state dict carries Shampoo's and full-matrix
+  // Adagrad's matrices; their refresh every second step must survive it).
+  const std::vector<std::pair<std::string, OptionMap>> cases = {
+      {"muon", {{"lr", 0.02}}},
+      {"shampoo", {{"lr", 0.05}, {"momentum", 0.5}, {"update_freq", 2}}},
+      {"adagrad_full", {{"block_size", 100}, {"update_freq", 2}}},  // 9 blocks and a tail of 60
   };
-  ThreadPool pool(3);
-  const std::vector<float> plain = run(nullptr, DType::f32, false);
-  EXPECT_TRUE(bitwise_equal(run(&pool, DType::f32, false), plain));
-  EXPECT_TRUE(bitwise_equal(run(nullptr, DType::f32, true), plain));
-  // bf16 parameters step fp32 master weights: close to the fp32 run.
-  const std::vector<float> low = run(nullptr, DType::bf16, false);
-  double worst = 0;
-  for (std::size_t i = 0; i < 960; ++i) worst = std::max(worst, std::abs(double(low[i]) - plain[i]));
-  EXPECT_LT(worst, 2e-2);
-  EXPECT_GT(worst, 0.0);
+  std::size_t whole_tensor_rules = 0;
+  for (const RuleInfo* r : all_rules()) whole_tensor_rules += r->locality == Locality::whole_tensor;
+  ASSERT_EQ(cases.size(), whole_tensor_rules) << "a whole_tensor rule without a case here";
+  const Shape shape{24, 40};
+  for (const auto& [name, options] : cases) {
+    SCOPED_TRACE(name);
+    auto run = [&](ThreadPool* pool, DType dtype, bool resume) {
+      std::vector<float> w = random_vector(960, 4), g(960);
+      std::vector<std::uint16_t> lw(960), lg(960);
+      Param p{"w", {w.data(), DType::f32, shape}, {g.data(), DType::f32, shape}, true};
+      if (dtype == DType::bf16) {
+        for (std::size_t i = 0; i < 960; ++i) lw[i] = float_to_bf16_bits(w[i]);
+        p.value = {lw.data(), dtype, shape};
+        p.grad = {lg.data(), dtype, shape};
+      }
+      OptimizerConfig cfg;
+      cfg.pool = pool;
+      cfg.chunk_elements = 64;
+      auto opt = std::make_unique<Optimizer>(name, std::vector<Param>{p}, options, cfg);
+      for (int k = 0; k < 6; ++k) {
+        const auto v = random_vector(960, 50 + k);
+        for (std::size_t i = 0; i < 960; ++i) {
+          g[i] = v[i];
+          lg[i] = float_to_bf16_bits(v[i]);
+        }
+        if (resume && k == 3) {
+          const StateDict d = opt->state_dict();
+          opt = std::make_unique<Optimizer>(name, std::vector<Param>{p}, OptionMap{{"lr", 0.5}}, cfg);
+          opt->load_state_dict(d);
+        }
+        opt->param(0).has_grad = true;
+        opt->step();
+      }
+      std::vector<float> out(960);
+      for (std::size_t i = 0; i < 960; ++i) out[i] = dtype == DType::f32 ? w[i] : bf16_bits_to_float(lw[i]);
+      return out;
+    };
+    ThreadPool pool(3);
+    const std::vector<float> plain = run(nullptr, DType::f32, false);
+    EXPECT_TRUE(bitwise_equal(run(&pool, DType::f32, false), plain));
+    EXPECT_TRUE(bitwise_equal(run(nullptr, DType::f32, true), plain));
+    // bf16 parameters step fp32 master weights: close to the fp32 run.
+    const std::vector<float> low = run(nullptr, DType::bf16, false);
+    double worst = 0;
+    for (std::size_t i = 0; i < 960; ++i) worst = std::max(worst, std::abs(double(low[i]) - plain[i]));
+    EXPECT_LT(worst, 2e-2);
+    EXPECT_GT(worst, 0.0);
+  }
 }
 
 TEST(Optimizer, ParamWithoutGradIsSkippedLikeTorch) {
@@ -498,7 +512,7 @@ TEST(Optimizer, ZeroGrad) {
 
 TEST(Optimizer, SteadyStateStepAllocatesNothing) {
   for (const RuleInfo* rule : all_rules()) {
-    if (rule->check_param != nullptr) continue;  // Muon: 2-D only, MuonRule.* below
+    if (rule->locality == Locality::whole_tensor) continue;  // shape limits: their own tests
     std::vector<Tensor1> ts;
     ts.reserve(20);
     std::vector<Param> params;

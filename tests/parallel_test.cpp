@@ -111,6 +111,10 @@ OptionMap test_options(const std::string& optimizer) {
   if (optimizer == "lars") return {{"lr", 0.1}, {"weight_decay", 1e-3}, {"momentum", 0.9}};
   if (optimizer == "muon") return {{"lr", 0.02}};
   if (optimizer == "lamb") return {{"lr", 3e-3}, {"max_grad_norm", 0.5}};
+  if (optimizer == "shampoo") return {{"lr", 0.02}, {"momentum", 0.9}, {"weight_decay", 1e-4}, {"update_freq", 3}};
+  // Blocks of 32 cross every shard boundary; roots every second step.
+  if (optimizer == "adagrad_full")
+    return {{"lr", 0.05}, {"block_size", 32}, {"update_freq", 2}, {"initial_accumulator_value", 0.01}};
   return {};
 }
 
@@ -119,7 +123,7 @@ train::TrainConfig tiny_config(const std::string& optimizer, const std::string& 
   c.model = "mlp";
   c.hidden = {24, 40, 8};  // units straddle shard boundaries at every world size
   c.optimizer = {optimizer, test_options(optimizer)};
-  if (find_rule(optimizer)->check_param != nullptr) c.optimizer.fallback = "adamw";  // muon's biases
+  c.optimizer.fallback = std::string(find_rule(optimizer)->companion);  // muon's biases: adamw
   c.epochs = 2;
   c.batch_size = 32;
   c.seed = 11;

@@ -590,15 +590,15 @@ int run_train(TrainArgs& a) {
   a.config.optimizer.options = parse_options(rule, a.option_text);
   rule.validate(resolve_options(rule, a.config.optimizer.options));
   parallel::require_exact(a.config.strategy, rule);  // one clear error before any data is read
-  if (rule.check_param != nullptr) {
+  if (!rule.companion.empty()) {
     // Muon takes matrices only: the rest (biases) go to adamw with its
     // defaults, as torch's Muon documentation tells users to do.
-    a.config.optimizer.fallback = "adamw";
+    a.config.optimizer.fallback = std::string(rule.companion);
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     if (rank == nullptr || std::string(rank) == "0")
       std::fprintf(stderr, "distopt: %s takes the weight matrices; the other parameters (biases) go to a second "
-                           "group with adamw and its defaults\n",
-                   std::string(rule.name).c_str());
+                           "group with %s and its defaults\n",
+                   std::string(rule.name).c_str(), std::string(rule.companion).c_str());
   }
   check_gossip_flags(a);
   if (a.param_dtype == "f32") a.config.parallel.param_dtype = DType::f32;

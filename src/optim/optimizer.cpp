@@ -80,7 +80,7 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
   for (const Param& p : params_)
     if (p.value.numel() > 0) seen.insert(p.value.data);  // an empty piece shares its address with the next
   if (rule.check_param != nullptr)
-    for (const Param& p : spec.params) rule.check_param(p.tensor_shape ? *p.tensor_shape : p.value.shape);
+    for (const Param& p : spec.params) rule.check_param(options, p.tensor_shape ? *p.tensor_shape : p.value.shape);
   for (std::size_t k = 0; k < spec.params.size(); ++k) {
     const Param& p = spec.params[k];
     const std::size_t i = params_.size() + k;
@@ -319,6 +319,7 @@ void Optimizer::run_stat_passes(const RuleInfo& rule, bool threaded) {
                          st.aux.empty() ? nullptr : st.aux.as<float>());
     }
     if (rule.whole != nullptr) {
+      auto aux_of = [&](std::size_t i) { return state_[i]->aux.empty() ? nullptr : state_[i]->aux.as<float>(); };
       auto is_whole = [&](std::size_t i) {
         return params_[i].tensor_offset == 0 && params_[i].value.numel() == numel(tensor_shape_of(i));
       };
@@ -327,7 +328,8 @@ void Optimizer::run_stat_passes(const RuleInfo& rule, bool threaded) {
       // tensor (the same bits on every rank) and the own piece kept.
       for_each(pass_active_.size(), [&](std::size_t j) {
         const std::size_t i = pass_active_[j];
-        if (is_whole(i)) rule.whole(coeffs_[i], pass, tensor_shape_of(i), state_[i]->work.as<float>());
+        if (is_whole(i))
+          rule.whole(coeffs_[i], pass, tensor_shape_of(i), state_[i]->work.as<float>(), aux_of(i));
       });
       for (std::size_t i : pass_active_) {
         if (is_whole(i)) continue;
@@ -336,8 +338,10 @@ void Optimizer::run_stat_passes(const RuleInfo& rule, bool threaded) {
         const auto n = static_cast<std::size_t>(params_[i].value.numel());
         float* piece = n > 0 ? state_[i]->work.as<float>() : nullptr;
         whole_.resize(static_cast<std::size_t>(numel(tensor_shape_of(i))));
-        tensor_gather_(params_[i], std::span<const float>(piece, n), whole_);
-        rule.whole(coeffs_[i], pass, tensor_shape_of(i), whole_.data());
+        const bool gathered = tensor_gather_(params_[i], std::span<const float>(piece, n), whole_);
+        if (n == 0) continue;  // nothing of it here: the gather was for the others
+        DISTOPT_CHECK(gathered, "parameter ", i, " is a piece of ", n, " elements but was not gathered");
+        rule.whole(coeffs_[i], pass, tensor_shape_of(i), whole_.data(), aux_of(i));
         std::copy_n(whole_.data() + params_[i].tensor_offset, n, piece);
       }
     }

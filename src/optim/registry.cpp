@@ -16,11 +16,12 @@ std::string_view name_of(Locality l) {
 }
 
 std::span<const RuleInfo* const> all_rules() {
-  static const std::array<const RuleInfo*, 16> rules = {
+  static const std::array<const RuleInfo*, 18> rules = {
       &rules::sgd_rule(),     &rules::adam_rule(),    &rules::adamw_rule(), &rules::adamax_rule(),
       &rules::adadelta_rule(), &rules::adagrad_rule(), &rules::rmsprop_rule(), &rules::nadam_rule(),
       &rules::radam_rule(),   &rules::rprop_rule(),   &rules::asgd_rule(),  &rules::lion_rule(),
       &rules::lars_rule(),    &rules::lamb_rule(),    &rules::adafactor_rule(), &rules::muon_rule(),
+      &rules::shampoo_rule(), &rules::adagrad_full_rule(),
   };
   return rules;
 }

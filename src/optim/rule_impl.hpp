@@ -28,6 +28,8 @@ DISTOPT_INTERNAL const RuleInfo& lars_rule();
 DISTOPT_INTERNAL const RuleInfo& lamb_rule();
 DISTOPT_INTERNAL const RuleInfo& adafactor_rule();
 DISTOPT_INTERNAL const RuleInfo& muon_rule();
+DISTOPT_INTERNAL const RuleInfo& shampoo_rule();
+DISTOPT_INTERNAL const RuleInfo& adagrad_full_rule();
 #undef DISTOPT_INTERNAL
 
 // Option readers; resolve_options has already checked names and kinds.

@@ -242,7 +242,10 @@ class Engine final : public Strategy, public models::UnitAccess {
       }
       optimizer_->set_tensor_gather([this](const Param& p, std::span<const float> piece, std::span<float> whole) {
         const std::vector<std::size_t>& counts = piece_counts_.at(p.name);
+        // Held whole by one rank: that rank steps it alone (no gather there).
+        if (std::count(counts.begin(), counts.end(), std::size_t{0}) + 1 == std::ptrdiff_t(counts.size())) return false;
         blocked([&] { comm_.all_gather_v(piece.data(), whole.data(), counts, ElemType::f32); });
+        return true;
       });
     }
     param_requests_.resize(layout_.units().size());
@@ -557,10 +560,11 @@ std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vec
   }
   ParamGroupSpec other;
   other.rule = spec.fallback;
+  const OptionMap options = resolve_options(rule, spec.options);
   for (Param& p : views) {
     bool accepted = true;
     try {
-      rule.check_param(p.tensor_shape ? *p.tensor_shape : p.value.shape);
+      rule.check_param(options, p.tensor_shape ? *p.tensor_shape : p.value.shape);
     } catch (const InvalidInput&) {
       accepted = false;
     }

@@ -56,8 +56,11 @@ struct Param {
 // that every rank gets the same bits); the identity in one process.
 using StatsReduce = std::function<void(std::span<double> values)>;
 // Gathers a whole tensor from the pieces the ranks hold (`piece` is this
-// rank's, of parameter `p`) into `whole`, in element order (collective).
-using TensorGather = std::function<void(const Param& p, std::span<const float> piece, std::span<float> whole)>;
+// rank's, of parameter `p`) into `whole`, in element order (collective), and
+// returns true; returns false, on every rank alike and without
+// communicating, when one rank holds the whole tensor (the others then hold
+// empty pieces of it).
+using TensorGather = std::function<bool(const Param& p, std::span<const float> piece, std::span<float> whole)>;
 
 struct ParamGroup {
   std::string rule;                 // the group's update rule (the optimizer's, or its own)
@@ -141,8 +144,11 @@ class Optimizer {
   // over ranks (or replicated, with stat ranges): see Param::stat_begin.
   void set_stats_reduce(StatsReduce reduce) { stats_reduce_ = std::move(reduce); }
   // Set by a parallel engine whose parameters are pieces: whole_tensor
-  // rules (Muon) gather each tensor's update, every rank computes the
-  // whole-tensor step on it and keeps its own piece.
+  // rules (Muon, Shampoo, full-matrix Adagrad) gather each tensor's update,
+  // every rank holding a piece computes the whole-tensor step on it and
+  // keeps its own piece. A rank with an empty piece takes part in the
+  // gather and computes nothing (its small state of the tensor stays as it
+  // was).
   void set_tensor_gather(TensorGather gather) { tensor_gather_ = std::move(gather); }
   // set_to_none: mark every gradient absent; otherwise zero them.
   void zero_grad(bool set_to_none = true);

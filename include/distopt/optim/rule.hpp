@@ -135,13 +135,18 @@ struct RuleInfo {
   bool (*tensor_needed)(const OptionMap& options, std::size_t k, const Shape& tensor) = nullptr;
   // Whether slices carry an fp32 scratch buffer (Slice::work).
   bool workspace = false;
-  // whole_tensor rules (Muon): after pass k, work on the whole tensor's
-  // scratch (the view must be the whole tensor: require_exact keeps such
-  // rules off the sharded strategies), and may set coefficients that depend
-  // on the shape.
-  void (*whole)(RuleBlob& coeffs, int pass, const Shape& tensor, float* work) = nullptr;
-  // Refuses a parameter the rule cannot take (Muon: not 2-D), by shape.
-  void (*check_param)(const Shape& tensor) = nullptr;
+  // whole_tensor rules (Muon, Shampoo, full-matrix Adagrad): after pass k,
+  // work on the whole tensor's scratch (a piece is first gathered whole,
+  // Optimizer::set_tensor_gather) and its small state, and may set
+  // coefficients that depend on the shape.
+  void (*whole)(RuleBlob& coeffs, int pass, const Shape& tensor, float* work, float* aux) = nullptr;
+  // Refuses a parameter the rule cannot take under these options (Muon: not
+  // 2-D; full-matrix Adagrad: above its size limit), by shape.
+  void (*check_param)(const OptionMap& options, const Shape& tensor) = nullptr;
+  // The rule `distopt train` gives the parameters this one refuses by shape,
+  // in a second group (Muon: adamw, as torch's documentation advises);
+  // empty: a refused parameter is an error.
+  std::string_view companion = {};
   // Whether the scalar state "step" (the first scalar) counts the group's
   // steps, as apex's FusedLAMB does, rather than the parameter's: every
   // step() advances it, with or without a gradient.

@@ -12,8 +12,8 @@
 // torch's rounding with ns_dtype "bfloat16": every operand rounded to
 // bfloat16 and every operation's result too, the products accumulated in
 // float as torch's CPU bfloat16 matmul does.
-// whole_tensor: the matrix products need the whole update, so the sharded
-// strategies refuse it for now (parallel::require_exact).
+// whole_tensor: the matrix products need the whole update; the sharded
+// strategies gather it (Optimizer::set_tensor_gather).
 #include <Eigen/Core>
 
 #include <cmath>
@@ -89,7 +89,7 @@ struct MuonRule {
   }
   static StateLayout layout(const Options&) { return {{"momentum_buffer"}, {}}; }
   static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
-  static void check_param(const Shape& s) {
+  static void check_param(const OptionMap&, const Shape& s) {
     require(s.size() == 2, "Muon only supports 2D parameters whereas we found a parameter with size: ", to_string(s),
             " (give such parameters to another optimizer)");
   }
@@ -209,10 +209,11 @@ struct MuonRule {
 const RuleInfo& muon_rule() {
   static const RuleInfo info = [] {
     RuleInfo r = make_rule_info<MuonRule>();
-    r.whole = [](RuleBlob& coeffs, int, const Shape& shape, float* work) {
+    r.whole = [](RuleBlob& coeffs, int, const Shape& shape, float* work, float*) {
       MuonRule::whole(coeffs.as<MuonRule::Coeffs>(), shape, work);
     };
     r.check_param = &MuonRule::check_param;
+    r.companion = "adamw";
     return r;
   }();
   return info;
