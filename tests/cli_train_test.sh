@@ -199,6 +199,12 @@ for s in ddp zero2; do
 done
 [ -s "$tmp/muon_ddp" ] && cmp -s "$tmp/muon_ddp" "$tmp/muon_zero2" \
   || fail "muon: ddp $(cat "$tmp/muon_ddp") vs zero2 $(cat "$tmp/muon_zero2")"
+# Full-matrix Adagrad above its size limit: one line naming the remedy,
+# before any data is read; shampoo likewise above max_precond_dim.
+expect_error 2 "adagrad_full keeps two d x d matrices per block: a parameter of shape \[256, 784\] in one block of 200704 elements needs 300.125 GiB; the limit is max_size=4096 elements per block (set block_size" \
+  -- train --data synthetic --optimizer adagrad_full
+expect_error 2 "dimension 1 of a parameter of shape \[256, 784\] is 784, above max_precond_dim=512" \
+  -- train --data synthetic --optimizer shampoo --max-precond-dim 512
 expect_error 2 "unknown scheduler 'warmup'" -- train --data synthetic --scheduler warmup
 expect_error 2 "steplr: option step_size is required" -- train --data synthetic --scheduler steplr
 expect_error 2 "reducelronplateau: Factor should be < 1.0." -- train --data synthetic --scheduler reducelronplateau \
