@@ -116,6 +116,26 @@ double sum_squares(const T* x, std::size_t n) {
   });
 }
 
+// What the whole_tensor rules without statistics (muon, shampoo,
+// adagrad_full) share: one stat pass with no statistics and a scratch. Such
+// a rule derives from it and adds transform (its pointwise part, into the
+// scratch), whole(c, shape, work, aux) (the step on the whole tensor, in the
+// scratch) and apply_update, and may add check_param and kCompanion.
+struct WholeTensorRule {
+  static constexpr Locality kLocality = Locality::whole_tensor;
+  static constexpr bool kEagerState = false;
+  static constexpr int kStatPasses = 1;
+  static constexpr bool kWorkspace = true;
+  static constexpr bool kGroupStep = false;
+  static constexpr std::span<const std::string_view> kOptimizerLevel{};
+  static std::size_t num_stats(int, const Shape&) { return 0; }
+  static bool global_pass(int) { return false; }
+  template <class C>
+  static void finish_pass(int, const Shape&, const double*, C&, float*) {}
+  template <class T, class C>
+  static void partial(const C&, int, const Typed<T>&, const Slice&, double*) {}
+};
+
 // Builds the type-erased table from a rule struct R (see adam.cpp for the
 // shape every rule has).
 template <class R>
@@ -164,6 +184,13 @@ RuleInfo make_rule_info() {
     info.finish_pass = [](int pass, const Shape& shape, const double* stats, RuleBlob& coeffs, float* aux) {
       R::finish_pass(pass, shape, stats, coeffs.as<typename R::Coeffs>(), aux);
     };
+    if constexpr (requires { &R::whole; }) {
+      info.whole = [](RuleBlob& coeffs, int, const Shape& shape, float* work, float* aux) {
+        R::whole(coeffs.as<typename R::Coeffs>(), shape, work, aux);
+      };
+    }
+    if constexpr (requires { &R::check_param; }) info.check_param = &R::check_param;
+    if constexpr (requires { R::kCompanion; }) info.companion = R::kCompanion;
     if constexpr (requires { R::kAux; }) {
       info.aux_size = [](const OptionMap& m, const Shape& shape) { return R::aux_size(R::parse(m), shape); };
       info.aux_parts = [](const OptionMap& m, const Shape& shape) { return R::aux_parts(R::parse(m), shape); };

@@ -37,10 +37,8 @@ struct Blocks {
   }
 };
 
-struct AdagradFullRule {
+struct AdagradFullRule : WholeTensorRule {
   static constexpr std::string_view kName = "adagrad_full";
-  static constexpr Locality kLocality = Locality::whole_tensor;
-  static constexpr bool kEagerState = false;
   static constexpr OptionSpec kOptions[] = {
       {"lr", 1e-2, "learning rate"},
       {"lr_decay", 0.0, "learning rate decay: lr / (1 + (t-1) lr_decay)"},
@@ -123,21 +121,10 @@ struct AdagradFullRule {
     return c;
   }
 
-  static constexpr int kStatPasses = 1;
-  static constexpr bool kWorkspace = true;
-  static constexpr bool kGroupStep = false;
-  static constexpr std::span<const std::string_view> kOptimizerLevel{};
-  static std::size_t num_stats(int, const Shape&) { return 0; }
-  static bool global_pass(int) { return false; }
-  static void finish_pass(int, const Shape&, const double*, Coeffs&, float*) {}
-  template <class T>
-  static void partial(const Coeffs&, int, const Typed<T>&, const Slice&, double*) {}
 
-  // The decayed gradient, into the scratch.
   template <class T>
   static void transform(const Coeffs& c, int, const Typed<T>& s, const Slice& slice) {
-    float* __restrict u = slice.work;
-    for (std::size_t i = 0; i < s.n; ++i) u[i] = to_float(s.g[i]) + c.weight_decay * s.p[i];
+    l2_gradient(c.weight_decay, s, slice.work);
   }
 
   // 1 / (eps + sqrt(v)) of an eigenvalue v of H; 0 for one below the
@@ -186,14 +173,7 @@ struct AdagradFullRule {
 }  // namespace
 
 const RuleInfo& adagrad_full_rule() {
-  static const RuleInfo info = [] {
-    RuleInfo r = make_rule_info<AdagradFullRule>();
-    r.whole = [](RuleBlob& coeffs, int, const Shape& shape, float* work, float* aux) {
-      AdagradFullRule::whole(coeffs.as<AdagradFullRule::Coeffs>(), shape, work, aux);
-    };
-    r.check_param = &AdagradFullRule::check_param;
-    return r;
-  }();
+  static const RuleInfo info = make_rule_info<AdagradFullRule>();
   return info;
 }
 

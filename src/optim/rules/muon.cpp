@@ -39,10 +39,8 @@ void round_all(Mat& m) {
 
 enum class AdjustLr : int { original, match_rms_adamw };
 
-struct MuonRule {
+struct MuonRule : WholeTensorRule {
   static constexpr std::string_view kName = "muon";
-  static constexpr Locality kLocality = Locality::whole_tensor;
-  static constexpr bool kEagerState = false;
   static constexpr OptionSpec kOptions[] = {
       {"lr", 1e-3, "learning rate"},
       {"weight_decay", 0.1, "decoupled weight decay"},
@@ -89,6 +87,7 @@ struct MuonRule {
   }
   static StateLayout layout(const Options&) { return {{"momentum_buffer"}, {}}; }
   static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
+  static constexpr std::string_view kCompanion = "adamw";  // torch's advice for the rest
   static void check_param(const OptionMap&, const Shape& s) {
     require(s.size() == 2, "Muon only supports 2D parameters whereas we found a parameter with size: ", to_string(s),
             " (give such parameters to another optimizer)");
@@ -119,15 +118,6 @@ struct MuonRule {
     return c;
   }
 
-  static constexpr int kStatPasses = 1;
-  static constexpr bool kWorkspace = true;
-  static constexpr bool kGroupStep = false;
-  static constexpr std::span<const std::string_view> kOptimizerLevel{};
-  static std::size_t num_stats(int, const Shape&) { return 0; }
-  static bool global_pass(int) { return false; }
-  static void finish_pass(int, const Shape&, const double*, Coeffs&, float*) {}
-  template <class T>
-  static void partial(const Coeffs&, int, const Typed<T>&, const Slice&, double*) {}
 
   // The momentum and the update to orthogonalize, into the scratch.
   template <class T>
@@ -143,7 +133,7 @@ struct MuonRule {
   }
 
   // Newton-Schulz on the whole matrix, in place.
-  static void whole(Coeffs& c, const Shape& shape, float* work) {
+  static void whole(Coeffs& c, const Shape& shape, float* work, float*) {
     const auto rows = static_cast<Eigen::Index>(shape[0]), cols = static_cast<Eigen::Index>(shape[1]);
     const Eigen::Map<Mat> u(work, rows, cols);
     const bool transpose = rows > cols;
@@ -207,15 +197,7 @@ struct MuonRule {
 }  // namespace
 
 const RuleInfo& muon_rule() {
-  static const RuleInfo info = [] {
-    RuleInfo r = make_rule_info<MuonRule>();
-    r.whole = [](RuleBlob& coeffs, int, const Shape& shape, float* work, float*) {
-      MuonRule::whole(coeffs.as<MuonRule::Coeffs>(), shape, work);
-    };
-    r.check_param = &MuonRule::check_param;
-    r.companion = "adamw";
-    return r;
-  }();
+  static const RuleInfo info = make_rule_info<MuonRule>();
   return info;
 }
 

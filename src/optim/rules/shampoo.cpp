@@ -67,10 +67,8 @@ void apply_mode(MatD& g, const Mode& m, const MatD& p) {
   }
 }
 
-struct ShampooRule {
+struct ShampooRule : WholeTensorRule {
   static constexpr std::string_view kName = "shampoo";
-  static constexpr Locality kLocality = Locality::whole_tensor;
-  static constexpr bool kEagerState = false;
   static constexpr OptionSpec kOptions[] = {
       {"lr", 1e-1, "learning rate"},
       {"momentum", 0.0, "momentum of the preconditioned update (0: none)"},
@@ -160,21 +158,10 @@ struct ShampooRule {
     return c;
   }
 
-  static constexpr int kStatPasses = 1;
-  static constexpr bool kWorkspace = true;
-  static constexpr bool kGroupStep = false;
-  static constexpr std::span<const std::string_view> kOptimizerLevel{};
-  static std::size_t num_stats(int, const Shape&) { return 0; }
-  static bool global_pass(int) { return false; }
-  static void finish_pass(int, const Shape&, const double*, Coeffs&, float*) {}
-  template <class T>
-  static void partial(const Coeffs&, int, const Typed<T>&, const Slice&, double*) {}
 
-  // The decayed gradient, into the scratch.
   template <class T>
   static void transform(const Coeffs& c, int, const Typed<T>& s, const Slice& slice) {
-    float* __restrict u = slice.work;
-    for (std::size_t i = 0; i < s.n; ++i) u[i] = to_float(s.g[i]) + c.weight_decay * s.p[i];
+    l2_gradient(c.weight_decay, s, slice.work);
   }
 
   // The preconditioned update of the whole tensor, in place.
@@ -221,14 +208,7 @@ struct ShampooRule {
 }  // namespace
 
 const RuleInfo& shampoo_rule() {
-  static const RuleInfo info = [] {
-    RuleInfo r = make_rule_info<ShampooRule>();
-    r.whole = [](RuleBlob& coeffs, int, const Shape& shape, float* work, float* aux) {
-      ShampooRule::whole(coeffs.as<ShampooRule::Coeffs>(), shape, work, aux);
-    };
-    r.check_param = &ShampooRule::check_param;
-    return r;
-  }();
+  static const RuleInfo info = make_rule_info<ShampooRule>();
   return info;
 }
 

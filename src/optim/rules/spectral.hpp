@@ -8,6 +8,8 @@
 
 #include <cstddef>
 
+#include "../rule_impl.hpp"
+
 namespace distopt::rules {
 
 using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -37,6 +39,13 @@ void spectral_function(const float* stored, Eigen::Index n, F f, float* out) {
   const Eigen::VectorXd values = eig.eigenvalues().unaryExpr([&](double v) { return f(v, resolution); });
   const MatD& q = eig.eigenvectors();
   MapF(out, n, n) = (q * values.asDiagonal() * q.transpose()).cast<float>();
+}
+
+// The gradient plus weight_decay * p (L2, in float), into the scratch: the
+// pointwise part of shampoo and adagrad_full.
+template <class T>
+void l2_gradient(float weight_decay, const Typed<T>& s, float* __restrict out) {
+  for (std::size_t i = 0; i < s.n; ++i) out[i] = to_float(s.g[i]) + weight_decay * s.p[i];
 }
 
 }  // namespace distopt::rules
