@@ -199,6 +199,47 @@ for s in ddp zero2; do
 done
 [ -s "$tmp/muon_ddp" ] && cmp -s "$tmp/muon_ddp" "$tmp/muon_zero2" \
   || fail "muon: ddp $(cat "$tmp/muon_ddp") vs zero2 $(cat "$tmp/muon_zero2")"
+# Run configuration files: --config FILE (keys the long flag names, the
+# command line overrides), --print-config (that format, read back as itself).
+cat >"$tmp/run.json" <<'JSON'
+{"data": "synthetic", "train-size": 512, "test_size": 128, "--lr": 0.02, "hidden": [24, 8], "optimizer": "muon",
+ "ns_coefficients": [3.4445, -4.775, 2.0315], "scheduler": {"name": "steplr", "options": {"step_size": 2}},
+ "keep-denormals": true, "progress": "none", "json": true, "world": 2, "strategy": "zero2"}
+JSON
+"$bin" train --config "$tmp/run.json" 2>/dev/null | tail -n 1 | grep -o '"param_hash": "[0-9a-f]*"' >"$tmp/h_config" \
+  || fail "train --config exited $?"
+"$bin" train --data synthetic --train-size 512 --test-size 128 --lr 0.02 --hidden 24,8 --optimizer muon \
+  --ns-coefficients 3.4445,-4.775,2.0315 --scheduler '{"name": "steplr", "options": {"step_size": 2}}' \
+  --keep-denormals --progress none --json --world 2 --strategy zero2 2>/dev/null | tail -n 1 \
+  | grep -o '"param_hash": "[0-9a-f]*"' >"$tmp/h_flags" || fail "the same run by flags exited $?"
+[ -s "$tmp/h_config" ] && cmp -s "$tmp/h_config" "$tmp/h_flags" \
+  || fail "--config gave $(cat "$tmp/h_config"), the same flags $(cat "$tmp/h_flags")"
+"$bin" train --config "$tmp/run.json" --print-config >"$tmp/p1.json" || fail "--print-config exited $?"
+"$bin" train --config "$tmp/p1.json" --print-config >"$tmp/p2.json" || fail "--print-config of its own output exited $?"
+cmp -s "$tmp/p1.json" "$tmp/p2.json" || fail "--print-config does not read back as itself: $(diff "$tmp/p1.json" "$tmp/p2.json")"
+python3 - "$tmp/p1.json" <<'PY' || fail "--print-config: $(cat "$tmp/p1.json")"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["lr"] == 0.02 and c["hidden"] == [24, 8] and c["optimizer"] == "muon" and c["world"] == 2, c
+assert c["scheduler"] == {"name": "steplr", "options": {"step_size": 2}} and c["keep-denormals"] is True, c
+assert c["ns-coefficients"] == "3.4445,-4.775,2.0315" and c["test-size"] == 128 and "config" not in c, c
+PY
+"$bin" train --config "$tmp/run.json" --lr 0.05 --world 3 --print-config | grep -q '"lr": 0.05' \
+  || fail "the command line does not override --config"
+printf '{"lr2": 1}' >"$tmp/bad.json"
+expect_error 2 "--config: unknown key 'lr2' in $tmp/bad.json (keys are the long flag names" -- train --config "$tmp/bad.json"
+printf '{"lr": 1' >"$tmp/bad.json"
+expect_error 2 "--config: $tmp/bad.json is not valid JSON: parse error" -- train --config "$tmp/bad.json"
+printf '[1]' >"$tmp/bad.json"
+expect_error 2 "must hold one JSON object of flags" -- train --config "$tmp/bad.json"
+printf '{"batch-size": -5}' >"$tmp/bad.json"
+expect_error 2 "--batch-size: must be a non-negative integer (got -5) (from --config" -- train --config "$tmp/bad.json"
+printf '{"json": 3}' >"$tmp/bad.json"
+expect_error 2 "is a flag: its value is true or false" -- train --config "$tmp/bad.json"
+printf '{"lr": null}' >"$tmp/bad.json"
+expect_error 2 "key 'lr' is null" -- train --config "$tmp/bad.json"
+expect_error 2 "--config: cannot read $tmp/missing.json" -- train --config "$tmp/missing.json"
+
 # Full-matrix Adagrad above its size limit: one line naming the remedy,
 # before any data is read; shampoo likewise above max_precond_dim.
 expect_error 2 "adagrad_full keeps two d x d matrices per block: a parameter of shape \[256, 784\] in one block of 200704 elements needs 300.125 GiB; the limit is max_size=4096 elements per block (set block_size" \

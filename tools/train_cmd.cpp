@@ -28,6 +28,7 @@
 #include "distopt/optim/scheduler.hpp"
 #include "distopt/replay/replay.hpp"
 #include "distopt/train/trainer.hpp"
+#include "run_config.hpp"
 #include "signals.hpp"
 
 namespace distopt::cli {
@@ -37,9 +38,10 @@ namespace {
 struct TrainArgs {
   train::TrainConfig config;
   std::string data = "fashion-mnist", data_dir, backend = "threads", metrics, export_path, progress = "auto";
+  std::string config_file;  // --config
   std::size_t train_size = 8192, test_size = 2048;
   int world = 1;
-  bool json = false;
+  bool json = false, print_config = false;
   std::map<std::string, std::string> option_text;  // optimizer options as given, torch names
   std::string scheduler, scheduler_interval = "step";
   std::vector<std::string> scheduler_options;  // KEY=VALUE
@@ -615,8 +617,9 @@ int run_train(TrainArgs& a) {
     a.config.scheduler = parse_scheduler(a);
     a.config.scheduler_per_epoch = a.scheduler_interval == "epoch";
     // Build it once on a stand-in parameter: bad names and options fail now.
+    // A 1 x 1 matrix: every rule takes it (muon refuses vectors).
     float p = 0, g = 0;
-    Optimizer probe(a.config.optimizer.name, {Param{"probe", {&p, DType::f32, {1}}, {&g, DType::f32, {1}}, false}},
+    Optimizer probe(a.config.optimizer.name, {Param{"probe", {&p, DType::f32, {1, 1}}, {&g, DType::f32, {1, 1}}, false}},
                     a.config.optimizer.options);
     try {
       (void)make_scheduler(probe, *a.config.scheduler);
@@ -881,6 +884,9 @@ Runner add_train(CLI::App& app) {
       sub->add_option_function<std::string>(names, [a, name](const std::string& v) { a->option_text[name] = v; },
                                             std::string("optimizer option ") + name);
     }
+  sub->add_flag("--print-config", a->print_config,
+                "print the effective configuration as JSON (the format of --config) and exit without training");
+  add_config_file(*sub, a->config_file);
   // An empty value is an error for every option but the outputs, which
   // name the empty file themselves.
   for (CLI::Option* opt : sub->get_options()) {
@@ -890,7 +896,14 @@ Runner add_train(CLI::App& app) {
       continue;
     opt->check(non_empty());
   }
-  return [a] { return run_train(*a); };
+  return [a, sub] {
+    if (!a->config_file.empty()) apply_config_file(*sub, a->config_file);
+    if (a->print_config) {
+      std::fputs(effective_config(*sub).c_str(), stdout);
+      return 0;
+    }
+    return run_train(*a);
+  };
 }
 
 }  // namespace distopt::cli
