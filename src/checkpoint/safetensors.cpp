@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
+#include <cstring>
+#include <span>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -48,44 +51,89 @@ void write_safetensors(const std::string& path, const NamedTensors& t) {
   }
 }
 
+NamedTensors parse_safetensors(std::span<const std::byte> file, const std::string& path) {
+  constexpr std::uint64_t kMaxHeader = 100u << 20;  // the format's own limit
+  if (file.size() < 8) throw InvalidInput(str(path, ": not a safetensors file (shorter than its 8-byte header length)"));
+  std::uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  if (n > file.size() - 8 || n > kMaxHeader)
+    throw InvalidInput(str(path, ": not a safetensors file (a header of ", n, " bytes in a file of ", file.size(), ")"));
+  const std::string_view text(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(n));
+  const nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
+  if (header.is_discarded() || !header.is_object())
+    throw InvalidInput(str(path, ": malformed safetensors header (not a JSON object)"));
+  const std::span<const std::byte> data = file.subspan(8 + static_cast<std::size_t>(n));
+  struct Entry {
+    std::string name;
+    Shape shape;
+    std::uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
+  NamedTensors t;
+  for (const auto& [name, v] : header.items()) {
+    if (name == "__metadata__") {
+      if (!v.is_object()) throw InvalidInput(str(path, ": __metadata__ is not an object"));
+      for (const auto& [k, m] : v.items()) {
+        if (!m.is_string()) throw InvalidInput(str(path, ": metadata ", k, " is not a string"));
+        t.metadata[k] = m.get<std::string>();
+      }
+      continue;
+    }
+    if (!v.is_object() || !v.contains("dtype") || !v["dtype"].is_string() || !v.contains("shape") ||
+        !v["shape"].is_array() || !v.contains("data_offsets") || !v["data_offsets"].is_array())
+      throw InvalidInput(str(path, ": tensor ", name, " lacks dtype, shape or data_offsets"));
+    if (v["dtype"] != "F32")
+      throw InvalidInput(str(path, ": tensor ", name, " is ", v["dtype"].get<std::string>(), "; distopt reads F32"));
+    Entry e{name, {}, 0, 0};
+    std::uint64_t elements = 1;
+    for (const auto& d : v["shape"]) {
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > data.size())
+        throw InvalidInput(str(path, ": tensor ", name, " has a dimension that is not a count the file can hold"));
+      const std::uint64_t dim = d.get<std::uint64_t>();
+      elements = dim == 0 ? 0 : (elements > data.size() / dim ? data.size() + 1 : elements * dim);
+      e.shape.push_back(static_cast<std::int64_t>(dim));
+    }
+    const auto& o = v["data_offsets"];
+    if (o.size() != 2 || !o[0].is_number_unsigned() || !o[1].is_number_unsigned())
+      throw InvalidInput(str(path, ": tensor ", name, " has malformed data_offsets"));
+    e.begin = o[0].get<std::uint64_t>();
+    e.end = o[1].get<std::uint64_t>();
+    if (e.end < e.begin || e.end > data.size() || e.begin % 4 != 0 || elements > data.size() / 4 ||
+        e.end - e.begin != elements * 4)
+      throw InvalidInput(str(path, ": tensor ", name, " has data_offsets that disagree with its shape or the file"));
+    entries.push_back(std::move(e));
+  }
+  // The tensors' bytes tile the data exactly, as the format requires.
+  std::vector<const Entry*> order;
+  for (const Entry& e : entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
+  std::uint64_t at = 0;
+  for (const Entry* e : order) {
+    if (e->begin != at) throw InvalidInput(str(path, ": tensor ", e->name, "'s bytes overlap another's or leave a gap"));
+    at = e->end;
+  }
+  if (at != data.size()) throw InvalidInput(str(path, ": ", data.size() - at, " bytes after the last tensor"));
+  t.data.resize(static_cast<std::size_t>(data.size() / 4));
+  std::size_t elements = 0;
+  for (const Entry& e : entries) {  // header order
+    const std::size_t count = static_cast<std::size_t>((e.end - e.begin) / 4);
+    t.slots.push_back({e.name, elements, e.shape});
+    if (count > 0) std::memcpy(t.data.data() + elements, data.data() + e.begin, count * 4);
+    elements += count;
+  }
+  return t;
+}
+
 NamedTensors read_safetensors(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw IoError(str(path, ": cannot open"));
-  const auto file_size = std::filesystem::file_size(path);
-  std::uint64_t n = 0;
-  if (!in.read(reinterpret_cast<char*>(&n), 8) || n > file_size - 8)
-    throw InvalidInput(str(path, ": not a safetensors file (bad header length)"));
-  std::string text(n, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(n));
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidInput(str(path, ": malformed safetensors header: ", e.what()));
-  }
-  const std::uint64_t data_bytes = file_size - 8 - n;
-  std::vector<char> bytes(data_bytes);
-  in.read(bytes.data(), static_cast<std::streamsize>(data_bytes));
-  NamedTensors t;
-  std::size_t elements = 0;
-  for (auto& [name, v] : header.items()) {
-    if (name == "__metadata__") {
-      for (auto& [k, m] : v.items()) t.metadata[k] = m.get<std::string>();
-      continue;
-    }
-    if (!v.is_object() || v.value("dtype", "") != "F32")
-      throw InvalidInput(str(path, ": tensor ", name, " is not F32"));
-    const auto offsets = v.at("data_offsets").get<std::vector<std::uint64_t>>();
-    Shape shape = v.at("shape").get<Shape>();
-    if (offsets.size() != 2 || offsets[1] < offsets[0] || offsets[1] > data_bytes ||
-        offsets[1] - offsets[0] != static_cast<std::uint64_t>(numel(shape)) * 4 || offsets[0] % 4 != 0)
-      throw InvalidInput(str(path, ": tensor ", name, " has data_offsets that disagree with its shape or the file"));
-    t.slots.push_back({name, elements, shape});
-    t.data.resize(elements + numel(shape));
-    std::memcpy(t.data.data() + elements, bytes.data() + offsets[0], offsets[1] - offsets[0]);
-    elements += numel(shape);
-  }
-  return t;
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw IoError(str(path, ": cannot stat: ", ec.message()));
+  std::vector<std::byte> file(static_cast<std::size_t>(size));
+  if (!in.read(reinterpret_cast<char*>(file.data()), static_cast<std::streamsize>(size)))
+    throw IoError(str(path, ": read failed"));
+  return parse_safetensors(file, path);
 }
 
 }  // namespace distopt::checkpoint

@@ -4,7 +4,9 @@
 // "__metadata__": {string: string}}, then the tensors' bytes.
 #pragma once
 
+#include <cstddef>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -21,7 +23,10 @@ struct NamedTensors {
 // Writes F32 tensors atomically: to PATH.tmp.<pid>, then renamed over PATH,
 // so an existing file is never left half-written.
 void write_safetensors(const std::string& path, const NamedTensors& tensors);
-// Reads a file of F32 tensors; InvalidInput names what is malformed.
+// Reads a file of F32 tensors; InvalidInput names what is malformed. Sizes
+// in the header are checked against the file before anything is allocated.
 NamedTensors read_safetensors(const std::string& path);
+// The same for a file's bytes (`path` names it in errors).
+NamedTensors parse_safetensors(std::span<const std::byte> file, const std::string& path);
 
 }  // namespace distopt::checkpoint

@@ -1,0 +1,21 @@
+// libFuzzer target: safetensors files as checkpoints and --export-params
+// hold them (parse_safetensors, behind read_safetensors). Only
+// distopt::Error may escape as an answer; every tensor read must lie in the
+// data it claims.
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/core/error.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  try {
+    const auto t = distopt::checkpoint::parse_safetensors(
+        std::span<const std::byte>(reinterpret_cast<const std::byte*>(data), size), "fuzz.safetensors");
+    for (const auto& s : t.slots)
+      if (s.offset + s.numel() > t.data.size()) __builtin_trap();
+  } catch (const distopt::Error&) {
+  }
+  return 0;
+}

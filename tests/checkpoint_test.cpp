@@ -1,0 +1,249 @@
+// The crash-safe checkpoint store (include/distopt/checkpoint/store.hpp):
+// complete-or-ignored directories, verification of every file, the newest
+// complete checkpoint, pruning.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/checkpoint/store.hpp"
+#include "distopt/core/error.hpp"
+
+using namespace distopt;
+using namespace distopt::checkpoint;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string t = (fs::temp_directory_path() / "distopt-ckpt-XXXXXX").string();
+    path = ::mkdtemp(t.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+std::vector<std::byte> bytes_of(const std::string& s) {
+  std::vector<std::byte> b(s.size());
+  std::memcpy(b.data(), s.data(), s.size());
+  return b;
+}
+
+// A checkpoint at `step` of two rank files, complete.
+fs::path write_checkpoint(const fs::path& root, std::uint64_t step) {
+  const fs::path dir = checkpoint_dir(root, step);
+  fs::create_directories(dir);
+  Manifest m;
+  m.step = step;
+  m.body = R"({"model": "mlp", "world": 2})";
+  m.files.push_back(write_file(dir, "rank0.safetensors", bytes_of("rank zero's tensors " + std::to_string(step))));
+  m.files.push_back(write_file(dir, "rank1.safetensors", bytes_of("rank one's tensors " + std::to_string(step))));
+  write_manifest(dir, m);
+  return dir;
+}
+
+std::string error_of(const fs::path& dir) {
+  try {
+    (void)verify(dir);
+  } catch (const InvalidInput& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    return m;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(CheckpointStore, AWrittenCheckpointVerifiesAndCarriesItsBody) {
+  TempDir t;
+  const fs::path dir = write_checkpoint(t.path, 7);
+  EXPECT_EQ(dir.filename(), "step-000000000007");
+  const Manifest m = verify(dir);
+  EXPECT_EQ(m.step, 7u);
+  ASSERT_EQ(m.files.size(), 2u);
+  EXPECT_EQ(m.files[1].name, "rank1.safetensors");
+  EXPECT_EQ(m.files[1].xxh64, xxh64_of_file(dir / "rank1.safetensors"));
+  EXPECT_NE(m.body.find("\"world\":2"), std::string::npos) << m.body;
+  // No temporary file is left behind.
+  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos);
+}
+
+TEST(CheckpointStore, DamageIsOneLineNamingTheFile) {
+  TempDir t;
+  const fs::path dir = write_checkpoint(t.path, 3);
+  const fs::path f = dir / "rank1.safetensors";
+  const std::uintmax_t n = fs::file_size(f);
+  // A flipped byte: the checksum.
+  {
+    std::fstream io(f, std::ios::binary | std::ios::in | std::ios::out);
+    io.seekp(5);
+    io.put('X');
+  }
+  std::string e = error_of(dir);
+  EXPECT_NE(e.find("rank1.safetensors is corrupted: its xxh64 is"), std::string::npos) << e;
+  // Truncated.
+  fs::resize_file(f, n - 4);
+  e = error_of(dir);
+  EXPECT_NE(e.find("rank1.safetensors has " + std::to_string(n - 4) + " bytes, the manifest says " +
+                   std::to_string(n) + " (truncated)"),
+            std::string::npos)
+      << e;
+  // Missing.
+  fs::remove(f);
+  EXPECT_NE(error_of(dir).find("rank1.safetensors is missing"), std::string::npos);
+  // A newer format version.
+  const fs::path other = write_checkpoint(t.path, 4);
+  {
+    std::ifstream in(other / "manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = text.find("\"version\": 1");
+    ASSERT_NE(at, std::string::npos) << text;
+    text.replace(at, 12, "\"version\": 2");
+    std::ofstream(other / "manifest.json", std::ios::trunc) << text;
+  }
+  e = error_of(other);
+  EXPECT_NE(e.find("is of format version 2; this distopt reads version 1 (a newer distopt wrote it)"), std::string::npos)
+      << e;
+  // Not a manifest at all, and none.
+  std::ofstream(other / "manifest.json", std::ios::trunc) << "[1, 2]";
+  EXPECT_NE(error_of(other).find("manifest.json is not a JSON object"), std::string::npos);
+  fs::remove(other / "manifest.json");
+  EXPECT_NE(error_of(other).find("manifest.json is missing"), std::string::npos);
+  // A manifest that names a file outside the directory.
+  const fs::path third = write_checkpoint(t.path, 5);
+  {
+    std::ifstream in(third / "manifest.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto at = text.find("rank0.safetensors");
+    text.replace(at, 17, "../../etc/passwd0");
+    std::ofstream(third / "manifest.json", std::ios::trunc) << text;
+  }
+  EXPECT_NE(error_of(third).find("bad file entry '../../etc/passwd0'"), std::string::npos);
+}
+
+TEST(CheckpointStore, AWriterKilledMidwayLeavesThePreviousCheckpointTheLatest) {
+  TempDir t;
+  write_checkpoint(t.path, 10);
+  // A child writes the next checkpoint's first file and dies before the
+  // manifest, as a killed run would.
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const fs::path dir = checkpoint_dir(t.path, 20);
+    fs::create_directories(dir);
+    (void)write_file(dir, "rank0.safetensors", bytes_of("half a checkpoint"));
+    ::_exit(9);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 9);
+  ASSERT_TRUE(fs::exists(checkpoint_dir(t.path, 20) / "rank0.safetensors"));
+  const auto latest = latest_complete(t.path);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(*latest, checkpoint_dir(t.path, 10));
+  EXPECT_EQ(verify(*latest).step, 10u);
+  // Nothing at all, and a root that does not exist.
+  TempDir empty;
+  EXPECT_FALSE(latest_complete(empty.path).has_value());
+  EXPECT_FALSE(latest_complete(empty.path / "none").has_value());
+}
+
+TEST(CheckpointStore, PruneKeepsTheNewestCompleteOnesAndAWriteInProgress) {
+  TempDir t;
+  for (std::uint64_t s : {100, 200, 300, 400}) write_checkpoint(t.path, s);
+  fs::create_directories(checkpoint_dir(t.path, 250));  // interrupted, older than the newest: dead
+  fs::create_directories(checkpoint_dir(t.path, 500));  // newer than the newest: maybe being written
+  fs::create_directories(t.path / "notes");              // not a checkpoint: left alone
+  const auto removed = prune(t.path, 2);
+  EXPECT_EQ(removed.size(), 3u);
+  for (std::uint64_t s : {100, 200, 250}) EXPECT_FALSE(fs::exists(checkpoint_dir(t.path, s))) << s;
+  for (std::uint64_t s : {300, 400, 500}) EXPECT_TRUE(fs::exists(checkpoint_dir(t.path, s))) << s;
+  EXPECT_TRUE(fs::exists(t.path / "notes"));
+  EXPECT_EQ(*latest_complete(t.path), checkpoint_dir(t.path, 400));
+  EXPECT_NO_THROW((void)verify(checkpoint_dir(t.path, 300)));
+}
+
+namespace {
+
+// A safetensors file of the given header text and data bytes.
+std::vector<std::byte> safetensors_bytes(const std::string& header, std::size_t data_bytes) {
+  std::vector<std::byte> f(8 + header.size() + data_bytes, std::byte{0});
+  const std::uint64_t n = header.size();
+  std::memcpy(f.data(), &n, 8);
+  std::memcpy(f.data() + 8, header.data(), header.size());
+  return f;
+}
+
+std::string parse_error(const std::vector<std::byte>& f) {
+  try {
+    (void)parse_safetensors(f, "x.safetensors");
+  } catch (const InvalidInput& e) {
+    const std::string m = e.what();
+    EXPECT_EQ(m.rfind("x.safetensors: ", 0), 0u) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    return m;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Safetensors, RoundTripAndEveryMalformedHeaderIsOneLine) {
+  TempDir t;
+  NamedTensors in;
+  in.slots = {{"a", 0, {2, 3}}, {"b", 6, {}}, {"empty", 7, {0, 4}}};
+  in.data = {1, 2, 3, 4, 5, 6, 7};
+  in.metadata["piece:a"] = "0";
+  const std::string path = (t.path / "t.safetensors").string();
+  write_safetensors(path, in);
+  const NamedTensors out = read_safetensors(path);
+  ASSERT_EQ(out.slots.size(), 3u);
+  EXPECT_EQ(out.slots[0].shape, (Shape{2, 3}));
+  EXPECT_EQ(out.data, in.data);
+  EXPECT_EQ(out.metadata.at("piece:a"), "0");
+
+  const std::string ok = R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})";
+  EXPECT_EQ(parse_error(safetensors_bytes(ok, 8)), "");
+  EXPECT_NE(parse_error(std::vector<std::byte>(5)).find("shorter than its 8-byte header length"), std::string::npos);
+  auto f = safetensors_bytes(ok, 8);
+  const std::uint64_t huge = ~std::uint64_t{0} - 3;
+  std::memcpy(f.data(), &huge, 8);
+  EXPECT_NE(parse_error(f).find("not a safetensors file (a header of"), std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes("[1]", 0)).find("not a JSON object"), std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes("{\"a\": {", 0)).find("not a JSON object"), std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes(R"({"a": {"dtype": "F16", "shape": [2], "data_offsets": [0, 4]}})", 4))
+                .find("tensor a is F16; distopt reads F32"),
+            std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes(R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", 8))
+                .find("not a count"),
+            std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes(R"({"a": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})", 8))
+                .find("not a count the file can hold"),
+            std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes(R"({"a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", 8))
+                .find("disagree with its shape or the file"),
+            std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12))
+                .find("overlap another's or leave a gap"),
+            std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                             "b": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8))
+                .find("overlap another's or leave a gap"),
+            std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes(ok, 12)).find("4 bytes after the last tensor"), std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes(R"({"__metadata__": {"k": 1}})", 0)).find("metadata k is not a string"),
+            std::string::npos);
+  EXPECT_NE(parse_error(safetensors_bytes(R"({"a": {"shape": [2], "data_offsets": [0, 8]}})", 8)).find("lacks dtype"),
+            std::string::npos);
+}
