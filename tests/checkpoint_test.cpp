@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "distopt/checkpoint/pieces.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/checkpoint/store.hpp"
 #include "distopt/core/error.hpp"
@@ -246,4 +247,79 @@ TEST(Safetensors, RoundTripAndEveryMalformedHeaderIsOneLine) {
             std::string::npos);
   EXPECT_NE(parse_error(safetensors_bytes(R"({"a": {"shape": [2], "data_offsets": [0, 8]}})", 8)).find("lacks dtype"),
             std::string::npos);
+}
+
+namespace {
+
+std::string assemble_error(const std::vector<Piece>& pieces) {
+  try {
+    (void)assemble(pieces);
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Pieces, AnyCutReassemblesBitForBitThroughTheirFiles) {
+  // A 5 x 7 tensor and a scalar, cut at every world size 1-8 into
+  // contiguous pieces (empty ones included), written and read back as
+  // safetensors, and assembled; a replicated copy (ddp) changes nothing.
+  std::vector<float> w(35);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * float(i) - 1.0f;
+  for (int world = 1; world <= 8; ++world) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    std::vector<Piece> all;
+    for (int r = 0; r < world; ++r) {
+      const std::size_t begin = w.size() * r / world, end = w.size() * (r + 1) / world;
+      std::vector<Piece> mine = {{"fc.weight", {5, 7}, begin, {w.begin() + begin, w.begin() + end}}};
+      if (r == world - 1) mine.push_back({"scale", {}, 0, {2.5f}});
+      const NamedTensors file = to_safetensors(mine);
+      const auto back = pieces_of(file, "rank.safetensors");
+      all.insert(all.end(), back.begin(), back.end());
+    }
+    all.push_back({"fc.weight", {5, 7}, 0, w});  // a replicated copy
+    const auto whole = assemble(all);
+    ASSERT_EQ(whole.size(), 2u);
+    EXPECT_EQ(whole.at("fc.weight").shape, (Shape{5, 7}));
+    EXPECT_EQ(whole.at("fc.weight").values, w);
+    EXPECT_EQ(whole.at("scale").values, std::vector<float>{2.5f});
+  }
+}
+
+TEST(Pieces, GapsDisagreementsAndBadPlacesAreOneLineNamingTheTensor) {
+  const std::vector<float> v = {1, 2, 3, 4, 5, 6};
+  // Enough elements (a duplicate), but a gap.
+  EXPECT_NE(assemble_error({{"t", {6}, 0, {1, 2}}, {"t", {6}, 4, {5, 6}}, {"t", {6}, 0, {1, 2}}})
+                .find("tensor t: elements [2, 4) are in no file (a missing rank?)"),
+            std::string::npos);
+  EXPECT_NE(assemble_error({{"t", {6}, 0, {1, 2, 3}}, {"t", {6}, 3, {4, 5}}}).find("the pieces hold 5 of its 6 elements"),
+            std::string::npos);
+  EXPECT_NE(assemble_error({{"t", {6}, 0, v}, {"t", {6}, 2, {3, 9}}}).find("two files hold different values for element 3"),
+            std::string::npos);
+  EXPECT_NE(assemble_error({{"t", {6}, 0, v}, {"t", {2, 3}, 0, v}}).find("the files disagree on its shape ([6] and [2, 3])"),
+            std::string::npos);
+  EXPECT_NE(assemble_error({{"t", {6}, 5, {1, 2}}, {"t", {6}, 0, v}}).find("lies outside its 6 elements"),
+            std::string::npos);
+  EXPECT_NE(assemble_error({{"t", {1 << 30, 1 << 30, 1 << 30}, 0, {1}}}).find("is too large"), std::string::npos);
+  // Places in a file.
+  NamedTensors f = to_safetensors(std::vector<Piece>{{"t", {6}, 2, {3, 4}}});
+  auto place_error = [&](const std::string& place) -> std::string {
+    NamedTensors g = f;
+    if (place.empty()) g.metadata.clear();
+    else g.metadata["distopt-piece:t"] = place;
+    try {
+      (void)pieces_of(g, "rank3.safetensors");
+    } catch (const InvalidInput& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(place_error("2:6"), "");
+  EXPECT_NE(place_error("").find("rank3.safetensors: tensor t has no place"), std::string::npos);
+  for (const char* bad : {"2", "x:6", "2:6,", "2:-6", "2:6,,1", ":6"})
+    EXPECT_NE(place_error(bad).find("rank3.safetensors: tensor t has a malformed place"), std::string::npos) << bad;
+  EXPECT_NE(place_error("5:6").find("does not fit its shape [6]"), std::string::npos);
+  EXPECT_NE(place_error("0:4294967296,4294967296,4294967296").find("does not fit its shape"), std::string::npos);
 }

@@ -1,0 +1,131 @@
+#include "distopt/checkpoint/pieces.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <limits>
+
+#include "distopt/core/error.hpp"
+
+namespace distopt::checkpoint {
+namespace {
+
+constexpr const char* kPieceKey = "distopt-piece:";
+// The most elements a tensor of a checkpoint may have (2^40: 4 TiB of
+// floats), so that no product of dimensions overflows.
+constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 40;
+
+// numel(shape), or kMaxElements + 1 when it is above the limit.
+std::uint64_t elements_of(const Shape& shape) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0) return kMaxElements + 1;
+    const auto u = static_cast<std::uint64_t>(d);
+    if (u != 0 && n > kMaxElements / u) return kMaxElements + 1;
+    n *= u;
+  }
+  return n;
+}
+
+std::string place_text(const Piece& p) {
+  std::string s = std::to_string(p.begin);
+  s.push_back(':');
+  for (std::size_t i = 0; i < p.shape.size(); ++i) {
+    if (i > 0) s.push_back(',');
+    s.append(std::to_string(p.shape[i]));
+  }
+  return s;
+}
+
+}  // namespace
+
+std::map<std::string, Whole> assemble(std::span<const Piece> pieces) {
+  std::map<std::string, std::vector<const Piece*>> by_name;
+  for (const Piece& p : pieces) by_name[p.name].push_back(&p);
+  std::map<std::string, Whole> out;
+  for (const auto& [name, list] : by_name) {
+    const Shape& shape = list.front()->shape;
+    std::uint64_t held = 0;
+    for (const Piece* p : list) {
+      if (p->shape != shape)
+        throw InvalidInput(str("tensor ", name, ": the files disagree on its shape (", to_string(shape), " and ",
+                               to_string(p->shape), ")"));
+      held += p->values.size();
+    }
+    const std::uint64_t n = elements_of(shape);
+    if (n > kMaxElements) throw InvalidInput(str("tensor ", name, ": shape ", to_string(shape), " is too large"));
+    for (const Piece* p : list)
+      if (p->begin > n || p->values.size() > n - p->begin)
+        throw InvalidInput(str("tensor ", name, ": a piece of ", p->values.size(), " elements at ", p->begin,
+                               " lies outside its ", n, " elements"));
+    if (held < n)  // before allocating: the pieces cannot cover it
+      throw InvalidInput(str("tensor ", name, ": the pieces hold ", held, " of its ", n, " elements"));
+    Whole w{shape, std::vector<float>(static_cast<std::size_t>(n))};
+    std::vector<bool> covered(static_cast<std::size_t>(n), false);
+    for (const Piece* p : list)
+      for (std::size_t k = 0; k < p->values.size(); ++k) {
+        const std::size_t at = static_cast<std::size_t>(p->begin) + k;
+        if (covered[at] && std::memcmp(&w.values[at], &p->values[k], sizeof(float)) != 0)
+          throw InvalidInput(str("tensor ", name, ": two files hold different values for element ", at, " (",
+                                 w.values[at], " and ", p->values[k], ")"));
+        w.values[at] = p->values[k];
+        covered[at] = true;
+      }
+    const auto gap = std::find(covered.begin(), covered.end(), false);
+    if (gap != covered.end()) {
+      const auto from = static_cast<std::size_t>(gap - covered.begin());
+      const auto to = static_cast<std::size_t>(std::find(gap, covered.end(), true) - covered.begin());
+      throw InvalidInput(str("tensor ", name, ": elements [", from, ", ", to, ") are in no file (a missing rank?)"));
+    }
+    out.emplace(name, std::move(w));
+  }
+  return out;
+}
+
+NamedTensors to_safetensors(std::span<const Piece> pieces) {
+  NamedTensors t;
+  for (const Piece& p : pieces) {
+    if (t.metadata.count(kPieceKey + p.name))
+      throw PreconditionError(str("two pieces of tensor ", p.name, " in one file"));
+    t.metadata[kPieceKey + p.name] = place_text(p);
+    t.slots.push_back({p.name, t.data.size(), {static_cast<std::int64_t>(p.values.size())}});
+    t.data.insert(t.data.end(), p.values.begin(), p.values.end());
+  }
+  return t;
+}
+
+std::vector<Piece> pieces_of(const NamedTensors& file, const std::string& path) {
+  std::vector<Piece> out;
+  for (const ParamSlot& s : file.slots) {
+    const auto it = file.metadata.find(kPieceKey + s.name);
+    if (it == file.metadata.end())
+      throw InvalidInput(str(path, ": tensor ", s.name, " has no place (no ", kPieceKey, s.name, " metadata)"));
+    const std::string& text = it->second;
+    Piece p;
+    p.name = s.name;
+    const char* c = text.data();
+    const char* end = text.data() + text.size();
+    auto [ptr, ec] = std::from_chars(c, end, p.begin);
+    bool ok = ec == std::errc() && ptr != end && *ptr == ':';
+    c = ptr + 1;
+    while (ok && c < end) {
+      std::int64_t d = 0;
+      auto [q, e] = std::from_chars(c, end, d);
+      ok = e == std::errc() && d >= 0 && (q == end || *q == ',');
+      p.shape.push_back(d);
+      c = q == end ? end : q + 1;
+      ok = ok && !(q != end && c == end);  // no trailing comma
+    }
+    if (!ok) throw InvalidInput(str(path, ": tensor ", s.name, " has a malformed place '", text, "'"));
+    const std::uint64_t n = elements_of(p.shape);
+    if (s.shape.size() != 1 || n > kMaxElements || p.begin > n || s.numel() > n - p.begin)
+      throw InvalidInput(str(path, ": tensor ", s.name, "'s piece (", s.numel(), " elements at ", p.begin,
+                             ") does not fit its shape ", to_string(p.shape)));
+    p.values.assign(file.data.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                    file.data.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+}  // namespace distopt::checkpoint
