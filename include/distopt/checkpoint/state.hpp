@@ -1,0 +1,41 @@
+// The parameters and optimizer state of a ddp or zero1-3 strategy as
+// pieces of named tensors (checkpoint/pieces.hpp), and back at any world
+// size and strategy: the content of a reshardable checkpoint.
+//
+// Names follow torch's state_dict: "param.<name>" for a parameter,
+// "state.<index>.<key>" for its optimizer state, where <index> is the
+// parameter's position in the model (torch's model.parameters() order) and
+// <key> the state's torch name (exp_avg, step, master_param, Adafactor's
+// exp_avg_sq_row, ...). A state tensor shaped like its parameter is cut
+// like the parameter; a scalar (0-d) and a tensor's small state (Adafactor's
+// row and column averages, Shampoo's preconditioners) are saved whole by
+// every rank that holds elements of the parameter, and assemble checks
+// that the copies agree bit for bit.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "distopt/checkpoint/pieces.hpp"
+#include "distopt/parallel/strategy.hpp"
+
+namespace distopt::checkpoint {
+
+// This rank's pieces of the parameters and of the optimizer state. The
+// ranks' pieces together hold every element once (replicated ddp values
+// are cut as zero1-3 cut them). Gossip strategies are refused for now.
+std::vector<Piece> strategy_pieces(parallel::Strategy& strategy, int rank);
+
+// The unsharded parameters in slot order (make_strategy's `initial`) from
+// whole tensors; InvalidInput names a missing parameter or a shape that is
+// not the model's.
+std::vector<float> initial_params(const parallel::FlatLayout& layout, const std::map<std::string, Whole>& wholes);
+
+// Loads the optimizer state of whole tensors into a strategy made from
+// initial_params(...), each rank taking its pieces: after it, the strategy
+// steps as the saved one would have. The groups keep their current
+// options. InvalidInput names a missing or misshapen state tensor.
+void load_optimizer_state(parallel::Strategy& strategy, const std::map<std::string, Whole>& wholes);
+
+}  // namespace distopt::checkpoint

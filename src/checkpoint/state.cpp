@@ -1,0 +1,136 @@
+#include "distopt/checkpoint/state.hpp"
+
+#include <algorithm>
+
+#include "distopt/core/error.hpp"
+
+namespace distopt::checkpoint {
+namespace {
+
+// Position of each parameter in the model, by name.
+std::map<std::string, std::size_t> slot_index(const parallel::ShardLayout& layout) {
+  std::map<std::string, std::size_t> index;
+  for (std::size_t k = 0; k < layout.params().size(); ++k) index[layout.params()[k].name] = k;
+  return index;
+}
+
+std::string state_name(std::size_t index, const std::string& key) { return str("state.", index, ".", key); }
+
+// The names of a parameter's small state (whole, not cut like it).
+std::vector<std::string> aux_names(const Optimizer& opt, std::size_t i) {
+  const Param& p = opt.param(i);
+  std::size_t g = 0;
+  while (g + 1 < opt.num_groups() &&
+         std::find(opt.group(g).params.begin(), opt.group(g).params.end(), i) == opt.group(g).params.end())
+    ++g;
+  const RuleInfo& rule = opt.rule_of_group(g);
+  std::vector<std::string> names;
+  if (rule.aux_parts != nullptr)
+    for (const AuxPart& part : rule.aux_parts(opt.group(g).options, p.tensor_shape ? *p.tensor_shape : p.value.shape))
+      names.emplace_back(part.name);
+  return names;
+}
+
+void refuse_gossip(const parallel::Strategy& s) {
+  if (parallel::is_gossip(s.name()))
+    throw InvalidInput(str("checkpoints of the gossip strategy ", s.name(), " are not supported yet"));
+}
+
+}  // namespace
+
+std::vector<Piece> strategy_pieces(parallel::Strategy& s, int rank) {
+  refuse_gossip(s);
+  const parallel::ShardLayout& layout = s.layout();
+  const bool replicated = s.name() == "ddp";
+  const std::span<const float> own = s.own_params();
+  std::vector<Piece> out;
+  for (const auto& pc : layout.pieces(rank)) {
+    if (pc.count == 0) continue;
+    const ParamSlot& slot = layout.params()[pc.param];
+    const std::size_t at = replicated ? pc.padded_offset : pc.shard_offset;
+    out.push_back({"param." + slot.name, slot.shape, pc.param_begin,
+                   std::vector<float>(own.begin() + static_cast<std::ptrdiff_t>(at),
+                                      own.begin() + static_cast<std::ptrdiff_t>(at + pc.count))});
+  }
+  const Optimizer& opt = s.optimizer();
+  const StateDict dict = opt.state_dict();
+  const auto index = slot_index(layout);
+  const auto pieces = layout.pieces(rank);
+  for (const auto& [i, entries] : dict.state) {
+    const Param& p = opt.param(i);
+    const std::size_t slot = index.at(p.name);
+    const auto& pc = pieces[slot];
+    if (pc.count == 0) continue;  // nothing of it here (its small state may be stale)
+    const Shape& shape = layout.params()[slot].shape;
+    const std::vector<std::string> aux = aux_names(opt, i);
+    // The rank's piece of a whole (ddp) tensor, or the whole of its piece.
+    const std::size_t skip = replicated ? pc.param_begin : 0;
+    for (const auto& [key, value] : entries) {
+      const std::string name = state_name(slot, key);
+      if (std::holds_alternative<double>(value)) {
+        out.push_back({name, {}, 0, {static_cast<float>(std::get<double>(value))}});
+        continue;
+      }
+      const StateTensor& t = std::get<StateTensor>(value);
+      if (std::find(aux.begin(), aux.end(), key) != aux.end()) {
+        out.push_back({name, t.shape, 0, t.data});
+        continue;
+      }
+      DISTOPT_CHECK(t.data.size() >= skip + pc.count, name, ": ", t.data.size(), " elements");
+      out.push_back({name, shape, pc.param_begin,
+                     std::vector<float>(t.data.begin() + static_cast<std::ptrdiff_t>(skip),
+                                        t.data.begin() + static_cast<std::ptrdiff_t>(skip + pc.count))});
+    }
+  }
+  return out;
+}
+
+std::vector<float> initial_params(const parallel::FlatLayout& layout, const std::map<std::string, Whole>& wholes) {
+  std::vector<float> initial(layout.elements, 0.0f);
+  for (const ParamSlot& s : layout.params) {
+    const auto it = wholes.find("param." + s.name);
+    if (it == wholes.end()) throw InvalidInput(str("the checkpoint has no parameter ", s.name));
+    if (it->second.shape != s.shape)
+      throw InvalidInput(str("parameter ", s.name, " is ", to_string(it->second.shape), " in the checkpoint, ",
+                             to_string(s.shape), " in the model"));
+    std::copy(it->second.values.begin(), it->second.values.end(), initial.begin() + static_cast<std::ptrdiff_t>(s.offset));
+  }
+  return initial;
+}
+
+void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Whole>& wholes) {
+  refuse_gossip(s);
+  Optimizer& opt = s.optimizer();
+  StateDict dict = opt.state_dict();  // the groups as they are; the state from the checkpoint
+  dict.state.clear();
+  const auto index = slot_index(s.layout());
+  for (std::size_t i = 0; i < opt.num_params(); ++i) {
+    const Param& p = opt.param(i);
+    const std::size_t slot = index.at(p.name);
+    const std::string prefix = state_name(slot, "");
+    const std::size_t n = static_cast<std::size_t>(p.value.numel());
+    const std::vector<std::string> aux = aux_names(opt, i);
+    std::map<std::string, StateValue> entries;
+    for (auto it = wholes.lower_bound(prefix); it != wholes.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+      const std::string key = it->first.substr(prefix.size());
+      const Whole& w = it->second;
+      if (w.shape.empty()) {
+        entries[key] = static_cast<double>(w.values.at(0));
+      } else if (std::find(aux.begin(), aux.end(), key) != aux.end()) {
+        entries[key] = StateTensor{w.shape, w.values};
+      } else {
+        // Cut like the parameter: its piece here (the whole under ddp).
+        const std::size_t begin = p.tensor_offset;
+        if (w.values.size() < begin + n)
+          throw InvalidInput(str("optimizer state ", it->first, " has ", w.values.size(), " elements, parameter ",
+                                 p.name, " needs ", begin + n));
+        entries[key] = StateTensor{p.value.shape, std::vector<float>(w.values.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                                     w.values.begin() + static_cast<std::ptrdiff_t>(begin + n))};
+      }
+    }
+    if (!entries.empty()) dict.state[i] = std::move(entries);
+  }
+  opt.load_state_dict(dict);
+}
+
+}  // namespace distopt::checkpoint
