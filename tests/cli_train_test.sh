@@ -240,6 +240,42 @@ printf '{"lr": null}' >"$tmp/bad.json"
 expect_error 2 "key 'lr' is null" -- train --config "$tmp/bad.json"
 expect_error 2 "--config: cannot read $tmp/missing.json" -- train --config "$tmp/missing.json"
 
+# Checkpoints: --checkpoint-dir/--checkpoint-every/--keep-checkpoints and
+# --resume (the run's flags from the manifest): the same world gives the
+# uninterrupted run's bits; one checkpoint resumed at 3 ranks under zero3
+# and ddp gives the same bits under each.
+ck=(train --data synthetic --train-size 512 --test-size 128 --epochs 2 --batch-size 64 --strategy zero2 --world 2
+    --progress none --json --optimizer adam --lr 0.003)
+hash_of() { tail -n 1 "$1" | grep -o '"param_hash": "[0-9a-f]*"'; }
+"$bin" "${ck[@]}" >"$tmp/straight" 2>/dev/null || fail "uninterrupted run exited $?"
+"$bin" "${ck[@]}" --max-steps 10 --checkpoint-dir "$tmp/ck" --checkpoint-every 3 --keep-checkpoints 2 >/dev/null 2>&1 \
+  || fail "checkpointed run exited $?"
+[ "$(ls "$tmp/ck")" = "$(printf 'step-000000000009\nstep-000000000010')" ] || fail "kept checkpoints: $(ls "$tmp/ck")"
+cp -r "$tmp/ck" "$tmp/ck3"
+cp -r "$tmp/ck" "$tmp/ckd"
+mkdir "$tmp/ck/step-000000000012"  # an interrupted write: ignored
+"$bin" train --resume --checkpoint-dir "$tmp/ck" --max-steps 0 >"$tmp/resumed" 2>"$tmp/err" || fail "--resume exited $?: $(cat "$tmp/err")"
+grep -q "resuming with --max-steps 0 (the checkpoint's run had 10)" "$tmp/err" || fail "override not reported: $(cat "$tmp/err")"
+[ -n "$(hash_of "$tmp/straight")" ] && [ "$(hash_of "$tmp/straight")" = "$(hash_of "$tmp/resumed")" ] \
+  || fail "resumed $(hash_of "$tmp/resumed") vs uninterrupted $(hash_of "$tmp/straight")"
+"$bin" train --resume --checkpoint-dir "$tmp/ck3" --max-steps 0 --world 3 --strategy zero3 >"$tmp/r3" 2>/dev/null \
+  || fail "--resume at zero3@3 exited $?"
+"$bin" train --resume --checkpoint-dir "$tmp/ckd" --max-steps 0 --world 3 --strategy ddp >"$tmp/rd" 2>/dev/null \
+  || fail "--resume at ddp@3 exited $?"
+[ -n "$(hash_of "$tmp/r3")" ] && [ "$(hash_of "$tmp/r3")" = "$(hash_of "$tmp/rd")" ] \
+  || fail "from one checkpoint: zero3@3 $(hash_of "$tmp/r3") vs ddp@3 $(hash_of "$tmp/rd")"
+expect_error 2 "the checkpoint in .* is of --optimizer \"adam\"; --optimizer \"sgd\" would make it meaningless" \
+  -- train --resume --checkpoint-dir "$tmp/ck" --optimizer sgd
+expect_error 2 "--resume needs --checkpoint-dir" -- train --data synthetic --resume
+mkdir -p "$tmp/empty_ck"
+expect_error 2 "--resume: no complete checkpoint in $tmp/empty_ck" -- train --data synthetic --resume --checkpoint-dir "$tmp/empty_ck"
+expect_error 2 "checkpoints do not carry the state of --scheduler yet" \
+  -- train --data synthetic --checkpoint-dir "$tmp/ck_s" --scheduler steplr --scheduler-option step_size=2
+[ ! -e "$tmp/ck/step-000000000012" ] || fail "the interrupted write was not pruned: $(ls "$tmp/ck")"
+last=$(ls -d "$tmp/ck"/step-* | tail -n 1)  # the resumed run's final checkpoint
+printf 'X' | dd of="$last/rank1.safetensors" bs=1 seek=40 conv=notrunc 2>/dev/null
+expect_error 2 "rank1.safetensors is corrupted: its xxh64 is" -- train --resume --checkpoint-dir "$tmp/ck"
+
 # Full-matrix Adagrad above its size limit: one line naming the remedy,
 # before any data is read; shampoo likewise above max_precond_dim.
 expect_error 2 "adagrad_full keeps two d x d matrices per block: a parameter of shape \[256, 784\] in one block of 200704 elements needs 300.125 GiB; the limit is max_size=4096 elements per block (set block_size" \

@@ -21,10 +21,12 @@ using Json = nlohmann::ordered_json;
 constexpr std::size_t kMaxConfigBytes = 16u << 20;
 
 // The flags a configuration does not carry: asking for help, the file
-// itself, and the printing of it.
+// itself, the printing of it, and --resume (a run saved with it would
+// resume again).
 bool carried(const CLI::Option& opt) {
   const std::string& name = opt.get_name();
-  return name != "--help" && name != "--config" && name != "--print-config" && !opt.get_lnames().empty();
+  return name != "--help" && name != "--config" && name != "--print-config" && name != "--resume" &&
+         !opt.get_lnames().empty();
 }
 
 // A key as the flag it names: "--weight-decay", "weight_decay" and

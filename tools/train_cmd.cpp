@@ -18,7 +18,11 @@
 
 #include "backends.hpp"
 #include "commands.hpp"
+#include <nlohmann/json.hpp>
+
+#include "distopt/checkpoint/pieces.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/checkpoint/store.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/gossip/topology.hpp"
@@ -41,7 +45,7 @@ struct TrainArgs {
   std::string config_file;  // --config
   std::size_t train_size = 8192, test_size = 2048;
   int world = 1;
-  bool json = false, print_config = false;
+  bool json = false, print_config = false, resume = false;
   std::map<std::string, std::string> option_text;  // optimizer options as given, torch names
   std::string scheduler, scheduler_interval = "step";
   std::vector<std::string> scheduler_options;  // KEY=VALUE
@@ -749,6 +753,47 @@ int run_train(TrainArgs& a) {
 
 }  // namespace
 
+// --resume: the latest complete checkpoint in --checkpoint-dir, verified;
+// the run's flags from its manifest where the command line (or --config)
+// did not give them; the flags that would make it meaningless refused, the
+// ones that change the run reported.
+void load_resume(CLI::App& command, TrainArgs& a) {
+  namespace fs = std::filesystem;
+  if (a.config.checkpoint_dir.empty()) throw InvalidInput("--resume needs --checkpoint-dir");
+  const auto latest = checkpoint::latest_complete(a.config.checkpoint_dir);
+  if (!latest) throw InvalidInput(str("--resume: no complete checkpoint in ", a.config.checkpoint_dir));
+  const checkpoint::Manifest m = checkpoint::verify(*latest);
+  const nlohmann::json body = nlohmann::json::parse(m.body, nullptr, false);
+  if (body.is_discarded() || !body.is_object() || !body.contains("config") || !body["config"].is_object())
+    throw InvalidInput(str("checkpoint ", latest->string(), ": manifest.json carries no run configuration"));
+  const nlohmann::json& saved = body["config"];
+  const nlohmann::json given = nlohmann::json::parse(effective_config(command));
+  for (const auto& [key, value] : given.items()) {
+    const CLI::Option* opt = command.get_option_no_throw("--" + key);
+    if (opt == nullptr || opt->count() == 0 || !saved.contains(key) || saved[key] == value) continue;
+    static const std::set<std::string> kMeaning = {"model", "hidden", "data", "train-size", "test-size", "optimizer",
+                                                   "seed"};
+    if (kMeaning.count(key))
+      throw InvalidInput(str("--resume: the checkpoint in ", latest->string(), " is of --", key, " ", saved[key].dump(),
+                             "; --", key, " ", value.dump(), " would make it meaningless"));
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr || std::string(rank) == "0")
+      std::fprintf(stderr, "distopt: resuming with --%s %s (the checkpoint's run had %s)\n", key.c_str(),
+                   value.dump().c_str(), saved[key].dump().c_str());
+  }
+  apply_config_text(command, saved.dump(), (*latest / "manifest.json").string());
+  std::vector<checkpoint::Piece> pieces;
+  for (const checkpoint::FileEntry& f : m.files) {
+    const fs::path path = *latest / f.name;
+    const auto mine = checkpoint::pieces_of(checkpoint::read_safetensors(path.string()), path.string());
+    pieces.insert(pieces.end(), mine.begin(), mine.end());
+  }
+  auto resume = std::make_shared<train::TrainConfig::Resume>();
+  resume->step = m.step;
+  resume->wholes = checkpoint::assemble(pieces);
+  a.config.resume = std::move(resume);
+}
+
 // Hidden widths: neither negative nor zero.
 const CLI::Validator positive_counts(
     [](std::string& v) -> std::string {
@@ -884,6 +929,16 @@ Runner add_train(CLI::App& app) {
       sub->add_option_function<std::string>(names, [a, name](const std::string& v) { a->option_text[name] = v; },
                                             std::string("optimizer option ") + name);
     }
+  sub->add_option("--checkpoint-dir", c.checkpoint_dir,
+                  "write checkpoints under DIR (DIR/step-N/: a file per rank and a manifest; docs/formats.md)");
+  sub->add_option("--checkpoint-every", c.checkpoint_every,
+                  "steps between checkpoints (default 0: only one when training ends)")
+      ->check(non_negative("integer"));
+  sub->add_option("--keep-checkpoints", c.keep_checkpoints, "the newest checkpoints kept in --checkpoint-dir (default 3)")
+      ->check(non_negative("integer"));
+  sub->add_flag("--resume", a->resume,
+                "go on from the latest complete checkpoint in --checkpoint-dir, at any world size and strategy; the "
+                "run's flags come from it, flags given again override them");
   sub->add_flag("--print-config", a->print_config,
                 "print the effective configuration as JSON (the format of --config) and exit without training");
   add_config_file(*sub, a->config_file);
@@ -898,6 +953,8 @@ Runner add_train(CLI::App& app) {
   }
   return [a, sub] {
     if (!a->config_file.empty()) apply_config_file(*sub, a->config_file);
+    if (a->resume) load_resume(*sub, *a);
+    a->config.checkpoint_run = effective_config(*sub);
     if (a->print_config) {
       std::fputs(effective_config(*sub).c_str(), stdout);
       return 0;

@@ -17,7 +17,7 @@ namespace distopt::checkpoint {
 
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
 
-void write_safetensors(const std::string& path, const NamedTensors& t) {
+std::vector<std::byte> safetensors_bytes(const NamedTensors& t) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!t.metadata.empty()) header["__metadata__"] = t.metadata;
   std::size_t offset = 0;
@@ -28,15 +28,25 @@ void write_safetensors(const std::string& path, const NamedTensors& t) {
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the format allows trailing spaces; keeps data 8-aligned
+  std::vector<std::byte> out(8 + text.size() + offset);
+  const std::uint64_t n = text.size();
+  std::memcpy(out.data(), &n, 8);
+  std::memcpy(out.data() + 8, text.data(), text.size());
+  std::byte* at = out.data() + 8 + text.size();
+  for (const ParamSlot& s : t.slots) {
+    if (s.numel() > 0) std::memcpy(at, t.data.data() + s.offset, s.numel() * 4);
+    at += s.numel() * 4;
+  }
+  return out;
+}
+
+void write_safetensors(const std::string& path, const NamedTensors& t) {
+  const std::vector<std::byte> bytes = safetensors_bytes(t);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     if (!out) throw IoError(str(path, ": cannot create ", tmp));
-    const std::uint64_t n = text.size();
-    out.write(reinterpret_cast<const char*>(&n), 8);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    for (const ParamSlot& s : t.slots)
-      out.write(reinterpret_cast<const char*>(t.data.data() + s.offset), static_cast<std::streamsize>(s.numel() * 4));
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
     out.flush();
     if (!out) {
       std::filesystem::remove(tmp);

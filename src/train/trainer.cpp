@@ -6,8 +6,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/checkpoint/state.hpp"
+#include "distopt/checkpoint/store.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/fp_mode.hpp"
 #include "distopt/data/sampler.hpp"
@@ -58,6 +63,19 @@ Fault fault_from_env() {
 
 void validate(const Communicator& comm, const data::Split& data, const TrainConfig& c) {
   if (c.epochs < 1) throw InvalidInput(str("--epochs must be at least 1 (got ", c.epochs, ")"));
+  if (!c.checkpoint_dir.empty() || c.resume) {
+    // What a checkpoint does not carry yet is refused, not silently lost.
+    const char* what = c.scheduler                 ? "--scheduler"
+                       : c.loss_scale             ? "--loss-scale"
+                       : c.swa_start > 0          ? "--swa-start"
+                       : c.ema_decay              ? "--ema-decay"
+                       : parallel::is_gossip(c.strategy) ? "a gossip strategy"
+                                                         : nullptr;
+    if (what != nullptr)
+      throw InvalidInput(str("checkpoints do not carry the state of ", what, " yet: checkpoint or resume a run without it"));
+    if (!c.checkpoint_dir.empty() && c.keep_checkpoints == 0)
+      throw InvalidInput("--keep-checkpoints must be at least 1");
+  }
   if (c.batch_size == 0) throw InvalidInput("--batch-size must be at least 1");
   if (c.batch_size < static_cast<std::size_t>(comm.size()))
     throw InvalidInput(str("batch size ", c.batch_size, " is smaller than the world size ", comm.size(),
@@ -111,6 +129,67 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
 
 }  // namespace
 
+namespace {
+
+// Writes the checkpoint of `step` under config.checkpoint_dir (collective):
+// every rank its file, in parallel; rank 0 the manifest, last, and prunes.
+void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const TrainConfig& config, std::uint64_t step,
+                     int epoch) {
+  namespace fs = std::filesystem;
+  const fs::path dir = checkpoint::checkpoint_dir(config.checkpoint_dir, step);
+  std::int64_t ok = 1;
+  std::string failure;
+  if (comm.rank() == 0) {
+    std::error_code ec;
+    fs::remove_all(dir, ec);  // an interrupted write of this very step
+    fs::create_directories(dir, ec);
+    if (ec) {
+      ok = 0;
+      failure = str(dir.string(), ": cannot create the checkpoint directory: ", ec.message());
+    }
+  }
+  comm.broadcast(&ok, 1, ElemType::i64, 0);
+  if (ok == 0) throw IoError(failure.empty() ? str(dir.string(), ": rank 0 could not create it") : failure);
+  // Each rank's file; a failure on any rank fails the checkpoint on all.
+  checkpoint::FileEntry mine;
+  const std::string name = str("rank", comm.rank(), ".safetensors");
+  try {
+    const auto pieces = checkpoint::strategy_pieces(strategy, comm.rank());
+    mine = checkpoint::write_file(dir, name, checkpoint::safetensors_bytes(checkpoint::to_safetensors(pieces)));
+  } catch (const Error& e) {
+    ok = 0;
+    failure = e.what();
+  }
+  const std::int64_t local[3] = {ok, static_cast<std::int64_t>(mine.bytes), static_cast<std::int64_t>(mine.xxh64)};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(comm.size()));
+  comm.all_gather(local, all.data(), 3, ElemType::i64);
+  for (int r = 0; r < comm.size(); ++r)
+    if (all[3 * static_cast<std::size_t>(r)] == 0)
+      throw IoError(r == comm.rank() ? failure : str("checkpoint of step ", step, ": rank ", r, " could not write its file"));
+  if (comm.rank() == 0) {
+    checkpoint::Manifest m;
+    m.step = step;
+    nlohmann::ordered_json body;
+    body["step"] = step;
+    body["epoch"] = epoch;
+    body["world"] = comm.size();
+    body["strategy"] = config.strategy;
+    body["model"] = config.model;
+    body["optimizer"] = config.optimizer.name;
+    body["config"] = nlohmann::ordered_json::parse(config.checkpoint_run);
+    m.body = body.dump();
+    for (int r = 0; r < comm.size(); ++r) {
+      const auto* v = all.data() + 3 * static_cast<std::size_t>(r);
+      m.files.push_back({str("rank", r, ".safetensors"), static_cast<std::uint64_t>(v[1]), static_cast<std::uint64_t>(v[2])});
+    }
+    checkpoint::write_manifest(dir, m);
+    (void)checkpoint::prune(config.checkpoint_dir, config.keep_checkpoints);
+  }
+  comm.barrier();
+}
+
+}  // namespace
+
 std::string hash_params(const std::vector<float>& params) {
   const XXH64_hash_t h = XXH3_64bits(params.data(), params.size() * sizeof(float));
   char hex[17];
@@ -124,8 +203,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   auto model = models::make_model(config.model, data.train.features, data.train.classes, config.hidden);
   const parallel::FlatLayout layout = parallel::flat_layout(*model);
   std::vector<float> initial(layout.elements);
-  model->init(initial, config.seed);
+  if (config.resume) initial = checkpoint::initial_params(layout, config.resume->wholes);
+  else model->init(initial, config.seed);
   auto strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
+  if (config.resume) checkpoint::load_optimizer_state(*strategy, config.resume->wholes);
   Optimizer& optimizer = strategy->optimizer();
   std::unique_ptr<Scheduler> scheduler;
   if (config.scheduler) scheduler = make_scheduler(optimizer, *config.scheduler);
@@ -199,11 +280,21 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   const auto start = Clock::now();
   double train_seconds = 0, train_samples = 0;
   bool stop = false;
-  for (int epoch = 1; epoch <= config.epochs && !stop; ++epoch) {
+  // A resumed run goes on from the batch after its checkpoint's step.
+  const std::size_t start_step = config.resume ? static_cast<std::size_t>(config.resume->step) : 0;
+  const int first_epoch = static_cast<int>(start_step / per_epoch) + 1;
+  result.steps = start_step;
+  const bool checkpointing = !config.checkpoint_dir.empty();
+  std::size_t last_saved = start_step;
+  int epoch_now = first_epoch;
+  bool evaluated = false;
+  if (config.max_steps != 0 && start_step >= config.max_steps) stop = true;
+  for (int epoch = first_epoch; epoch <= config.epochs && !stop; ++epoch) {
+    epoch_now = epoch;
     sampler.set_epoch(static_cast<std::uint64_t>(epoch - 1));
     const auto epoch_start = Clock::now();
     double epoch_loss = 0, epoch_count = 0;
-    for (std::size_t k = 0; k < per_epoch; ++k) {
+    for (std::size_t k = epoch == first_epoch ? start_step % per_epoch : 0; k < per_epoch; ++k) {
       const auto global = sampler.global_batch(k);
       const auto local = sampler.local_batch(k, comm.rank(), comm.size());
       for (std::size_t i = 0; i < local.size(); ++i) {
@@ -274,6 +365,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         last_finite_loss = loss;
         last_finite_step = result.steps;
       }
+      if (checkpointing && config.checkpoint_every > 0 && result.steps % config.checkpoint_every == 0) {
+        save_checkpoint(comm, *strategy, config, result.steps, epoch);
+        last_saved = result.steps;
+      }
       if (fault.rank == comm.rank() && fault.step == result.steps)
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
       if (stop_request > 0) {
@@ -291,6 +386,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     train_seconds += epoch_seconds;
     train_samples += epoch_count;
     const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test);
+    evaluated = true;
     result.consensus_distance = strategy->consensus_distance();
     const double none = std::nan("");  // nothing measured: reported as null
     result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : none;
@@ -331,6 +427,14 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     em.wall_s = seconds_since(start);
     if (report) observer->on_epoch(em);
   }
+  if (!evaluated) {
+    // A resumed run with nothing left to train still reports its model.
+    const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test);
+    result.train_loss = std::nan("");
+    result.test_loss = test.count > 0 ? test.loss_sum / test.count : std::nan("");
+    result.test_accuracy = test.count > 0 ? test.correct / test.count : std::nan("");
+  }
+  if (checkpointing && last_saved != result.steps) save_checkpoint(comm, *strategy, config, result.steps, epoch_now);
   result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
   result.memory = strategy->memory();
   result.params = strategy->gather_params();

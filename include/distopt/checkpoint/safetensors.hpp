@@ -23,6 +23,8 @@ struct NamedTensors {
 // Writes F32 tensors atomically: to PATH.tmp.<pid>, then renamed over PATH,
 // so an existing file is never left half-written.
 void write_safetensors(const std::string& path, const NamedTensors& tensors);
+// The file's bytes (checkpoints write them through checkpoint::write_file).
+std::vector<std::byte> safetensors_bytes(const NamedTensors& tensors);
 // Reads a file of F32 tensors; InvalidInput names what is malformed. Sizes
 // in the header are checked against the file before anything is allocated.
 NamedTensors read_safetensors(const std::string& path);

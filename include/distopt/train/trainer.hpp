@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "distopt/checkpoint/pieces.hpp"
 #include "distopt/comm/communicator.hpp"
 #include "distopt/data/dataset.hpp"
 #include "distopt/optim/averaging.hpp"
@@ -78,6 +81,23 @@ struct TrainConfig {
   // returns with TrainResult::interrupted set. The ranks agree through the
   // per-step loss gather, so a flag set on one rank only is enough.
   const std::atomic<int>* stop_flag = nullptr;
+
+  // Checkpoints (docs/formats.md): with a directory, one every
+  // checkpoint_every steps (0: only the last) and one when training ends
+  // (also on a signal), keeping the newest keep_checkpoints. checkpoint_run
+  // is a JSON object the manifest carries as "config" (distopt train saves
+  // its effective configuration there, for --resume).
+  std::string checkpoint_dir;
+  std::size_t checkpoint_every = 0;
+  std::size_t keep_checkpoints = 3;
+  std::string checkpoint_run = "{}";
+  // Resumes from a checkpoint's whole tensors (checkpoint::assemble) at the
+  // step it was saved at, at any world size and under ddp or zero1-3.
+  struct Resume {
+    std::uint64_t step = 0;
+    std::map<std::string, checkpoint::Whole> wholes;
+  };
+  std::shared_ptr<const Resume> resume;
 };
 
 struct StepMetrics {
