@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Checkpoints under a real mpirun (docs/formats.md): resumed at the same
+# world, at another world and strategy, and across backends.
+set -u
+mpiexec=$1
+bin=$2
+source "$(dirname "$0")/check_lib.sh"
+hash_of() { tail -n 1 "$1" | grep -o '"param_hash": "[0-9a-f]*"'; }
+# Checkpoints under mpirun: each process writes its rank's file, rank 0 the
+# manifest. Saved at np 2 (zero2) after 7 steps; resumed at np 2 it gives
+# the uninterrupted run's bits; resumed at np 3 (zero3) under mpirun and at
+# 3 threads (ddp) from copies of the same checkpoint, the same bits as each
+# other; saved at 4 threads and resumed under mpirun at np 4.
+ck=(train --data synthetic --train-size 1024 --test-size 256 --epochs 2 --batch-size 96 --optimizer lamb --lr 0.003
+    --seed 3 --progress none --json --strategy zero2)
+"$bin" "${ck[@]}" --world 2 >"$tmp/straight" 2>"$tmp/err" || fail "threads straight: $(cat "$tmp/err")"
+timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" "${ck[@]}" --backend mpi --max-steps 7 --checkpoint-dir "$tmp/mck" \
+  >/dev/null 2>"$tmp/err" || fail "mpi checkpointed run exited $?: $(tail -n 3 "$tmp/err")"
+[ -f "$tmp/mck/step-000000000007/manifest.json" ] && [ -f "$tmp/mck/step-000000000007/rank1.safetensors" ] \
+  || fail "mpi checkpoint: $(ls -R "$tmp/mck")"
+cp -r "$tmp/mck" "$tmp/mck3"
+cp -r "$tmp/mck" "$tmp/mckt"
+timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/mck" --max-steps 0 --backend mpi \
+  >"$tmp/mpi" 2>"$tmp/err" || fail "mpi --resume np 2 exited $?: $(tail -n 3 "$tmp/err")"
+[ -n "$(hash_of "$tmp/mpi")" ] && [ "$(hash_of "$tmp/straight")" = "$(hash_of "$tmp/mpi")" ] ||
+  fail "mpi resume np 2: $(hash_of "$tmp/mpi") vs uninterrupted $(hash_of "$tmp/straight")"
+timeout 120 "$mpiexec" -n 3 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/mck3" --max-steps 0 --backend mpi \
+  --world 3 --strategy zero3 >"$tmp/mpi3" 2>"$tmp/err" || fail "mpi --resume np 3 exited $?: $(tail -n 3 "$tmp/err")"
+"$bin" train --resume --checkpoint-dir "$tmp/mckt" --max-steps 0 --world 3 --strategy ddp --backend threads \
+  >"$tmp/t3" 2>"$tmp/err" || fail "threads --resume at 3 exited $?: $(cat "$tmp/err")"
+[ -n "$(hash_of "$tmp/mpi3")" ] && [ "$(hash_of "$tmp/mpi3")" = "$(hash_of "$tmp/t3")" ] ||
+  fail "one checkpoint: mpi zero3 np 3 $(hash_of "$tmp/mpi3") vs threads ddp 3 $(hash_of "$tmp/t3")"
+"$bin" "${ck[@]}" --world 4 --max-steps 5 --checkpoint-dir "$tmp/tck" >/dev/null 2>&1 || fail "threads checkpoint at 4"
+"$bin" "${ck[@]}" --world 4 >"$tmp/straight4" 2>/dev/null || fail "threads straight at 4"
+timeout 120 "$mpiexec" -n 4 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/tck" --max-steps 0 --backend mpi \
+  >"$tmp/mpi4" 2>"$tmp/err" || fail "mpi --resume np 4 exited $?: $(tail -n 3 "$tmp/err")"
+[ "$(hash_of "$tmp/mpi4")" = "$(hash_of "$tmp/straight4")" ] ||
+  fail "threads checkpoint resumed under mpirun np 4: $(hash_of "$tmp/mpi4") vs $(hash_of "$tmp/straight4")"
+finish "mpi checkpoint"
