@@ -124,6 +124,31 @@ grep -q "timed out after 1.5 s waiting for rank(s) 1" "$tmp/err" || fail "DISTOP
 expect_error 2 "--comm-timeout: '0' is not a number of seconds in (0, one year\]" -- train --data synthetic --comm-timeout 0
 expect_error 2 "--comm-timeout: 'soon' is not a number of seconds" -- train --data synthetic --comm-timeout soon
 DISTOPT_COMM_TIMEOUT=-3 expect_error 2 "DISTOPT_COMM_TIMEOUT: '-3' is not a number of seconds" -- train --data synthetic
-DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP" -- train --data synthetic
+DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP or exit:RANK:STEP:file|manifest" \
+  -- train --data synthetic
+
+# A run killed while it writes a checkpoint (DISTOPT_FAULT=exit:RANK:STEP:POINT
+# ends the process at once, as a kill would: with half of that rank's file
+# written, or with its file complete and no manifest): the previous
+# checkpoint stays the latest, --resume goes on from it, and the result is
+# the uninterrupted run's.
+ck=(train --data synthetic --train-size 512 --test-size 128 --epochs 2 --batch-size 64 --world 3 --strategy zero1
+    --progress none --json)
+hash_of() { tail -n 1 "$1" | grep -o '"param_hash": "[0-9a-f]*"'; }
+"$bin" "${ck[@]}" >"$tmp/straight" 2>/dev/null || fail "uninterrupted run exited $?"
+for point in "0:6:file" "2:6:file" "1:9:manifest" "0:9:manifest"; do
+  rm -rf "$tmp/ck"
+  DISTOPT_FAULT=exit:$point "$bin" "${ck[@]}" --checkpoint-dir "$tmp/ck" --checkpoint-every 3 >/dev/null 2>&1
+  status=$?
+  [ "$status" = 137 ] || fail "exit:$point: status $status, want 137"
+  step=$(echo "$point" | cut -d: -f2)
+  [ -d "$tmp/ck/step-00000000000$step" ] && [ ! -f "$tmp/ck/step-00000000000$step/manifest.json" ] \
+    || fail "exit:$point: $(ls -R "$tmp/ck")"
+  "$bin" train --resume --checkpoint-dir "$tmp/ck" >"$tmp/resumed" 2>"$tmp/err" || fail "exit:$point: --resume exited $?: $(cat "$tmp/err")"
+  [ -n "$(hash_of "$tmp/straight")" ] && [ "$(hash_of "$tmp/resumed")" = "$(hash_of "$tmp/straight")" ] \
+    || fail "exit:$point: resumed $(hash_of "$tmp/resumed") vs uninterrupted $(hash_of "$tmp/straight")"
+  [ ! -d "$tmp/ck/step-00000000000$step" ] || [ -f "$tmp/ck/step-00000000000$step/manifest.json" ] \
+    || fail "exit:$point: the interrupted write is still there after a later checkpoint"
+done
 
 finish "cli reliability"

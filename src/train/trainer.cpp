@@ -1,5 +1,6 @@
 #include "distopt/train/trainer.hpp"
 
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
@@ -45,9 +46,16 @@ models::BatchStats evaluate(Communicator& comm, models::Model& model, models::Un
 // A testing aid (docs/reliability.md): DISTOPT_FAULT=stall:RANK:STEP makes
 // that rank stop answering after that step, as a hung or SIGSTOPped
 // process would, so that time-outs can be tested on every backend.
+// DISTOPT_FAULT, a testing aid (docs/reliability.md): stall:RANK:STEP hangs
+// that rank after that step; exit:RANK:STEP:POINT ends the process at once
+// (_exit, as a kill would) while that rank writes the checkpoint of that
+// step, at POINT: "file" (half of its rank file written), "manifest" (its
+// file complete, no manifest yet).
 struct Fault {
   int rank = -1;
   std::size_t step = 0;
+  bool exit = false;
+  bool in_file = false;
 };
 Fault fault_from_env() {
   const char* env = std::getenv("DISTOPT_FAULT");
@@ -55,10 +63,20 @@ Fault fault_from_env() {
   Fault f;
   unsigned long long step = 0;
   int used = 0;
-  if (std::sscanf(env, "stall:%d:%llu%n", &f.rank, &step, &used) != 2 || env[used] != '\0' || f.rank < 0)
-    throw InvalidInput(str("DISTOPT_FAULT: '", env, "' is not stall:RANK:STEP"));
-  f.step = static_cast<std::size_t>(step);
-  return f;
+  if (std::sscanf(env, "stall:%d:%llu%n", &f.rank, &step, &used) == 2 && env[used] == '\0' && f.rank >= 0) {
+    f.step = static_cast<std::size_t>(step);
+    return f;
+  }
+  char point[16] = {};
+  used = 0;
+  if (std::sscanf(env, "exit:%d:%llu:%15[a-z]%n", &f.rank, &step, point, &used) == 3 && env[used] == '\0' &&
+      f.rank >= 0 && (std::string(point) == "file" || std::string(point) == "manifest")) {
+    f.step = static_cast<std::size_t>(step);
+    f.exit = true;
+    f.in_file = std::string(point) == "file";
+    return f;
+  }
+  throw InvalidInput(str("DISTOPT_FAULT: '", env, "' is not stall:RANK:STEP or exit:RANK:STEP:file|manifest"));
 }
 
 void validate(const Communicator& comm, const data::Split& data, const TrainConfig& c) {
@@ -134,7 +152,8 @@ namespace {
 // Writes the checkpoint of `step` under config.checkpoint_dir (collective):
 // every rank its file, in parallel; rank 0 the manifest, last, and prunes.
 void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const TrainConfig& config, std::uint64_t step,
-                     int epoch) {
+                     int epoch, const Fault& fault) {
+  const bool die_here = fault.exit && fault.rank == comm.rank() && fault.step == step;
   namespace fs = std::filesystem;
   const fs::path dir = checkpoint::checkpoint_dir(config.checkpoint_dir, step);
   std::int64_t ok = 1;
@@ -155,7 +174,15 @@ void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const Tra
   const std::string name = str("rank", comm.rank(), ".safetensors");
   try {
     const auto pieces = checkpoint::strategy_pieces(strategy, comm.rank());
-    mine = checkpoint::write_file(dir, name, checkpoint::safetensors_bytes(checkpoint::to_safetensors(pieces)));
+    const std::vector<std::byte> bytes = checkpoint::safetensors_bytes(checkpoint::to_safetensors(pieces));
+    if (die_here && fault.in_file) {
+      // Half the file under its temporary name, as a write cut short leaves it.
+      std::FILE* f = std::fopen((dir / (name + ".tmp." + std::to_string(::getpid()))).c_str(), "wb");
+      if (f != nullptr) std::fwrite(bytes.data(), 1, bytes.size() / 2, f), std::fclose(f);
+      std::_Exit(137);
+    }
+    mine = checkpoint::write_file(dir, name, bytes);
+    if (die_here) std::_Exit(137);  // the file in place, no manifest
   } catch (const Error& e) {
     ok = 0;
     failure = e.what();
@@ -366,10 +393,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         last_finite_step = result.steps;
       }
       if (checkpointing && config.checkpoint_every > 0 && result.steps % config.checkpoint_every == 0) {
-        save_checkpoint(comm, *strategy, config, result.steps, epoch);
+        save_checkpoint(comm, *strategy, config, result.steps, epoch, fault);
         last_saved = result.steps;
       }
-      if (fault.rank == comm.rank() && fault.step == result.steps)
+      if (!fault.exit && fault.rank == comm.rank() && fault.step == result.steps)
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
       if (stop_request > 0) {
         result.interrupted = true;
@@ -434,7 +461,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     result.test_loss = test.count > 0 ? test.loss_sum / test.count : std::nan("");
     result.test_accuracy = test.count > 0 ? test.correct / test.count : std::nan("");
   }
-  if (checkpointing && last_saved != result.steps) save_checkpoint(comm, *strategy, config, result.steps, epoch_now);
+  if (checkpointing && last_saved != result.steps) save_checkpoint(comm, *strategy, config, result.steps, epoch_now, fault);
   result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
   result.memory = strategy->memory();
   result.params = strategy->gather_params();
