@@ -266,8 +266,29 @@ grep -q "resuming with --max-steps 0 (the checkpoint's run had 10)" "$tmp/err" |
   || fail "from one checkpoint: zero3@3 $(hash_of "$tmp/r3") vs ddp@3 $(hash_of "$tmp/rd")"
 expect_error 2 "the checkpoint in .* is of --optimizer \"adam\"; --optimizer \"sgd\" would make it meaningless" \
   -- train --resume --checkpoint-dir "$tmp/ck" --optimizer sgd
-expect_error 2 "--resume needs --checkpoint-dir" -- train --data synthetic --resume
 mkdir -p "$tmp/empty_ck"
+# checkpoint export and inspect: the whole parameters with the run's
+# param_hash, the optimizer state in torch's layout, a verified listing.
+"$bin" checkpoint export "$tmp/ck3" -o "$tmp/export.safetensors" --optimizer-state >/dev/null 2>"$tmp/err" \
+  || fail "checkpoint export exited $?: $(cat "$tmp/err")"
+"$bin" checkpoint inspect "$tmp/ck3" --json >"$tmp/inspect" 2>"$tmp/err" || fail "checkpoint inspect exited $?: $(cat "$tmp/err")"
+python3 - "$tmp/export.safetensors" "$tmp/inspect" "$tmp/r3" <<'PY' || fail "checkpoint export/inspect"
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+i = json.loads(open(sys.argv[2]).read())
+run = json.loads(open(sys.argv[3]).read().splitlines()[-1])
+assert h["fc1.weight"]["shape"] == [256, 784] and h["state.0.exp_avg"]["shape"] == [256, 784], h.keys()
+assert h["state.0.step"]["shape"] == [] and h["__metadata__"]["step"] == str(i["step"]), h["__metadata__"]
+assert i["world"] == 3 and i["strategy"] == "zero3" and i["optimizer"] == "adam", i
+assert i["tensors"]["param.fc3.bias"] == [10] and i["config"]["optimizer"] == "adam", i
+# ck3's latest checkpoint is the end of the zero3@3 resumed run: its parameters are that run's.
+assert h["__metadata__"]["param_hash"] == run["param_hash"], (h["__metadata__"], run["param_hash"])
+PY
+expect_error 2 "$tmp/nothing: no such checkpoint directory" -- checkpoint inspect "$tmp/nothing"
+expect_error 2 "no complete checkpoint in it" -- checkpoint export "$tmp/empty_ck" -o "$tmp/x.safetensors"
+expect_error 2 "--resume needs --checkpoint-dir" -- train --data synthetic --resume
 expect_error 2 "--resume: no complete checkpoint in $tmp/empty_ck" -- train --data synthetic --resume --checkpoint-dir "$tmp/empty_ck"
 expect_error 2 "checkpoints do not carry the state of --scheduler yet" \
   -- train --data synthetic --checkpoint-dir "$tmp/ck_s" --scheduler steplr --scheduler-option step_size=2

@@ -108,5 +108,6 @@ Runner add_replay(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_gossip(CLI::App& app);
+Runner add_checkpoint(CLI::App& app);
 
 }  // namespace distopt::cli

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   add(distopt::cli::add_replay);
   add(distopt::cli::add_bench);
   add(distopt::cli::add_gossip);
+  add(distopt::cli::add_checkpoint);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

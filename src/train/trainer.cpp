@@ -203,6 +203,8 @@ void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const Tra
     body["strategy"] = config.strategy;
     body["model"] = config.model;
     body["optimizer"] = config.optimizer.name;
+    body["param_order"] = nlohmann::ordered_json::array();  // the model's order (param_hash's)
+    for (const ParamSlot& p : strategy.layout().params()) body["param_order"].push_back(p.name);
     body["config"] = nlohmann::ordered_json::parse(config.checkpoint_run);
     m.body = body.dump();
     for (int r = 0; r < comm.size(); ++r) {
