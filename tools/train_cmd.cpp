@@ -791,6 +791,7 @@ void load_resume(CLI::App& command, TrainArgs& a) {
   auto resume = std::make_shared<train::TrainConfig::Resume>();
   resume->step = m.step;
   resume->wholes = checkpoint::assemble(pieces);
+  if (body.contains("state")) resume->state = body["state"].dump();
   a.config.resume = std::move(resume);
 }
 

@@ -83,10 +83,8 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
   if (c.epochs < 1) throw InvalidInput(str("--epochs must be at least 1 (got ", c.epochs, ")"));
   if (!c.checkpoint_dir.empty() || c.resume) {
     // What a checkpoint does not carry yet is refused, not silently lost.
-    const char* what = c.scheduler                 ? "--scheduler"
-                       : c.loss_scale             ? "--loss-scale"
-                       : c.swa_start > 0          ? "--swa-start"
-                       : c.ema_decay              ? "--ema-decay"
+    const char* what = c.swa_start > 0                  ? "--swa-start"
+                       : c.ema_decay                    ? "--ema-decay"
                        : parallel::is_gossip(c.strategy) ? "a gossip strategy"
                                                          : nullptr;
     if (what != nullptr)
@@ -149,10 +147,99 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
 
 namespace {
 
+using OJson = nlohmann::ordered_json;
+
+// JSON has no inf or NaN: they are written as strings.
+OJson number_json(double v) {
+  if (std::isfinite(v)) return v;
+  return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+}
+double json_number(const nlohmann::json& j, const std::string& what) {
+  if (j.is_number()) return j.get<double>();
+  if (j.is_string()) {
+    const std::string t = j.get<std::string>();
+    if (t == "nan") return std::nan("");
+    if (t == "inf" || t == "-inf") return t == "inf" ? HUGE_VAL : -HUGE_VAL;
+  }
+  throw InvalidInput(str("checkpoint manifest: ", what, " is not a number"));
+}
+
+// The numbers a scheduler may change in each group: numeric and pair
+// options, and the extras (initial_lr, max_lr, ...).
+OJson groups_json(const Optimizer& opt) {
+  OJson groups = OJson::array();
+  for (std::size_t g = 0; g < opt.num_groups(); ++g) {
+    OJson options = OJson::object(), extras = OJson::object();
+    for (const auto& [name, v] : opt.group(g).options) {
+      if (v.kind() == OptionValue::Kind::number) options[name] = number_json(v.number());
+      if (v.kind() == OptionValue::Kind::pair) options[name] = {number_json(v.pair()[0]), number_json(v.pair()[1])};
+    }
+    for (const auto& [name, v] : opt.group(g).extras) extras[name] = number_json(v);
+    groups.push_back({{"options", options}, {"extras", extras}});
+  }
+  return groups;
+}
+void load_groups(Optimizer& opt, const nlohmann::json& groups) {
+  if (!groups.is_array() || groups.size() != opt.num_groups())
+    throw InvalidInput(str("checkpoint manifest: ", groups.is_array() ? groups.size() : 0, " parameter groups, the run has ",
+                           opt.num_groups()));
+  for (std::size_t g = 0; g < opt.num_groups(); ++g) {
+    for (const auto& [name, v] : groups[g]["options"].items()) {
+      const OptionValue now = opt.group(g).options.at(name);
+      const OptionValue saved = v.is_array() ? OptionValue(json_number(v[0], name), json_number(v[1], name))
+                                             : OptionValue(json_number(v, name));
+      if (!(saved == now)) opt.set_option(g, name, saved);
+    }
+    for (const auto& [name, v] : groups[g]["extras"].items()) opt.set_extra(g, name, json_number(v, name));
+  }
+}
+
+OJson scheduler_json(const SchedulerState& s) {
+  OJson j;
+  j["kind"] = s.kind;
+  j["values"] = OJson::object();
+  for (const auto& [name, values] : s.values) {
+    OJson list = OJson::array();
+    for (double v : values) list.push_back(number_json(v));
+    j["values"][name] = list;
+  }
+  j["children"] = OJson::array();
+  for (const SchedulerState& c : s.children) j["children"].push_back(scheduler_json(c));
+  return j;
+}
+SchedulerState scheduler_state(const nlohmann::json& j) {
+  SchedulerState s;
+  if (!j.is_object() || !j["kind"].is_string() || !j["values"].is_object() || !j["children"].is_array())
+    throw InvalidInput("checkpoint manifest: a malformed scheduler state");
+  s.kind = j["kind"].get<std::string>();
+  for (const auto& [name, list] : j["values"].items()) {
+    if (!list.is_array()) throw InvalidInput(str("checkpoint manifest: scheduler value ", name, " is not a list"));
+    for (const auto& v : list) s.values[name].push_back(json_number(v, name));
+  }
+  for (const auto& c : j["children"]) s.children.push_back(scheduler_state(c));
+  return s;
+}
+
+OJson scaler_json(const GradScalerState& s) {
+  return {{"scale", number_json(s.scale)}, {"growth_factor", s.growth_factor}, {"backoff_factor", s.backoff_factor},
+          {"growth_interval", s.growth_interval}, {"growth_tracker", s.growth_tracker}};
+}
+GradScalerState scaler_state(const nlohmann::json& j) {
+  GradScalerState s;
+  if (!j.is_object() || !j["growth_interval"].is_number_integer() || !j["growth_tracker"].is_number_integer())
+    throw InvalidInput("checkpoint manifest: a malformed loss-scaler state");
+  s.scale = json_number(j["scale"], "scale");
+  s.growth_factor = json_number(j["growth_factor"], "growth_factor");
+  s.backoff_factor = json_number(j["backoff_factor"], "backoff_factor");
+  s.growth_interval = j["growth_interval"].get<std::int64_t>();
+  s.growth_tracker = j["growth_tracker"].get<std::int64_t>();
+  return s;
+}
+
 // Writes the checkpoint of `step` under config.checkpoint_dir (collective):
 // every rank its file, in parallel; rank 0 the manifest, last, and prunes.
 void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const TrainConfig& config, std::uint64_t step,
-                     int epoch, const Fault& fault) {
+                     int epoch, const Fault& fault, const nlohmann::ordered_json& state) {
   const bool die_here = fault.exit && fault.rank == comm.rank() && fault.step == step;
   namespace fs = std::filesystem;
   const fs::path dir = checkpoint::checkpoint_dir(config.checkpoint_dir, step);
@@ -206,6 +293,7 @@ void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const Tra
     body["param_order"] = nlohmann::ordered_json::array();  // the model's order (param_hash's)
     for (const ParamSlot& p : strategy.layout().params()) body["param_order"].push_back(p.name);
     body["config"] = nlohmann::ordered_json::parse(config.checkpoint_run);
+    body["state"] = state;
     m.body = body.dump();
     for (int r = 0; r < comm.size(); ++r) {
       const auto* v = all.data() + 3 * static_cast<std::size_t>(r);
@@ -247,6 +335,21 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     GradScalerOptions o = *config.loss_scale;
     o.allow_fp16 = config.parallel.param_dtype == DType::f16;  // f16 parameters have fp32 masters
     scaler.emplace(o);
+  }
+  if (config.resume) {
+    // The scheduler's and the scaler's state, then the groups' options as
+    // they were (the lr the scheduler had set).
+    const nlohmann::json st = nlohmann::json::parse(config.resume->state, nullptr, false);
+    if (!st.is_object()) throw InvalidInput("--resume: the checkpoint manifest's state is not a JSON object");
+    if (scheduler.operator bool() != st.contains("scheduler"))
+      throw InvalidInput(scheduler ? "--resume: the checkpoint's run had no scheduler; one cannot be added on resume"
+                                   : "--resume: the checkpoint's run had a scheduler; resume it with its --scheduler");
+    if (scheduler) scheduler->load_state_dict(scheduler_state(st["scheduler"]));
+    if (scaler.has_value() != st.contains("scaler"))
+      throw InvalidInput(scaler ? "--resume: the checkpoint's run had no loss scaling; it cannot be added on resume"
+                                : "--resume: the checkpoint's run had loss scaling; resume it with --loss-scale dynamic");
+    if (scaler) scaler->load_state_dict(scaler_state(st["scaler"]));
+    if (st.contains("groups")) load_groups(optimizer, st["groups"]);
   }
   std::optional<AveragedParams> averaged;
   // Averages of the parameter values this rank keeps (its shard, or all of
@@ -317,6 +420,16 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   std::size_t last_saved = start_step;
   int epoch_now = first_epoch;
   bool evaluated = false;
+  bool save_after_epoch = false;
+  // What a checkpoint keeps besides the tensors: the groups' options (a
+  // scheduler's lr), the scheduler's and the loss scaler's state.
+  auto run_state = [&] {
+    nlohmann::ordered_json j;
+    j["groups"] = groups_json(optimizer);
+    if (scheduler) j["scheduler"] = scheduler_json(scheduler->state_dict());
+    if (scaler && scaler->state_dict()) j["scaler"] = scaler_json(*scaler->state_dict());
+    return j;
+  };
   if (config.max_steps != 0 && start_step >= config.max_steps) stop = true;
   for (int epoch = first_epoch; epoch <= config.epochs && !stop; ++epoch) {
     epoch_now = epoch;
@@ -394,9 +507,18 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         last_finite_loss = loss;
         last_finite_step = result.steps;
       }
-      if (checkpointing && config.checkpoint_every > 0 && result.steps % config.checkpoint_every == 0) {
-        save_checkpoint(comm, *strategy, config, result.steps, epoch, fault);
-        last_saved = result.steps;
+      // A checkpoint records the state between two steps. At an epoch's
+      // last step that is after the epoch's own work (evaluation, a
+      // per-epoch scheduler step), so it waits for it; a run stopping
+      // mid-epoch saves first, and resumes inside the same epoch.
+      const bool stopping = stop_request > 0 || (config.max_steps != 0 && result.steps >= config.max_steps);
+      if (checkpointing && (stopping || (config.checkpoint_every > 0 && result.steps % config.checkpoint_every == 0))) {
+        if (k + 1 < per_epoch) {
+          save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state());
+          last_saved = result.steps;
+        } else {
+          save_after_epoch = true;
+        }
       }
       if (!fault.exit && fault.rank == comm.rank() && fault.step == result.steps)
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -455,6 +577,11 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     }
     em.wall_s = seconds_since(start);
     if (report) observer->on_epoch(em);
+    if (save_after_epoch) {
+      save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state());
+      last_saved = result.steps;
+      save_after_epoch = false;
+    }
   }
   if (!evaluated) {
     // A resumed run with nothing left to train still reports its model.
@@ -463,7 +590,8 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     result.test_loss = test.count > 0 ? test.loss_sum / test.count : std::nan("");
     result.test_accuracy = test.count > 0 ? test.correct / test.count : std::nan("");
   }
-  if (checkpointing && last_saved != result.steps) save_checkpoint(comm, *strategy, config, result.steps, epoch_now, fault);
+  if (checkpointing && last_saved != result.steps)
+    save_checkpoint(comm, *strategy, config, result.steps, epoch_now, fault, run_state());
   result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
   result.memory = strategy->memory();
   result.params = strategy->gather_params();

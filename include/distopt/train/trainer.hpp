@@ -96,6 +96,7 @@ struct TrainConfig {
   struct Resume {
     std::uint64_t step = 0;
     std::map<std::string, checkpoint::Whole> wholes;
+    std::string state = "{}";  // the manifest's "state": groups' options, scheduler, loss scaler (JSON)
   };
   std::shared_ptr<const Resume> resume;
 };
