@@ -148,19 +148,7 @@ void write_manifest(const fs::path& dir, const Manifest& m) {
   (void)write_file(dir, kManifest, std::as_bytes(std::span(text.data(), text.size())));
 }
 
-Manifest verify(const fs::path& dir) {
-  const fs::path mpath = dir / kManifest;
-  const std::string where = str("checkpoint ", dir.string(), ": ");
-  std::error_code ec;
-  if (!fs::is_regular_file(mpath, ec))
-    throw InvalidInput(str(where, kManifest, " is missing (an interrupted write, or not a checkpoint)"));
-  const auto size = fs::file_size(mpath, ec);
-  if (ec || size > kMaxManifestBytes) throw InvalidInput(str(where, kManifest, " is unreadable or larger than 64 MiB"));
-  std::string text(size, '\0');
-  {
-    std::ifstream in(mpath, std::ios::binary);
-    if (!in.read(text.data(), static_cast<std::streamsize>(size))) throw IoError(str(where, "cannot read ", kManifest));
-  }
+Manifest parse_manifest(const std::string& text, const std::string& where) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw InvalidInput(str(where, kManifest, " is not a JSON object"));
   if (!j.contains("format") || j["format"] != kFormat)
@@ -184,6 +172,27 @@ Manifest verify(const fs::path& dir) {
     const auto [ptr, perr] = std::from_chars(h.data(), h.data() + h.size(), e.xxh64, 16);
     if (!plain_name(e.name) || h.size() != 16 || perr != std::errc() || ptr != h.data() + h.size())
       throw InvalidInput(str(where, kManifest, ": bad file entry '", e.name, "'"));
+    m.files.push_back(std::move(e));
+  }
+  m.body = j.contains("run") ? j["run"].dump() : "{}";
+  return m;
+}
+
+Manifest verify(const fs::path& dir) {
+  const fs::path mpath = dir / kManifest;
+  const std::string where = str("checkpoint ", dir.string(), ": ");
+  std::error_code ec;
+  if (!fs::is_regular_file(mpath, ec))
+    throw InvalidInput(str(where, kManifest, " is missing (an interrupted write, or not a checkpoint)"));
+  const auto size = fs::file_size(mpath, ec);
+  if (ec || size > kMaxManifestBytes) throw InvalidInput(str(where, kManifest, " is unreadable or larger than 64 MiB"));
+  std::string text(size, '\0');
+  {
+    std::ifstream in(mpath, std::ios::binary);
+    if (!in.read(text.data(), static_cast<std::streamsize>(size))) throw IoError(str(where, "cannot read ", kManifest));
+  }
+  Manifest m = parse_manifest(text, where);
+  for (const FileEntry& e : m.files) {
     const fs::path p = dir / e.name;
     if (!fs::is_regular_file(p, ec)) throw InvalidInput(str(where, e.name, " is missing"));
     const auto bytes = fs::file_size(p, ec);
@@ -195,9 +204,7 @@ Manifest verify(const fs::path& dir) {
     if (actual != e.xxh64)
       throw InvalidInput(str(where, e.name, " is corrupted: its xxh64 is ", hex(actual), ", the manifest says ",
                              hex(e.xxh64)));
-    m.files.push_back(std::move(e));
   }
-  m.body = j.contains("run") ? j["run"].dump() : "{}";
   return m;
 }
 

@@ -48,6 +48,10 @@ FileEntry write_file(const std::filesystem::path& dir, const std::string& name, 
 // Writes dir/manifest.json, last: the checkpoint is complete once it exists.
 void write_manifest(const std::filesystem::path& dir, const Manifest& manifest);
 
+// A manifest's text (`where` prefixes the errors): format, version, step and
+// the file entries, not yet checked against the files.
+Manifest parse_manifest(const std::string& text, const std::string& where);
+
 // Reads dir/manifest.json and checks every file it lists (present, of its
 // size, of its checksum). InvalidInput names the file and what is wrong: a
 // missing or malformed manifest, a newer format version, a missing,
