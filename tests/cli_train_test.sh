@@ -288,17 +288,20 @@ assert h["__metadata__"]["param_hash"] == run["param_hash"], (h["__metadata__"],
 PY
 expect_error 2 "$tmp/nothing: no such checkpoint directory" -- checkpoint inspect "$tmp/nothing"
 expect_error 2 "no complete checkpoint in it" -- checkpoint export "$tmp/empty_ck" -o "$tmp/x.safetensors"
-# Schedulers (per step with loss scaling, per epoch, on the test loss) and
-# the loss scaler resume exactly: from the end of an epoch (step 8, after
-# the epoch's own scheduler step) and from the middle of one (step 12).
+# Schedulers (per step with loss scaling, per epoch, on the test loss), the
+# loss scaler, SWA with SWALR and EMA resume exactly (the parameters and the
+# averaged model): from the end of an epoch (step 8, after the epoch's own
+# scheduler step), from the middle of one (step 12), and after SWA started
+# (step 28, in epoch 4).
 sched=(train --data synthetic --train-size 512 --test-size 128 --epochs 5 --batch-size 64 --world 2 --strategy zero2
        --progress none --json)
 for extra in "--scheduler onecyclelr --scheduler-option max_lr=0.01 --scheduler-option total_steps=40 --loss-scale dynamic --init-scale 1024 --growth-interval 3" \
              "--scheduler steplr --scheduler-option step_size=1 --scheduler-option gamma=0.5 --scheduler-interval epoch" \
-             "--scheduler reducelronplateau --scheduler-option patience=0"; do
+             "--scheduler reducelronplateau --scheduler-option patience=0" \
+             "--swa-start 2 --swa-lr 0.001" "--ema-decay 0.9"; do
   # shellcheck disable=SC2086
   "$bin" "${sched[@]}" $extra >"$tmp/s_straight" 2>/dev/null || fail "$extra: uninterrupted run exited $?"
-  for cut in "8 5" "12 8"; do
+  for cut in "8 5" "12 8" "28 24"; do
     set -- $cut
     rm -rf "$tmp/cks"
     # shellcheck disable=SC2086
@@ -313,8 +316,8 @@ expect_error 2 "--resume: the checkpoint's run had no scheduler; one cannot be a
   -- train --resume --checkpoint-dir "$tmp/ck3" --scheduler steplr --scheduler-option step_size=2
 expect_error 2 "--resume needs --checkpoint-dir" -- train --data synthetic --resume
 expect_error 2 "--resume: no complete checkpoint in $tmp/empty_ck" -- train --data synthetic --resume --checkpoint-dir "$tmp/empty_ck"
-expect_error 2 "checkpoints do not carry the state of --swa-start yet" \
-  -- train --data synthetic --checkpoint-dir "$tmp/ck_s" --epochs 2 --swa-start 1
+expect_error 2 "checkpoints do not carry the state of a gossip strategy yet" \
+  -- train --data synthetic --checkpoint-dir "$tmp/ck_s" --strategy sgp --world 2
 [ ! -e "$tmp/ck/step-000000000012" ] || fail "the interrupted write was not pruned: $(ls "$tmp/ck")"
 last=$(ls -d "$tmp/ck"/step-* | tail -n 1)  # the resumed run's final checkpoint
 printf 'X' | dd of="$last/rank1.safetensors" bs=1 seek=40 conv=notrunc 2>/dev/null

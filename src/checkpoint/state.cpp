@@ -38,20 +38,58 @@ void refuse_gossip(const parallel::Strategy& s) {
 
 }  // namespace
 
-std::vector<Piece> strategy_pieces(parallel::Strategy& s, int rank) {
+std::vector<Piece> own_pieces(parallel::Strategy& s, int rank, std::span<const float> own, const std::string& prefix) {
   refuse_gossip(s);
   const parallel::ShardLayout& layout = s.layout();
   const bool replicated = s.name() == "ddp";
-  const std::span<const float> own = s.own_params();
   std::vector<Piece> out;
   for (const auto& pc : layout.pieces(rank)) {
     if (pc.count == 0) continue;
     const ParamSlot& slot = layout.params()[pc.param];
     const std::size_t at = replicated ? pc.padded_offset : pc.shard_offset;
-    out.push_back({"param." + slot.name, slot.shape, pc.param_begin,
+    DISTOPT_CHECK(at + pc.count <= own.size(), prefix, slot.name, ": ", own.size(), " own values");
+    out.push_back({prefix + slot.name, slot.shape, pc.param_begin,
                    std::vector<float>(own.begin() + static_cast<std::ptrdiff_t>(at),
                                       own.begin() + static_cast<std::ptrdiff_t>(at + pc.count))});
   }
+  return out;
+}
+
+std::vector<float> own_values(parallel::Strategy& s, int rank, const std::map<std::string, Whole>& wholes,
+                              const std::string& prefix) {
+  refuse_gossip(s);
+  const parallel::ShardLayout& layout = s.layout();
+  const bool replicated = s.name() == "ddp";
+  std::vector<float> own(s.own_params().size(), 0.0f);
+  // Replicated values (ddp) hold every parameter whole; a shard its pieces.
+  for (std::size_t p = 0; p < layout.params().size(); ++p) {
+    const ParamSlot& slot = layout.params()[p];
+    const auto it = wholes.find(prefix + slot.name);
+    if (it == wholes.end()) throw InvalidInput(str("the checkpoint has no tensor ", prefix, slot.name));
+    if (it->second.shape != slot.shape)
+      throw InvalidInput(str(prefix, slot.name, " is ", to_string(it->second.shape), " in the checkpoint, ",
+                             to_string(slot.shape), " in the model"));
+  }
+  if (replicated) {
+    for (std::size_t p = 0; p < layout.params().size(); ++p) {
+      const auto& w = wholes.at(prefix + layout.params()[p].name).values;
+      std::copy(w.begin(), w.end(), own.begin() + static_cast<std::ptrdiff_t>(layout.padded_offset(p)));
+    }
+    return own;
+  }
+  for (const auto& pc : layout.pieces(rank)) {
+    if (pc.count == 0) continue;
+    const auto& w = wholes.at(prefix + layout.params()[pc.param].name).values;
+    std::copy_n(w.begin() + static_cast<std::ptrdiff_t>(pc.param_begin), pc.count,
+                own.begin() + static_cast<std::ptrdiff_t>(pc.shard_offset));
+  }
+  return own;
+}
+
+std::vector<Piece> strategy_pieces(parallel::Strategy& s, int rank) {
+  std::vector<Piece> out = own_pieces(s, rank, s.own_params(), "param.");
+  const parallel::ShardLayout& layout = s.layout();
+  const bool replicated = s.name() == "ddp";
   const Optimizer& opt = s.optimizer();
   const StateDict dict = opt.state_dict();
   const auto index = slot_index(layout);

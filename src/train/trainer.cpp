@@ -83,10 +83,7 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
   if (c.epochs < 1) throw InvalidInput(str("--epochs must be at least 1 (got ", c.epochs, ")"));
   if (!c.checkpoint_dir.empty() || c.resume) {
     // What a checkpoint does not carry yet is refused, not silently lost.
-    const char* what = c.swa_start > 0                  ? "--swa-start"
-                       : c.ema_decay                    ? "--ema-decay"
-                       : parallel::is_gossip(c.strategy) ? "a gossip strategy"
-                                                         : nullptr;
+    const char* what = parallel::is_gossip(c.strategy) ? "a gossip strategy" : nullptr;
     if (what != nullptr)
       throw InvalidInput(str("checkpoints do not carry the state of ", what, " yet: checkpoint or resume a run without it"));
     if (!c.checkpoint_dir.empty() && c.keep_checkpoints == 0)
@@ -108,8 +105,9 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
   if (c.drop_last && data.train.size() < c.batch_size)
     throw InvalidInput(str("with --drop-last, batch size ", c.batch_size, " leaves no batch of the ",
                            data.train.size(), " training samples"));
-  if (c.swa_start > 0 && c.max_steps > 0) {
-    // A run cut short by --max-steps ends in epoch ceil(max_steps / per_epoch).
+  if (c.swa_start > 0 && c.max_steps > 0 && c.checkpoint_dir.empty()) {
+    // A run cut short by --max-steps ends in epoch ceil(max_steps / per_epoch)
+    // (with checkpoints it may be the first part of a resumed run).
     const std::size_t per_epoch =
         data::BatchSampler(data.train.size(), c.batch_size, c.seed, c.drop_last).batches_per_epoch();
     const std::size_t last = (c.max_steps + per_epoch - 1) / per_epoch;
@@ -239,7 +237,8 @@ GradScalerState scaler_state(const nlohmann::json& j) {
 // Writes the checkpoint of `step` under config.checkpoint_dir (collective):
 // every rank its file, in parallel; rank 0 the manifest, last, and prunes.
 void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const TrainConfig& config, std::uint64_t step,
-                     int epoch, const Fault& fault, const nlohmann::ordered_json& state) {
+                     int epoch, const Fault& fault, const nlohmann::ordered_json& state,
+                     std::vector<checkpoint::Piece> extra) {
   const bool die_here = fault.exit && fault.rank == comm.rank() && fault.step == step;
   namespace fs = std::filesystem;
   const fs::path dir = checkpoint::checkpoint_dir(config.checkpoint_dir, step);
@@ -260,7 +259,8 @@ void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const Tra
   checkpoint::FileEntry mine;
   const std::string name = str("rank", comm.rank(), ".safetensors");
   try {
-    const auto pieces = checkpoint::strategy_pieces(strategy, comm.rank());
+    std::vector<checkpoint::Piece> pieces = checkpoint::strategy_pieces(strategy, comm.rank());
+    pieces.insert(pieces.end(), std::make_move_iterator(extra.begin()), std::make_move_iterator(extra.end()));
     const std::vector<std::byte> bytes = checkpoint::safetensors_bytes(checkpoint::to_safetensors(pieces));
     if (die_here && fault.in_file) {
       // Half the file under its temporary name, as a write cut short leaves it.
@@ -336,6 +336,12 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     o.allow_fp16 = config.parallel.param_dtype == DType::f16;  // f16 parameters have fp32 masters
     scaler.emplace(o);
   }
+  std::optional<AveragedParams> averaged;
+  // Averages of the parameter values this rank keeps (its shard, or all of
+  // them where they are replicated): averaging is pointwise.
+  const std::size_t own_elements = strategy->own_params().size();
+  if (config.swa_start > 0) averaged.emplace(own_elements, AveragingOptions{AveragingKind::swa, 0.0, {}});
+  if (config.ema_decay) averaged.emplace(own_elements, AveragingOptions{AveragingKind::ema, *config.ema_decay, {}});
   if (config.resume) {
     // The scheduler's and the scaler's state, then the groups' options as
     // they were (the lr the scheduler had set).
@@ -349,14 +355,24 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       throw InvalidInput(scaler ? "--resume: the checkpoint's run had no loss scaling; it cannot be added on resume"
                                 : "--resume: the checkpoint's run had loss scaling; resume it with --loss-scale dynamic");
     if (scaler) scaler->load_state_dict(scaler_state(st["scaler"]));
+    // SWA/EMA: the averages (cut like the parameters) and SWALR once SWA
+    // has started.
+    if (st.contains("averaged")) {
+      if (!averaged) throw InvalidInput("--resume: the checkpoint's run averaged its parameters; resume it with its --swa-start or --ema-decay");
+      const nlohmann::json& a = st["averaged"];
+      if (!a.is_object() || !a["n_averaged"].is_number_integer())
+        throw InvalidInput("checkpoint manifest: a malformed averaging state");
+      averaged->load_state_dict({a["n_averaged"].get<std::int64_t>(),
+                                 checkpoint::own_values(*strategy, comm.rank(), config.resume->wholes, "avg.")});
+    }
+    if (st.contains("swa_scheduler")) {
+      if (!config.swa_lr) throw InvalidInput("--resume: the checkpoint's run had --swa-lr; resume it with it");
+      swa_scheduler = std::make_unique<SWALR>(optimizer, std::vector<double>{*config.swa_lr}, config.swa_anneal_epochs,
+                                              config.swa_anneal_strategy);
+      swa_scheduler->load_state_dict(scheduler_state(st["swa_scheduler"]));
+    }
     if (st.contains("groups")) load_groups(optimizer, st["groups"]);
   }
-  std::optional<AveragedParams> averaged;
-  // Averages of the parameter values this rank keeps (its shard, or all of
-  // them where they are replicated): averaging is pointwise.
-  const std::size_t own_elements = strategy->own_params().size();
-  if (config.swa_start > 0) averaged.emplace(own_elements, AveragingOptions{AveragingKind::swa, 0.0, {}});
-  if (config.ema_decay) averaged.emplace(own_elements, AveragingOptions{AveragingKind::ema, *config.ema_decay, {}});
   double grad_norm = -1;
   bool stepped = true;
   // torch's order: unscale, clip, then the scaler's step (skipped on inf/NaN);
@@ -428,7 +444,16 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     j["groups"] = groups_json(optimizer);
     if (scheduler) j["scheduler"] = scheduler_json(scheduler->state_dict());
     if (scaler && scaler->state_dict()) j["scaler"] = scaler_json(*scaler->state_dict());
+    if (averaged && averaged->n_averaged() > 0) j["averaged"] = {{"n_averaged", averaged->n_averaged()}};
+    if (swa_scheduler) j["swa_scheduler"] = scheduler_json(swa_scheduler->state_dict());
     return j;
+  };
+  // The averages, cut like the parameters (with the tensors).
+  auto extra_pieces = [&] {
+    std::vector<checkpoint::Piece> pieces;
+    if (averaged && averaged->n_averaged() > 0)
+      pieces = checkpoint::own_pieces(*strategy, comm.rank(), averaged->params(), "avg.");
+    return pieces;
   };
   if (config.max_steps != 0 && start_step >= config.max_steps) stop = true;
   for (int epoch = first_epoch; epoch <= config.epochs && !stop; ++epoch) {
@@ -514,7 +539,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       const bool stopping = stop_request > 0 || (config.max_steps != 0 && result.steps >= config.max_steps);
       if (checkpointing && (stopping || (config.checkpoint_every > 0 && result.steps % config.checkpoint_every == 0))) {
         if (k + 1 < per_epoch) {
-          save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state());
+          save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state(), extra_pieces());
           last_saved = result.steps;
         } else {
           save_after_epoch = true;
@@ -578,7 +603,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     em.wall_s = seconds_since(start);
     if (report) observer->on_epoch(em);
     if (save_after_epoch) {
-      save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state());
+      save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state(), extra_pieces());
       last_saved = result.steps;
       save_after_epoch = false;
     }
@@ -591,7 +616,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     result.test_accuracy = test.count > 0 ? test.correct / test.count : std::nan("");
   }
   if (checkpointing && last_saved != result.steps)
-    save_checkpoint(comm, *strategy, config, result.steps, epoch_now, fault, run_state());
+    save_checkpoint(comm, *strategy, config, result.steps, epoch_now, fault, run_state(), extra_pieces());
   result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
   result.memory = strategy->memory();
   result.params = strategy->gather_params();

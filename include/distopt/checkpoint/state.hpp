@@ -14,6 +14,7 @@
 #pragma once
 
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,14 @@ namespace distopt::checkpoint {
 // ranks' pieces together hold every element once (replicated ddp values
 // are cut as zero1-3 cut them). Gossip strategies are refused for now.
 std::vector<Piece> strategy_pieces(parallel::Strategy& strategy, int rank);
+
+// Values shaped like the strategy's own_params() (SWA/EMA averages) as
+// pieces named PREFIX<param name>, cut like the parameters, and back from
+// whole tensors (padding zero). InvalidInput names a missing tensor.
+std::vector<Piece> own_pieces(parallel::Strategy& strategy, int rank, std::span<const float> own,
+                              const std::string& prefix);
+std::vector<float> own_values(parallel::Strategy& strategy, int rank, const std::map<std::string, Whole>& wholes,
+                              const std::string& prefix);
 
 // The unsharded parameters in slot order (make_strategy's `initial`) from
 // whole tensors; InvalidInput names a missing parameter or a shape that is
