@@ -51,8 +51,8 @@ Loaded load(const std::string& dir) {
   std::vector<checkpoint::Piece> pieces;
   for (const checkpoint::FileEntry& f : l.manifest.files) {
     const fs::path path = l.dir / f.name;
-    const auto mine = checkpoint::pieces_of(checkpoint::read_safetensors(path.string()), path.string());
-    pieces.insert(pieces.end(), mine.begin(), mine.end());
+    auto mine = checkpoint::pieces_of(checkpoint::read_safetensors(path.string()), path.string());
+    pieces.insert(pieces.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
   }
   l.wholes = checkpoint::assemble(pieces);
   return l;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -46,6 +47,7 @@ struct TrainArgs {
   std::size_t train_size = 8192, test_size = 2048;
   int world = 1;
   bool json = false, print_config = false, resume = false;
+  double resume_load_seconds = 0;  // --resume: reading, verifying and assembling the checkpoint
   std::map<std::string, std::string> option_text;  // optimizer options as given, torch names
   std::string scheduler, scheduler_interval = "step";
   std::vector<std::string> scheduler_options;  // KEY=VALUE
@@ -424,6 +426,9 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
     std::snprintf(m, sizeof m, ", \"loss_scale\": %.9g, \"skipped_steps\": %zu", r.loss_scale, r.skipped_steps);
     out += m;
   }
+  if (r.checkpoints_written > 0 || a.config.resume)
+    out += str(", \"checkpoints\": {\"written\": ", r.checkpoints_written, ", \"seconds\": ", jnum(r.checkpoint_seconds),
+               ", \"last_bytes\": ", r.checkpoint_bytes, ", \"resume_load_s\": ", jnum(a.resume_load_seconds), "}");
   if (r.averaged) {
     char m[320];
     std::snprintf(m, sizeof m,
@@ -759,6 +764,7 @@ int run_train(TrainArgs& a) {
 // ones that change the run reported.
 void load_resume(CLI::App& command, TrainArgs& a) {
   namespace fs = std::filesystem;
+  const auto t0 = std::chrono::steady_clock::now();
   if (a.config.checkpoint_dir.empty()) throw InvalidInput("--resume needs --checkpoint-dir");
   const auto latest = checkpoint::latest_complete(a.config.checkpoint_dir);
   if (!latest) throw InvalidInput(str("--resume: no complete checkpoint in ", a.config.checkpoint_dir));
@@ -785,14 +791,15 @@ void load_resume(CLI::App& command, TrainArgs& a) {
   std::vector<checkpoint::Piece> pieces;
   for (const checkpoint::FileEntry& f : m.files) {
     const fs::path path = *latest / f.name;
-    const auto mine = checkpoint::pieces_of(checkpoint::read_safetensors(path.string()), path.string());
-    pieces.insert(pieces.end(), mine.begin(), mine.end());
+    auto mine = checkpoint::pieces_of(checkpoint::read_safetensors(path.string()), path.string());
+    pieces.insert(pieces.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
   }
   auto resume = std::make_shared<train::TrainConfig::Resume>();
   resume->step = m.step;
   resume->wholes = checkpoint::assemble(pieces);
   if (body.contains("state")) resume->state = body["state"].dump();
   a.config.resume = std::move(resume);
+  a.resume_load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Hidden widths: neither negative nor zero.

@@ -61,22 +61,30 @@ std::map<std::string, Whole> assemble(std::span<const Piece> pieces) {
     if (held < n)  // before allocating: the pieces cannot cover it
       throw InvalidInput(str("tensor ", name, ": the pieces hold ", held, " of its ", n, " elements"));
     Whole w{shape, std::vector<float>(static_cast<std::size_t>(n))};
-    std::vector<bool> covered(static_cast<std::size_t>(n), false);
-    for (const Piece* p : list)
-      for (std::size_t k = 0; k < p->values.size(); ++k) {
-        const std::size_t at = static_cast<std::size_t>(p->begin) + k;
-        if (covered[at] && std::memcmp(&w.values[at], &p->values[k], sizeof(float)) != 0)
-          throw InvalidInput(str("tensor ", name, ": two files hold different values for element ", at, " (",
-                                 w.values[at], " and ", p->values[k], ")"));
-        w.values[at] = p->values[k];
-        covered[at] = true;
+    // In order of their first element: each piece extends what is covered,
+    // [0, covered); the part it shares with earlier pieces must agree.
+    std::vector<const Piece*> sorted = list;
+    std::stable_sort(sorted.begin(), sorted.end(), [](const Piece* a, const Piece* b) { return a->begin < b->begin; });
+    std::size_t covered = 0;
+    for (const Piece* p : sorted) {
+      const auto begin = static_cast<std::size_t>(p->begin), end = begin + p->values.size();
+      if (p->values.empty()) continue;
+      if (begin > covered)
+        throw InvalidInput(str("tensor ", name, ": elements [", covered, ", ", begin, ") are in no file (a missing rank?)"));
+      const std::size_t shared = std::min(end, covered) - begin;
+      if (shared > 0 && std::memcmp(w.values.data() + begin, p->values.data(), shared * sizeof(float)) != 0) {
+        std::size_t at = 0;
+        while (std::memcmp(&w.values[begin + at], &p->values[at], sizeof(float)) == 0) ++at;
+        throw InvalidInput(str("tensor ", name, ": two files hold different values for element ", begin + at, " (",
+                               w.values[begin + at], " and ", p->values[at], ")"));
       }
-    const auto gap = std::find(covered.begin(), covered.end(), false);
-    if (gap != covered.end()) {
-      const auto from = static_cast<std::size_t>(gap - covered.begin());
-      const auto to = static_cast<std::size_t>(std::find(gap, covered.end(), true) - covered.begin());
-      throw InvalidInput(str("tensor ", name, ": elements [", from, ", ", to, ") are in no file (a missing rank?)"));
+      if (end > covered) {
+        std::memcpy(w.values.data() + covered, p->values.data() + (covered - begin), (end - covered) * sizeof(float));
+        covered = end;
+      }
     }
+    if (covered < n)
+      throw InvalidInput(str("tensor ", name, ": elements [", covered, ", ", n, ") are in no file (a missing rank?)"));
     out.emplace(name, std::move(w));
   }
   return out;

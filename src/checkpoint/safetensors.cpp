@@ -61,18 +61,17 @@ void write_safetensors(const std::string& path, const NamedTensors& t) {
   }
 }
 
-NamedTensors parse_safetensors(std::span<const std::byte> file, const std::string& path) {
-  constexpr std::uint64_t kMaxHeader = 100u << 20;  // the format's own limit
-  if (file.size() < 8) throw InvalidInput(str(path, ": not a safetensors file (shorter than its 8-byte header length)"));
-  std::uint64_t n = 0;
-  std::memcpy(&n, file.data(), 8);
-  if (n > file.size() - 8 || n > kMaxHeader)
-    throw InvalidInput(str(path, ": not a safetensors file (a header of ", n, " bytes in a file of ", file.size(), ")"));
-  const std::string_view text(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(n));
+namespace {
+
+constexpr std::uint64_t kMaxHeader = 100u << 20;  // the format's own limit
+
+// The header of a file whose data region has `data_bytes` bytes, checked
+// against it: the tensors' slots index the data region as floats, in the
+// file's order (offset = the byte offset / 4).
+NamedTensors parse_header(std::string_view text, std::uint64_t data_bytes, const std::string& path) {
   const nlohmann::json header = nlohmann::json::parse(text, nullptr, false);
   if (header.is_discarded() || !header.is_object())
     throw InvalidInput(str(path, ": malformed safetensors header (not a JSON object)"));
-  const std::span<const std::byte> data = file.subspan(8 + static_cast<std::size_t>(n));
   struct Entry {
     std::string name;
     Shape shape;
@@ -97,10 +96,10 @@ NamedTensors parse_safetensors(std::span<const std::byte> file, const std::strin
     Entry e{name, {}, 0, 0};
     std::uint64_t elements = 1;
     for (const auto& d : v["shape"]) {
-      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > data.size())
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > data_bytes)
         throw InvalidInput(str(path, ": tensor ", name, " has a dimension that is not a count the file can hold"));
       const std::uint64_t dim = d.get<std::uint64_t>();
-      elements = dim == 0 ? 0 : (elements > data.size() / dim ? data.size() + 1 : elements * dim);
+      elements = dim == 0 ? 0 : (elements > data_bytes / dim ? data_bytes + 1 : elements * dim);
       e.shape.push_back(static_cast<std::int64_t>(dim));
     }
     const auto& o = v["data_offsets"];
@@ -108,7 +107,7 @@ NamedTensors parse_safetensors(std::span<const std::byte> file, const std::strin
       throw InvalidInput(str(path, ": tensor ", name, " has malformed data_offsets"));
     e.begin = o[0].get<std::uint64_t>();
     e.end = o[1].get<std::uint64_t>();
-    if (e.end < e.begin || e.end > data.size() || e.begin % 4 != 0 || elements > data.size() / 4 ||
+    if (e.end < e.begin || e.end > data_bytes || e.begin % 4 != 0 || elements > data_bytes / 4 ||
         e.end - e.begin != elements * 4)
       throw InvalidInput(str(path, ": tensor ", name, " has data_offsets that disagree with its shape or the file"));
     entries.push_back(std::move(e));
@@ -122,15 +121,30 @@ NamedTensors parse_safetensors(std::span<const std::byte> file, const std::strin
     if (e->begin != at) throw InvalidInput(str(path, ": tensor ", e->name, "'s bytes overlap another's or leave a gap"));
     at = e->end;
   }
-  if (at != data.size()) throw InvalidInput(str(path, ": ", data.size() - at, " bytes after the last tensor"));
-  t.data.resize(static_cast<std::size_t>(data.size() / 4));
-  std::size_t elements = 0;
-  for (const Entry& e : entries) {  // header order
-    const std::size_t count = static_cast<std::size_t>((e.end - e.begin) / 4);
-    t.slots.push_back({e.name, elements, e.shape});
-    if (count > 0) std::memcpy(t.data.data() + elements, data.data() + e.begin, count * 4);
-    elements += count;
-  }
+  if (at != data_bytes) throw InvalidInput(str(path, ": ", data_bytes - at, " bytes after the last tensor"));
+  for (const Entry& e : entries) t.slots.push_back({e.name, static_cast<std::size_t>(e.begin / 4), e.shape});
+  return t;
+}
+
+// The 8-byte header length, checked against the file's size.
+std::uint64_t header_length(const std::byte* first8, std::uint64_t file_size, const std::string& path) {
+  if (file_size < 8) throw InvalidInput(str(path, ": not a safetensors file (shorter than its 8-byte header length)"));
+  std::uint64_t n = 0;
+  std::memcpy(&n, first8, 8);
+  if (n > file_size - 8 || n > kMaxHeader)
+    throw InvalidInput(str(path, ": not a safetensors file (a header of ", n, " bytes in a file of ", file_size, ")"));
+  return n;
+}
+
+}  // namespace
+
+NamedTensors parse_safetensors(std::span<const std::byte> file, const std::string& path) {
+  const std::uint64_t n = header_length(file.data(), file.size(), path);
+  const std::string_view text(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(n));
+  const std::uint64_t data_bytes = file.size() - 8 - n;
+  NamedTensors t = parse_header(text, data_bytes, path);
+  t.data.resize(static_cast<std::size_t>(data_bytes / 4));
+  if (!t.data.empty()) std::memcpy(t.data.data(), file.data() + 8 + n, t.data.size() * 4);
   return t;
 }
 
@@ -140,10 +154,17 @@ NamedTensors read_safetensors(const std::string& path) {
   std::error_code ec;
   const auto size = std::filesystem::file_size(path, ec);
   if (ec) throw IoError(str(path, ": cannot stat: ", ec.message()));
-  std::vector<std::byte> file(static_cast<std::size_t>(size));
-  if (!in.read(reinterpret_cast<char*>(file.data()), static_cast<std::streamsize>(size)))
+  std::byte first8[8] = {};
+  if (size >= 8 && !in.read(reinterpret_cast<char*>(first8), 8)) throw IoError(str(path, ": read failed"));
+  const std::uint64_t n = header_length(first8, size, path);
+  std::string text(static_cast<std::size_t>(n), '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(n))) throw IoError(str(path, ": read failed"));
+  const std::uint64_t data_bytes = size - 8 - n;
+  NamedTensors t = parse_header(text, data_bytes, path);  // checked before the data is allocated
+  t.data.resize(static_cast<std::size_t>(data_bytes / 4));
+  if (!in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(t.data.size() * 4)))
     throw IoError(str(path, ": read failed"));
-  return parse_safetensors(file, path);
+  return t;
 }
 
 }  // namespace distopt::checkpoint

@@ -236,7 +236,7 @@ GradScalerState scaler_state(const nlohmann::json& j) {
 
 // Writes the checkpoint of `step` under config.checkpoint_dir (collective):
 // every rank its file, in parallel; rank 0 the manifest, last, and prunes.
-void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const TrainConfig& config, std::uint64_t step,
+std::uint64_t save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const TrainConfig& config, std::uint64_t step,
                      int epoch, const Fault& fault, const nlohmann::ordered_json& state,
                      std::vector<checkpoint::Piece> extra) {
   const bool die_here = fault.exit && fault.rank == comm.rank() && fault.step == step;
@@ -303,6 +303,9 @@ void save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const Tra
     (void)checkpoint::prune(config.checkpoint_dir, config.keep_checkpoints);
   }
   comm.barrier();
+  std::uint64_t bytes = 0;
+  for (int r = 0; r < comm.size(); ++r) bytes += static_cast<std::uint64_t>(all[3 * static_cast<std::size_t>(r) + 1]);
+  return bytes;
 }
 
 }  // namespace
@@ -455,6 +458,12 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       pieces = checkpoint::own_pieces(*strategy, comm.rank(), averaged->params(), "avg.");
     return pieces;
   };
+  auto save = [&](int epoch) {
+    const auto t0 = Clock::now();
+    result.checkpoint_bytes = save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state(), extra_pieces());
+    result.checkpoint_seconds += seconds_since(t0);
+    ++result.checkpoints_written;
+  };
   if (config.max_steps != 0 && start_step >= config.max_steps) stop = true;
   for (int epoch = first_epoch; epoch <= config.epochs && !stop; ++epoch) {
     epoch_now = epoch;
@@ -539,7 +548,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       const bool stopping = stop_request > 0 || (config.max_steps != 0 && result.steps >= config.max_steps);
       if (checkpointing && (stopping || (config.checkpoint_every > 0 && result.steps % config.checkpoint_every == 0))) {
         if (k + 1 < per_epoch) {
-          save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state(), extra_pieces());
+          save(epoch);
           last_saved = result.steps;
         } else {
           save_after_epoch = true;
@@ -603,7 +612,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     em.wall_s = seconds_since(start);
     if (report) observer->on_epoch(em);
     if (save_after_epoch) {
-      save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state(), extra_pieces());
+      save(epoch);
       last_saved = result.steps;
       save_after_epoch = false;
     }
@@ -616,7 +625,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     result.test_accuracy = test.count > 0 ? test.correct / test.count : std::nan("");
   }
   if (checkpointing && last_saved != result.steps)
-    save_checkpoint(comm, *strategy, config, result.steps, epoch_now, fault, run_state(), extra_pieces());
+    save(epoch_now);
   result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
   result.memory = strategy->memory();
   result.params = strategy->gather_params();

@@ -166,6 +166,12 @@ struct TrainResult {
   // Gossip strategies: the test figures and params are the average model's;
   // this is the ranks' consensus distance at the end. NaN otherwise.
   double consensus_distance = std::nan("");
+  // With checkpoint_dir: how many were written, the seconds spent writing
+  // them (this rank's wall time, the collective included), and the bytes
+  // of the last one's rank files.
+  std::size_t checkpoints_written = 0;
+  double checkpoint_seconds = 0;
+  std::uint64_t checkpoint_bytes = 0;
 };
 
 // Throws InvalidInput for bad configurations (unknown model, batch smaller
