@@ -151,3 +151,35 @@ TEST(Resume, Bf16ParametersResumeWithTheirFp32MasterWeights) {
   EXPECT_TRUE(same_bits(run(3, "ddp", spec_of("adam"), 5, 7, &saved, DType::bf16).params,
                         run(3, "zero3", spec_of("adam"), 5, 7, &saved, DType::bf16).params));
 }
+
+TEST(Resume, AForeignTensorIsOneLineAndNothingIsLoaded) {
+  const auto saved = assemble(run(2, "zero1", spec_of("adam"), 0, 3, nullptr).pieces);
+  auto error_of = [&](const std::map<std::string, Whole>& wholes, const std::string& strategy,
+                      const parallel::OptimizerSpec& spec) -> std::string {
+    try {
+      (void)run(2, strategy, spec, 3, 1, &wholes);
+    } catch (const Error& e) {  // the first failing rank's error, as spawn reports it
+      const std::string m = e.what();
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      return m;
+    }
+    return "";
+  };
+  auto bogus = saved;
+  bogus["state.0.bogus"] = {{1}, {1.0f}};
+  EXPECT_NE(error_of(bogus, "zero2", spec_of("adam")).find("the checkpoint's state.0.bogus is not a state this run's optimizer keeps"),
+            std::string::npos);
+  // adam's state under sgd with momentum: exp_avg is not sgd's.
+  EXPECT_NE(error_of(saved, "zero2", spec_of("sgd")).find("is not a state this run's optimizer keeps (sgd"), std::string::npos);
+  auto extra = saved;
+  extra["param.fc9.weight"] = {{1}, {1.0f}};
+  EXPECT_NE(error_of(extra, "ddp", spec_of("adam")).find("the checkpoint has a parameter fc9.weight that the model lacks"),
+            std::string::npos);
+  auto missing = saved;
+  missing.erase("param.fc2.bias");
+  EXPECT_NE(error_of(missing, "ddp", spec_of("adam")).find("the checkpoint has no parameter fc2.bias"), std::string::npos);
+  auto reshaped = saved;
+  reshaped["param.fc1.bias"].shape = {2, 12};
+  EXPECT_NE(error_of(reshaped, "zero3", spec_of("adam")).find("parameter fc1.bias is [2, 12] in the checkpoint, [24] in the model"),
+            std::string::npos);
+}

@@ -1,6 +1,7 @@
 #include "distopt/checkpoint/state.hpp"
 
 #include <algorithm>
+#include <set>
 
 #include "distopt/core/error.hpp"
 
@@ -16,13 +17,19 @@ std::map<std::string, std::size_t> slot_index(const parallel::ShardLayout& layou
 
 std::string state_name(std::size_t index, const std::string& key) { return str("state.", index, ".", key); }
 
-// The names of a parameter's small state (whole, not cut like it).
-std::vector<std::string> aux_names(const Optimizer& opt, std::size_t i) {
-  const Param& p = opt.param(i);
+// The group of parameter i.
+std::size_t group_index(const Optimizer& opt, std::size_t i) {
   std::size_t g = 0;
   while (g + 1 < opt.num_groups() &&
          std::find(opt.group(g).params.begin(), opt.group(g).params.end(), i) == opt.group(g).params.end())
     ++g;
+  return g;
+}
+
+// The names of a parameter's small state (whole, not cut like it).
+std::vector<std::string> aux_names(const Optimizer& opt, std::size_t i) {
+  const Param& p = opt.param(i);
+  const std::size_t g = group_index(opt, i);
   const RuleInfo& rule = opt.rule_of_group(g);
   std::vector<std::string> names;
   if (rule.aux_parts != nullptr)
@@ -124,6 +131,15 @@ std::vector<Piece> strategy_pieces(parallel::Strategy& s, int rank) {
 }
 
 std::vector<float> initial_params(const parallel::FlatLayout& layout, const std::map<std::string, Whole>& wholes) {
+  for (const auto& [name, whole] : wholes) {
+    if (name.rfind("param.", 0) == 0) {
+      const bool known = std::any_of(layout.params.begin(), layout.params.end(),
+                                     [&](const ParamSlot& s) { return "param." + s.name == name; });
+      if (!known) throw InvalidInput(str("the checkpoint has a parameter ", name.substr(6), " that the model lacks"));
+    } else if (name.rfind("state.", 0) != 0 && name.rfind("avg.", 0) != 0) {
+      throw InvalidInput(str("the checkpoint has a tensor ", name, " that is no parameter, optimizer state or average"));
+    }
+  }
   std::vector<float> initial(layout.elements, 0.0f);
   for (const ParamSlot& s : layout.params) {
     const auto it = wholes.find("param." + s.name);
@@ -142,6 +158,21 @@ void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Who
   StateDict dict = opt.state_dict();  // the groups as they are; the state from the checkpoint
   dict.state.clear();
   const auto index = slot_index(s.layout());
+  // Every state tensor of the checkpoint must be one this run's rules keep.
+  std::set<std::string> known;
+  for (std::size_t i = 0; i < opt.num_params(); ++i) {
+    const std::size_t g = group_index(opt, i);
+    const std::string prefix = state_name(index.at(opt.param(i).name), "");
+    const StateLayout l = opt.rule_of_group(g).layout(opt.group(g).options);
+    for (auto key : l.tensors) known.insert(prefix + std::string(key));
+    for (auto key : l.scalars) known.insert(prefix + std::string(key));
+    for (const std::string& key : aux_names(opt, i)) known.insert(prefix + key);
+    known.insert(prefix + "master_param");
+  }
+  for (const auto& [name, whole] : wholes)
+    if (name.rfind("state.", 0) == 0 && !known.count(name))
+      throw InvalidInput(str("the checkpoint's ", name, " is not a state this run's optimizer keeps (",
+                             opt.rule().name, "; another optimizer's checkpoint, or another model's?)"));
   for (std::size_t i = 0; i < opt.num_params(); ++i) {
     const Param& p = opt.param(i);
     const std::size_t slot = index.at(p.name);
