@@ -226,18 +226,17 @@ assert c["ns-coefficients"] == "3.4445,-4.775,2.0315" and c["test-size"] == 128 
 PY
 "$bin" train --config "$tmp/run.json" --lr 0.05 --world 3 --print-config | grep -q '"lr": 0.05' \
   || fail "the command line does not override --config"
-printf '{"lr2": 1}' >"$tmp/bad.json"
-expect_error 2 "--config: unknown key 'lr2' in $tmp/bad.json (keys are the long flag names" -- train --config "$tmp/bad.json"
-printf '{"lr": 1' >"$tmp/bad.json"
-expect_error 2 "--config: $tmp/bad.json is not valid JSON: parse error" -- train --config "$tmp/bad.json"
-printf '[1]' >"$tmp/bad.json"
-expect_error 2 "must hold one JSON object of flags" -- train --config "$tmp/bad.json"
-printf '{"batch-size": -5}' >"$tmp/bad.json"
-expect_error 2 "--batch-size: must be a non-negative integer (got -5) (from --config" -- train --config "$tmp/bad.json"
-printf '{"json": 3}' >"$tmp/bad.json"
-expect_error 2 "is a flag: its value is true or false" -- train --config "$tmp/bad.json"
-printf '{"lr": null}' >"$tmp/bad.json"
-expect_error 2 "key 'lr' is null" -- train --config "$tmp/bad.json"
+# Bad files: CONTENT then the message expected.
+bad_config() {
+  printf '%s' "$1" >"$tmp/bad.json"
+  expect_error 2 "$2" -- train --config "$tmp/bad.json"
+}
+bad_config '{"lr2": 1}' "--config: unknown key 'lr2' in $tmp/bad.json (keys are the long flag names"
+bad_config '{"lr": 1' "--config: $tmp/bad.json is not valid JSON: parse error"
+bad_config '[1]' "must hold one JSON object of flags"
+bad_config '{"batch-size": -5}' "--batch-size: must be a non-negative integer (got -5) (from --config"
+bad_config '{"json": 3}' "is a flag: its value is true or false"
+bad_config '{"lr": null}' "key 'lr' is null"
 expect_error 2 "--config: cannot read $tmp/missing.json" -- train --config "$tmp/missing.json"
 
 # Checkpoints: --checkpoint-dir/--checkpoint-every/--keep-checkpoints and
@@ -314,6 +313,8 @@ for extra in "--scheduler onecyclelr --scheduler-option max_lr=0.01 --scheduler-
 done
 expect_error 2 "--resume: the checkpoint's run had no scheduler; one cannot be added on resume" \
   -- train --resume --checkpoint-dir "$tmp/ck3" --scheduler steplr --scheduler-option step_size=2
+expect_error 2 "is of the default --hidden; --hidden \[64\] would make it meaningless" \
+  -- train --resume --checkpoint-dir "$tmp/ck3" --hidden 64
 expect_error 2 "--resume needs --checkpoint-dir" -- train --data synthetic --resume
 expect_error 2 "--resume: no complete checkpoint in $tmp/empty_ck" -- train --data synthetic --resume --checkpoint-dir "$tmp/empty_ck"
 expect_error 2 "checkpoints do not carry the state of a gossip strategy yet" \

@@ -776,12 +776,14 @@ void load_resume(CLI::App& command, TrainArgs& a) {
   const nlohmann::json given = nlohmann::json::parse(effective_config(command));
   for (const auto& [key, value] : given.items()) {
     const CLI::Option* opt = command.get_option_no_throw("--" + key);
-    if (opt == nullptr || opt->count() == 0 || !saved.contains(key) || saved[key] == value) continue;
+    if (opt == nullptr || opt->count() == 0 || (saved.contains(key) && saved[key] == value)) continue;
     static const std::set<std::string> kMeaning = {"model", "hidden", "data", "train-size", "test-size", "optimizer",
                                                    "seed"};
+    const std::string had = saved.contains(key) ? "--" + key + " " + saved[key].dump() : "the default --" + key;
     if (kMeaning.count(key))
-      throw InvalidInput(str("--resume: the checkpoint in ", latest->string(), " is of --", key, " ", saved[key].dump(),
-                             "; --", key, " ", value.dump(), " would make it meaningless"));
+      throw InvalidInput(str("--resume: the checkpoint in ", latest->string(), " is of ", had, "; --", key, " ",
+                             value.dump(), " would make it meaningless"));
+    if (!saved.contains(key)) continue;  // a flag the saved run left at its default: nothing to report against
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     if (rank == nullptr || std::string(rank) == "0")
       std::fprintf(stderr, "distopt: resuming with --%s %s (the checkpoint's run had %s)\n", key.c_str(),
