@@ -11,6 +11,7 @@
 #include "commands.hpp"
 #include "distopt/checkpoint/pieces.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/checkpoint/state.hpp"
 #include "distopt/checkpoint/store.hpp"
 #include "distopt/train/trainer.hpp"
 
@@ -48,13 +49,7 @@ Loaded load(const std::string& dir) {
   l.manifest = checkpoint::verify(l.dir);
   l.body = nlohmann::json::parse(l.manifest.body, nullptr, false);
   if (!l.body.is_object()) l.body = nlohmann::json::object();
-  std::vector<checkpoint::Piece> pieces;
-  for (const checkpoint::FileEntry& f : l.manifest.files) {
-    const fs::path path = l.dir / f.name;
-    auto mine = checkpoint::pieces_of(checkpoint::read_safetensors(path.string()), path.string());
-    pieces.insert(pieces.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
-  }
-  l.wholes = checkpoint::assemble(pieces);
+  l.wholes = checkpoint::read_wholes(l.dir, l.manifest);
   return l;
 }
 

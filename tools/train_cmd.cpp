@@ -23,6 +23,7 @@
 
 #include "distopt/checkpoint/pieces.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/checkpoint/state.hpp"
 #include "distopt/checkpoint/store.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
@@ -763,7 +764,6 @@ int run_train(TrainArgs& a) {
 // did not give them; the flags that would make it meaningless refused, the
 // ones that change the run reported.
 void load_resume(CLI::App& command, TrainArgs& a) {
-  namespace fs = std::filesystem;
   const auto t0 = std::chrono::steady_clock::now();
   if (a.config.checkpoint_dir.empty()) throw InvalidInput("--resume needs --checkpoint-dir");
   const auto latest = checkpoint::latest_complete(a.config.checkpoint_dir);
@@ -790,15 +790,9 @@ void load_resume(CLI::App& command, TrainArgs& a) {
                    value.dump().c_str(), saved[key].dump().c_str());
   }
   apply_config_text(command, saved.dump(), (*latest / "manifest.json").string());
-  std::vector<checkpoint::Piece> pieces;
-  for (const checkpoint::FileEntry& f : m.files) {
-    const fs::path path = *latest / f.name;
-    auto mine = checkpoint::pieces_of(checkpoint::read_safetensors(path.string()), path.string());
-    pieces.insert(pieces.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
-  }
   auto resume = std::make_shared<train::TrainConfig::Resume>();
   resume->step = m.step;
-  resume->wholes = checkpoint::assemble(pieces);
+  resume->wholes = checkpoint::read_wholes(*latest, m);
   if (body.contains("state")) resume->state = body["state"].dump();
   a.config.resume = std::move(resume);
   a.resume_load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

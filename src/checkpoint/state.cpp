@@ -1,8 +1,10 @@
 #include "distopt/checkpoint/state.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <set>
 
+#include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/core/error.hpp"
 
 namespace distopt::checkpoint {
@@ -128,6 +130,16 @@ std::vector<Piece> strategy_pieces(parallel::Strategy& s, int rank) {
     }
   }
   return out;
+}
+
+std::map<std::string, Whole> read_wholes(const std::filesystem::path& dir, const Manifest& manifest) {
+  std::vector<Piece> pieces;
+  for (const FileEntry& f : manifest.files) {
+    const std::string path = (dir / f.name).string();
+    auto mine = pieces_of(read_safetensors(path), path);
+    pieces.insert(pieces.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
+  }
+  return assemble(pieces);
 }
 
 std::vector<float> initial_params(const parallel::FlatLayout& layout, const std::map<std::string, Whole>& wholes) {

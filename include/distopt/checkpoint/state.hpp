@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "distopt/checkpoint/pieces.hpp"
+#include "distopt/checkpoint/store.hpp"
 #include "distopt/parallel/strategy.hpp"
 
 namespace distopt::checkpoint {
@@ -35,6 +36,10 @@ std::vector<Piece> own_pieces(parallel::Strategy& strategy, int rank, std::span<
                               const std::string& prefix);
 std::vector<float> own_values(parallel::Strategy& strategy, int rank, const std::map<std::string, Whole>& wholes,
                               const std::string& prefix);
+
+// The whole tensors of the rank files that a manifest of `dir` lists
+// (verify it first): each file's pieces, assembled.
+std::map<std::string, Whole> read_wholes(const std::filesystem::path& dir, const Manifest& manifest);
 
 // The unsharded parameters in slot order (make_strategy's `initial`) from
 // whole tensors; InvalidInput names a missing parameter or a shape that is
