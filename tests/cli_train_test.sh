@@ -317,8 +317,34 @@ expect_error 2 "is of the default --hidden; --hidden \[64\] would make it meanin
   -- train --resume --checkpoint-dir "$tmp/ck3" --hidden 64
 expect_error 2 "--resume needs --checkpoint-dir" -- train --data synthetic --resume
 expect_error 2 "--resume: no complete checkpoint in $tmp/empty_ck" -- train --data synthetic --resume --checkpoint-dir "$tmp/empty_ck"
-expect_error 2 "checkpoints do not carry the state of a gossip strategy yet" \
-  -- train --data synthetic --checkpoint-dir "$tmp/ck_s" --strategy sgp --world 2
+# Gossip runs keep every rank's own model, push-sum weight, optimizer state
+# and rounds in flight: resumed at the same world and strategy, the
+# uninterrupted run's bits (from inside an epoch and across its end); at
+# another world or strategy, every rank starts from the ranks' mean, and
+# the run says so.
+gs=(train --data synthetic --train-size 512 --test-size 128 --epochs 2 --batch-size 64 --world 4 --progress none --json)
+for g in "--strategy sgp" "--strategy osgp --synch-freq 1" "--strategy dpsgd" \
+         "--strategy slowmo --slowmo-frequency 4 --localsgd-frequency 3" \
+         "--strategy slowmo --slowmo-base sgp --slowmo-frequency 5 --topology ring"; do
+  rm -rf "$tmp/ckg"
+  # shellcheck disable=SC2086
+  "$bin" "${gs[@]}" $g >"$tmp/g_straight" 2>/dev/null || fail "$g: uninterrupted run exited $?"
+  # shellcheck disable=SC2086
+  "$bin" "${gs[@]}" $g --max-steps 11 --checkpoint-dir "$tmp/ckg" --checkpoint-every 5 >/dev/null 2>&1 \
+    || fail "$g: checkpointed run exited $?"
+  rm -rf "$tmp/ckg/step-000000000011"  # resume from step 10 (the epoch ended at 8)
+  "$bin" train --resume --checkpoint-dir "$tmp/ckg" --max-steps 0 >"$tmp/g_resumed" 2>"$tmp/err" \
+    || fail "$g: --resume exited $?: $(cat "$tmp/err")"
+  [ -n "$(hash_of "$tmp/g_straight")" ] && [ "$(hash_of "$tmp/g_resumed")" = "$(hash_of "$tmp/g_straight")" ] \
+    || fail "$g: resumed $(hash_of "$tmp/g_resumed") vs uninterrupted $(hash_of "$tmp/g_straight")"
+  ! grep -q "mean model" "$tmp/err" || fail "$g: an exact resume reported a consensus start: $(cat "$tmp/err")"
+done
+"$bin" train --resume --checkpoint-dir "$tmp/ckg" --max-steps 0 --world 2 --strategy zero2 >/dev/null 2>"$tmp/err" \
+  || fail "a gossip checkpoint resumed as zero2@2 exited $?: $(cat "$tmp/err")"
+grep -q "resuming the slowmo checkpoint of 4 ranks as zero2 at 2 .*every rank starts from the ranks' mean model and optimizer state" \
+  "$tmp/err" || fail "consensus start not reported: $(cat "$tmp/err")"
+"$bin" checkpoint inspect "$tmp/ckg" >"$tmp/inspect" 2>&1 || fail "inspect of a gossip checkpoint exited $?"
+grep -q "gossip.3.x" "$tmp/inspect" || fail "inspect lists no rank's own state: $(cat "$tmp/inspect")"
 [ ! -e "$tmp/ck/step-000000000012" ] || fail "the interrupted write was not pruned: $(ls "$tmp/ck")"
 last=$(ls -d "$tmp/ck"/step-* | tail -n 1)  # the resumed run's final checkpoint
 printf 'X' | dd of="$last/rank1.safetensors" bs=1 seek=40 conv=notrunc 2>/dev/null

@@ -36,4 +36,21 @@ timeout 120 "$mpiexec" -n 4 --oversubscribe "$bin" train --resume --checkpoint-d
   >"$tmp/mpi4" 2>"$tmp/err" || fail "mpi --resume np 4 exited $?: $(tail -n 3 "$tmp/err")"
 [ "$(hash_of "$tmp/mpi4")" = "$(hash_of "$tmp/straight4")" ] ||
   fail "threads checkpoint resumed under mpirun np 4: $(hash_of "$tmp/mpi4") vs $(hash_of "$tmp/straight4")"
+# A gossip run (osgp: rounds in flight at every checkpoint) saved under
+# mpirun at np 4 and resumed at np 4 gives the uninterrupted threads run's
+# bits; a threads checkpoint of dpsgd at 2 resumed under mpirun at np 2 too.
+gk=(train --data synthetic --train-size 1024 --test-size 256 --epochs 2 --batch-size 96 --seed 3 --progress none --json)
+"$bin" "${gk[@]}" --world 4 --strategy osgp --synch-freq 1 >"$tmp/g_straight" 2>"$tmp/err" || fail "osgp straight: $(cat "$tmp/err")"
+timeout 120 "$mpiexec" -n 4 --oversubscribe "$bin" "${gk[@]}" --strategy osgp --synch-freq 1 --backend mpi --max-steps 7 \
+  --checkpoint-dir "$tmp/gck" >/dev/null 2>"$tmp/err" || fail "mpi osgp checkpointed run exited $?: $(tail -n 3 "$tmp/err")"
+timeout 120 "$mpiexec" -n 4 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/gck" --max-steps 0 --backend mpi \
+  >"$tmp/g_mpi" 2>"$tmp/err" || fail "mpi osgp --resume exited $?: $(tail -n 3 "$tmp/err")"
+[ -n "$(hash_of "$tmp/g_mpi")" ] && [ "$(hash_of "$tmp/g_mpi")" = "$(hash_of "$tmp/g_straight")" ] ||
+  fail "osgp saved and resumed under mpirun np 4: $(hash_of "$tmp/g_mpi") vs threads $(hash_of "$tmp/g_straight")"
+"$bin" "${gk[@]}" --world 2 --strategy dpsgd >"$tmp/d_straight" 2>/dev/null || fail "dpsgd straight"
+"$bin" "${gk[@]}" --world 2 --strategy dpsgd --max-steps 9 --checkpoint-dir "$tmp/dck" >/dev/null 2>&1 || fail "dpsgd checkpoint"
+timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/dck" --max-steps 0 --backend mpi \
+  >"$tmp/d_mpi" 2>"$tmp/err" || fail "mpi dpsgd --resume exited $?: $(tail -n 3 "$tmp/err")"
+[ -n "$(hash_of "$tmp/d_mpi")" ] && [ "$(hash_of "$tmp/d_mpi")" = "$(hash_of "$tmp/d_straight")" ] ||
+  fail "dpsgd threads checkpoint resumed under mpirun np 2: $(hash_of "$tmp/d_mpi") vs $(hash_of "$tmp/d_straight")"
 finish "mpi checkpoint"

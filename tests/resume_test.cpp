@@ -31,6 +31,27 @@ const data::Split& data_set() {
   return d;
 }
 
+// Steps from..from+steps-1 of the run's batches.
+void train_steps(Communicator& comm, models::Model& model, parallel::Strategy& s, std::size_t from, std::size_t steps) {
+  const data::Split& d = data_set();
+  data::BatchSampler sampler(d.train.size(), 32, 5, false);
+  const std::size_t per_epoch = sampler.batches_per_epoch();
+  std::vector<float> x, y;
+  for (std::size_t k = from; k < from + steps; ++k) {
+    sampler.set_epoch(k / per_epoch);
+    const auto global = sampler.global_batch(k % per_epoch);
+    const auto local = sampler.local_batch(k % per_epoch, comm.rank(), comm.size());
+    x.clear();
+    y.clear();
+    for (std::uint32_t i : local) {
+      x.insert(x.end(), d.train.sample(i), d.train.sample(i) + d.train.features);
+      y.push_back(d.train.y[i]);
+    }
+    model.forward_backward(s.access(), x.data(), y.data(), local.size(), 1.0f / float(global.size()));
+    s.step();
+  }
+}
+
 struct RunResult {
   std::vector<float> params;  // gathered, slot order
   std::vector<checkpoint::Piece> pieces;  // every rank's, at the end
@@ -54,22 +75,7 @@ RunResult run(int world, const std::string& strategy, const parallel::OptimizerS
     options.param_dtype = dtype;
     auto s = parallel::make_strategy(strategy, comm, flat, initial, spec, options);
     if (resume != nullptr) load_optimizer_state(*s, *resume);
-    data::BatchSampler sampler(d.train.size(), 32, 5, false);
-    const std::size_t per_epoch = sampler.batches_per_epoch();
-    std::vector<float> x, y;
-    for (std::size_t k = from; k < from + steps; ++k) {
-      sampler.set_epoch(k / per_epoch);
-      const auto global = sampler.global_batch(k % per_epoch);
-      const auto local = sampler.local_batch(k % per_epoch, comm.rank(), comm.size());
-      x.clear();
-      y.clear();
-      for (std::uint32_t i : local) {
-        x.insert(x.end(), d.train.sample(i), d.train.sample(i) + d.train.features);
-        y.push_back(d.train.y[i]);
-      }
-      model->forward_backward(s->access(), x.data(), y.data(), local.size(), 1.0f / float(global.size()));
-      s->step();
-    }
+    train_steps(comm, *model, *s, from, steps);
     std::vector<float> params = s->gather_params();
     std::vector<checkpoint::Piece> mine = strategy_pieces(*s, comm.rank());
     std::lock_guard lock(m);
@@ -182,4 +188,204 @@ TEST(Resume, AForeignTensorIsOneLineAndNothingIsLoaded) {
   reshaped["param.fc1.bias"].shape = {2, 12};
   EXPECT_NE(error_of(reshaped, "zero3", spec_of("adam")).find("parameter fc1.bias is [2, 12] in the checkpoint, [24] in the model"),
             std::string::npos);
+}
+
+// ---- gossip strategies: every rank's own model and rounds in flight ----
+
+namespace {
+
+// A gossip checkpoint as the trainer keeps it: the tensors, and each rank's
+// LocalState numbers (the manifest's).
+struct GossipSaved {
+  std::map<std::string, Whole> wholes;
+  std::vector<std::vector<double>> numbers;  // by rank
+  std::uint64_t steps = 0;
+};
+
+struct GossipRun {
+  std::vector<float> params;  // the ranks' mean model
+  std::vector<parallel::LocalState> locals;  // by rank, at the end
+  GossipSaved saved;  // the checkpoint at the end
+};
+
+// `steps` steps from `from` under a gossip strategy, from a checkpoint (rank
+// by rank when `exact`, else from its consensus) or from the model's
+// initialization; then a checkpoint.
+GossipRun gossip_run(int world, const std::string& strategy, const parallel::GossipOptions& g, std::size_t from,
+                     std::size_t steps, const GossipSaved* resume, bool exact = true,
+                     const parallel::OptimizerSpec& spec = spec_of("adam")) {
+  const data::Split& d = data_set();
+  GossipRun out;
+  out.locals.resize(static_cast<std::size_t>(world));
+  out.saved.numbers.resize(static_cast<std::size_t>(world));
+  std::vector<checkpoint::Piece> pieces;
+  std::mutex m;
+  spawn(world, [&](Communicator& comm) {
+    auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 40, 8});
+    const parallel::FlatLayout flat = parallel::flat_layout(*model);
+    std::vector<float> initial(flat.elements);
+    if (resume != nullptr) initial = initial_params(flat, resume->wholes);
+    else model->init(initial, 5);
+    parallel::StrategyOptions options;
+    options.gossip = g;
+    auto s = parallel::make_strategy(strategy, comm, flat, initial, spec, options);
+    if (resume != nullptr) {
+      const std::string prefix = exact ? local_prefix(comm.rank()) : "";
+      load_optimizer_state(*s, resume->wholes, prefix);
+      if (exact) {
+        const parallel::LocalState local =
+            checkpoint::local_state(resume->wholes, comm.rank(), resume->steps, resume->numbers.at(comm.rank()));
+        s->resume(local.steps, &local);
+      } else {
+        s->resume(from, nullptr);
+      }
+    }
+    train_steps(comm, *model, *s, from, steps);
+    std::vector<float> params = s->gather_params();
+    std::vector<checkpoint::Piece> mine = strategy_pieces(*s, comm.rank());
+    const std::optional<parallel::LocalState> local = s->local_state();
+    if (local) {
+      std::vector<checkpoint::Piece> extra = local_pieces(*local, comm.rank());
+      mine.insert(mine.end(), extra.begin(), extra.end());
+    }
+    std::lock_guard lock(m);
+    if (comm.rank() == 0) out.params = std::move(params);
+    pieces.insert(pieces.end(), mine.begin(), mine.end());
+    if (local) {
+      out.locals[static_cast<std::size_t>(comm.rank())] = *local;
+      out.saved.numbers[static_cast<std::size_t>(comm.rank())] = local->scalars;
+    }
+  });
+  out.saved.wholes = assemble(pieces);
+  out.saved.steps = from + steps;
+  return out;
+}
+
+bool same_locals(const std::vector<parallel::LocalState>& a, const std::vector<parallel::LocalState>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t r = 0; r < a.size(); ++r) {
+    if (a[r].steps != b[r].steps || a[r].scalars != b[r].scalars || a[r].tensors.size() != b[r].tensors.size())
+      return false;
+    for (std::size_t t = 0; t < a[r].tensors.size(); ++t)
+      if (a[r].tensors[t].first != b[r].tensors[t].first || !same_bits(a[r].tensors[t].second, b[r].tensors[t].second))
+        return false;
+  }
+  return true;
+}
+
+struct GossipCase {
+  std::string name, strategy;
+  parallel::GossipOptions options;
+};
+
+std::vector<GossipCase> gossip_cases() {
+  std::vector<GossipCase> cases;
+  cases.push_back({"sgp", "sgp", {}});
+  parallel::GossipOptions g;
+  g.topology = "static-exponential";  // two peers at world 3: weights of 1/3
+  cases.push_back({"sgp-static-exponential", "sgp", g});
+  g = {};
+  g.synch_freq = 2;  // three rounds in flight between steps
+  cases.push_back({"osgp-synch2", "osgp", g});
+  cases.push_back({"osgp", "osgp", {}});
+  cases.push_back({"dpsgd", "dpsgd", {}});
+  g = {};
+  g.localsgd_frequency = 3;  // steps 8 and 14 end without an average
+  g.slowmo_frequency = 5;
+  cases.push_back({"slowmo-localsgd", "slowmo", g});
+  g.slowmo_base = "sgp";
+  cases.push_back({"slowmo-sgp", "slowmo", g});
+  return cases;
+}
+
+}  // namespace
+
+TEST(GossipResume, SavedAndResumedAtTheSameWorldIsTheUninterruptedRun) {
+  // Every rank's model, weight, optimizer state and rounds in flight: the
+  // resumed run ends with the uninterrupted one's bits on every rank.
+  for (const GossipCase& c : gossip_cases()) {
+    for (const int world : {3, 4}) {
+      if (c.strategy == "dpsgd" && world % 2 == 1) continue;  // bipartite graphs need even worlds
+      SCOPED_TRACE(c.name + " at " + std::to_string(world));
+      const GossipRun straight = gossip_run(world, c.strategy, c.options, 0, 14, nullptr);
+      const GossipRun first = gossip_run(world, c.strategy, c.options, 0, 8, nullptr);
+      const GossipRun resumed = gossip_run(world, c.strategy, c.options, 8, 6, &first.saved);
+      EXPECT_TRUE(same_bits(resumed.params, straight.params));
+      EXPECT_TRUE(same_locals(resumed.locals, straight.locals));
+      EXPECT_FALSE(same_bits(first.params, straight.params)) << "the last 6 steps must change something";
+      // The ranks' models differ (it is gossip, not an all-reduce).
+      EXPECT_FALSE(same_bits(straight.locals[0].tensors[0].second, straight.locals[1].tensors[0].second));
+      // Saving right after loading gives back every tensor.
+      const GossipRun again = gossip_run(world, c.strategy, c.options, 8, 0, &first.saved);
+      EXPECT_TRUE(same_locals(again.locals, first.locals));
+      for (const auto& [name, whole] : first.saved.wholes)
+        EXPECT_TRUE(same_bits(again.saved.wholes.at(name).values, whole.values)) << name;
+    }
+  }
+}
+
+TEST(GossipResume, AnotherStrategyOrWorldStartsFromTheRanksMeanModelAndOptimizerState) {
+  const GossipRun saved = gossip_run(4, "sgp", {}, 0, 8, nullptr);
+  // The consensus tensors are the mean of the ranks' own ones.
+  const auto& w0 = saved.saved.wholes.at("gossip.0.state.0.exp_avg").values;
+  const auto& mean = saved.saved.wholes.at("state.0.exp_avg").values;
+  double sum0 = 0;
+  for (int r = 0; r < 4; ++r) sum0 += saved.saved.wholes.at(str("gossip.", r, ".state.0.exp_avg")).values[0];
+  EXPECT_FLOAT_EQ(mean[0], static_cast<float>(sum0 / 4));
+  EXPECT_FALSE(same_bits(w0, mean));
+  // ddp@3 and zero3@3 from it: the same bits, and saving right after the
+  // load gives back the consensus.
+  GossipSaved as_ddp = saved.saved;
+  const RunResult dd = run(3, "ddp", spec_of("adam"), 8, 6, &as_ddp.wholes);
+  const RunResult z3 = run(3, "zero3", spec_of("adam"), 8, 6, &as_ddp.wholes);
+  EXPECT_TRUE(same_bits(dd.params, z3.params));
+  const auto reloaded = assemble(run(3, "zero3", spec_of("adam"), 8, 0, &as_ddp.wholes).pieces);
+  for (const auto& [name, whole] : reloaded)
+    EXPECT_TRUE(same_bits(whole.values, saved.saved.wholes.at(name).values)) << name;
+  // Another gossip strategy or world size: every rank starts from the
+  // consensus, and the ranks' models then drift apart again.
+  const GossipRun other = gossip_run(2, "dpsgd", {}, 8, 0, &saved.saved, /*exact=*/false);
+  EXPECT_TRUE(same_bits(other.locals[0].tensors[0].second, other.locals[1].tensors[0].second));
+  EXPECT_TRUE(same_bits(other.params, gossip_run(4, "osgp", {}, 8, 0, &saved.saved, false).params));
+  const GossipRun on = gossip_run(2, "dpsgd", {}, 8, 4, &saved.saved, false);
+  EXPECT_FALSE(same_bits(on.locals[0].tensors[0].second, on.locals[1].tensors[0].second));
+}
+
+TEST(GossipResume, AdpsgdResumesItsRanksAfterEveryAllowedRound) {
+  // adpsgd's bits depend on timing: the checkpoint waits for every round
+  // allowed, and a resumed run picks the partners' schedule up at its step.
+  const GossipRun first = gossip_run(4, "adpsgd", {}, 0, 6, nullptr);
+  const GossipRun again = gossip_run(4, "adpsgd", {}, 6, 0, &first.saved);
+  EXPECT_TRUE(same_locals(again.locals, first.locals));
+  const GossipRun on = gossip_run(4, "adpsgd", {}, 6, 6, &first.saved);
+  for (float v : on.params) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_EQ(on.locals[0].steps, 12u);
+}
+
+TEST(GossipResume, ASavedStateThatDoesNotFitIsOneLine) {
+  const GossipRun first = gossip_run(4, "osgp", {}, 0, 3, nullptr);
+  auto error_of = [&](const GossipSaved& saved) -> std::string {
+    try {
+      (void)gossip_run(4, "osgp", {}, 3, 1, &saved);
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+      return m;
+    }
+    return "";
+  };
+  GossipSaved fewer = first.saved;
+  fewer.numbers[2].pop_back();
+  EXPECT_NE(error_of(fewer).find("the saved osgp state of rank 2 ends before"), std::string::npos) << error_of(fewer);
+  GossipSaved short_x = first.saved;
+  short_x.wholes["gossip.1.x"].values.pop_back();
+  short_x.wholes["gossip.1.x"].shape = {std::int64_t(short_x.wholes["gossip.1.x"].values.size())};
+  EXPECT_NE(error_of(short_x).find("the saved osgp state of rank 1: x has"), std::string::npos) << error_of(short_x);
+  GossipSaved weightless = first.saved;
+  weightless.numbers[0][0] = -1;
+  EXPECT_NE(error_of(weightless).find("has a push-sum weight of -1"), std::string::npos) << error_of(weightless);
+  GossipSaved no_rank = first.saved;
+  for (auto it = no_rank.wholes.begin(); it != no_rank.wholes.end();)
+    it = it->first.rfind("gossip.3.", 0) == 0 ? no_rank.wholes.erase(it) : std::next(it);
+  EXPECT_NE(error_of(no_rank).find("the checkpoint has no"), std::string::npos) << error_of(no_rank);
 }

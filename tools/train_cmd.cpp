@@ -574,27 +574,37 @@ void check_memory(const TrainArgs& a, int world) {
                            world, world == 1 ? " rank" : " ranks", " (this machine has ", gigabytes(have), ")"));
 }
 
+const std::set<std::string> kGossipFlags = {"--topology",           "--peers-per-iteration", "--synch-freq",
+                                             "--slowmo-base",        "--localsgd-frequency",  "--slowmo-frequency",
+                                             "--slowmo-momentum",    "--slowmo-lr"};
+
+// Why a gossip flag does not apply to strategy `s` (with that slowmo base),
+// or "" when it does.
+std::string gossip_flag_misfit(const std::string& flag, const std::string& s, const std::string& slowmo_base) {
+  if (!parallel::is_gossip(s))
+    return str(flag, " applies to the gossip strategies (sgp, osgp, dpsgd, adpsgd, slowmo), not --strategy ", s);
+  if (flag == "--synch-freq" && s != "osgp" && s != "adpsgd")
+    return str("--synch-freq applies to --strategy osgp and adpsgd, not ", s);
+  if ((flag.rfind("--slowmo", 0) == 0 || flag == "--localsgd-frequency") && s != "slowmo")
+    return str(flag, " applies to --strategy slowmo, not ", s);
+  if (flag == "--localsgd-frequency" && slowmo_base != "localsgd")
+    return "--localsgd-frequency applies to --slowmo-base localsgd";
+  if ((flag == "--topology" || flag == "--peers-per-iteration") && s == "slowmo" && slowmo_base == "localsgd")
+    return "--topology applies to slowmo with --slowmo-base sgp (local SGD averages exactly)";
+  return {};
+}
+
 // Gossip options with a strategy that does not use them: an error, not a
 // silent no-op.
 void check_gossip_flags(const TrainArgs& a) {
   const std::string& s = a.config.strategy;
-  for (const std::string& flag : a.gossip_flags) {
-    if (!parallel::is_gossip(s))
-      throw InvalidInput(str(flag, " applies to the gossip strategies (sgp, osgp, dpsgd, adpsgd, slowmo), not --strategy ", s));
-    if (flag == "--synch-freq" && s != "osgp" && s != "adpsgd")
-      throw InvalidInput(str("--synch-freq applies to --strategy osgp and adpsgd, not ", s));
-    if (flag.rfind("--slowmo", 0) == 0 || flag == "--localsgd-frequency")
-      if (s != "slowmo") throw InvalidInput(str(flag, " applies to --strategy slowmo, not ", s));
-    if (flag == "--localsgd-frequency" && a.config.parallel.gossip.slowmo_base != "localsgd")
-      throw InvalidInput("--localsgd-frequency applies to --slowmo-base localsgd");
-  }
+  for (const std::string& flag : a.gossip_flags)
+    if (const std::string why = gossip_flag_misfit(flag, s, a.config.parallel.gossip.slowmo_base); !why.empty())
+      throw InvalidInput(why);
   const std::string& topology = a.config.parallel.gossip.topology;
   const auto names = gossip::topology_names();
   if (!topology.empty() && std::find(names.begin(), names.end(), topology) == names.end())
     (void)gossip::Topology(topology, 1);  // throws, listing the known names
-  if (s == "slowmo" && a.config.parallel.gossip.slowmo_base == "localsgd" &&
-      (a.gossip_flags.count("--topology") || a.gossip_flags.count("--peers-per-iteration")))
-    throw InvalidInput("--topology applies to slowmo with --slowmo-base sgp (local SGD averages exactly)");
 }
 
 int run_train(TrainArgs& a) {
@@ -789,7 +799,17 @@ void load_resume(CLI::App& command, TrainArgs& a) {
       std::fprintf(stderr, "distopt: resuming with --%s %s (the checkpoint's run had %s)\n", key.c_str(),
                    value.dump().c_str(), saved[key].dump().c_str());
   }
-  apply_config_text(command, saved.dump(), (*latest / "manifest.json").string());
+  // Resumed under another strategy: the saved gossip flags that do not
+  // apply to it are left behind (the run starts from the ranks' mean).
+  nlohmann::json carried = saved;
+  const CLI::Option* strategy = command.get_option_no_throw("--strategy");
+  if (strategy != nullptr && strategy->count() > 0) {
+    const std::string base = given.value("slowmo-base", saved.value("slowmo-base", std::string("localsgd")));
+    for (const auto& [key, value] : saved.items())
+      if (kGossipFlags.count("--" + key) && !gossip_flag_misfit("--" + key, a.config.strategy, base).empty())
+        carried.erase(key);
+  }
+  apply_config_text(command, carried.dump(), (*latest / "manifest.json").string());
   auto resume = std::make_shared<train::TrainConfig::Resume>();
   resume->step = m.step;
   resume->wholes = checkpoint::read_wholes(*latest, m);
@@ -829,6 +849,7 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   parallel::GossipOptions& g = c.parallel.gossip;
   auto gossip_flag = [&](const std::string& name, auto& field, const std::string& help) {
+    DISTOPT_CHECK(kGossipFlags.count(name), name);
     sub->add_option(name, field, help)->each([a, name](const std::string&) { a->gossip_flags.insert(name); });
   };
   gossip_flag("--topology", g.topology,

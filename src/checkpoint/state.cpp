@@ -40,22 +40,21 @@ std::vector<std::string> aux_names(const Optimizer& opt, std::size_t i) {
   return names;
 }
 
-void refuse_gossip(const parallel::Strategy& s) {
-  if (parallel::is_gossip(s.name()))
-    throw InvalidInput(str("checkpoints of the gossip strategy ", s.name(), " are not supported yet"));
-}
+// ddp and the gossip strategies hold every parameter whole (in the padded
+// layout); zero1-3 their shard.
+bool replicated(const parallel::Strategy& s) { return s.name() == "ddp" || parallel::is_gossip(s.name()); }
 
-}  // namespace
-
-std::vector<Piece> own_pieces(parallel::Strategy& s, int rank, std::span<const float> own, const std::string& prefix) {
-  refuse_gossip(s);
+// This rank's pieces of values shaped like own_params(), named
+// PREFIX<param name>: its shard's, or of replicated values the piece the
+// rank's shard would hold.
+std::vector<Piece> cut(parallel::Strategy& s, int rank, std::span<const float> own, const std::string& prefix) {
   const parallel::ShardLayout& layout = s.layout();
-  const bool replicated = s.name() == "ddp";
+  const bool whole = replicated(s);
   std::vector<Piece> out;
   for (const auto& pc : layout.pieces(rank)) {
     if (pc.count == 0) continue;
     const ParamSlot& slot = layout.params()[pc.param];
-    const std::size_t at = replicated ? pc.padded_offset : pc.shard_offset;
+    const std::size_t at = whole ? pc.padded_offset : pc.shard_offset;
     DISTOPT_CHECK(at + pc.count <= own.size(), prefix, slot.name, ": ", own.size(), " own values");
     out.push_back({prefix + slot.name, slot.shape, pc.param_begin,
                    std::vector<float>(own.begin() + static_cast<std::ptrdiff_t>(at),
@@ -64,13 +63,73 @@ std::vector<Piece> own_pieces(parallel::Strategy& s, int rank, std::span<const f
   return out;
 }
 
+// Every parameter whole, from padded values, named PREFIX<param name>.
+std::vector<Piece> whole_pieces(const parallel::ShardLayout& layout, std::span<const float> padded,
+                                const std::string& prefix) {
+  std::vector<Piece> out;
+  for (std::size_t p = 0; p < layout.params().size(); ++p) {
+    const ParamSlot& slot = layout.params()[p];
+    const auto at = static_cast<std::ptrdiff_t>(layout.padded_offset(p));
+    out.push_back({prefix + slot.name, slot.shape, 0,
+                   std::vector<float>(padded.begin() + at,
+                                      padded.begin() + at + static_cast<std::ptrdiff_t>(slot.numel()))});
+  }
+  return out;
+}
+
+// A gossip rank's optimizer state, whole, under its local prefix; and the
+// ranks' mean of it put into `dict`, for the consensus tensors (a step
+// count as a float, as every checkpoint keeps it).
+std::vector<Piece> local_state_pieces(parallel::Strategy& s, int rank, StateDict& dict) {
+  const auto index = slot_index(s.layout());
+  const Optimizer& opt = s.optimizer();
+  std::vector<Piece> out;
+  std::vector<float> packed;
+  for (const auto& [i, entries] : dict.state) {
+    const std::size_t slot = index.at(opt.param(i).name);
+    for (const auto& [key, value] : entries) {
+      const std::string name = local_prefix(rank) + state_name(slot, key);
+      if (std::holds_alternative<double>(value)) {
+        out.push_back({name, {}, 0, {static_cast<float>(std::get<double>(value))}});
+      } else {
+        const StateTensor& t = std::get<StateTensor>(value);
+        out.push_back({name, t.shape, 0, t.data});
+      }
+      packed.insert(packed.end(), out.back().values.begin(), out.back().values.end());
+    }
+  }
+  const std::vector<float> mean = s.mean_over_ranks(packed);
+  std::size_t at = 0;
+  for (auto& [i, entries] : dict.state)
+    for (auto& [key, value] : entries) {
+      if (std::holds_alternative<double>(value)) {
+        value = static_cast<double>(mean[at++]);
+      } else {
+        auto& data = std::get<StateTensor>(value).data;
+        std::copy_n(mean.begin() + static_cast<std::ptrdiff_t>(at), data.size(), data.begin());
+        at += data.size();
+      }
+    }
+  return out;
+}
+
+}  // namespace
+
+std::string local_prefix(int rank) { return str("gossip.", rank, "."); }
+
+std::vector<Piece> own_pieces(parallel::Strategy& s, int rank, std::span<const float> own, const std::string& prefix) {
+  if (!parallel::is_gossip(s.name())) return cut(s, rank, own, prefix);
+  std::vector<Piece> out = cut(s, rank, s.mean_over_ranks(own), prefix);
+  std::vector<Piece> mine = whole_pieces(s.layout(), own, local_prefix(rank) + prefix);
+  out.insert(out.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
+  return out;
+}
+
 std::vector<float> own_values(parallel::Strategy& s, int rank, const std::map<std::string, Whole>& wholes,
                               const std::string& prefix) {
-  refuse_gossip(s);
   const parallel::ShardLayout& layout = s.layout();
-  const bool replicated = s.name() == "ddp";
   std::vector<float> own(s.own_params().size(), 0.0f);
-  // Replicated values (ddp) hold every parameter whole; a shard its pieces.
+  // Replicated values (ddp, gossip) hold every parameter whole; a shard its pieces.
   for (std::size_t p = 0; p < layout.params().size(); ++p) {
     const ParamSlot& slot = layout.params()[p];
     const auto it = wholes.find(prefix + slot.name);
@@ -79,7 +138,7 @@ std::vector<float> own_values(parallel::Strategy& s, int rank, const std::map<st
       throw InvalidInput(str(prefix, slot.name, " is ", to_string(it->second.shape), " in the checkpoint, ",
                              to_string(slot.shape), " in the model"));
   }
-  if (replicated) {
+  if (replicated(s)) {
     for (std::size_t p = 0; p < layout.params().size(); ++p) {
       const auto& w = wholes.at(prefix + layout.params()[p].name).values;
       std::copy(w.begin(), w.end(), own.begin() + static_cast<std::ptrdiff_t>(layout.padded_offset(p)));
@@ -96,11 +155,18 @@ std::vector<float> own_values(parallel::Strategy& s, int rank, const std::map<st
 }
 
 std::vector<Piece> strategy_pieces(parallel::Strategy& s, int rank) {
-  std::vector<Piece> out = own_pieces(s, rank, s.own_params(), "param.");
+  const bool gossip = parallel::is_gossip(s.name());
+  const std::span<const float> params = s.own_params();
+  std::vector<Piece> out =
+      gossip ? cut(s, rank, s.mean_over_ranks(params), "param.") : cut(s, rank, params, "param.");
   const parallel::ShardLayout& layout = s.layout();
-  const bool replicated = s.name() == "ddp";
+  const bool whole = replicated(s);
   const Optimizer& opt = s.optimizer();
-  const StateDict dict = opt.state_dict();
+  StateDict dict = opt.state_dict();
+  if (gossip) {
+    std::vector<Piece> mine = local_state_pieces(s, rank, dict);
+    out.insert(out.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
+  }
   const auto index = slot_index(layout);
   const auto pieces = layout.pieces(rank);
   for (const auto& [i, entries] : dict.state) {
@@ -110,8 +176,8 @@ std::vector<Piece> strategy_pieces(parallel::Strategy& s, int rank) {
     if (pc.count == 0) continue;  // nothing of it here (its small state may be stale)
     const Shape& shape = layout.params()[slot].shape;
     const std::vector<std::string> aux = aux_names(opt, i);
-    // The rank's piece of a whole (ddp) tensor, or the whole of its piece.
-    const std::size_t skip = replicated ? pc.param_begin : 0;
+    // The rank's piece of a whole (ddp, gossip) tensor, or the whole of its piece.
+    const std::size_t skip = whole ? pc.param_begin : 0;
     for (const auto& [key, value] : entries) {
       const std::string name = state_name(slot, key);
       if (std::holds_alternative<double>(value)) {
@@ -148,8 +214,9 @@ std::vector<float> initial_params(const parallel::FlatLayout& layout, const std:
       const bool known = std::any_of(layout.params.begin(), layout.params.end(),
                                      [&](const ParamSlot& s) { return "param." + s.name == name; });
       if (!known) throw InvalidInput(str("the checkpoint has a parameter ", name.substr(6), " that the model lacks"));
-    } else if (name.rfind("state.", 0) != 0 && name.rfind("avg.", 0) != 0) {
-      throw InvalidInput(str("the checkpoint has a tensor ", name, " that is no parameter, optimizer state or average"));
+    } else if (name.rfind("state.", 0) != 0 && name.rfind("avg.", 0) != 0 && name.rfind("gossip.", 0) != 0) {
+      throw InvalidInput(str("the checkpoint has a tensor ", name,
+                             " that is no parameter, optimizer state, average or gossip rank's state"));
     }
   }
   std::vector<float> initial(layout.elements, 0.0f);
@@ -164,8 +231,7 @@ std::vector<float> initial_params(const parallel::FlatLayout& layout, const std:
   return initial;
 }
 
-void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Whole>& wholes) {
-  refuse_gossip(s);
+void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Whole>& wholes, const std::string& from) {
   Optimizer& opt = s.optimizer();
   StateDict dict = opt.state_dict();  // the groups as they are; the state from the checkpoint
   dict.state.clear();
@@ -174,7 +240,7 @@ void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Who
   std::set<std::string> known;
   for (std::size_t i = 0; i < opt.num_params(); ++i) {
     const std::size_t g = group_index(opt, i);
-    const std::string prefix = state_name(index.at(opt.param(i).name), "");
+    const std::string prefix = from + state_name(index.at(opt.param(i).name), "");
     const StateLayout l = opt.rule_of_group(g).layout(opt.group(g).options);
     for (auto key : l.tensors) known.insert(prefix + std::string(key));
     for (auto key : l.scalars) known.insert(prefix + std::string(key));
@@ -182,13 +248,13 @@ void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Who
     known.insert(prefix + "master_param");
   }
   for (const auto& [name, whole] : wholes)
-    if (name.rfind("state.", 0) == 0 && !known.count(name))
+    if (name.rfind(from + "state.", 0) == 0 && !known.count(name))
       throw InvalidInput(str("the checkpoint's ", name, " is not a state this run's optimizer keeps (",
                              opt.rule().name, "; another optimizer's checkpoint, or another model's?)"));
   for (std::size_t i = 0; i < opt.num_params(); ++i) {
     const Param& p = opt.param(i);
     const std::size_t slot = index.at(p.name);
-    const std::string prefix = state_name(slot, "");
+    const std::string prefix = from + state_name(slot, "");
     const std::size_t n = static_cast<std::size_t>(p.value.numel());
     const std::vector<std::string> aux = aux_names(opt, i);
     std::map<std::string, StateValue> entries;
@@ -212,6 +278,32 @@ void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Who
     if (!entries.empty()) dict.state[i] = std::move(entries);
   }
   opt.load_state_dict(dict);
+}
+
+}  // namespace distopt::checkpoint
+
+namespace distopt::checkpoint {
+
+std::vector<Piece> local_pieces(const parallel::LocalState& state, int rank) {
+  std::vector<Piece> out;
+  for (const auto& [name, values] : state.tensors)
+    out.push_back({local_prefix(rank) + name, {static_cast<std::int64_t>(values.size())}, 0, values});
+  return out;
+}
+
+parallel::LocalState local_state(const std::map<std::string, Whole>& wholes, int rank, std::uint64_t steps,
+                                 std::vector<double> scalars) {
+  parallel::LocalState st;
+  st.steps = steps;
+  st.scalars = std::move(scalars);
+  const std::string prefix = local_prefix(rank);
+  for (auto it = wholes.lower_bound(prefix); it != wholes.end() && it->first.rfind(prefix, 0) == 0; ++it) {
+    const std::string name = it->first.substr(prefix.size());
+    if (name.rfind("state.", 0) == 0 || name.rfind("avg.", 0) == 0) continue;
+    st.tensors.emplace_back(name, it->second.values);
+  }
+  if (st.tensors.empty()) throw InvalidInput(str("the checkpoint has no gossip state of rank ", rank));
+  return st;
 }
 
 }  // namespace distopt::checkpoint

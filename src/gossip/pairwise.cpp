@@ -44,8 +44,15 @@ int pairwise_partner(int rank, int world, std::uint64_t round) {
   return (partner_pos + shift) % world;
 }
 
-AsyncPairwise::AsyncPairwise(Communicator& comm, std::span<float> x, std::mutex& x_mutex, int tag)
-    : comm_(comm), x_(x), x_mutex_(x_mutex), tag_(tag), unwinding_at_start_(std::uncaught_exceptions()) {
+AsyncPairwise::AsyncPairwise(Communicator& comm, std::span<float> x, std::mutex& x_mutex, int tag,
+                             std::uint64_t first_round)
+    : comm_(comm),
+      x_(x),
+      x_mutex_(x_mutex),
+      tag_(tag),
+      unwinding_at_start_(std::uncaught_exceptions()),
+      allowed_(first_round),
+      completed_(first_round) {
   if (comm.size() > 1) {
     snapshot_.resize(x.size());
     received_.resize(x.size());
@@ -109,7 +116,7 @@ std::uint64_t AsyncPairwise::completed() const {
 
 void AsyncPairwise::run() {
   try {
-    for (std::uint64_t r = 0;; ++r) {
+    for (std::uint64_t r = completed();; ++r) {
       {
         std::unique_lock lock(m_);
         cv_.wait(lock, [&] { return allowed_ > r || finishing_; });

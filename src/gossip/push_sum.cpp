@@ -86,7 +86,7 @@ void PushSum::finish(std::span<float> x, double& w) {
     in_flight_ = false;
     throw;
   }
-  for (std::size_t i = 0; i < recvs_.size(); ++i) {
+  for (std::size_t i = 0; i < recv_.size(); ++i) {
     const auto* msg = recv_[i].as<unsigned char>();
     double win = 0;
     std::memcpy(&win, msg, kHeader);
@@ -98,6 +98,57 @@ void PushSum::finish(std::span<float> x, double& w) {
   recvs_.clear();
   in_flight_ = false;
   ++iteration_;
+}
+
+PushSum::Pending PushSum::pending() {
+  DISTOPT_CHECK(in_flight_, "no push-sum round in flight");
+  try {
+    for (auto& r : recvs_) r->wait();
+    for (auto& r : sends_) r->wait();
+  } catch (...) {
+    failed_ = true;
+    in_flight_ = false;
+    throw;
+  }
+  recvs_.clear();
+  sends_.clear();
+  Pending p;
+  p.iteration = iteration_;
+  p.sent_weight = sent_weight_;
+  for (const Buffer& b : recv_) {
+    const auto* msg = b.as<unsigned char>();
+    double win = 0;
+    std::memcpy(&win, msg, kHeader);
+    const auto* xs = reinterpret_cast<const float*>(msg + kHeader);
+    p.weights.push_back(win);
+    p.shares.emplace_back(xs, xs + dim_);
+  }
+  return p;
+}
+
+void PushSum::restore(const Pending& round) {
+  DISTOPT_CHECK(!in_flight_, "a push-sum round is already in flight");
+  const Peers peers = topology_.peers(comm_.rank(), round.iteration);
+  if (round.weights.size() != peers.in.size() || round.shares.size() != peers.in.size())
+    throw InvalidInput(str("a saved push-sum round of iteration ", round.iteration, " has ", round.shares.size(),
+                           " in-peer shares; rank ", comm_.rank(), " has ", peers.in.size(), " in-peers on ",
+                           topology_.name()));
+  const std::size_t bytes = kHeader + dim_ * sizeof(float);
+  peers_ = peers;
+  recv_.resize(peers_.in.size());
+  for (std::size_t i = 0; i < peers_.in.size(); ++i) {
+    if (round.shares[i].size() != dim_)
+      throw InvalidInput(str("a saved push-sum share has ", round.shares[i].size(), " elements, the gossiper ", dim_));
+    if (recv_[i].size_bytes() != bytes) recv_[i] = Buffer(bytes, static_cast<int>(i));
+    auto* msg = recv_[i].as<unsigned char>();
+    std::memcpy(msg, &round.weights[i], kHeader);
+    std::memcpy(msg + kHeader, round.shares[i].data(), dim_ * sizeof(float));
+  }
+  sends_.clear();
+  recvs_.clear();
+  iteration_ = round.iteration;
+  sent_weight_ = round.sent_weight;
+  in_flight_ = true;
 }
 
 AverageReport average_random_vectors(Communicator& comm, const Topology& topology, std::uint64_t rounds,

@@ -169,10 +169,11 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
     }
     for (std::size_t i = 0; i < optimizer_->num_params(); ++i) optimizer_->param(i).has_grad = true;
     if (mode_ == Mode::dpsgd) {
-      // x <- W x (the exchange started after the last step), then the
-      // step with the gradient taken at the old x.
+      // x <- W x (the exchange started after the last step, unless a
+      // checkpoint finished it already), then the step with the gradient
+      // taken at the old x.
       double unused = 1.0;
-      blocked([&] { gossip_->finish(send_, unused); });
+      if (gossip_->in_flight()) blocked([&] { gossip_->finish(send_, unused); });
       set_x(send_);
     }
     // Statistics (clipping, the scaler's inf check) are the rank's own.
@@ -235,6 +236,75 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
     eval_values_ = average(model_values());
     eval_ = std::make_unique<ValuesAccess>(comm_, layout_, eval_values_, /*replicated=*/true);
     return *eval_;
+  }
+
+  std::vector<float> mean_over_ranks(std::span<const float> values) override { return average(values); }
+
+  // Scalars: w, then for each push-sum gossiper (the main one, then osgp's
+  // pipeline) its iteration, whether a round is in flight and, if one is,
+  // the weight it sent and the in-peers' weight shares (count first).
+  // Tensors: x; dpsgd's exchanged W x ("send"); slowmo's slow_x and slow_u;
+  // the in-peers' shares of each round in flight ("pushsum<p>.in<i>").
+  std::optional<LocalState> local_state() override {
+    settle();  // adpsgd: every round allowed has been added
+    LocalState st;
+    st.steps = steps_;
+    st.scalars.push_back(w_);
+    st.tensors.emplace_back("x", x_);
+    if (mode_ == Mode::dpsgd && gossip_->in_flight()) {
+      // The exchange of x started after the last step, finished now into
+      // what the next step takes: the same bits as finishing it then.
+      double unused = 1.0;
+      blocked([&] { gossip_->finish(send_, unused); });
+    }
+    if (mode_ == Mode::dpsgd) st.tensors.emplace_back("send", send_);
+    if (mode_ == Mode::slowmo) {
+      st.tensors.emplace_back("slow_x", slow_x_);
+      st.tensors.emplace_back("slow_u", slow_u_);
+    }
+    const std::vector<gossip::PushSum*> all = gossipers();
+    for (std::size_t p = 0; p < all.size(); ++p) {
+      st.scalars.push_back(static_cast<double>(all[p]->iteration()));
+      st.scalars.push_back(all[p]->in_flight() ? 1.0 : 0.0);
+      if (!all[p]->in_flight()) continue;
+      gossip::PushSum::Pending round;
+      blocked([&] { round = all[p]->pending(); });
+      st.scalars.push_back(round.sent_weight);
+      st.scalars.push_back(static_cast<double>(round.weights.size()));
+      st.scalars.insert(st.scalars.end(), round.weights.begin(), round.weights.end());
+      for (std::size_t i = 0; i < round.shares.size(); ++i)
+        st.tensors.emplace_back(str("pushsum", p, ".in", i), std::move(round.shares[i]));
+    }
+    return st;
+  }
+
+  void resume(std::uint64_t steps, const LocalState* saved) override {
+    // The constructor's exchange of the initial x (dpsgd) is finished and
+    // replaced: by the saved one, or by an exchange at step `steps`.
+    if (mode_ == Mode::dpsgd && gossip_->in_flight()) {
+      double unused = 1.0;
+      gossip_->finish(send_, unused);
+    }
+    steps_ = steps;
+    if (saved == nullptr) {
+      for (gossip::PushSum* g : gossipers()) g->set_iteration(steps);
+      if (mode_ == Mode::dpsgd) {
+        send_ = x_;
+        double unused = 1.0;
+        gossip_->start(send_, unused);
+      }
+      if (mode_ == Mode::slowmo) slow_x_ = x_;
+    } else {
+      load_local(*saved);
+    }
+    if (mode_ == Mode::adpsgd) {
+      z_ = x_;
+      if (pairwise_) {
+        pairwise_.reset();  // none allowed: ends at once
+        pairwise_ = std::make_unique<gossip::AsyncPairwise>(*pair_comm_, x_, x_mutex_, gossip::AsyncPairwise::kTag, steps);
+      }
+    }
+    z_valid_ = false;
   }
 
   double consensus_distance() override {
@@ -342,6 +412,67 @@ class GossipEngine final : public Strategy, public models::UnitAccess {
       blocked([&] { gossip_->mix(x_, w_); });
     else if (steps_ % static_cast<std::uint64_t>(options_.localsgd_frequency) == 0)
       blocked([&] { set_x(average(x_)); });
+  }
+
+  // The push-sum gossipers in a fixed order: the main one, then osgp's
+  // pipeline.
+  std::vector<gossip::PushSum*> gossipers() {
+    std::vector<gossip::PushSum*> all;
+    if (gossip_) all.push_back(&*gossip_);
+    for (auto& p : pipeline_) all.push_back(p.get());
+    return all;
+  }
+
+  // resume() from a LocalState of local_state()'s layout.
+  void load_local(const LocalState& st) {
+    std::size_t next = 0;
+    auto scalar = [&](const char* what) {
+      if (next >= st.scalars.size())
+        throw InvalidInput(str("the saved ", name_, " state of rank ", comm_.rank(), " ends before its ", what));
+      return st.scalars[next++];
+    };
+    auto tensor = [&](const std::string& name) -> const std::vector<float>& {
+      for (const auto& [n, v] : st.tensors)
+        if (n == name) {
+          if (name.rfind("pushsum", 0) != 0 && v.size() != x_.size())
+            throw InvalidInput(str("the saved ", name_, " state of rank ", comm_.rank(), ": ", name, " has ", v.size(),
+                                   " elements, this run's model ", x_.size()));
+          return v;
+        }
+      throw InvalidInput(str("the saved ", name_, " state of rank ", comm_.rank(), " has no ", name));
+    };
+    const double w = scalar("weight");
+    if (!(w > 0 && std::isfinite(w)))
+      throw InvalidInput(str("the saved ", name_, " state of rank ", comm_.rank(), " has a push-sum weight of ", w));
+    w_ = w;
+    set_x(tensor("x"));
+    if (mode_ == Mode::dpsgd) send_ = tensor("send");
+    if (mode_ == Mode::slowmo) {
+      slow_x_ = tensor("slow_x");
+      slow_u_ = tensor("slow_u");
+    }
+    const std::vector<gossip::PushSum*> all = gossipers();
+    for (std::size_t p = 0; p < all.size(); ++p) {
+      const auto iteration = static_cast<std::uint64_t>(scalar("gossip iteration"));
+      if (scalar("round in flight") == 0.0) {
+        all[p]->set_iteration(iteration);
+        continue;
+      }
+      gossip::PushSum::Pending round;
+      round.iteration = iteration;
+      round.sent_weight = scalar("sent weight");
+      const double count = scalar("in-peer count");
+      if (!(count >= 0 && count <= comm_.size()))
+        throw InvalidInput(str("the saved ", name_, " state of rank ", comm_.rank(), " has ", count, " in-peers"));
+      for (std::size_t i = 0; i < static_cast<std::size_t>(count); ++i) {
+        round.weights.push_back(scalar("in-peer weight"));
+        round.shares.push_back(tensor(str("pushsum", p, ".in", i)));
+      }
+      all[p]->restore(round);
+    }
+    if (next != st.scalars.size())
+      throw InvalidInput(str("the saved ", name_, " state of rank ", comm_.rank(), " has ", st.scalars.size(),
+                             " numbers, this run's ", next));
   }
 
   template <class F>

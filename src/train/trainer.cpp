@@ -81,14 +81,7 @@ Fault fault_from_env() {
 
 void validate(const Communicator& comm, const data::Split& data, const TrainConfig& c) {
   if (c.epochs < 1) throw InvalidInput(str("--epochs must be at least 1 (got ", c.epochs, ")"));
-  if (!c.checkpoint_dir.empty() || c.resume) {
-    // What a checkpoint does not carry yet is refused, not silently lost.
-    const char* what = parallel::is_gossip(c.strategy) ? "a gossip strategy" : nullptr;
-    if (what != nullptr)
-      throw InvalidInput(str("checkpoints do not carry the state of ", what, " yet: checkpoint or resume a run without it"));
-    if (!c.checkpoint_dir.empty() && c.keep_checkpoints == 0)
-      throw InvalidInput("--keep-checkpoints must be at least 1");
-  }
+  if (!c.checkpoint_dir.empty() && c.keep_checkpoints == 0) throw InvalidInput("--keep-checkpoints must be at least 1");
   if (c.batch_size == 0) throw InvalidInput("--batch-size must be at least 1");
   if (c.batch_size < static_cast<std::size_t>(comm.size()))
     throw InvalidInput(str("batch size ", c.batch_size, " is smaller than the world size ", comm.size(),
@@ -234,6 +227,45 @@ GradScalerState scaler_state(const nlohmann::json& j) {
   return s;
 }
 
+// What a gossip checkpoint's ranks must share with the resumed run for it
+// to go on rank by rank: the strategy, the world size and the gossip options.
+OJson gossip_run(const TrainConfig& c, int world) {
+  const parallel::GossipOptions& g = c.parallel.gossip;
+  OJson j;
+  j["strategy"] = c.strategy;
+  j["world"] = world;
+  j["options"] = {{"topology", g.topology},
+                  {"peers_per_iteration", g.peers_per_iteration},
+                  {"synch_freq", g.synch_freq},
+                  {"slowmo_base", g.slowmo_base},
+                  {"localsgd_frequency", g.localsgd_frequency},
+                  {"slowmo_frequency", g.slowmo_frequency},
+                  {"slowmo_momentum", g.slowmo_momentum},
+                  {"slowmo_lr", g.slowmo_lr}};
+  return j;
+}
+
+// Every rank's LocalState numbers, gathered (collective): [steps, numbers...] per rank.
+std::vector<std::vector<double>> gather_local_numbers(Communicator& comm, const parallel::LocalState& local) {
+  std::vector<double> mine{static_cast<double>(local.steps)};
+  mine.insert(mine.end(), local.scalars.begin(), local.scalars.end());
+  const auto n = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(comm.size()));
+  comm.all_gather(&n, counts.data(), 1, ElemType::i64);
+  std::vector<std::size_t> sizes(counts.begin(), counts.end());
+  std::size_t total = 0;
+  for (std::size_t c : sizes) total += c;
+  std::vector<double> all(total);
+  comm.all_gather_v(mine.data(), all.data(), sizes, ElemType::f64);
+  std::vector<std::vector<double>> out;
+  std::size_t at = 0;
+  for (std::size_t c : sizes) {
+    out.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(at), all.begin() + static_cast<std::ptrdiff_t>(at + c));
+    at += c;
+  }
+  return out;
+}
+
 // Writes the checkpoint of `step` under config.checkpoint_dir (collective):
 // every rank its file, in parallel; rank 0 the manifest, last, and prunes.
 std::uint64_t save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const TrainConfig& config, std::uint64_t step,
@@ -258,9 +290,17 @@ std::uint64_t save_checkpoint(Communicator& comm, parallel::Strategy& strategy, 
   // Each rank's file; a failure on any rank fails the checkpoint on all.
   checkpoint::FileEntry mine;
   const std::string name = str("rank", comm.rank(), ".safetensors");
+  // The collective parts first (gossip: the consensus, the rounds in flight).
+  std::vector<checkpoint::Piece> pieces = checkpoint::strategy_pieces(strategy, comm.rank());
+  pieces.insert(pieces.end(), std::make_move_iterator(extra.begin()), std::make_move_iterator(extra.end()));
+  const std::optional<parallel::LocalState> local = strategy.local_state();
+  std::vector<std::vector<double>> numbers;
+  if (local) {
+    std::vector<checkpoint::Piece> mine = checkpoint::local_pieces(*local, comm.rank());
+    pieces.insert(pieces.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
+    numbers = gather_local_numbers(comm, *local);
+  }
   try {
-    std::vector<checkpoint::Piece> pieces = checkpoint::strategy_pieces(strategy, comm.rank());
-    pieces.insert(pieces.end(), std::make_move_iterator(extra.begin()), std::make_move_iterator(extra.end()));
     const std::vector<std::byte> bytes = checkpoint::safetensors_bytes(checkpoint::to_safetensors(pieces));
     if (die_here && fault.in_file) {
       // Half the file under its temporary name, as a write cut short leaves it.
@@ -274,9 +314,9 @@ std::uint64_t save_checkpoint(Communicator& comm, parallel::Strategy& strategy, 
     ok = 0;
     failure = e.what();
   }
-  const std::int64_t local[3] = {ok, static_cast<std::int64_t>(mine.bytes), static_cast<std::int64_t>(mine.xxh64)};
+  const std::int64_t written[3] = {ok, static_cast<std::int64_t>(mine.bytes), static_cast<std::int64_t>(mine.xxh64)};
   std::vector<std::int64_t> all(3 * static_cast<std::size_t>(comm.size()));
-  comm.all_gather(local, all.data(), 3, ElemType::i64);
+  comm.all_gather(written, all.data(), 3, ElemType::i64);
   for (int r = 0; r < comm.size(); ++r)
     if (all[3 * static_cast<std::size_t>(r)] == 0)
       throw IoError(r == comm.rank() ? failure : str("checkpoint of step ", step, ": rank ", r, " could not write its file"));
@@ -294,6 +334,14 @@ std::uint64_t save_checkpoint(Communicator& comm, parallel::Strategy& strategy, 
     for (const ParamSlot& p : strategy.layout().params()) body["param_order"].push_back(p.name);
     body["config"] = nlohmann::ordered_json::parse(config.checkpoint_run);
     body["state"] = state;
+    if (local) {
+      OJson g = gossip_run(config, comm.size());
+      g["ranks"] = OJson::array();
+      for (const auto& r : numbers)
+        g["ranks"].push_back({{"steps", static_cast<std::uint64_t>(r.at(0))},
+                              {"numbers", std::vector<double>(r.begin() + 1, r.end())}});
+      body["state"]["gossip"] = g;
+    }
     m.body = body.dump();
     for (int r = 0; r < comm.size(); ++r) {
       const auto* v = all.data() + 3 * static_cast<std::size_t>(r);
@@ -326,7 +374,43 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   if (config.resume) initial = checkpoint::initial_params(layout, config.resume->wholes);
   else model->init(initial, config.seed);
   auto strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
-  if (config.resume) checkpoint::load_optimizer_state(*strategy, config.resume->wholes);
+  nlohmann::json st;  // the checkpoint's non-tensor state
+  // A gossip checkpoint goes on rank by rank in a run of the same strategy,
+  // world size and gossip options; anything else starts from its consensus.
+  std::string local_prefix;
+  if (config.resume) {
+    st = nlohmann::json::parse(config.resume->state, nullptr, false);
+    if (!st.is_object()) throw InvalidInput("--resume: the checkpoint manifest's state is not a JSON object");
+    if (st.contains("gossip")) {
+      const nlohmann::json& g = st["gossip"];
+      if (!g.is_object() || !g["ranks"].is_array() || !g["strategy"].is_string())
+        throw InvalidInput("checkpoint manifest: a malformed gossip state");
+      nlohmann::json same = g;
+      same.erase("ranks");
+      if (same == nlohmann::json::parse(gossip_run(config, comm.size()).dump())) {
+        local_prefix = checkpoint::local_prefix(comm.rank());
+      } else if (observer != nullptr && comm.rank() == 0) {
+        observer->on_warning(str("resuming the ", g["strategy"].get<std::string>(), " checkpoint of ", g.value("world", 0),
+                                 " ranks as ", config.strategy, " at ", comm.size(),
+                                 " (or with other gossip options): every rank starts from the ranks' mean model and "
+                                 "optimizer state"));
+      }
+    }
+    checkpoint::load_optimizer_state(*strategy, config.resume->wholes, local_prefix);
+    if (!local_prefix.empty()) {
+      const nlohmann::json& r = st["gossip"]["ranks"];
+      const auto me = static_cast<std::size_t>(comm.rank());
+      if (me >= r.size() || !r[me].is_object() || !r[me]["steps"].is_number_unsigned() || !r[me]["numbers"].is_array())
+        throw InvalidInput(str("checkpoint manifest: no gossip state for rank ", comm.rank()));
+      std::vector<double> numbers;
+      for (const auto& v : r[me]["numbers"]) numbers.push_back(json_number(v, "a gossip state number"));
+      const parallel::LocalState local = checkpoint::local_state(config.resume->wholes, comm.rank(),
+                                                                 r[me]["steps"].get<std::uint64_t>(), std::move(numbers));
+      strategy->resume(local.steps, &local);
+    } else {
+      strategy->resume(config.resume->step, nullptr);
+    }
+  }
   Optimizer& optimizer = strategy->optimizer();
   std::unique_ptr<Scheduler> scheduler;
   if (config.scheduler) scheduler = make_scheduler(optimizer, *config.scheduler);
@@ -348,8 +432,6 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   if (config.resume) {
     // The scheduler's and the scaler's state, then the groups' options as
     // they were (the lr the scheduler had set).
-    const nlohmann::json st = nlohmann::json::parse(config.resume->state, nullptr, false);
-    if (!st.is_object()) throw InvalidInput("--resume: the checkpoint manifest's state is not a JSON object");
     if (scheduler.operator bool() != st.contains("scheduler"))
       throw InvalidInput(scheduler ? "--resume: the checkpoint's run had no scheduler; one cannot be added on resume"
                                    : "--resume: the checkpoint's run had a scheduler; resume it with its --scheduler");
@@ -366,7 +448,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       if (!a.is_object() || !a["n_averaged"].is_number_integer())
         throw InvalidInput("checkpoint manifest: a malformed averaging state");
       averaged->load_state_dict({a["n_averaged"].get<std::int64_t>(),
-                                 checkpoint::own_values(*strategy, comm.rank(), config.resume->wholes, "avg.")});
+                                 checkpoint::own_values(*strategy, comm.rank(), config.resume->wholes, local_prefix + "avg.")});
     }
     if (st.contains("swa_scheduler")) {
       if (!config.swa_lr) throw InvalidInput("--resume: the checkpoint's run had --swa-lr; resume it with it");

@@ -26,12 +26,27 @@ namespace distopt::checkpoint {
 
 // This rank's pieces of the parameters and of the optimizer state. The
 // ranks' pieces together hold every element once (replicated ddp values
-// are cut as zero1-3 cut them). Gossip strategies are refused for now.
+// are cut as zero1-3 cut them). Gossip strategies, whose ranks hold
+// different models: the pieces of the ranks' mean (the consensus model
+// and optimizer state, what another strategy or world size resumes from)
+// and, under local_prefix(rank), this rank's own optimizer state whole
+// (collective).
 std::vector<Piece> strategy_pieces(parallel::Strategy& strategy, int rank);
 
+// "gossip.<rank>.": the names of a gossip rank's own tensors.
+std::string local_prefix(int rank);
+// A gossip rank's LocalState tensors as whole pieces under its prefix, and
+// back (with the numbers the manifest keeps); InvalidInput when the
+// checkpoint has none for `rank`.
+std::vector<Piece> local_pieces(const parallel::LocalState& state, int rank);
+parallel::LocalState local_state(const std::map<std::string, Whole>& wholes, int rank, std::uint64_t steps,
+                                 std::vector<double> scalars);
+
 // Values shaped like the strategy's own_params() (SWA/EMA averages) as
-// pieces named PREFIX<param name>, cut like the parameters, and back from
-// whole tensors (padding zero). InvalidInput names a missing tensor.
+// pieces named PREFIX<param name>, cut like the parameters (gossip: their
+// ranks' mean, and this rank's whole under local_prefix(rank) + PREFIX;
+// collective), and back from whole tensors (padding zero). InvalidInput
+// names a missing tensor.
 std::vector<Piece> own_pieces(parallel::Strategy& strategy, int rank, std::span<const float> own,
                               const std::string& prefix);
 std::vector<float> own_values(parallel::Strategy& strategy, int rank, const std::map<std::string, Whole>& wholes,
@@ -49,7 +64,9 @@ std::vector<float> initial_params(const parallel::FlatLayout& layout, const std:
 // Loads the optimizer state of whole tensors into a strategy made from
 // initial_params(...), each rank taking its pieces: after it, the strategy
 // steps as the saved one would have. The groups keep their current
-// options. InvalidInput names a missing or misshapen state tensor.
-void load_optimizer_state(parallel::Strategy& strategy, const std::map<std::string, Whole>& wholes);
+// options. InvalidInput names a missing or misshapen state tensor. `from`
+// prefixes the names: a gossip rank's own state (local_prefix(rank)).
+void load_optimizer_state(parallel::Strategy& strategy, const std::map<std::string, Whole>& wholes,
+                          const std::string& from = "");
 
 }  // namespace distopt::checkpoint

@@ -52,8 +52,11 @@ class AsyncPairwise {
   // communicator of its own, e.g. comm.split(0, comm.rank())). `x` is the
   // vector averaged in place; the owner changes it only while holding
   // `x_mutex`, which the thread takes to read a snapshot and to add the
-  // partner's half. Both must outlive the AsyncPairwise.
-  AsyncPairwise(Communicator& comm, std::span<float> x, std::mutex& x_mutex, int tag = kTag);
+  // partner's half. Both must outlive the AsyncPairwise. Rounds are
+  // numbered from `first_round` on (a run resumed after that many steps):
+  // the rounds before it count as allowed and completed.
+  AsyncPairwise(Communicator& comm, std::span<float> x, std::mutex& x_mutex, int tag = kTag,
+                std::uint64_t first_round = 0);
   // On a normal exit: finish(), errors swallowed. While an exception
   // unwinds the owner (a failure elsewhere, when the partner may never
   // answer): the thread stops at its next poll without waiting for the

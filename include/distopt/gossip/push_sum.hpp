@@ -54,6 +54,23 @@ class PushSum {
   // turns on one schedule, as osgp's pipeline does).
   void set_iteration(std::uint64_t k) { iteration_ = k; }
 
+  // A round in flight, for a checkpoint: the in-peers' shares, in in-peer
+  // order, that finish() will add.
+  struct Pending {
+    std::uint64_t iteration = 0;
+    double sent_weight = 0;
+    std::vector<double> weights;              // each in-peer's weight share
+    std::vector<std::vector<float>> shares;   // each in-peer's numerator share (dim floats)
+  };
+  // Waits for the round in flight to arrive (its sends to complete too) and
+  // returns it; finish() then adds it as it would have. Every rank must
+  // call it for its round in flight (its peers wait for the sends).
+  Pending pending();
+  // Puts back a round saved by pending() on a PushSum with none in flight
+  // (a resumed run): finish() adds its shares. InvalidInput if it does not
+  // fit this rank's in-peers or dimension.
+  void restore(const Pending& round);
+
  private:
   Communicator& comm_;
   const Topology& topology_;

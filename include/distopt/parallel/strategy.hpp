@@ -47,9 +47,11 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "distopt/comm/communicator.hpp"
@@ -122,6 +124,17 @@ struct GradShard {
   StatReduce reduce;
 };
 
+// What a gossip rank holds besides its parameters and optimizer state, for
+// a checkpoint (docs/formats.md, "Gossip runs"): its step count, numbers
+// (the push-sum weight, the rounds in flight) and vectors (the numerator x,
+// shares received but not yet added, SlowMo's outer state), in the engine's
+// own order and padded layout.
+struct LocalState {
+  std::uint64_t steps = 0;
+  std::vector<double> scalars;
+  std::vector<std::pair<std::string, std::vector<float>>> tensors;
+};
+
 // What a step runs on the combined gradient in place of opt.step(): it may
 // unscale or clip the gradient first, and skip the update (loss scaling).
 using UpdateFn = std::function<void(Optimizer& opt, const GradShard& grads)>;
@@ -167,6 +180,26 @@ class Strategy {
   // like own_params(); `own` must outlive it (collective per unit). Gossip
   // strategies evaluate the average of the ranks' `own`.
   virtual std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) = 0;
+
+  // Values shaped like own_params(): where ranks hold different ones
+  // (gossip), their mean in rank order, the same bits on every rank
+  // (collective); elsewhere the values themselves.
+  virtual std::vector<float> mean_over_ranks(std::span<const float> values) {
+    return {values.begin(), values.end()};
+  }
+  // Gossip strategies: this rank's LocalState, between two steps
+  // (collective: rounds in flight are received first, without being added,
+  // and adpsgd's allowed rounds completed; the run goes on unchanged).
+  // Others: none.
+  virtual std::optional<LocalState> local_state() { return std::nullopt; }
+  // Gossip strategies, right after construction: go on as a run after
+  // `steps` steps, from `saved` (this rank's local_state() in a run of the
+  // same strategy, world size and gossip options, the strategy made with
+  // that run's optimizer state for this rank) or, when null, from the
+  // parameters and optimizer state it was made with, every rank alike
+  // (weight 1, nothing in flight, SlowMo's momentum zero). Others: nothing
+  // to do. InvalidInput when `saved` does not fit.
+  virtual void resume(std::uint64_t /*steps*/, const LocalState* /*saved*/) {}
 };
 
 // Every rank passes the same initial parameters (fp32, the model's layout).
