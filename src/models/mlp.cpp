@@ -198,11 +198,21 @@ class Mlp final : public Model {
 
 }  // namespace
 
-std::vector<std::string_view> model_names() { return {"mlp", "logreg", "linreg"}; }
+std::vector<std::string_view> model_names() { return {"mlp", "logreg", "linreg", "gpt"}; }
 
 std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, std::size_t classes,
-                                  std::vector<std::size_t> hidden) {
+                                  const ModelOptions& options) {
   if (features == 0) throw InvalidInput("a model needs at least one input feature");
+  if (name == "gpt") {
+    if (classes != options.gpt.vocab)
+      throw InvalidInput(str("model gpt reads byte tokens: it needs a text data set (--data fortunes or --data text), "
+                             "not one of ", classes, " classes"));
+    if (features != options.gpt.context + 1)
+      throw InvalidInput(str("model gpt with --context ", options.gpt.context, " needs samples of ",
+                             options.gpt.context + 1, " tokens, the data has ", features));
+    return make_gpt(options.gpt);
+  }
+  std::vector<std::size_t> hidden = options.hidden;
   if (name == "mlp" || name == "logreg") {
     if (classes < 2) throw InvalidInput(str("model ", name, " needs a classification dataset"));
     std::vector<std::size_t> widths{features};
@@ -220,7 +230,7 @@ std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, s
     if (classes != 0) throw InvalidInput("model linreg needs a regression dataset (--data synthetic-regression)");
     return std::make_unique<Mlp>("linreg", std::vector<std::size_t>{features, 1}, true);
   }
-  throw InvalidInput(str("unknown model '", name, "' (known: mlp, logreg, linreg)"));
+  throw InvalidInput(str("unknown model '", name, "' (known: mlp, logreg, linreg, gpt)"));
 }
 
 }  // namespace distopt::models

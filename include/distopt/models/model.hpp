@@ -126,12 +126,33 @@ class Model {
   std::size_t buffer_elements_ = 0, features_ = 0, outputs_ = 0;
 };
 
+// The shape of model "gpt": a GPT-2-style decoder over byte tokens.
+struct GptShape {
+  std::size_t layers = 4;
+  std::size_t heads = 4;
+  std::size_t dim = 128;
+  std::size_t context = 64;  // tokens read per sample; a sample holds context + 1
+  std::size_t vocab = 256;
+};
+
+struct ModelOptions {
+  std::vector<std::size_t> hidden;  // mlp's hidden widths (empty: 256, 128)
+  GptShape gpt;
+};
+
 // "mlp" (features-256-128-classes, ReLU, softmax cross-entropy), "logreg"
-// (softmax regression), "linreg" (linear regression, squared error / 2);
-// `hidden` overrides the mlp's hidden widths. Throws InvalidInput for an
-// unknown name, listing the known ones.
+// (softmax regression), "linreg" (linear regression, squared error / 2),
+// "gpt" (src/models/gpt.cpp: samples of context + 1 tokens, classes the
+// vocabulary). Throws InvalidInput for an unknown name, listing the known
+// ones, and for a data shape the model cannot read.
 std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, std::size_t classes,
-                                  std::vector<std::size_t> hidden = {});
+                                  const ModelOptions& options);
+inline std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, std::size_t classes,
+                                         std::vector<std::size_t> hidden = {}) {
+  return make_model(name, features, classes, ModelOptions{std::move(hidden), {}});
+}
+// Model "gpt" of that shape (InvalidInput: heads not dividing dim, a zero size).
+std::unique_ptr<Model> make_gpt(const GptShape& shape);
 std::vector<std::string_view> model_names();
 
 }  // namespace distopt::models

@@ -1,0 +1,500 @@
+// A decoder-only transformer as in GPT-2 (docs/models.md, "gpt"): token and
+// learned position embeddings, pre-LayerNorm blocks of causal multi-head
+// self-attention and a 4x MLP with tanh-approximated GELU, a final
+// LayerNorm and an output projection tied to the token embedding, softmax
+// cross-entropy on the next byte.
+//
+// A sample is context + 1 tokens (as floats): the model reads the first
+// `context` and predicts each one's successor. Its loss is the mean over
+// the context's positions, so the trainer's per-sample mean is the mean
+// per-token loss, as torch's F.cross_entropy gives it.
+//
+// Weights are stored as torch's nn.Linear stores them, [out, in] row-major.
+// Units: "embeddings" (wte, wpe), one per block "h.<i>", and "ln_f". The
+// head reads wte from a copy taken when the embeddings unit is acquired in
+// forward, so each unit is acquired once per pass in order (forward) or
+// reverse order (backward); the head's share of wte's gradient waits in a
+// buffer until the embeddings unit's backward adds it.
+//
+// Matrix products go through gemm() below, one fixed split of rows per
+// product, so the bits do not depend on how many threads run them.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+
+#include "distopt/core/error.hpp"
+#include "distopt/core/random.hpp"
+#include "distopt/models/model.hpp"
+
+namespace distopt::models {
+
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Stride = Eigen::OuterStride<>;
+using ConstMap = Eigen::Map<const RowMat, 0, Stride>;
+using Map = Eigen::Map<RowMat, 0, Stride>;
+
+constexpr std::size_t kAlign = 16;  // elements: 64 bytes
+std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// C (m x n, leading dimension ldc) = op(A) op(B) (+ C when `accumulate`),
+// row-major; op(A) is m x k, op(B) is k x n.
+void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda,
+          const float* b, std::size_t ldb, float* c, std::size_t ldc, bool accumulate) {
+  const auto M = static_cast<Eigen::Index>(m), N = static_cast<Eigen::Index>(n), K = static_cast<Eigen::Index>(k);
+  Map C(c, M, N, Stride(static_cast<Eigen::Index>(ldc)));
+  auto run = [&](const auto& A, const auto& B) {
+    if (accumulate)
+      C.noalias() += A * B;
+    else
+      C.noalias() = A * B;
+  };
+  const Stride sa(static_cast<Eigen::Index>(lda)), sb(static_cast<Eigen::Index>(ldb));
+  if (!ta && !tb) run(ConstMap(a, M, K, sa), ConstMap(b, K, N, sb));
+  if (!ta && tb) run(ConstMap(a, M, K, sa), ConstMap(b, N, K, sb).transpose());
+  if (ta && !tb) run(ConstMap(a, K, M, sa).transpose(), ConstMap(b, K, N, sb));
+  if (ta && tb) run(ConstMap(a, K, M, sa).transpose(), ConstMap(b, N, K, sb).transpose());
+}
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+
+// The parameters of one block, as offsets within its unit.
+struct BlockSlots {
+  std::size_t ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
+};
+
+// LayerNorm over rows of d elements (eps 1e-5, torch's): y = xhat * w + b,
+// keeping xhat and 1 / std for backward.
+void layer_norm(const float* x, std::size_t rows, std::size_t d, const float* w, const float* b, float* y, float* xhat,
+                float* rstd) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float mean = 0;
+    for (std::size_t j = 0; j < d; ++j) mean += xr[j];
+    mean /= static_cast<float>(d);
+    float var = 0;
+    for (std::size_t j = 0; j < d; ++j) {
+      const float e = xr[j] - mean;
+      var += e * e;
+    }
+    var /= static_cast<float>(d);
+    const float s = 1.0f / std::sqrt(var + 1e-5f);
+    rstd[r] = s;
+    float* hr = xhat + r * d;
+    float* yr = y + r * d;
+    for (std::size_t j = 0; j < d; ++j) {
+      hr[j] = (xr[j] - mean) * s;
+      yr[j] = hr[j] * w[j] + b[j];
+    }
+  }
+}
+
+// Backward of layer_norm: dx (+)= from dy; dw, db accumulate.
+void layer_norm_backward(const float* dy, const float* xhat, const float* rstd, std::size_t rows, std::size_t d,
+                         const float* w, float* dw, float* db, float* dx, bool accumulate) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* g = dy + r * d;
+    const float* h = xhat + r * d;
+    float mean_g = 0, mean_gh = 0;
+    for (std::size_t j = 0; j < d; ++j) {
+      const float gw = g[j] * w[j];
+      mean_g += gw;
+      mean_gh += gw * h[j];
+    }
+    mean_g /= static_cast<float>(d);
+    mean_gh /= static_cast<float>(d);
+    float* o = dx + r * d;
+    for (std::size_t j = 0; j < d; ++j) {
+      const float v = rstd[r] * (g[j] * w[j] - mean_g - h[j] * mean_gh);
+      o[j] = accumulate ? o[j] + v : v;
+    }
+  }
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < d; ++j) {
+      dw[j] += dy[r * d + j] * xhat[r * d + j];
+      db[j] += dy[r * d + j];
+    }
+}
+
+void add_bias(float* y, std::size_t rows, std::size_t n, const float* b) {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < n; ++j) y[r * n + j] += b[j];
+}
+
+void bias_grad(const float* dy, std::size_t rows, std::size_t n, float* db) {
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t j = 0; j < n; ++j) db[j] += dy[r * n + j];
+}
+
+class Gpt final : public Model {
+ public:
+  explicit Gpt(const GptShape& s) : s_(s) {
+    const std::size_t D = s.dim, V = s.vocab, T = s.context;
+    features_ = T + 1;
+    outputs_ = V;
+    std::size_t offset = 0;
+    auto add = [&](Unit& unit, const std::string& name, Shape shape) {
+      std::size_t n = 1;
+      for (auto e : shape) n *= static_cast<std::size_t>(e);
+      unit.params.push_back(params_.size());
+      params_.push_back({name, offset, std::move(shape)});
+      const std::size_t at = offset - unit.begin;
+      offset += round_up(n);
+      return at;
+    };
+    const auto d = static_cast<std::int64_t>(D);
+    Unit emb{"embeddings", offset, 0, {}};
+    add(emb, "wte", {static_cast<std::int64_t>(V), d});
+    wpe_at_ = add(emb, "wpe", {static_cast<std::int64_t>(T), d});
+    emb.end = offset;
+    units_.push_back(std::move(emb));
+    for (std::size_t l = 0; l < s.layers; ++l) {
+      const std::string p = "h." + std::to_string(l) + ".";
+      Unit u{"h." + std::to_string(l), offset, 0, {}};
+      BlockSlots b{};
+      b.ln1_w = add(u, p + "ln_1.weight", {d});
+      b.ln1_b = add(u, p + "ln_1.bias", {d});
+      b.attn_w = add(u, p + "attn.c_attn.weight", {3 * d, d});
+      b.attn_b = add(u, p + "attn.c_attn.bias", {3 * d});
+      b.proj_w = add(u, p + "attn.c_proj.weight", {d, d});
+      b.proj_b = add(u, p + "attn.c_proj.bias", {d});
+      b.ln2_w = add(u, p + "ln_2.weight", {d});
+      b.ln2_b = add(u, p + "ln_2.bias", {d});
+      b.fc_w = add(u, p + "mlp.c_fc.weight", {4 * d, d});
+      b.fc_b = add(u, p + "mlp.c_fc.bias", {4 * d});
+      b.mproj_w = add(u, p + "mlp.c_proj.weight", {d, 4 * d});
+      b.mproj_b = add(u, p + "mlp.c_proj.bias", {d});
+      if (l == 0) block_ = b;
+      DISTOPT_CHECK(b.mproj_b == block_.mproj_b, "blocks share one layout");
+      u.end = offset;
+      units_.push_back(std::move(u));
+    }
+    Unit fin{"ln_f", offset, 0, {}};
+    lnf_w_ = add(fin, "ln_f.weight", {d});
+    lnf_b_ = add(fin, "ln_f.bias", {d});
+    fin.end = offset;
+    units_.push_back(std::move(fin));
+    buffer_elements_ = offset;
+  }
+
+  std::string_view name() const override { return "gpt"; }
+
+  // GPT-2's: weights and embeddings ~ N(0, 0.02), the residual output
+  // projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 layers)),
+  // biases 0, LayerNorm weights 1.
+  void init(std::span<float> buffer, std::uint64_t seed) const override {
+    DISTOPT_CHECK(buffer.size() == buffer_elements_);
+    std::fill(buffer.begin(), buffer.end(), 0.0f);
+    const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(s_.layers));
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      const ParamSlot& p = params_[i];
+      const std::string& n = p.name;
+      auto ends = [&](const char* suffix) {
+        const std::string sfx(suffix);
+        return n.size() >= sfx.size() && n.compare(n.size() - sfx.size(), sfx.size(), sfx) == 0;
+      };
+      float* v = buffer.data() + p.offset;
+      if (ends("ln_1.weight") || ends("ln_2.weight") || n == "ln_f.weight") {
+        std::fill(v, v + p.numel(), 1.0f);
+      } else if (p.shape.size() == 2) {
+        const double sd = ends("c_proj.weight") ? proj_std : 0.02;
+        Rng rng(seed, 2000 + i);
+        for (std::size_t k = 0; k < p.numel(); ++k) v[k] = static_cast<float>(sd * rng.normal());
+      }
+    }
+  }
+
+ protected:
+  BatchStats do_forward_backward(UnitAccess& access, const float* x, const float* /*y*/, std::size_t n,
+                                 float grad_scale) override {
+    return run(access, x, n, grad_scale, true);
+  }
+  BatchStats do_evaluate(UnitAccess& access, const float* x, const float* /*y*/, std::size_t n) override {
+    return run(access, x, n, 1.0f, false);
+  }
+
+ private:
+  // Activations of one block kept for backward.
+  struct BlockActs {
+    std::vector<float> x;       // input of the block (residual stream), BT x D
+    std::vector<float> xhat1, rstd1, a;  // LN1
+    std::vector<float> qkv;     // BT x 3D
+    std::vector<float> att;     // B x H x T x T probabilities
+    std::vector<float> y;       // attention output before c_proj, BT x D
+    std::vector<float> xhat2, rstd2, m;  // LN2 of x + attn
+    std::vector<float> f, g;    // BT x 4D before and after GELU
+  };
+
+  void reserve(std::size_t batch) {
+    if (batch <= capacity_ && !acts_.empty()) return;
+    capacity_ = std::max(batch, capacity_);
+    const std::size_t BT = capacity_ * s_.context, D = s_.dim, T = s_.context, H = s_.heads;
+    acts_.assign(s_.layers, {});
+    for (BlockActs& b : acts_) {
+      b.x.assign(BT * D, 0);
+      b.xhat1.assign(BT * D, 0);
+      b.rstd1.assign(BT, 0);
+      b.a.assign(BT * D, 0);
+      b.qkv.assign(BT * 3 * D, 0);
+      b.att.assign(capacity_ * H * T * T, 0);
+      b.y.assign(BT * D, 0);
+      b.xhat2.assign(BT * D, 0);
+      b.rstd2.assign(BT, 0);
+      b.m.assign(BT * D, 0);
+      b.f.assign(BT * 4 * D, 0);
+      b.g.assign(BT * 4 * D, 0);
+    }
+    resid_.assign(BT * D, 0);
+    xhatf_.assign(BT * D, 0);
+    rstdf_.assign(BT, 0);
+    hf_.assign(BT * D, 0);
+    logits_.assign(BT * s_.vocab, 0);
+    dres_.assign(BT * D, 0);
+    dtmp_.assign(BT * 4 * D, 0);
+    dqkv_.assign(BT * 3 * D, 0);
+    datt_.assign(T * T, 0);
+    wte_.assign(s_.vocab * D, 0);
+    dwte_head_.assign(s_.vocab * D, 0);
+    tokens_.assign(BT, 0);
+    targets_.assign(BT, 0);
+  }
+
+  BatchStats run(UnitAccess& access, const float* x, std::size_t B, float grad_scale, bool backward) {
+    reserve(std::max<std::size_t>(B, 1));
+    const std::size_t T = s_.context, D = s_.dim, V = s_.vocab, BT = B * T;
+    const Pass pass = backward ? Pass::forward : Pass::evaluate;
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t t = 0; t < T; ++t) {
+        const float in = x[b * (T + 1) + t], out = x[b * (T + 1) + t + 1];
+        DISTOPT_CHECK(in >= 0 && in < static_cast<float>(V) && out >= 0 && out < static_cast<float>(V),
+                      "token out of the vocabulary: ", in, " ", out);
+        tokens_[b * T + t] = static_cast<std::uint32_t>(in);
+        targets_[b * T + t] = static_cast<std::uint32_t>(out);
+      }
+
+    // Embeddings.
+    {
+      const std::span<const float> u = access.acquire(0, pass);
+      const float* wte = u.data();
+      const float* wpe = u.data() + wpe_at_;
+      std::copy(wte, wte + V * D, wte_.begin());
+      for (std::size_t r = 0; r < BT; ++r) {
+        const float* e = wte + static_cast<std::size_t>(tokens_[r]) * D;
+        const float* p = wpe + (r % T) * D;
+        for (std::size_t j = 0; j < D; ++j) resid_[r * D + j] = e[j] + p[j];
+      }
+      access.release(0, pass);
+    }
+    for (std::size_t l = 0; l < s_.layers; ++l) {
+      const std::span<const float> u = access.acquire(1 + l, pass);
+      block_forward(u.data(), acts_[l], B);
+      access.release(1 + l, pass);
+    }
+    // Final LayerNorm, then the tied head.
+    BatchStats stats;
+    stats.count = static_cast<double>(B);
+    {
+      const std::size_t last = 1 + s_.layers;
+      const std::span<const float> u = access.acquire(last, pass);
+      layer_norm(resid_.data(), BT, D, u.data() + lnf_w_, u.data() + lnf_b_, hf_.data(), xhatf_.data(), rstdf_.data());
+      access.release(last, pass);
+    }
+    gemm(false, true, BT, V, D, hf_.data(), D, wte_.data(), D, logits_.data(), V, false);
+    const float scale = grad_scale / static_cast<float>(T);
+    for (std::size_t r = 0; r < BT; ++r) {
+      float* z = logits_.data() + r * V;
+      const std::uint32_t label = targets_[r];
+      std::size_t arg = 0;
+      float mx = z[0];
+      for (std::size_t j = 1; j < V; ++j)
+        if (z[j] > mx) mx = z[j], arg = j;
+      float sum = 0;
+      for (std::size_t j = 0; j < V; ++j) sum += std::exp(z[j] - mx);
+      const float lse = mx + std::log(sum);
+      stats.loss_sum += (double(lse) - double(z[label])) / static_cast<double>(T);
+      stats.correct += arg == label ? 1.0 / static_cast<double>(T) : 0.0;
+      if (backward) {
+        for (std::size_t j = 0; j < V; ++j) z[j] = std::exp(z[j] - lse) * scale;
+        z[label] -= scale;
+      }
+    }
+    if (!backward) return stats;
+
+    // Backward: dlogits is in logits_. The head: d hf = dlogits wte, and
+    // wte's share dlogits^T hf (added to its gradient with the embeddings).
+    gemm(false, false, BT, D, V, logits_.data(), V, wte_.data(), D, dtmp_.data(), D, false);
+    gemm(true, false, V, D, BT, logits_.data(), V, hf_.data(), D, dwte_head_.data(), D, false);
+    {
+      const std::size_t last = 1 + s_.layers;
+      const std::span<const float> u = access.acquire(last, Pass::backward);
+      const std::span<float> g = access.grads(last);
+      std::fill(g.begin(), g.end(), 0.0f);
+      layer_norm_backward(dtmp_.data(), xhatf_.data(), rstdf_.data(), BT, D, u.data() + lnf_w_, g.data() + lnf_w_,
+                          g.data() + lnf_b_, dres_.data(), false);
+      access.release(last, Pass::backward);
+      access.grads_done(last);
+    }
+    for (std::size_t l = s_.layers; l-- > 0;) {
+      const std::span<const float> u = access.acquire(1 + l, Pass::backward);
+      const std::span<float> g = access.grads(1 + l);
+      std::fill(g.begin(), g.end(), 0.0f);
+      block_backward(u.data(), g.data(), acts_[l], B);
+      access.release(1 + l, Pass::backward);
+      access.grads_done(1 + l);
+    }
+    {
+      (void)access.acquire(0, Pass::backward);
+      const std::span<float> g = access.grads(0);
+      std::fill(g.begin(), g.end(), 0.0f);
+      float* dwte = g.data();
+      float* dwpe = g.data() + wpe_at_;
+      std::copy(dwte_head_.begin(), dwte_head_.end(), dwte);
+      for (std::size_t r = 0; r < BT; ++r) {
+        float* e = dwte + static_cast<std::size_t>(tokens_[r]) * D;
+        float* p = dwpe + (r % T) * D;
+        const float* d = dres_.data() + r * D;
+        for (std::size_t j = 0; j < D; ++j) {
+          e[j] += d[j];
+          p[j] += d[j];
+        }
+      }
+      access.release(0, Pass::backward);
+      access.grads_done(0);
+    }
+    return stats;
+  }
+
+  // resid_ <- block(resid_), keeping what backward needs in `a`.
+  void block_forward(const float* w, BlockActs& a, std::size_t B) {
+    const std::size_t T = s_.context, D = s_.dim, H = s_.heads, hd = D / H, BT = B * T;
+    const BlockSlots& p = block_;
+    std::copy(resid_.begin(), resid_.begin() + static_cast<std::ptrdiff_t>(BT * D), a.x.begin());
+    layer_norm(a.x.data(), BT, D, w + p.ln1_w, w + p.ln1_b, a.a.data(), a.xhat1.data(), a.rstd1.data());
+    gemm(false, true, BT, 3 * D, D, a.a.data(), D, w + p.attn_w, D, a.qkv.data(), 3 * D, false);
+    add_bias(a.qkv.data(), BT, 3 * D, w + p.attn_b);
+    const float inv = 1.0f / std::sqrt(static_cast<float>(hd));
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h) {
+        const float* q = a.qkv.data() + b * T * 3 * D + h * hd;
+        const float* k = q + D;
+        const float* v = q + 2 * D;
+        float* att = a.att.data() + (b * H + h) * T * T;
+        gemm(false, true, T, T, hd, q, 3 * D, k, 3 * D, att, T, false);
+        for (std::size_t i = 0; i < T; ++i) {
+          float* row = att + i * T;
+          float mx = -INFINITY;
+          for (std::size_t j = 0; j <= i; ++j) mx = std::max(mx, row[j] * inv);
+          float sum = 0;
+          for (std::size_t j = 0; j <= i; ++j) {
+            row[j] = std::exp(row[j] * inv - mx);
+            sum += row[j];
+          }
+          const float r = 1.0f / sum;
+          for (std::size_t j = 0; j <= i; ++j) row[j] *= r;
+          for (std::size_t j = i + 1; j < T; ++j) row[j] = 0;
+        }
+        gemm(false, false, T, hd, T, att, T, v, 3 * D, a.y.data() + b * T * D + h * hd, D, false);
+      }
+    // x1 = x + y Wproj^T + b, written to resid_.
+    gemm(false, true, BT, D, D, a.y.data(), D, w + p.proj_w, D, resid_.data(), D, false);
+    add_bias(resid_.data(), BT, D, w + p.proj_b);
+    for (std::size_t i = 0; i < BT * D; ++i) resid_[i] += a.x[i];
+    layer_norm(resid_.data(), BT, D, w + p.ln2_w, w + p.ln2_b, a.m.data(), a.xhat2.data(), a.rstd2.data());
+    gemm(false, true, BT, 4 * D, D, a.m.data(), D, w + p.fc_w, D, a.f.data(), 4 * D, false);
+    add_bias(a.f.data(), BT, 4 * D, w + p.fc_b);
+    for (std::size_t i = 0; i < BT * 4 * D; ++i) {
+      const float f = a.f[i];
+      a.g[i] = 0.5f * f * (1.0f + std::tanh(kGeluC * (f + 0.044715f * f * f * f)));
+    }
+    gemm(false, true, BT, D, 4 * D, a.g.data(), 4 * D, w + p.mproj_w, 4 * D, resid_.data(), D, true);
+    add_bias(resid_.data(), BT, D, w + p.mproj_b);
+  }
+
+  // dres_ holds d(out); on return d(in). Gradients into g (zeroed).
+  void block_backward(const float* w, float* g, BlockActs& a, std::size_t B) {
+    const std::size_t T = s_.context, D = s_.dim, H = s_.heads, hd = D / H, BT = B * T;
+    const BlockSlots& p = block_;
+    // MLP: out = x1 + gelu(m Wfc^T + bfc) Wmp^T + bmp.
+    bias_grad(dres_.data(), BT, D, g + p.mproj_b);
+    gemm(true, false, D, 4 * D, BT, dres_.data(), D, a.g.data(), 4 * D, g + p.mproj_w, 4 * D, false);
+    float* df = dtmp_.data();  // BT x 4D
+    gemm(false, false, BT, 4 * D, D, dres_.data(), D, w + p.mproj_w, 4 * D, df, 4 * D, false);
+    for (std::size_t i = 0; i < BT * 4 * D; ++i) {
+      const float f = a.f[i];
+      const float u = kGeluC * (f + 0.044715f * f * f * f);
+      const float t = std::tanh(u);
+      const float du = kGeluC * (1.0f + 3.0f * 0.044715f * f * f);
+      df[i] *= 0.5f * (1.0f + t) + 0.5f * f * (1.0f - t * t) * du;
+    }
+    bias_grad(df, BT, 4 * D, g + p.fc_b);
+    gemm(true, false, 4 * D, D, BT, df, 4 * D, a.m.data(), D, g + p.fc_w, D, false);
+    float* dm = dqkv_.data();  // BT x D scratch
+    gemm(false, false, BT, D, 4 * D, df, 4 * D, w + p.fc_w, D, dm, D, false);
+    // d x1 = d out + LN2'(dm)
+    layer_norm_backward(dm, a.xhat2.data(), a.rstd2.data(), BT, D, w + p.ln2_w, g + p.ln2_w, g + p.ln2_b, dres_.data(),
+                        true);
+    // Attention: x1 = x + y Wproj^T + bproj.
+    bias_grad(dres_.data(), BT, D, g + p.proj_b);
+    gemm(true, false, D, D, BT, dres_.data(), D, a.y.data(), D, g + p.proj_w, D, false);
+    float* dy = dtmp_.data();  // BT x D
+    gemm(false, false, BT, D, D, dres_.data(), D, w + p.proj_w, D, dy, D, false);
+    const float inv = 1.0f / std::sqrt(static_cast<float>(hd));
+    float* dqkv = dqkv_.data();
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < H; ++h) {
+        const float* q = a.qkv.data() + b * T * 3 * D + h * hd;
+        const float* k = q + D;
+        const float* v = q + 2 * D;
+        float* dq = dqkv + b * T * 3 * D + h * hd;
+        float* dk = dq + D;
+        float* dv = dq + 2 * D;
+        const float* att = a.att.data() + (b * H + h) * T * T;
+        const float* dyh = dy + b * T * D + h * hd;
+        float* datt = datt_.data();
+        // dV = P^T dY; dP = dY V^T
+        gemm(true, false, T, hd, T, att, T, dyh, D, dv, 3 * D, false);
+        gemm(false, true, T, T, hd, dyh, D, v, 3 * D, datt, T, false);
+        // dS = P (dP - rowsum(dP P)) / sqrt(hd)
+        for (std::size_t i = 0; i < T; ++i) {
+          const float* pr = att + i * T;
+          float* dr = datt + i * T;
+          float dot = 0;
+          for (std::size_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+          for (std::size_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * inv;
+          for (std::size_t j = i + 1; j < T; ++j) dr[j] = 0;
+        }
+        gemm(false, false, T, hd, T, datt, T, k, 3 * D, dq, 3 * D, false);
+        gemm(true, false, T, hd, T, datt, T, q, 3 * D, dk, 3 * D, false);
+      }
+    bias_grad(dqkv, BT, 3 * D, g + p.attn_b);
+    gemm(true, false, 3 * D, D, BT, dqkv, 3 * D, a.a.data(), D, g + p.attn_w, D, false);
+    float* da = dtmp_.data();
+    gemm(false, false, BT, D, 3 * D, dqkv, 3 * D, w + p.attn_w, D, da, D, false);
+    layer_norm_backward(da, a.xhat1.data(), a.rstd1.data(), BT, D, w + p.ln1_w, g + p.ln1_w, g + p.ln1_b, dres_.data(),
+                        true);
+  }
+
+  GptShape s_;
+  BlockSlots block_{};
+  std::size_t wpe_at_ = 0, lnf_w_ = 0, lnf_b_ = 0;
+  std::size_t capacity_ = 0;
+  std::vector<BlockActs> acts_;
+  std::vector<float> resid_, xhatf_, rstdf_, hf_, logits_, dres_, dtmp_, dqkv_, datt_, wte_, dwte_head_;
+  std::vector<std::uint32_t> tokens_, targets_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gpt(const GptShape& shape) {
+  if (shape.layers < 1) throw InvalidInput(str("--layers must be at least 1 (got ", shape.layers, ")"));
+  if (shape.heads < 1) throw InvalidInput(str("--heads must be at least 1 (got ", shape.heads, ")"));
+  if (shape.dim < 1 || shape.dim % shape.heads != 0)
+    throw InvalidInput(str("--heads ", shape.heads, " does not divide --dim ", shape.dim,
+                           ": every head needs dim / heads channels"));
+  if (shape.context < 1) throw InvalidInput(str("--context must be at least 1 (got ", shape.context, ")"));
+  if (shape.vocab < 2) throw InvalidInput("model gpt needs a vocabulary of at least 2 tokens");
+  return std::make_unique<Gpt>(shape);
+}
+
+}  // namespace distopt::models

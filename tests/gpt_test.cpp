@@ -1,0 +1,174 @@
+// Model "gpt" (src/models/gpt.cpp): its loss and every gradient against
+// PyTorch's (tests/golden/gpt, from scripts/gen_golden_gpt.py), against
+// finite differences, and its unit structure under the strategies.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/core/random.hpp"
+#include "distopt/models/model.hpp"
+
+using namespace distopt;
+
+namespace {
+
+struct Golden {
+  models::GptShape shape;
+  std::size_t batch = 0;
+  float loss = 0;
+  std::vector<float> tokens;
+  std::map<std::string, std::vector<float>> tensors;  // param.<name>, grad.<name>
+};
+
+Golden read_golden(const std::string& name) {
+  const auto t = checkpoint::read_safetensors(std::string(DISTOPT_SOURCE_DIR) + "/tests/golden/gpt/" + name + ".safetensors");
+  Golden g;
+  auto meta = [&](const char* key) { return static_cast<std::size_t>(std::stoul(t.metadata.at(key))); };
+  g.shape = {meta("layers"), meta("heads"), meta("dim"), meta("context"), 256};
+  g.batch = meta("batch");
+  for (const ParamSlot& s : t.slots) {
+    std::vector<float> v(t.data.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                         t.data.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()));
+    if (s.name == "loss") g.loss = v.at(0);
+    else if (s.name == "tokens") g.tokens = std::move(v);
+    else g.tensors[s.name] = std::move(v);
+  }
+  return g;
+}
+
+}  // namespace
+
+TEST(Gpt, LossAndEveryGradientMatchPyTorch) {
+  for (const std::string name : {"tiny", "small", "wide"}) {
+    SCOPED_TRACE(name);
+    const Golden g = read_golden(name);
+    auto model = models::make_gpt(g.shape);
+    std::vector<float> buffer(model->buffer_elements(), 0.0f), grads(model->buffer_elements(), 1.0f);
+    ASSERT_EQ(model->params().size() * 2, g.tensors.size());
+    for (const ParamSlot& p : model->params()) {
+      const auto& w = g.tensors.at("param." + p.name);
+      ASSERT_EQ(w.size(), p.numel()) << p.name;
+      std::copy(w.begin(), w.end(), buffer.begin() + static_cast<std::ptrdiff_t>(p.offset));
+    }
+    ASSERT_EQ(g.tokens.size(), g.batch * (g.shape.context + 1));
+    const std::vector<float> unused(g.batch, 0.0f);
+    const models::BatchStats s = model->forward_backward(buffer, g.tokens.data(), unused.data(), g.batch,
+                                                         1.0f / static_cast<float>(g.batch), grads);
+    EXPECT_NEAR(s.loss_sum / s.count, g.loss, 1e-5 * g.loss);
+    double worst = 0;
+    for (const ParamSlot& p : model->params()) {
+      const auto& want = g.tensors.at("grad." + p.name);
+      double diff = 0, scale = 0;
+      for (std::size_t k = 0; k < p.numel(); ++k) {
+        diff = std::max(diff, std::abs(double(grads[p.offset + k]) - want[k]));
+        scale = std::max(scale, std::abs(double(want[k])));
+      }
+      ASSERT_GT(scale, 0) << p.name;
+      EXPECT_LT(diff / scale, 1e-4) << p.name;
+      worst = std::max(worst, diff / scale);
+    }
+    std::printf("gpt %s: loss %.7f vs torch %.7f; worst gradient max|diff|/max|g| %.2e\n", name.c_str(),
+                s.loss_sum / s.count, double(g.loss), worst);
+    // Padding between parameters: zero gradient.
+    std::vector<bool> used(grads.size(), false);
+    for (const ParamSlot& p : model->params())
+      for (std::size_t k = 0; k < p.numel(); ++k) used[p.offset + k] = true;
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      if (!used[i]) {
+        ASSERT_EQ(grads[i], 0.0f) << i;
+      }
+    }
+  }
+}
+
+TEST(Gpt, GradientsMatchFiniteDifferences) {
+  // Every parameter tensor: the directional derivative along a random
+  // direction, by central differences of the evaluated loss.
+  const models::GptShape shape{2, 2, 8, 6, 256};
+  auto model = models::make_gpt(shape);
+  std::vector<float> w(model->buffer_elements()), grads(model->buffer_elements());
+  model->init(w, 3);
+  Rng rng(7, 0);
+  for (const ParamSlot& p : model->params())
+    for (std::size_t k = 0; k < p.numel(); ++k) w[p.offset + k] += static_cast<float>(0.1 * rng.normal());
+  const std::size_t batch = 3;
+  std::vector<float> tokens(batch * (shape.context + 1)), unused(batch, 0.0f);
+  for (float& t : tokens) t = static_cast<float>(rng.next() % 256);
+  (void)model->forward_backward(w, tokens.data(), unused.data(), batch, 1.0f, grads);
+  const double eps = 1e-2;
+  for (const ParamSlot& p : model->params()) {
+    std::vector<float> v(p.numel());
+    double analytic = 0;
+    for (std::size_t k = 0; k < p.numel(); ++k) {
+      v[k] = static_cast<float>(rng.normal());
+      analytic += double(grads[p.offset + k]) * v[k];
+    }
+    auto loss_at = [&](double sign) {
+      std::vector<float> x = w;
+      for (std::size_t k = 0; k < p.numel(); ++k) x[p.offset + k] += static_cast<float>(sign * eps * v[k]);
+      return model->evaluate(x, tokens.data(), unused.data(), batch).loss_sum;
+    };
+    const double numeric = (loss_at(1) - loss_at(-1)) / (2 * eps);
+    EXPECT_NEAR(numeric, analytic, 2e-2 * std::abs(analytic) + 2e-4) << p.name;
+  }
+}
+
+TEST(Gpt, NamesUnitsAndInitialisationAreGpt2s) {
+  const models::GptShape shape{3, 4, 16, 10, 256};
+  auto model = models::make_gpt(shape);
+  ASSERT_EQ(model->units().size(), 5u);  // embeddings, h.0-2, ln_f
+  EXPECT_EQ(model->units().front().name, "embeddings");
+  EXPECT_EQ(model->units().back().name, "ln_f");
+  std::vector<std::string> names;
+  for (const ParamSlot& p : model->params()) names.push_back(p.name);
+  EXPECT_EQ(names.front(), "wte");
+  EXPECT_EQ(names[1], "wpe");
+  EXPECT_EQ(names[2], "h.0.ln_1.weight");
+  EXPECT_EQ(names[4], "h.0.attn.c_attn.weight");
+  EXPECT_EQ(names.back(), "ln_f.bias");
+  EXPECT_EQ(names.size(), 2u + 3 * 12 + 2);
+  std::vector<float> w(model->buffer_elements());
+  model->init(w, 1);
+  auto stddev = [&](const std::string& name) {
+    for (const ParamSlot& p : model->params())
+      if (p.name == name) {
+        double s = 0;
+        for (std::size_t k = 0; k < p.numel(); ++k) s += double(w[p.offset + k]) * w[p.offset + k];
+        return std::sqrt(s / double(p.numel()));
+      }
+    return -1.0;
+  };
+  EXPECT_NEAR(stddev("wte"), 0.02, 0.002);
+  EXPECT_NEAR(stddev("h.1.mlp.c_fc.weight"), 0.02, 0.002);
+  EXPECT_NEAR(stddev("h.1.mlp.c_proj.weight"), 0.02 / std::sqrt(6.0), 0.001);
+  EXPECT_NEAR(stddev("h.2.attn.c_proj.weight"), 0.02 / std::sqrt(6.0), 0.001);
+  EXPECT_EQ(stddev("h.0.attn.c_attn.bias"), 0.0);
+  EXPECT_EQ(stddev("ln_f.weight"), 1.0);
+}
+
+TEST(Gpt, BadShapesAreOneLine) {
+  auto error_of = [](const models::GptShape& s) -> std::string {
+    try {
+      (void)models::make_gpt(s);
+    } catch (const InvalidInput& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error_of({2, 3, 16, 8, 256}), "--heads 3 does not divide --dim 16: every head needs dim / heads channels");
+  EXPECT_EQ(error_of({0, 2, 16, 8, 256}), "--layers must be at least 1 (got 0)");
+  EXPECT_EQ(error_of({1, 2, 16, 0, 256}), "--context must be at least 1 (got 0)");
+  models::ModelOptions o;
+  o.gpt = {1, 2, 16, 8, 256};
+  try {
+    (void)models::make_model("gpt", 784, 10, o);
+    ADD_FAILURE() << "gpt on an image data set";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("model gpt reads byte tokens: it needs a text data set"), std::string::npos);
+  }
+}
