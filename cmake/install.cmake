@@ -65,6 +65,6 @@ set(CPACK_DEBIAN_PACKAGE_SECTION science)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # Development use: the headers need nothing, the CMake package needs zlib's
 # and (for the mpi component) Open MPI's development files.
-set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "dataset-fashion-mnist, zlib1g-dev, libxxhash-dev")
+set(CPACK_DEBIAN_PACKAGE_RECOMMENDS "dataset-fashion-mnist, fortunes, zlib1g-dev, libxxhash-dev")
 set(CPACK_DEBIAN_PACKAGE_SUGGESTS "openmpi-bin, libopenmpi-dev")
 include(CPack)

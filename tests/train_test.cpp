@@ -420,7 +420,7 @@ TEST(Train, StepsThatLossScalingSkipsOnPurposeAreNotDivergence) {
 
 TEST(Train, WithoutATestSetTheTestFiguresAreMissingNotZero) {
   data::Split d = data::make_synthetic_classification(32, 4, 1000, 200, 3);
-  d.test = data::Dataset{d.test.features, d.test.classes, {}, {}};
+  d.test = data::Dataset{d.test.features, d.test.classes, {}, {}, {}};
   train::TrainConfig c = small_config();
   c.epochs = 1;
   c.ema_decay = 0.9;

@@ -43,7 +43,7 @@ namespace {
 
 struct TrainArgs {
   train::TrainConfig config;
-  std::string data = "fashion-mnist", data_dir, backend = "threads", metrics, export_path, progress = "auto";
+  std::string data = "fashion-mnist", data_dir, data_file, backend = "threads", metrics, export_path, progress = "auto";
   std::string config_file;  // --config
   std::size_t train_size = 8192, test_size = 2048;
   int world = 1;
@@ -386,20 +386,39 @@ SchedulerSpec parse_scheduler(const TrainArgs& a) {
 struct DataDims {
   std::size_t features, outputs;
 };
-DataDims dims_of(const std::string& data) {
-  if (data == "synthetic-regression") return {32, 1};
+bool is_text(const std::string& data) { return data == "fortunes" || data == "text"; }
+
+DataDims dims_of(const TrainArgs& a) {
+  if (a.data == "synthetic-regression") return {32, 1};
+  if (is_text(a.data)) return {a.config.gpt.context + 1, 256};
   return {784, 10};
 }
 
+// Data sets and models that cannot go together, and --data-file without
+// --data text: one line before anything is read.
+void check_data_and_model(const TrainArgs& a) {
+  const bool gpt = a.config.model == "gpt";
+  if (gpt && !is_text(a.data))
+    throw InvalidInput(str("--model gpt reads text: use --data fortunes or --data text --data-file PATH (not --data ", a.data, ")"));
+  if (!gpt && is_text(a.data))
+    throw InvalidInput(str("--data ", a.data, " is text: it needs --model gpt (not --model ", a.config.model, ")"));
+  if (a.data == "text" && a.data_file.empty()) throw InvalidInput("--data text needs --data-file PATH");
+  if (a.data != "text" && !a.data_file.empty()) throw InvalidInput("--data-file goes with --data text");
+}
+
 data::Split load_data(const TrainArgs& a, const std::string& model) {
-  const DataDims dims = dims_of(a.data);
+  const DataDims dims = dims_of(a);
   if (a.data == "fashion-mnist") return data::load_fashion_mnist(a.data_dir.empty() ? data::default_fashion_mnist_dir() : a.data_dir);
+  if (a.data == "fortunes")
+    return data::text_split(data::load_fortunes(a.data_dir.empty() ? data::default_fortunes_dir() : a.data_dir),
+                            a.config.gpt.context, a.config.seed, a.test_size);
+  if (a.data == "text") return data::text_split(data::load_text_file(a.data_file), a.config.gpt.context, a.config.seed, a.test_size);
   if (a.data == "synthetic")
     return data::make_synthetic_classification(dims.features, dims.outputs, a.train_size, a.test_size, a.config.seed);
   if (a.data == "synthetic-regression")
     return data::make_synthetic_regression(dims.features, a.train_size, a.test_size, 0.1, a.config.seed);
   (void)model;
-  throw InvalidInput(str("unknown data set '", a.data, "' (known: fashion-mnist, synthetic, synthetic-regression)"));
+  throw InvalidInput(str("unknown data set '", a.data, "' (known: fashion-mnist, synthetic, synthetic-regression, fortunes, text)"));
 }
 
 std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int world) {
@@ -427,6 +446,15 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
     std::snprintf(m, sizeof m, ", \"loss_scale\": %.9g, \"skipped_steps\": %zu", r.loss_scale, r.skipped_steps);
     out += m;
   }
+  if (a.config.model == "gpt") {
+    // Language-model figures: losses in nats per token (byte), the
+    // validation loss in bits per byte, and tokens per second.
+    const double ctx = static_cast<double>(a.config.gpt.context);
+    out += str(", \"val_loss\": ", jnum(r.test_loss), ", \"val_bits_per_byte\": ", jnum(r.test_loss / std::log(2.0)),
+               ", \"tokens_per_s\": ", jnum(r.samples_per_s * ctx), ", \"gpt\": {\"layers\": ", a.config.gpt.layers,
+               ", \"heads\": ", a.config.gpt.heads, ", \"dim\": ", a.config.gpt.dim, ", \"context\": ", a.config.gpt.context,
+               ", \"parameters\": ", r.params.size(), "}");
+  }
   if (r.checkpoints_written > 0 || a.config.resume)
     out += str(", \"checkpoints\": {\"written\": ", r.checkpoints_written, ", \"seconds\": ", jnum(r.checkpoint_seconds),
                ", \"last_bytes\": ", r.checkpoint_bytes, ", \"resume_load_s\": ", jnum(a.resume_load_seconds), "}");
@@ -447,6 +475,13 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
 void print_result(const train::TrainResult& r, const TrainArgs& a, int world) {
   if (a.json) {
     std::printf("%s\n", summary_json(r, a, world).c_str());
+  } else if (a.config.model == "gpt") {
+    std::printf("gpt on %s, %s, %s, world %d: val_loss %s (%s bits/byte)  train_loss %s  steps %zu%s  %s tokens/s  "
+                "param_hash %s\n",
+                a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(), world,
+                fixed4(r.test_loss).c_str(), fixed4(r.test_loss / std::log(2.0)).c_str(), fixed4(r.train_loss).c_str(),
+                r.steps, r.interrupted ? " (interrupted)" : "",
+                human_rate(r.samples_per_s * static_cast<double>(a.config.gpt.context)).c_str(), r.param_hash.c_str());
   } else {
     std::printf("%s on %s, %s, %s, world %d: test_accuracy %s  test_loss %s  train_loss %s  steps %zu%s  %s "
                 "samples/s  param_hash %s\n",
@@ -547,8 +582,23 @@ std::string gigabytes(double bytes) {
 void check_memory(const TrainArgs& a, int world) {
   const double have = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGESIZE));
   if (!(have > 0)) return;
-  const DataDims dims = dims_of(a.data);
+  const DataDims dims = dims_of(a);
   const auto features = static_cast<double>(dims.features);
+  if (a.config.model == "gpt") {
+    // Parameters, gradients and optimizer state on every rank, and the
+    // activations each rank keeps for backward (its share of a batch).
+    const models::GptShape& g = a.config.gpt;
+    const double D = double(g.dim), T = double(g.context), L = double(g.layers);
+    const double params = 12 * L * D * D + (256 + T) * D;
+    const double per_sample = T * (L * (17 * D + double(g.heads) * T) + 256 + 8 * D);
+    const double rank_batch = std::ceil(double(a.config.batch_size) / world);
+    const double bytes = (params * 5 + per_sample * rank_batch) * 4 * world;
+    if (bytes > have)
+      throw InvalidInput(str("model gpt with --layers ", g.layers, " --dim ", g.dim, " --context ", g.context,
+                             " and --batch-size ", a.config.batch_size, " needs ", gigabytes(bytes), " at ", world,
+                             world == 1 ? " rank" : " ranks", " (this machine has ", gigabytes(have), ")"));
+    return;
+  }
   if (a.data != "fashion-mnist") {
     const double bytes = (double(a.train_size) + double(a.test_size)) * (features + 1) * 4;
     if (bytes > have / 2)
@@ -623,6 +673,8 @@ int run_train(TrainArgs& a) {
                    std::string(rule.name).c_str(), std::string(rule.companion).c_str());
   }
   check_gossip_flags(a);
+  check_data_and_model(a);
+  if (a.config.model == "gpt") (void)models::make_gpt(a.config.gpt);  // --heads not dividing --dim, ...
   if (a.param_dtype == "f32") a.config.parallel.param_dtype = DType::f32;
   else if (a.param_dtype == "bf16") a.config.parallel.param_dtype = DType::bf16;
   else if (a.param_dtype == "f16") a.config.parallel.param_dtype = DType::f16;
@@ -787,8 +839,8 @@ void load_resume(CLI::App& command, TrainArgs& a) {
   for (const auto& [key, value] : given.items()) {
     const CLI::Option* opt = command.get_option_no_throw("--" + key);
     if (opt == nullptr || opt->count() == 0 || (saved.contains(key) && saved[key] == value)) continue;
-    static const std::set<std::string> kMeaning = {"model", "hidden", "data", "train-size", "test-size", "optimizer",
-                                                   "seed"};
+    static const std::set<std::string> kMeaning = {"model",  "hidden", "data",  "train-size", "test-size", "optimizer",
+                                                   "seed",   "layers", "heads", "dim",        "context",   "data-file"};
     const std::string had = saved.contains(key) ? "--" + key + " " + saved[key].dump() : "the default --" + key;
     if (kMeaning.count(key))
       throw InvalidInput(str("--resume: the checkpoint in ", latest->string(), " is of ", had, "; --", key, " ",
@@ -831,15 +883,27 @@ Runner add_train(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* sub = app.add_subcommand("train", "train a built-in model on a data set (threads backend by default)");
   train::TrainConfig& c = a->config;
-  sub->add_option("--model", c.model, "mlp (784-256-128-10, ReLU; default), logreg, linreg")->capture_default_str();
+  sub->add_option("--model", c.model,
+                  "mlp (784-256-128-10, ReLU; default), logreg, linreg, gpt (a GPT-2-style transformer on bytes: "
+                  "--data fortunes or text)")->capture_default_str();
   sub->add_option("--hidden", c.hidden, "mlp hidden widths (default 256,128)")->delimiter(',')
       ->check(positive_counts);
-  sub->add_option("--data", a->data, "fashion-mnist (default), synthetic, synthetic-regression")
+  sub->add_option("--data", a->data,
+                  "fashion-mnist (default), synthetic, synthetic-regression; text for --model gpt: fortunes "
+                  "(Debian's fortunes package), text (--data-file)")
       ->capture_default_str();
-  sub->add_option("--data-dir", a->data_dir, "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist)");
+  sub->add_option("--data-dir", a->data_dir,
+                  "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist), or the fortunes folder "
+                  "(default /usr/share/games/fortunes)");
+  sub->add_option("--data-file", a->data_file, "--data text: a text file to train on (the last 10% held out)");
+  sub->add_option("--layers", c.gpt.layers, "gpt: transformer blocks (default 4)")->capture_default_str();
+  sub->add_option("--heads", c.gpt.heads, "gpt: attention heads, dividing --dim (default 4)")->capture_default_str();
+  sub->add_option("--dim", c.gpt.dim, "gpt: embedding width (default 128)")->capture_default_str();
+  sub->add_option("--context", c.gpt.context, "gpt: tokens (bytes) a sample reads (default 64)")->capture_default_str();
   sub->add_option("--train-size,--synthetic-train-size", a->train_size, "synthetic training samples (default 8192)")
       ->check(non_negative("integer"));
-  sub->add_option("--test-size,--synthetic-test-size", a->test_size, "synthetic test samples (default 2048)")
+  sub->add_option("--test-size,--synthetic-test-size", a->test_size,
+                  "synthetic test samples; text: validation windows evaluated (default 2048)")
       ->check(non_negative("integer"));
   sub->add_option("--optimizer", c.optimizer.name, "any optimizer of the library (default adamw)")
       ->capture_default_str();

@@ -32,12 +32,25 @@ std::string show(double v) { return std::isnan(v) ? std::string("nan") : str(v);
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // Sums of a data set's loss, correct predictions and count over all ranks:
-// each rank evaluates its contiguous piece.
+// each rank evaluates its contiguous piece, all at once or (chunk > 0) in
+// chunks of that many samples. Every rank runs as many chunks as the
+// largest piece needs (the model's unit calls are collective under zero3),
+// the ones past its own end with no samples.
 models::BatchStats evaluate(Communicator& comm, models::Model& model, models::UnitAccess& access,
-                            const data::Dataset& d) {
+                            const data::Dataset& d, std::size_t chunk = 0) {
   const Piece piece = piece_of(d.size(), comm.size(), comm.rank());
-  const models::BatchStats s =
-      model.evaluate(access, d.sample(piece.offset), d.y.data() + piece.offset, piece.count);
+  std::size_t largest = 0;
+  for (int r = 0; r < comm.size(); ++r) largest = std::max(largest, piece_of(d.size(), comm.size(), r).count);
+  if (chunk == 0) chunk = std::max<std::size_t>(largest, 1);
+  models::BatchStats s;
+  for (std::size_t at = 0; at < std::max<std::size_t>(largest, 1); at += chunk) {
+    const std::size_t begin = std::min(at, piece.count), n = std::min(chunk, piece.count - begin);
+    const models::BatchStats c =
+        model.evaluate(access, d.sample(piece.offset + begin), d.y.data() + piece.offset + begin, n);
+    s.loss_sum += c.loss_sum;
+    s.correct += c.correct;
+    s.count += c.count;
+  }
   double sums[3] = {s.loss_sum, s.correct, s.count};
   comm.all_reduce(sums, sums, 3, ElemType::f64, ReduceOp::sum);
   return {sums[0], sums[1], sums[2]};
@@ -368,7 +381,8 @@ std::string hash_params(const std::vector<float>& params) {
 TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer) {
   validate(comm, data, config);
   const DenormalMode denormals(config.flush_denormals ? DenormalMode::flush : DenormalMode::ieee);
-  auto model = models::make_model(config.model, data.train.features, data.train.classes, config.hidden);
+  auto model = models::make_model(config.model, data.train.features, data.train.classes,
+                                  models::ModelOptions{config.hidden, config.gpt});
   const parallel::FlatLayout layout = parallel::flat_layout(*model);
   std::vector<float> initial(layout.elements);
   if (config.resume) initial = checkpoint::initial_params(layout, config.resume->wholes);
@@ -485,6 +499,9 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   // (A batch never holds more than the training set.)
   const std::size_t per_rank = std::min(config.batch_size, data.train.size()) / comm.size() + 1;
   std::vector<float> xb(per_rank * features), yb(per_rank);
+  // gpt keeps activations for its whole input: it evaluates in pieces of a
+  // rank's batch; the others take their whole piece at once.
+  const std::size_t eval_chunk = config.model == "gpt" ? per_rank : 0;
 
   // Per step, every rank contributes {loss sum, sample count, stop request}
   // to a gather that runs while the step does: the loss is summed in rank
@@ -556,8 +573,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       const auto global = sampler.global_batch(k);
       const auto local = sampler.local_batch(k, comm.rank(), comm.size());
       for (std::size_t i = 0; i < local.size(); ++i) {
-        const float* src = data.train.sample(local[i]);
-        std::copy(src, src + features, xb.data() + i * features);
+        data.train.fill(static_cast<std::uint64_t>(epoch - 1), local[i], xb.data() + i * features);
         yb[i] = data.train.y[local[i]];
       }
       float scale = 1.0f / static_cast<float>(global.size());
@@ -652,7 +668,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     const double epoch_seconds = seconds_since(epoch_start);
     train_seconds += epoch_seconds;
     train_samples += epoch_count;
-    const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test);
+    const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test, eval_chunk);
     evaluated = true;
     result.consensus_distance = strategy->consensus_distance();
     const double none = std::nan("");  // nothing measured: reported as null
@@ -683,7 +699,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     if (averaged && averaged->n_averaged() > 0) {
       // Each rank holds the average of its own values; each evaluates its piece of the test set.
       const auto access = strategy->access_to(averaged->params());
-      const models::BatchStats a = evaluate(comm, *model, *access, data.test);
+      const models::BatchStats a = evaluate(comm, *model, *access, data.test, eval_chunk);
       em.averaged = true;
       em.avg_test_loss = a.count > 0 ? a.loss_sum / a.count : none;
       em.avg_test_accuracy = a.count > 0 ? a.correct / a.count : none;
@@ -701,7 +717,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   }
   if (!evaluated) {
     // A resumed run with nothing left to train still reports its model.
-    const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test);
+    const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test, eval_chunk);
     result.train_loss = std::nan("");
     result.test_loss = test.count > 0 ? test.loss_sum / test.count : std::nan("");
     result.test_accuracy = test.count > 0 ? test.correct / test.count : std::nan("");

@@ -2,8 +2,10 @@
 // dataset-fashion-mnist package) and deterministic synthetic ones.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -17,8 +19,16 @@ struct Dataset {
   std::size_t classes = 0;
   std::vector<float> x;
   std::vector<float> y;
+  // Samples made on demand instead of stored in x (text windows drawn per
+  // epoch): writes sample i of epoch `epoch` (features floats) to `out`.
+  std::function<void(std::uint64_t epoch, std::size_t i, float* out)> make;
   std::size_t size() const { return y.size(); }
   const float* sample(std::size_t i) const { return x.data() + i * features; }
+  // Sample i of an epoch, stored or made.
+  void fill(std::uint64_t epoch, std::size_t i, float* out) const {
+    if (make) make(epoch, i, out);
+    else std::copy(sample(i), sample(i) + features, out);
+  }
 };
 
 struct Split {
@@ -50,6 +60,28 @@ Split load_fashion_mnist(const std::string& dir);
 // is the argmax of a fixed random 2-layer ReLU network of the input.
 Split make_synthetic_classification(std::size_t features, std::size_t classes, std::size_t train_size,
                                     std::size_t test_size, std::uint64_t seed);
+
+// Byte-level text for model "gpt": a corpus's bytes, the last 10% held out
+// for validation.
+struct Text {
+  std::string source;  // what was read, for messages
+  std::vector<std::uint8_t> train, val;
+};
+// Where --data fortunes is read from: $DISTOPT_FORTUNES_DIR when set, else
+// the folder Debian's fortunes package installs.
+std::string default_fortunes_dir();
+// The plain-text fortune files of `dir` (no .dat index, no .u8 link),
+// concatenated in sorted file order. Throws IoError naming the fortunes
+// package when the folder is missing or holds none.
+Text load_fortunes(const std::string& dir);
+// A user's text file; IoError when unreadable, InvalidInput when empty.
+Text load_text_file(const std::string& path);
+// Samples of context + 1 tokens (as floats; classes 256): training sample
+// i of epoch e is the window at a position drawn from (seed, e, i), and an
+// epoch has train bytes / context of them; the validation windows are
+// consecutive and disjoint, at most `max_val` of them (0: all).
+// InvalidInput when a part holds fewer than context + 1 bytes.
+Split text_split(const Text& text, std::size_t context, std::uint64_t seed, std::size_t max_val = 0);
 
 // Linear regression: y = w·x + b + noise·N(0, 1), x ~ N(0, 1).
 Split make_synthetic_regression(std::size_t features, std::size_t train_size, std::size_t test_size,

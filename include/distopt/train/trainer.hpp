@@ -26,6 +26,7 @@ namespace distopt::train {
 struct TrainConfig {
   std::string model = "mlp";
   std::vector<std::size_t> hidden;  // mlp hidden widths; empty: 256, 128
+  models::GptShape gpt;              // model gpt's shape (its context must match the data's windows)
   std::string strategy = "ddp";
   // Bucket size and parameter dtype of the strategy (parallel::StrategyOptions).
   parallel::StrategyOptions parallel;

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# distopt train --model gpt from outside: a tiny transformer on a text file
+# and on the fortunes package, the same bits under ddp, zero1-3 and on
+# threads, the language-model figures in the summary, and bad input.
+# Usage: cli_gpt_test.sh DISTOPT
+set -u
+bin=$1
+source "$(dirname "$0")/check_lib.sh"
+hash_of() { tail -n 1 "$1" | grep -o '"param_hash": "[0-9a-f]*"'; }
+
+# A text file of its own: 20 KB of English-like lines.
+python3 -c '
+import random
+r = random.Random(3)
+words = "the of and to a in is it you that he was for on are with as his they be at one have this from".split()
+print("\n".join(" ".join(r.choice(words) for _ in range(r.randint(3, 12))) for _ in range(1000)))
+' >"$tmp/corpus.txt"
+tiny=(train --model gpt --data text --data-file "$tmp/corpus.txt" --layers 2 --heads 2 --dim 32 --context 16
+      --batch-size 8 --test-size 32 --progress none --json)
+
+# zero3 gathers block by block; every strategy gives ddp's bits.
+"$bin" "${tiny[@]}" --max-steps 12 --world 4 --strategy ddp >"$tmp/ddp" 2>"$tmp/err" || fail "gpt ddp@4 exited $?: $(cat "$tmp/err")"
+for s in zero1 zero2 zero3; do
+  "$bin" "${tiny[@]}" --max-steps 12 --world 4 --strategy $s >"$tmp/$s" 2>"$tmp/err" || fail "gpt $s@4 exited $?: $(cat "$tmp/err")"
+  [ -n "$(hash_of "$tmp/ddp")" ] && [ "$(hash_of "$tmp/$s")" = "$(hash_of "$tmp/ddp")" ] \
+    || fail "gpt $s@4 $(hash_of "$tmp/$s") vs ddp@4 $(hash_of "$tmp/ddp")"
+done
+python3 - "$tmp/ddp" <<'PY' || fail "gpt summary: $(tail -n 1 "$tmp/ddp")"
+import json, math, sys
+d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+assert d["model"] == "gpt" and d["steps"] == 12, d
+assert abs(d["val_bits_per_byte"] - d["val_loss"] / math.log(2)) < 1e-6, d
+assert 0 < d["val_loss"] < math.log(256) and 0 < d["train_loss"] < 6, d
+assert d["tokens_per_s"] > 0 and d["gpt"] == {"layers": 2, "heads": 2, "dim": 32, "context": 16,
+                                              "parameters": d["gpt"]["parameters"]}, d
+# wte 256x32, wpe 16x32, per block 12 d^2 + 13 d, ln_f 2d
+assert d["gpt"]["parameters"] == 256 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32, d
+PY
+# Training lowers the validation loss.
+"$bin" "${tiny[@]}" --max-steps 60 --lr 0.01 >"$tmp/longer" 2>/dev/null || fail "60 steps exited $?"
+python3 - "$tmp/ddp" "$tmp/longer" <<'PY' || fail "60 steps did not lower val_loss below 12 steps'"
+import json, sys
+a, b = (json.loads(open(p).read().splitlines()[-1]) for p in sys.argv[1:])
+assert b["val_loss"] < a["val_loss"] - 0.3, (a["val_loss"], b["val_loss"])
+PY
+
+# The fortunes package (Debian's), in sorted file order.
+if [ -d /usr/share/games/fortunes ]; then
+  "$bin" train --model gpt --data fortunes --layers 1 --heads 2 --dim 16 --context 32 --batch-size 4 --max-steps 3 \
+    --test-size 8 --progress none >"$tmp/f" 2>"$tmp/err" || fail "--data fortunes exited $?: $(cat "$tmp/err")"
+  grep -q "^gpt on fortunes, adamw, ddp, world 1: val_loss [0-9.]* ([0-9.]* bits/byte)" "$tmp/f" || fail "$(cat "$tmp/f")"
+fi
+DISTOPT_FORTUNES_DIR="$tmp/none" expect_error 2 "$tmp/none: no such folder; --data fortunes reads Debian's fortunes package (apt-get install fortunes)" \
+  -- train --model gpt --data fortunes
+mkdir "$tmp/nofortunes"
+expect_error 2 "no fortune files in it" -- train --model gpt --data fortunes --data-dir "$tmp/nofortunes"
+
+# Bad input: one line before any work.
+expect_error 2 "\-\-heads 3 does not divide \-\-dim 32: every head needs dim / heads channels" \
+  -- train --model gpt --data text --data-file "$tmp/corpus.txt" --heads 3 --dim 32
+: >"$tmp/empty.txt"
+expect_error 2 "\-\-data-file $tmp/empty.txt: the file is empty" -- train --model gpt --data text --data-file "$tmp/empty.txt"
+expect_error 2 "\-\-data-file $tmp/missing.txt: no such file" -- train --model gpt --data text --data-file "$tmp/missing.txt"
+expect_error 2 "\-\-data-file $tmp: is a folder, not a file" -- train --model gpt --data text --data-file "$tmp"
+printf 'just a short line of text\n' >"$tmp/short.txt"
+expect_error 2 "\-\-context 64 needs windows of 65 bytes; the training part of $tmp/short.txt has 24" \
+  -- train --model gpt --data text --data-file "$tmp/short.txt"
+expect_error 2 "\-\-model gpt reads text: use \-\-data fortunes or \-\-data text \-\-data-file PATH (not \-\-data fashion-mnist)" \
+  -- train --model gpt
+expect_error 2 "\-\-data fortunes is text: it needs \-\-model gpt (not \-\-model mlp)" -- train --data fortunes
+expect_error 2 "\-\-data text needs \-\-data-file PATH" -- train --model gpt --data text
+expect_error 2 "\-\-data-file goes with \-\-data text" -- train --model gpt --data fortunes --data-file "$tmp/corpus.txt"
+chmod 000 "$tmp/corpus.txt"
+if ! cat "$tmp/corpus.txt" >/dev/null 2>&1; then  # not as root, who reads anything
+  expect_error 2 "$tmp/corpus.txt: cannot read it" -- train --model gpt --data text --data-file "$tmp/corpus.txt"
+fi
+chmod 644 "$tmp/corpus.txt"
+finish "cli gpt"
