@@ -44,6 +44,19 @@ a, b = (json.loads(open(p).read().splitlines()[-1]) for p in sys.argv[1:])
 assert b["val_loss"] < a["val_loss"] - 0.3, (a["val_loss"], b["val_loss"])
 PY
 
+# --warmup-steps: torch's SequentialLR of LinearLR(1/W over W - 1 steps) and
+# CosineAnnealingLR over the rest (the values torch 1.13 gives for W 4 of 10).
+"$bin" "${tiny[@]}" --max-steps 10 --warmup-steps 4 --lr 0.001 --metrics "$tmp/m.jsonl" >/dev/null 2>&1 \
+  || fail "--warmup-steps exited $?"
+python3 - "$tmp/m.jsonl" <<'PY' || fail "--warmup-steps schedule"
+import json, sys
+lrs = [json.loads(l)["lr"] for l in open(sys.argv[1]) if '"lr"' in l]
+want = [0.00025, 0.0005, 0.00075, 0.001, 0.001, 0.000933013, 0.00075, 0.0005, 0.00025, 6.6987e-05]
+assert len(lrs) == 10 and all(abs(a - b) < 1e-9 for a, b in zip(lrs, want)), lrs
+PY
+expect_error 2 "\-\-warmup-steps 10 leaves nothing of the run's 10 steps to decay over" -- "${tiny[@]}" --max-steps 10 --warmup-steps 10
+expect_error 2 "\-\-warmup-steps is a schedule of its own" -- "${tiny[@]}" --warmup-steps 10 --scheduler steplr
+
 # The fortunes package (Debian's), in sorted file order.
 if [ -d /usr/share/games/fortunes ]; then
   "$bin" train --model gpt --data fortunes --layers 1 --heads 2 --dim 16 --context 32 --batch-size 4 --max-steps 3 \

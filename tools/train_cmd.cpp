@@ -27,6 +27,7 @@
 #include "distopt/checkpoint/store.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/data/sampler.hpp"
 #include "distopt/gossip/topology.hpp"
 #include "distopt/optim/averaging.hpp"
 #include "distopt/optim/grad_scaler.hpp"
@@ -51,6 +52,7 @@ struct TrainArgs {
   double resume_load_seconds = 0;  // --resume: reading, verifying and assembling the checkpoint
   std::map<std::string, std::string> option_text;  // optimizer options as given, torch names
   std::string scheduler, scheduler_interval = "step";
+  std::size_t warmup_steps = 0;  // --warmup-steps: linear warm-up, then cosine decay over the run
   std::vector<std::string> scheduler_options;  // KEY=VALUE
   std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
   std::string param_dtype = "f32";
@@ -381,6 +383,26 @@ SchedulerSpec parse_scheduler(const TrainArgs& a) {
   return spec;
 }
 
+// --warmup-steps W: lr * (t + 1) / W for the first W steps (LinearLR from
+// 1/W over W - 1 steps), then cosine decay to 0 over the rest of the run
+// (CosineAnnealingLR), as SequentialLR -- what nanoGPT and most transformer
+// recipes run. The run's length is known once the data is.
+void warmup_cosine(TrainArgs& a, const data::Split& d) {
+  if (a.warmup_steps == 0) return;
+  const std::size_t per_epoch =
+      data::BatchSampler(d.train.size(), a.config.batch_size, a.config.seed, a.config.drop_last).batches_per_epoch();
+  std::size_t total = static_cast<std::size_t>(a.config.epochs) * per_epoch;
+  if (a.config.max_steps > 0) total = std::min<std::size_t>(total, a.config.max_steps);
+  if (a.warmup_steps >= total)
+    throw InvalidInput(str("--warmup-steps ", a.warmup_steps, " leaves nothing of the run's ", total,
+                           " steps to decay over"));
+  const auto w = static_cast<double>(a.warmup_steps);
+  SchedulerSpec warm{"linearlr", {{"start_factor", 1.0 / w}, {"end_factor", 1.0}, {"total_iters", std::max(w - 1, 1.0)}}, {}};
+  SchedulerSpec cosine{"cosineannealinglr", {{"T_max", static_cast<double>(total - a.warmup_steps)}, {"eta_min", 0.0}}, {}};
+  a.config.scheduler = SchedulerSpec{"sequentiallr", {{"milestones", std::vector<double>{w}}}, {warm, cosine}};
+  a.config.scheduler_per_epoch = false;
+}
+
 // Features and outputs of a data set (Fashion-MNIST's and the synthetic
 // classification set's are the same): what load_data makes and check_memory sizes.
 struct DataDims {
@@ -685,6 +707,9 @@ int run_train(TrainArgs& a) {
       1, static_cast<std::size_t>(a.bucket_cap_mb * 1048576.0 / double(size_of(a.config.parallel.param_dtype))));
   if (a.scheduler.empty() && !a.scheduler_options.empty())
     throw InvalidInput("--scheduler-option needs --scheduler");
+  if (a.warmup_steps > 0 && !a.scheduler.empty())
+    throw InvalidInput("--warmup-steps is a schedule of its own (linear warm-up, then cosine decay): drop --scheduler, "
+                       "or build the schedule in --scheduler's JSON");
   if (!a.scheduler.empty()) {
     a.config.scheduler = parse_scheduler(a);
     a.config.scheduler_per_epoch = a.scheduler_interval == "epoch";
@@ -754,6 +779,7 @@ int run_train(TrainArgs& a) {
                                " processes mpirun started (under --backend mpi the world is mpirun's -np)"));
       check_memory(a, 1);
       const data::Split data = load_data(a, a.config.model);
+      warmup_cosine(a, data);
       Progress progress(bar, lines);
       if (comm.rank() == 0 && !a.metrics.empty()) metrics.emplace(a.metrics);
       Both both(&progress, metrics ? &*metrics : nullptr);
@@ -790,6 +816,7 @@ int run_train(TrainArgs& a) {
   const StopOnSignal stop(true);
   a.config.stop_flag = &stop.flag();
   const data::Split data = load_data(a, a.config.model);
+  warmup_cosine(a, data);
   Progress progress(bar, lines);
   std::optional<MetricsFile> metrics;
   if (!a.metrics.empty()) metrics.emplace(a.metrics);
@@ -896,6 +923,9 @@ Runner add_train(CLI::App& app) {
                   "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist), or the fortunes folder "
                   "(default /usr/share/games/fortunes)");
   sub->add_option("--data-file", a->data_file, "--data text: a text file to train on (the last 10% held out)");
+  sub->add_option("--warmup-steps", a->warmup_steps,
+                  "linear warm-up over N steps, then cosine decay to 0 over the rest of the run (instead of "
+                  "--scheduler)");
   sub->add_option("--layers", c.gpt.layers, "gpt: transformer blocks (default 4)")->capture_default_str();
   sub->add_option("--heads", c.gpt.heads, "gpt: attention heads, dividing --dim (default 4)")->capture_default_str();
   sub->add_option("--dim", c.gpt.dim, "gpt: embedding width (default 128)")->capture_default_str();
