@@ -57,6 +57,40 @@ PY
 expect_error 2 "\-\-warmup-steps 10 leaves nothing of the run's 10 steps to decay over" -- "${tiny[@]}" --max-steps 10 --warmup-steps 10
 expect_error 2 "\-\-warmup-steps is a schedule of its own" -- "${tiny[@]}" --warmup-steps 10 --scheduler steplr
 
+# distopt sample: the prompt, then --tokens bytes, the same for a seed; from
+# --export-params and from a checkpoint export alike (both record --heads).
+"$bin" "${tiny[@]}" --max-steps 20 --export-params "$tmp/g.safetensors" --checkpoint-dir "$tmp/gck" >/dev/null 2>&1 \
+  || fail "gpt export exited $?"
+"$bin" checkpoint export "$tmp/gck" -o "$tmp/gc.safetensors" >/dev/null 2>&1 || fail "gpt checkpoint export exited $?"
+"$bin" sample --params "$tmp/g.safetensors" --prompt "the " --tokens 50 --seed 4 >"$tmp/s1" 2>"$tmp/err" \
+  || fail "sample exited $?: $(cat "$tmp/err")"
+"$bin" sample --params "$tmp/gc.safetensors" --prompt "the " --tokens 50 --seed 4 >"$tmp/s2" 2>/dev/null || fail "sample of a checkpoint export"
+cmp -s "$tmp/s1" "$tmp/s2" || fail "sample: --export-params and checkpoint export differ: $(cat "$tmp/s1") / $(cat "$tmp/s2")"
+[ "$(head -c 4 "$tmp/s1")" = "the " ] && [ "$(wc -c <"$tmp/s1")" = 55 ] || fail "sample output: $(od -c "$tmp/s1" | head -3)"
+"$bin" sample --params "$tmp/g.safetensors" --prompt "the " --tokens 50 --seed 5 >"$tmp/s3" 2>/dev/null
+! cmp -s "$tmp/s1" "$tmp/s3" || fail "sample: seeds 4 and 5 gave the same text"
+"$bin" sample --params "$tmp/g.safetensors" --prompt "the " --tokens 30 --temperature 0 --seed 1 >"$tmp/g1" 2>/dev/null
+"$bin" sample --params "$tmp/g.safetensors" --prompt "the " --tokens 30 --temperature 0 --seed 2 >"$tmp/g2" 2>/dev/null
+cmp -s "$tmp/g1" "$tmp/g2" || fail "sample --temperature 0 depends on the seed"
+"$bin" train --data synthetic --max-steps 1 --progress none --export-params "$tmp/mlp.safetensors" >/dev/null 2>&1
+expect_error 2 "$tmp/mlp.safetensors: not a gpt parameter file (no wte and wpe matrices)" \
+  -- sample --params "$tmp/mlp.safetensors" --prompt x
+expect_error 2 "\-\-heads 5 does not divide \-\-dim 32" -- sample --params "$tmp/g.safetensors" --prompt x --heads 5
+# A file whose tensors disagree with each other: one of them from a wider model.
+python3 - "$tmp/g.safetensors" "$tmp/bad.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+h["h.1.mlp.c_fc.bias"]["shape"] = [64, 2]  # same bytes, another shape
+b = json.dumps(h).encode()
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(b)) + b + raw[8 + n:])
+PY
+expect_error 2 "bad.safetensors: h.1.mlp.c_fc.bias is \[64, 2\]; a gpt with \-\-dim 32 \-\-context 16 \-\-heads 2 needs \[128\]" \
+  -- sample --params "$tmp/bad.safetensors" --prompt x
+expect_error 2 "\-\-prompt needs at least one byte of text" -- sample --params "$tmp/g.safetensors" --prompt ""
+expect_error 2 "\-\-temperature must be a non-negative number (got -1)" -- sample --params "$tmp/g.safetensors" --prompt x --temperature -1
+
 # The fortunes package (Debian's), in sorted file order.
 if [ -d /usr/share/games/fortunes ]; then
   "$bin" train --model gpt --data fortunes --layers 1 --heads 2 --dim 16 --context 32 --batch-size 4 --max-steps 3 \

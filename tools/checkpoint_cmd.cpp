@@ -81,6 +81,12 @@ int run_export(const CheckpointArgs& a) {
   out.metadata["format"] = "distopt-params/1";
   out.metadata["model"] = text_of(l.body, "model");
   out.metadata["step"] = std::to_string(l.manifest.step);
+  if (l.body.contains("config") && l.body["config"].is_object()) {
+    // What distopt sample needs besides the shapes (the run's flags).
+    const nlohmann::json& c = l.body["config"];
+    for (const char* key : {"heads", "layers"})
+      if (c.contains(key) && c[key].is_number_unsigned()) out.metadata[key] = std::to_string(c[key].get<std::uint64_t>());
+  }
   if (!order.empty()) out.metadata["param_hash"] = train::hash_params(params);
   checkpoint::write_safetensors(a.output, out);
   std::printf("wrote %s: %zu tensors from %s (step %llu)\n", a.output.c_str(), out.slots.size(), l.dir.string().c_str(),

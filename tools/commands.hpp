@@ -109,5 +109,6 @@ Runner add_bench(CLI::App& app);
 Runner add_train(CLI::App& app);
 Runner add_gossip(CLI::App& app);
 Runner add_checkpoint(CLI::App& app);
+Runner add_sample(CLI::App& app);
 
 }  // namespace distopt::cli

@@ -33,6 +33,7 @@ int main(int argc, char** argv) {
   add(distopt::cli::add_bench);
   add(distopt::cli::add_gossip);
   add(distopt::cli::add_checkpoint);
+  add(distopt::cli::add_sample);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -538,6 +538,8 @@ void export_params(const train::TrainResult& r, const TrainArgs& a) {
   auto write = [&](const std::string& path, const std::vector<float>& params, const std::string& hash,
                    std::map<std::string, std::string> metadata) {
     metadata.insert({{"format", "distopt-params/1"}, {"model", a.config.model}, {"param_hash", hash}});
+    if (a.config.model == "gpt")  // what distopt sample needs besides the shapes
+      metadata.insert({{"heads", std::to_string(a.config.gpt.heads)}, {"layers", std::to_string(a.config.gpt.layers)}});
     checkpoint::write_safetensors(output_path(path), {r.slots, params, std::move(metadata)});
   };
   if (!a.export_path.empty()) write(a.export_path, r.params, r.param_hash, {});

@@ -179,6 +179,21 @@ class Gpt final : public Model {
   }
 
   std::string_view name() const override { return "gpt"; }
+  const GptShape& shape() const { return s_; }
+
+  // The logits after tokens[0..n): causal attention makes position n - 1's
+  // output independent of what follows, so the window is padded with zeros.
+  std::vector<float> next_logits(UnitAccess& access, std::span<const std::uint32_t> tokens) {
+    const std::size_t n = tokens.size(), T = s_.context, V = s_.vocab;
+    if (n < 1 || n > T) throw InvalidInput(str("gpt reads 1 to ", T, " tokens at a time (got ", n, ")"));
+    std::vector<float> window(T + 1, 0.0f);
+    for (std::size_t t = 0; t < n; ++t) {
+      if (tokens[t] >= V) throw InvalidInput(str("token ", tokens[t], " is outside the vocabulary of ", V));
+      window[t] = static_cast<float>(tokens[t]);
+    }
+    (void)run(access, window.data(), 1, 1.0f, false);
+    return {logits_.begin() + static_cast<std::ptrdiff_t>((n - 1) * V), logits_.begin() + static_cast<std::ptrdiff_t>(n * V)};
+  }
 
   // GPT-2's: weights and embeddings ~ N(0, 0.02), the residual output
   // projections (attn.c_proj, mlp.c_proj) ~ N(0, 0.02 / sqrt(2 layers)),
@@ -485,6 +500,13 @@ class Gpt final : public Model {
 };
 
 }  // namespace
+
+std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, std::span<const std::uint32_t> tokens) {
+  auto* g = dynamic_cast<Gpt*>(&gpt);
+  DISTOPT_CHECK(g != nullptr, "gpt_next_logits on model ", gpt.name());
+  BufferAccess access(gpt, buffer);
+  return g->next_logits(access, tokens);
+}
 
 std::unique_ptr<Model> make_gpt(const GptShape& shape) {
   if (shape.layers < 1) throw InvalidInput(str("--layers must be at least 1 (got ", shape.layers, ")"));

@@ -153,6 +153,9 @@ inline std::unique_ptr<Model> make_model(std::string_view name, std::size_t feat
 }
 // Model "gpt" of that shape (InvalidInput: heads not dividing dim, a zero size).
 std::unique_ptr<Model> make_gpt(const GptShape& shape);
+// Model gpt: the logits (vocab values) of the token after `tokens` (1 to
+// context of them), from parameters in the model's layout.
+std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, std::span<const std::uint32_t> tokens);
 std::vector<std::string_view> model_names();
 
 }  // namespace distopt::models
