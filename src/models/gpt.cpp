@@ -18,46 +18,69 @@
 //
 // Matrix products go through gemm() below, one fixed split of rows per
 // product, so the bits do not depend on how many threads run them.
-#include <Eigen/Core>
+#include <oneapi/dnnl/dnnl.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "distopt/core/error.hpp"
 #include "distopt/core/random.hpp"
 #include "distopt/models/model.hpp"
 
+// libgomp's (which oneDNN runs on); declared here so that no OpenMP
+// compiler flag touches the other models (Eigen would thread under it).
+extern "C" void omp_set_num_threads(int);
+
 namespace distopt::models {
 
 namespace {
-
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using Stride = Eigen::OuterStride<>;
-using ConstMap = Eigen::Map<const RowMat, 0, Stride>;
-using Map = Eigen::Map<RowMat, 0, Stride>;
 
 constexpr std::size_t kAlign = 16;  // elements: 64 bytes
 std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 // C (m x n, leading dimension ldc) = op(A) op(B) (+ C when `accumulate`),
-// row-major; op(A) is m x k, op(B) is k x n.
+// row-major; op(A) is m x k, op(B) is k x n. oneDNN's dnnl_sgemm, on the
+// calling thread alone: ranks are threads, and one thread per product keeps
+// the bits independent of the machine's load (docs/performance.md, "gpt":
+// it was the fastest of Eigen, OpenBLAS and oneDNN on these shapes).
 void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda,
           const float* b, std::size_t ldb, float* c, std::size_t ldc, bool accumulate) {
-  const auto M = static_cast<Eigen::Index>(m), N = static_cast<Eigen::Index>(n), K = static_cast<Eigen::Index>(k);
-  Map C(c, M, N, Stride(static_cast<Eigen::Index>(ldc)));
-  auto run = [&](const auto& A, const auto& B) {
-    if (accumulate)
-      C.noalias() += A * B;
-    else
-      C.noalias() = A * B;
-  };
-  const Stride sa(static_cast<Eigen::Index>(lda)), sb(static_cast<Eigen::Index>(ldb));
-  if (!ta && !tb) run(ConstMap(a, M, K, sa), ConstMap(b, K, N, sb));
-  if (!ta && tb) run(ConstMap(a, M, K, sa), ConstMap(b, N, K, sb).transpose());
-  if (ta && !tb) run(ConstMap(a, K, M, sa).transpose(), ConstMap(b, K, N, sb));
-  if (ta && tb) run(ConstMap(a, K, M, sa).transpose(), ConstMap(b, N, K, sb).transpose());
+  thread_local const bool one_thread = [] {
+    omp_set_num_threads(1);
+    return true;
+  }();
+  (void)one_thread;
+  const dnnl_status_t st =
+      dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', static_cast<dnnl_dim_t>(m), static_cast<dnnl_dim_t>(n),
+                 static_cast<dnnl_dim_t>(k), 1.0f, a, static_cast<dnnl_dim_t>(lda), b, static_cast<dnnl_dim_t>(ldb),
+                 accumulate ? 1.0f : 0.0f, c, static_cast<dnnl_dim_t>(ldc));
+  DISTOPT_CHECK(st == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(st));
 }
 
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+
+// e^x within 2 ulp over float's range (Cephes' expf polynomial after
+// x = n ln 2 + r), without branches, so that loops over it vectorize; the
+// library's expf and tanhf do not, and took a third of a step.
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.3f), 88.3f);
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  return p * std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
+}
+
+// tanh(u) = 1 - 2 / (e^2u + 1): within 1.2e-7 of tanh absolutely (not
+// relatively near 0, which GELU's 1 + tanh does not need).
+inline float tanh_approx(float u) { return 1.0f - 2.0f / (exp_approx(2.0f * u) + 1.0f); }
 
 // The parameters of one block, as offsets within its unit.
 struct BlockSlots {
@@ -238,7 +261,7 @@ class Gpt final : public Model {
     std::vector<float> att;     // B x H x T x T probabilities
     std::vector<float> y;       // attention output before c_proj, BT x D
     std::vector<float> xhat2, rstd2, m;  // LN2 of x + attn
-    std::vector<float> f, g;    // BT x 4D before and after GELU
+    std::vector<float> f, t, g;  // BT x 4D: before GELU, its tanh, after
   };
 
   void reserve(std::size_t batch) {
@@ -258,6 +281,7 @@ class Gpt final : public Model {
       b.rstd2.assign(BT, 0);
       b.m.assign(BT * D, 0);
       b.f.assign(BT * 4 * D, 0);
+      b.t.assign(BT * 4 * D, 0);
       b.g.assign(BT * 4 * D, 0);
     }
     resid_.assign(BT * D, 0);
@@ -325,12 +349,12 @@ class Gpt final : public Model {
       for (std::size_t j = 1; j < V; ++j)
         if (z[j] > mx) mx = z[j], arg = j;
       float sum = 0;
-      for (std::size_t j = 0; j < V; ++j) sum += std::exp(z[j] - mx);
+      for (std::size_t j = 0; j < V; ++j) sum += exp_approx(z[j] - mx);
       const float lse = mx + std::log(sum);
       stats.loss_sum += (double(lse) - double(z[label])) / static_cast<double>(T);
       stats.correct += arg == label ? 1.0 / static_cast<double>(T) : 0.0;
       if (backward) {
-        for (std::size_t j = 0; j < V; ++j) z[j] = std::exp(z[j] - lse) * scale;
+        for (std::size_t j = 0; j < V; ++j) z[j] = exp_approx(z[j] - lse) * scale;
         z[label] -= scale;
       }
     }
@@ -402,7 +426,7 @@ class Gpt final : public Model {
           for (std::size_t j = 0; j <= i; ++j) mx = std::max(mx, row[j] * inv);
           float sum = 0;
           for (std::size_t j = 0; j <= i; ++j) {
-            row[j] = std::exp(row[j] * inv - mx);
+            row[j] = exp_approx(row[j] * inv - mx);
             sum += row[j];
           }
           const float r = 1.0f / sum;
@@ -420,7 +444,8 @@ class Gpt final : public Model {
     add_bias(a.f.data(), BT, 4 * D, w + p.fc_b);
     for (std::size_t i = 0; i < BT * 4 * D; ++i) {
       const float f = a.f[i];
-      a.g[i] = 0.5f * f * (1.0f + std::tanh(kGeluC * (f + 0.044715f * f * f * f)));
+      a.t[i] = tanh_approx(kGeluC * (f + 0.044715f * f * f * f));
+      a.g[i] = 0.5f * f * (1.0f + a.t[i]);
     }
     gemm(false, true, BT, D, 4 * D, a.g.data(), 4 * D, w + p.mproj_w, 4 * D, resid_.data(), D, true);
     add_bias(resid_.data(), BT, D, w + p.mproj_b);
@@ -437,8 +462,7 @@ class Gpt final : public Model {
     gemm(false, false, BT, 4 * D, D, dres_.data(), D, w + p.mproj_w, 4 * D, df, 4 * D, false);
     for (std::size_t i = 0; i < BT * 4 * D; ++i) {
       const float f = a.f[i];
-      const float u = kGeluC * (f + 0.044715f * f * f * f);
-      const float t = std::tanh(u);
+      const float t = a.t[i];
       const float du = kGeluC * (1.0f + 3.0f * 0.044715f * f * f);
       df[i] *= 0.5f * (1.0f + t) + 0.5f * f * (1.0f - t * t) * du;
     }
