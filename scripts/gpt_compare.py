@@ -126,6 +126,8 @@ def val_windows(val, context, count):
 
 
 def torch_run(args, init, train_batches, val, threads):
+    """threads: torch.set_num_threads's value (OpenMP's and OpenBLAS's come
+    from the environment the parent set)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = Gpt(args.layers, args.heads, args.dim, args.context)
@@ -156,7 +158,7 @@ def torch_run(args, init, train_batches, val, threads):
             count += len(v)
     tokens = len(train_batches) * args.batch * args.context
     return {"val_loss": total / count, "train_loss_last": float(np.mean(losses[-20:])), "tokens_per_s": tokens / seconds,
-            "seconds": seconds}
+            "seconds": seconds, "losses": losses}
 
 
 def pinned(threads):
@@ -189,6 +191,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", default="1,2")
     p.add_argument("--skip-torch", action="store_true")
+    p.add_argument("--output", help="write the results, loss curves included, as JSON")
+    p.add_argument("--plot", help="write the loss curves (1 thread) as a PNG")
     p.add_argument("--torch-child", help=argparse.SUPPRESS)  # internal: the PyTorch run, given the initial weights
     args = p.parse_args()
     train, val = fortunes(args.fortunes)
@@ -208,24 +212,58 @@ def main():
     vw = val_windows(val, args.context, args.val_windows)
     results = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        out = subprocess.run(distopt_cmd(args, threads, args.steps, ["--warmup-steps", str(args.warmup)]), check=True,
+        metrics = os.path.join(tmp, f"metrics{threads}.jsonl")
+        out = subprocess.run(distopt_cmd(args, threads, args.steps, ["--warmup-steps", str(args.warmup),
+                                                                   "--metrics", metrics]), check=True,
                              stdout=subprocess.PIPE, text=True).stdout
         d = json.loads(out.strip().splitlines()[-1])
         row = {"threads": threads, "distopt_val_loss": d["val_loss"], "distopt_tokens_per_s": d["tokens_per_s"],
                "parameters": d["gpt"]["parameters"]}
+        row["distopt_losses"] = [json.loads(l)["loss"] for l in open(metrics) if '"kind": "step"' in l]
         if not args.skip_torch:
-            # PyTorch in a process of its own, its OpenMP and OpenBLAS
-            # threads set to the count before torch starts.
-            env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
-            child = subprocess.run(pinned(threads) + [sys.executable, os.path.abspath(__file__), "--torch-child",
-                                                      init_path] + sys.argv[1:] + ["--threads", str(threads)],
-                                   env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
-            t = json.loads(child.strip().splitlines()[-1])
+            # PyTorch at its best on these cores: in a process of its own,
+            # with OpenMP's, OpenBLAS's and torch's thread counts set before
+            # it starts; at T > 1 the split that a 10-step probe finds
+            # fastest (on 2 cores OpenBLAS's threads alone win).
+            def torch_child(omp, blas, intra, steps):
+                env = dict(os.environ, OMP_NUM_THREADS=str(omp), OPENBLAS_NUM_THREADS=str(blas))
+                out = subprocess.run(pinned(threads) + [sys.executable, os.path.abspath(__file__), "--torch-child",
+                                                        init_path] + sys.argv[1:] +
+                                     ["--threads", str(intra), "--steps", str(steps)],
+                                     env=env, check=True, stdout=subprocess.PIPE, text=True).stdout
+                return json.loads(out.strip().splitlines()[-1])
+            splits = [(threads, threads, threads)]
+            if threads > 1:
+                splits += [(threads, 1, threads), (threads, threads, 1)]
+            best = max(splits, key=lambda c: torch_child(*c, min(args.steps, 10))["tokens_per_s"]) \
+                if len(splits) > 1 else splits[0]
+            t = torch_child(*best, args.steps)
+            row["torch_threads"] = {"OMP_NUM_THREADS": best[0], "OPENBLAS_NUM_THREADS": best[1],
+                                    "set_num_threads": best[2]}
+            row["torch_losses"] = t["losses"]
             row.update({"torch_val_loss": t["val_loss"], "torch_tokens_per_s": t["tokens_per_s"],
                         "val_loss_ratio": d["val_loss"] / t["val_loss"],
                         "speedup": d["tokens_per_s"] / t["tokens_per_s"]})
-        print(json.dumps(row), flush=True)
+        print(json.dumps({k: v for k, v in row.items() if not k.endswith("_losses")}), flush=True)
         results.append(row)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f)
+    if args.plot and not args.skip_torch:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4))
+        r = results[0]
+        smooth = lambda v: np.convolve(v, np.ones(20) / 20, mode="valid")  # noqa: E731
+        ax.plot(smooth(r["torch_losses"]), label="PyTorch 1.13", linewidth=1.5)
+        ax.plot(smooth(r["distopt_losses"]), label="distopt", linewidth=1.0, linestyle="--")
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (nats/byte, mean of 20 steps)")
+        ax.set_title(f"gpt {args.layers}x{args.dim}, context {args.context}, fortunes, AdamW, warm-up + cosine")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
     print("\n| threads | distopt val loss | torch val loss | ratio | distopt tokens/s | torch tokens/s | speed-up |")
     print("|---|---|---|---|---|---|---|")
     for r in results:

@@ -96,6 +96,10 @@ if [ -d /usr/share/games/fortunes ]; then
   "$bin" train --model gpt --data fortunes --layers 1 --heads 2 --dim 16 --context 32 --batch-size 4 --max-steps 3 \
     --test-size 8 --progress none >"$tmp/f" 2>"$tmp/err" || fail "--data fortunes exited $?: $(cat "$tmp/err")"
   grep -q "^gpt on fortunes, adamw, ddp, world 1: val_loss [0-9.]* ([0-9.]* bits/byte)" "$tmp/f" || fail "$(cat "$tmp/f")"
+  # fortunes is gpt's default data set.
+  "$bin" train --model gpt --layers 1 --heads 2 --dim 16 --context 32 --batch-size 4 --max-steps 2 --test-size 4 \
+    --progress none >"$tmp/f2" 2>&1 || fail "--model gpt without --data exited $?: $(cat "$tmp/f2")"
+  grep -q "^gpt on fortunes" "$tmp/f2" || fail "--model gpt without --data: $(cat "$tmp/f2")"
 fi
 DISTOPT_FORTUNES_DIR="$tmp/none" expect_error 2 "$tmp/none: no such folder; --data fortunes reads Debian's fortunes package (apt-get install fortunes)" \
   -- train --model gpt --data fortunes
@@ -113,7 +117,9 @@ printf 'just a short line of text\n' >"$tmp/short.txt"
 expect_error 2 "\-\-context 64 needs windows of 65 bytes; the training part of $tmp/short.txt has 24" \
   -- train --model gpt --data text --data-file "$tmp/short.txt"
 expect_error 2 "\-\-model gpt reads text: use \-\-data fortunes or \-\-data text \-\-data-file PATH (not \-\-data fashion-mnist)" \
-  -- train --model gpt
+  -- train --model gpt --data fashion-mnist
+expect_error 2 "\-\-model gpt reads text: use \-\-data fortunes or \-\-data text \-\-data-file PATH (not \-\-data synthetic)" \
+  -- train --model gpt --data synthetic
 expect_error 2 "\-\-data fortunes is text: it needs \-\-model gpt (not \-\-model mlp)" -- train --data fortunes
 expect_error 2 "\-\-data text needs \-\-data-file PATH" -- train --model gpt --data text
 expect_error 2 "\-\-data-file goes with \-\-data text" -- train --model gpt --data fortunes --data-file "$tmp/corpus.txt"

@@ -61,7 +61,7 @@ struct TrainArgs {
   std::string link_bandwidth = "none";
   double link_latency = 0;
   std::set<std::string> given_outputs;  // output flags given on the command line, even as ''
-  bool world_given = false, backend_given = false;
+  bool world_given = false, backend_given = false, data_given = false;
 
   double bucket_cap_mb = 0.125;
   GradScalerOptions scaler;  // --init-scale, --growth-factor, ... (torch's names)
@@ -418,8 +418,9 @@ DataDims dims_of(const TrainArgs& a) {
 
 // Data sets and models that cannot go together, and --data-file without
 // --data text: one line before anything is read.
-void check_data_and_model(const TrainArgs& a) {
+void check_data_and_model(TrainArgs& a) {
   const bool gpt = a.config.model == "gpt";
+  if (gpt && !a.data_given && a.data == "fashion-mnist") a.data = "fortunes";  // gpt's own default
   if (gpt && !is_text(a.data))
     throw InvalidInput(str("--model gpt reads text: use --data fortunes or --data text --data-file PATH (not --data ", a.data, ")"));
   if (!gpt && is_text(a.data))
@@ -919,8 +920,9 @@ Runner add_train(CLI::App& app) {
       ->check(positive_counts);
   sub->add_option("--data", a->data,
                   "fashion-mnist (default), synthetic, synthetic-regression; text for --model gpt: fortunes "
-                  "(Debian's fortunes package), text (--data-file)")
-      ->capture_default_str();
+                  "(Debian's fortunes package; gpt's default), text (--data-file)")
+      ->capture_default_str()
+      ->each([a](const std::string&) { a->data_given = true; });
   sub->add_option("--data-dir", a->data_dir,
                   "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist), or the fortunes folder "
                   "(default /usr/share/games/fortunes)");
