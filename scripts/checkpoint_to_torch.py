@@ -22,21 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-
-def read_safetensors(path):
-    raw = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
-    tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if entry["dtype"] != "F32":
-            sys.exit(f"{path}: tensor {name} is {entry['dtype']}, not F32")
-        begin, end = entry["data_offsets"]
-        tensors[name] = np.frombuffer(data[begin:end], dtype="<f4").reshape(entry["shape"])
-    return tensors, header.get("__metadata__", {})
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_np import read_safetensors  # noqa: E402
 
 
 def read_idx(path):

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt_torch import Gpt, write_safetensors  # noqa: E402
+from gpt_torch import Gpt  # noqa: E402
+from safetensors_np import write_safetensors  # noqa: E402
 
 CASES = [
     # name, layers, heads, dim, context, batch

@@ -17,7 +17,6 @@ python3-numpy. Prints one JSON object per thread count and a table.
 """
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -28,7 +27,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpt_torch import Gpt, read_safetensors  # noqa: E402
+from gpt_torch import Gpt  # noqa: E402
+from safetensors_np import read_safetensors  # noqa: E402
 
 M64 = (1 << 64) - 1
 
@@ -207,9 +207,6 @@ def main():
     # The initial weights: one step at lr 0 leaves them as initialised.
     init_args = argparse.Namespace(**{**vars(args), "lr": 0.0, "val_windows": 1})
     subprocess.run(distopt_cmd(init_args, 1, 1, ["--export-params", init_path]), check=True, stdout=subprocess.DEVNULL)
-    init, _ = read_safetensors(init_path)
-    train_batches = batches(train, args.context, args.batch, args.seed, args.steps)
-    vw = val_windows(val, args.context, args.val_windows)
     results = []
     for threads in [int(t) for t in args.threads.split(",")]:
         metrics = os.path.join(tmp, f"metrics{threads}.jsonl")

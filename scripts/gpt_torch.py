@@ -1,13 +1,9 @@
 """distopt's model "gpt" in PyTorch (src/models/gpt.cpp): a GPT-2-style
 decoder over byte tokens with the same parameter names, shapes and order,
 so that a distopt parameter file loads with load_state_dict. Shared by
-scripts/gen_golden_gpt.py and scripts/gpt_compare.py; also a small
-safetensors reader and writer on numpy alone."""
-import json
+scripts/gen_golden_gpt.py and scripts/gpt_compare.py."""
 import math
-import struct
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -88,35 +84,3 @@ class Gpt(nn.Module):
         if targets is None:
             return logits
         return logits, F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-def read_safetensors(path):
-    raw = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + n])
-    data = raw[8 + n:]
-    tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        if entry["dtype"] != "F32":
-            raise SystemExit(f"{path}: tensor {name} is {entry['dtype']}, not F32")
-        begin, end = entry["data_offsets"]
-        tensors[name] = np.frombuffer(data[begin:end], dtype="<f4").reshape(entry["shape"])
-    return tensors, header.get("__metadata__", {})
-
-
-def write_safetensors(path, tensors, metadata=None):
-    """tensors: name -> float32 array, written in the given order."""
-    header, chunks, at = {}, [], 0
-    for name, value in tensors.items():
-        b = np.ascontiguousarray(value, dtype="<f4").tobytes()
-        header[name] = {"dtype": "F32", "shape": list(np.shape(value)), "data_offsets": [at, at + len(b)]}
-        chunks.append(b)
-        at += len(b)
-    if metadata:
-        header["__metadata__"] = metadata
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(chunks))

@@ -75,8 +75,7 @@ void PushSum::start(std::span<float> x, double& w) {
   in_flight_ = true;
 }
 
-void PushSum::finish(std::span<float> x, double& w) {
-  DISTOPT_CHECK(x.size() == dim_, "x has ", x.size(), " elements, the gossiper ", dim_);
+void PushSum::await_round() {
   DISTOPT_CHECK(in_flight_, "no push-sum round in flight");
   try {
     for (auto& r : recvs_) r->wait();
@@ -86,6 +85,13 @@ void PushSum::finish(std::span<float> x, double& w) {
     in_flight_ = false;
     throw;
   }
+  sends_.clear();
+  recvs_.clear();
+}
+
+void PushSum::finish(std::span<float> x, double& w) {
+  DISTOPT_CHECK(x.size() == dim_, "x has ", x.size(), " elements, the gossiper ", dim_);
+  await_round();
   for (std::size_t i = 0; i < recv_.size(); ++i) {
     const auto* msg = recv_[i].as<unsigned char>();
     double win = 0;
@@ -94,24 +100,12 @@ void PushSum::finish(std::span<float> x, double& w) {
     for (std::size_t e = 0; e < dim_; ++e) x[e] += xs[e];
     w += win;
   }
-  sends_.clear();
-  recvs_.clear();
   in_flight_ = false;
   ++iteration_;
 }
 
 PushSum::Pending PushSum::pending() {
-  DISTOPT_CHECK(in_flight_, "no push-sum round in flight");
-  try {
-    for (auto& r : recvs_) r->wait();
-    for (auto& r : sends_) r->wait();
-  } catch (...) {
-    failed_ = true;
-    in_flight_ = false;
-    throw;
-  }
-  recvs_.clear();
-  sends_.clear();
+  await_round();
   Pending p;
   p.iteration = iteration_;
   p.sent_weight = sent_weight_;

@@ -72,6 +72,10 @@ class PushSum {
   void restore(const Pending& round);
 
  private:
+  // Waits for the round in flight's receives and sends (a failure marks
+  // the gossiper failed and the round over) and lets go of the requests.
+  void await_round();
+
   Communicator& comm_;
   const Topology& topology_;
   std::size_t dim_;
