@@ -25,6 +25,22 @@ for s in zero1 zero2 zero3; do
   [ -n "$(hash_of "$tmp/ddp")" ] && [ "$(hash_of "$tmp/$s")" = "$(hash_of "$tmp/ddp")" ] \
     || fail "gpt $s@4 $(hash_of "$tmp/$s") vs ddp@4 $(hash_of "$tmp/ddp")"
 done
+# Every kind of rule on gpt's many matrices: tensor_stats (lamb, adafactor)
+# and whole_tensor (muon with adamw for the 1-D parameters, shampoo) give
+# ddp's bits under zero2 and zero3 too; and the gossip strategies run.
+for o in sgd lamb adafactor muon shampoo; do
+  "$bin" "${tiny[@]}" --max-steps 4 --world 2 --optimizer $o --strategy ddp >"$tmp/o_ddp" 2>"$tmp/err" \
+    || fail "gpt $o ddp exited $?: $(cat "$tmp/err")"
+  for s in zero2 zero3; do
+    "$bin" "${tiny[@]}" --max-steps 4 --world 2 --optimizer $o --strategy $s >"$tmp/o_$s" 2>/dev/null || fail "gpt $o $s exited $?"
+    [ -n "$(hash_of "$tmp/o_ddp")" ] && [ "$(hash_of "$tmp/o_$s")" = "$(hash_of "$tmp/o_ddp")" ] \
+      || fail "gpt $o: $s $(hash_of "$tmp/o_$s") vs ddp $(hash_of "$tmp/o_ddp")"
+  done
+done
+for s in sgp osgp dpsgd adpsgd slowmo; do
+  "$bin" "${tiny[@]}" --max-steps 4 --world 2 --strategy $s --clip-grad-norm 1 --ema-decay 0.9 >/dev/null 2>"$tmp/err" \
+    || fail "gpt under $s exited $?: $(cat "$tmp/err")"
+done
 python3 - "$tmp/ddp" <<'PY' || fail "gpt summary: $(tail -n 1 "$tmp/ddp")"
 import json, math, sys
 d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
