@@ -476,7 +476,7 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
     out += str(", \"val_loss\": ", jnum(r.test_loss), ", \"val_bits_per_byte\": ", jnum(r.test_loss / std::log(2.0)),
                ", \"tokens_per_s\": ", jnum(r.samples_per_s * ctx), ", \"gpt\": {\"layers\": ", a.config.gpt.layers,
                ", \"heads\": ", a.config.gpt.heads, ", \"dim\": ", a.config.gpt.dim, ", \"context\": ", a.config.gpt.context,
-               ", \"parameters\": ", r.params.size(), "}");
+               ", \"parameters\": ", r.params.size(), ", \"threads\": ", a.config.threads, "}");
   }
   if (r.checkpoints_written > 0 || a.config.resume)
     out += str(", \"checkpoints\": {\"written\": ", r.checkpoints_written, ", \"seconds\": ", jnum(r.checkpoint_seconds),
@@ -700,6 +700,10 @@ int run_train(TrainArgs& a) {
   check_gossip_flags(a);
   check_data_and_model(a);
   if (a.config.model == "gpt") (void)models::make_gpt(a.config.gpt);  // --heads not dividing --dim, ...
+  if (a.config.threads < 1) throw InvalidInput(str("--threads must be at least 1 (got ", a.config.threads, ")"));
+  if (a.config.threads > 1 && a.config.model != "gpt")
+    throw InvalidInput(str("--threads applies to --model gpt; model ", a.config.model,
+                           " runs on one thread a rank (use --world for more)"));
   if (a.param_dtype == "f32") a.config.parallel.param_dtype = DType::f32;
   else if (a.param_dtype == "bf16") a.config.parallel.param_dtype = DType::bf16;
   else if (a.param_dtype == "f16") a.config.parallel.param_dtype = DType::f16;
@@ -934,6 +938,9 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--heads", c.gpt.heads, "gpt: attention heads, dividing --dim (default 4)")->capture_default_str();
   sub->add_option("--dim", c.gpt.dim, "gpt: embedding width (default 128)")->capture_default_str();
   sub->add_option("--context", c.gpt.context, "gpt: tokens (bytes) a sample reads (default 64)")->capture_default_str();
+  sub->add_option("--threads", c.threads,
+                  "gpt: threads per rank for forward and backward (default 1; the same bits at any count)")
+      ->capture_default_str();
   sub->add_option("--train-size,--synthetic-train-size", a->train_size, "synthetic training samples (default 8192)")
       ->check(non_negative("integer"));
   sub->add_option("--test-size,--synthetic-test-size", a->test_size,

@@ -16,8 +16,11 @@
 // reverse order (backward); the head's share of wte's gradient waits in a
 // buffer until the embeddings unit's backward adds it.
 //
-// Matrix products go through gemm() below, one fixed split of rows per
-// product, so the bits do not depend on how many threads run them.
+// Threads: a rank's forward and backward run on the model's ThreadPool
+// (--threads). The work is cut into tasks that do not depend on the
+// number of threads -- products by fixed blocks of rows, attention by
+// (sample, head), reductions over rows by fixed blocks of columns, each
+// summing its rows in order -- so the bits are the same at any count.
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
@@ -25,7 +28,9 @@
 #include <cmath>
 
 #include "distopt/core/error.hpp"
+#include "distopt/core/fp_mode.hpp"
 #include "distopt/core/random.hpp"
+#include "distopt/core/thread_pool.hpp"
 #include "distopt/models/model.hpp"
 
 // libgomp's (which oneDNN runs on); declared here so that no OpenMP
@@ -38,6 +43,12 @@ namespace {
 
 constexpr std::size_t kAlign = 16;  // elements: 64 bytes
 std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// Task sizes, fixed so that the bits do not depend on the thread count:
+// rows of a row-wise task (a product's rows cost 2% over whole products on
+// one core at 256; docs/performance.md), columns of a column reduction.
+constexpr std::size_t kRows = 256;
+constexpr std::size_t kColumns = 64;
 
 // C (m x n, leading dimension ldc) = op(A) op(B) (+ C when `accumulate`),
 // row-major; op(A) is m x k, op(B) is k x n. oneDNN's dnnl_sgemm, on the
@@ -113,9 +124,9 @@ void layer_norm(const float* x, std::size_t rows, std::size_t d, const float* w,
   }
 }
 
-// Backward of layer_norm: dx (+)= from dy; dw, db accumulate.
+// Backward of layer_norm to its input: dx (+)= from dy (dw, db: column_sums).
 void layer_norm_backward(const float* dy, const float* xhat, const float* rstd, std::size_t rows, std::size_t d,
-                         const float* w, float* dw, float* db, float* dx, bool accumulate) {
+                         const float* w, float* dx, bool accumulate) {
   for (std::size_t r = 0; r < rows; ++r) {
     const float* g = dy + r * d;
     const float* h = xhat + r * d;
@@ -133,11 +144,21 @@ void layer_norm_backward(const float* dy, const float* xhat, const float* rstd, 
       o[j] = accumulate ? o[j] + v : v;
     }
   }
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t j = 0; j < d; ++j) {
-      dw[j] += dy[r * d + j] * xhat[r * d + j];
-      db[j] += dy[r * d + j];
+}
+
+// Columns [j0, j1) of rows x n matrices, summed over the rows in order:
+// sum[j] += dy[., j] and, with xhat, prod[j] += dy[., j] xhat[., j] (a
+// LayerNorm's or a bias's gradient).
+void column_sums(const float* dy, const float* xhat, std::size_t rows, std::size_t n, std::size_t j0, std::size_t j1,
+                 float* prod, float* sum) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* g = dy + r * n;
+    if (xhat != nullptr) {
+      const float* h = xhat + r * n;
+      for (std::size_t j = j0; j < j1; ++j) prod[j] += g[j] * h[j];
     }
+    for (std::size_t j = j0; j < j1; ++j) sum[j] += g[j];
+  }
 }
 
 void add_bias(float* y, std::size_t rows, std::size_t n, const float* b) {
@@ -145,14 +166,9 @@ void add_bias(float* y, std::size_t rows, std::size_t n, const float* b) {
     for (std::size_t j = 0; j < n; ++j) y[r * n + j] += b[j];
 }
 
-void bias_grad(const float* dy, std::size_t rows, std::size_t n, float* db) {
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t j = 0; j < n; ++j) db[j] += dy[r * n + j];
-}
-
 class Gpt final : public Model {
  public:
-  explicit Gpt(const GptShape& s) : s_(s) {
+  Gpt(const GptShape& s, int threads) : s_(s), pool_(threads) {
     const std::size_t D = s.dim, V = s.vocab, T = s.context;
     features_ = T + 1;
     outputs_ = V;
@@ -255,7 +271,6 @@ class Gpt final : public Model {
  private:
   // Activations of one block kept for backward.
   struct BlockActs {
-    std::vector<float> x;       // input of the block (residual stream), BT x D
     std::vector<float> xhat1, rstd1, a;  // LN1
     std::vector<float> qkv;     // BT x 3D
     std::vector<float> att;     // B x H x T x T probabilities
@@ -264,13 +279,67 @@ class Gpt final : public Model {
     std::vector<float> f, t, g;  // BT x 4D: before GELU, its tanh, after
   };
 
+  // f(begin, end) over [0, n) in blocks of `block`, on the pool, each task
+  // in the calling thread's floating-point mode (flushing denormals or not).
+  template <class F>
+  void blocks(std::size_t n, std::size_t block, F&& f) {
+    const unsigned control = fp_control();
+    pool_.parallel_for((n + block - 1) / block, [&](std::size_t i) {
+      set_fp_control(control);
+      f(i * block, std::min(n, (i + 1) * block));
+    });
+  }
+
+  // C = A op(B) (+ C), A m x k row-major: tasks of kRows rows.
+  void matmul(bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda, const float* b,
+              std::size_t ldb, float* c, std::size_t ldc, bool accumulate) {
+    blocks(m, kRows, [&](std::size_t r0, std::size_t r1) {
+      gemm(false, tb, r1 - r0, n, k, a + r0 * lda, lda, b, ldb, c + r0 * ldc, ldc, accumulate);
+    });
+  }
+
+  // C = A^T B, A k x m and B k x n row-major: a weight's gradient, summed
+  // over the k rows. Tasks take blocks of C's rows (each whole over k).
+  void matmul_tn(std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda, const float* b,
+                 std::size_t ldb, float* c, std::size_t ldc) {
+    const std::size_t block = m >= 3 * kRows ? kRows : kRows / 2;
+    blocks(m, block, [&](std::size_t r0, std::size_t r1) {
+      gemm(true, false, r1 - r0, n, k, a + r0, lda, b, ldb, c + r0 * ldc, ldc, false);
+    });
+  }
+
+  void layer_norm_rows(const float* x, std::size_t rows, const float* w, const float* b, float* y, float* xhat,
+                       float* rstd) {
+    const std::size_t D = s_.dim;
+    blocks(rows, kRows, [&](std::size_t r0, std::size_t r1) {
+      layer_norm(x + r0 * D, r1 - r0, D, w, b, y + r0 * D, xhat + r0 * D, rstd + r0);
+    });
+  }
+
+  // LayerNorm's backward: dx (+)= d input, dw and db += its gradient.
+  void layer_norm_grad(const float* dy, const float* xhat, const float* rstd, std::size_t rows, const float* w,
+                       float* dw, float* db, float* dx, bool accumulate) {
+    const std::size_t D = s_.dim;
+    blocks(rows, kRows, [&](std::size_t r0, std::size_t r1) {
+      layer_norm_backward(dy + r0 * D, xhat + r0 * D, rstd + r0, r1 - r0, D, w, dx + r0 * D, accumulate);
+    });
+    blocks(D, kColumns, [&](std::size_t j0, std::size_t j1) { column_sums(dy, xhat, rows, D, j0, j1, dw, db); });
+  }
+
+  void bias_rows(float* y, std::size_t rows, std::size_t n, const float* b) {
+    blocks(rows, kRows, [&](std::size_t r0, std::size_t r1) { add_bias(y + r0 * n, r1 - r0, n, b); });
+  }
+
+  void bias_grad(const float* dy, std::size_t rows, std::size_t n, float* db) {
+    blocks(n, kColumns, [&](std::size_t j0, std::size_t j1) { column_sums(dy, nullptr, rows, n, j0, j1, nullptr, db); });
+  }
+
   void reserve(std::size_t batch) {
     if (batch <= capacity_ && !acts_.empty()) return;
     capacity_ = std::max(batch, capacity_);
     const std::size_t BT = capacity_ * s_.context, D = s_.dim, T = s_.context, H = s_.heads;
     acts_.assign(s_.layers, {});
     for (BlockActs& b : acts_) {
-      b.x.assign(BT * D, 0);
       b.xhat1.assign(BT * D, 0);
       b.rstd1.assign(BT, 0);
       b.a.assign(BT * D, 0);
@@ -292,11 +361,13 @@ class Gpt final : public Model {
     dres_.assign(BT * D, 0);
     dtmp_.assign(BT * 4 * D, 0);
     dqkv_.assign(BT * 3 * D, 0);
-    datt_.assign(T * T, 0);
+    datt_.assign(capacity_ * H * T * T, 0);
     wte_.assign(s_.vocab * D, 0);
     dwte_head_.assign(s_.vocab * D, 0);
     tokens_.assign(BT, 0);
     targets_.assign(BT, 0);
+    row_loss_.assign(BT, 0);
+    row_correct_.assign(BT, 0);
   }
 
   BatchStats run(UnitAccess& access, const float* x, std::size_t B, float grad_scale, bool backward) {
@@ -318,11 +389,13 @@ class Gpt final : public Model {
       const float* wte = u.data();
       const float* wpe = u.data() + wpe_at_;
       std::copy(wte, wte + V * D, wte_.begin());
-      for (std::size_t r = 0; r < BT; ++r) {
-        const float* e = wte + static_cast<std::size_t>(tokens_[r]) * D;
-        const float* p = wpe + (r % T) * D;
-        for (std::size_t j = 0; j < D; ++j) resid_[r * D + j] = e[j] + p[j];
-      }
+      blocks(BT, kRows, [&](std::size_t r0, std::size_t r1) {
+        for (std::size_t r = r0; r < r1; ++r) {
+          const float* e = wte + static_cast<std::size_t>(tokens_[r]) * D;
+          const float* p = wpe + (r % T) * D;
+          for (std::size_t j = 0; j < D; ++j) resid_[r * D + j] = e[j] + p[j];
+        }
+      });
       access.release(0, pass);
     }
     for (std::size_t l = 0; l < s_.layers; ++l) {
@@ -331,46 +404,53 @@ class Gpt final : public Model {
       access.release(1 + l, pass);
     }
     // Final LayerNorm, then the tied head.
-    BatchStats stats;
-    stats.count = static_cast<double>(B);
     {
       const std::size_t last = 1 + s_.layers;
       const std::span<const float> u = access.acquire(last, pass);
-      layer_norm(resid_.data(), BT, D, u.data() + lnf_w_, u.data() + lnf_b_, hf_.data(), xhatf_.data(), rstdf_.data());
+      layer_norm_rows(resid_.data(), BT, u.data() + lnf_w_, u.data() + lnf_b_, hf_.data(), xhatf_.data(),
+                      rstdf_.data());
       access.release(last, pass);
     }
-    gemm(false, true, BT, V, D, hf_.data(), D, wte_.data(), D, logits_.data(), V, false);
+    matmul(true, BT, V, D, hf_.data(), D, wte_.data(), D, logits_.data(), V, false);
     const float scale = grad_scale / static_cast<float>(T);
-    for (std::size_t r = 0; r < BT; ++r) {
-      float* z = logits_.data() + r * V;
-      const std::uint32_t label = targets_[r];
-      std::size_t arg = 0;
-      float mx = z[0];
-      for (std::size_t j = 1; j < V; ++j)
-        if (z[j] > mx) mx = z[j], arg = j;
-      float sum = 0;
-      for (std::size_t j = 0; j < V; ++j) sum += exp_approx(z[j] - mx);
-      const float lse = mx + std::log(sum);
-      stats.loss_sum += (double(lse) - double(z[label])) / static_cast<double>(T);
-      stats.correct += arg == label ? 1.0 / static_cast<double>(T) : 0.0;
-      if (backward) {
-        for (std::size_t j = 0; j < V; ++j) z[j] = exp_approx(z[j] - lse) * scale;
-        z[label] -= scale;
+    blocks(BT, kRows, [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t r = r0; r < r1; ++r) {
+        float* z = logits_.data() + r * V;
+        const std::uint32_t label = targets_[r];
+        std::size_t arg = 0;
+        float mx = z[0];
+        for (std::size_t j = 1; j < V; ++j)
+          if (z[j] > mx) mx = z[j], arg = j;
+        float sum = 0;
+        for (std::size_t j = 0; j < V; ++j) sum += exp_approx(z[j] - mx);
+        const float lse = mx + std::log(sum);
+        row_loss_[r] = (double(lse) - double(z[label])) / static_cast<double>(T);
+        row_correct_[r] = arg == label ? 1.0 / static_cast<double>(T) : 0.0;
+        if (backward) {
+          for (std::size_t j = 0; j < V; ++j) z[j] = exp_approx(z[j] - lse) * scale;
+          z[label] -= scale;
+        }
       }
+    });
+    BatchStats stats;
+    stats.count = static_cast<double>(B);
+    for (std::size_t r = 0; r < BT; ++r) {
+      stats.loss_sum += row_loss_[r];
+      stats.correct += row_correct_[r];
     }
     if (!backward) return stats;
 
     // Backward: dlogits is in logits_. The head: d hf = dlogits wte, and
     // wte's share dlogits^T hf (added to its gradient with the embeddings).
-    gemm(false, false, BT, D, V, logits_.data(), V, wte_.data(), D, dtmp_.data(), D, false);
-    gemm(true, false, V, D, BT, logits_.data(), V, hf_.data(), D, dwte_head_.data(), D, false);
+    matmul(false, BT, D, V, logits_.data(), V, wte_.data(), D, dtmp_.data(), D, false);
+    matmul_tn(V, D, BT, logits_.data(), V, hf_.data(), D, dwte_head_.data(), D);
     {
       const std::size_t last = 1 + s_.layers;
       const std::span<const float> u = access.acquire(last, Pass::backward);
       const std::span<float> g = access.grads(last);
       std::fill(g.begin(), g.end(), 0.0f);
-      layer_norm_backward(dtmp_.data(), xhatf_.data(), rstdf_.data(), BT, D, u.data() + lnf_w_, g.data() + lnf_w_,
-                          g.data() + lnf_b_, dres_.data(), false);
+      layer_norm_grad(dtmp_.data(), xhatf_.data(), rstdf_.data(), BT, u.data() + lnf_w_, g.data() + lnf_w_,
+                      g.data() + lnf_b_, dres_.data(), false);
       access.release(last, Pass::backward);
       access.grads_done(last);
     }
@@ -389,15 +469,19 @@ class Gpt final : public Model {
       float* dwte = g.data();
       float* dwpe = g.data() + wpe_at_;
       std::copy(dwte_head_.begin(), dwte_head_.end(), dwte);
-      for (std::size_t r = 0; r < BT; ++r) {
-        float* e = dwte + static_cast<std::size_t>(tokens_[r]) * D;
-        float* p = dwpe + (r % T) * D;
-        const float* d = dres_.data() + r * D;
-        for (std::size_t j = 0; j < D; ++j) {
-          e[j] += d[j];
-          p[j] += d[j];
+      // Rows scatter into the token's and the position's rows: tasks take
+      // columns, and each adds the rows in order.
+      blocks(D, kColumns, [&](std::size_t j0, std::size_t j1) {
+        for (std::size_t r = 0; r < BT; ++r) {
+          float* e = dwte + static_cast<std::size_t>(tokens_[r]) * D;
+          float* p = dwpe + (r % T) * D;
+          const float* d = dres_.data() + r * D;
+          for (std::size_t j = j0; j < j1; ++j) {
+            e[j] += d[j];
+            p[j] += d[j];
+          }
         }
-      }
+      });
       access.release(0, Pass::backward);
       access.grads_done(0);
     }
@@ -408,47 +492,48 @@ class Gpt final : public Model {
   void block_forward(const float* w, BlockActs& a, std::size_t B) {
     const std::size_t T = s_.context, D = s_.dim, H = s_.heads, hd = D / H, BT = B * T;
     const BlockSlots& p = block_;
-    std::copy(resid_.begin(), resid_.begin() + static_cast<std::ptrdiff_t>(BT * D), a.x.begin());
-    layer_norm(a.x.data(), BT, D, w + p.ln1_w, w + p.ln1_b, a.a.data(), a.xhat1.data(), a.rstd1.data());
-    gemm(false, true, BT, 3 * D, D, a.a.data(), D, w + p.attn_w, D, a.qkv.data(), 3 * D, false);
-    add_bias(a.qkv.data(), BT, 3 * D, w + p.attn_b);
+    layer_norm_rows(resid_.data(), BT, w + p.ln1_w, w + p.ln1_b, a.a.data(), a.xhat1.data(), a.rstd1.data());
+    matmul(true, BT, 3 * D, D, a.a.data(), D, w + p.attn_w, D, a.qkv.data(), 3 * D, false);
+    bias_rows(a.qkv.data(), BT, 3 * D, w + p.attn_b);
     const float inv = 1.0f / std::sqrt(static_cast<float>(hd));
-    for (std::size_t b = 0; b < B; ++b)
-      for (std::size_t h = 0; h < H; ++h) {
-        const float* q = a.qkv.data() + b * T * 3 * D + h * hd;
-        const float* k = q + D;
-        const float* v = q + 2 * D;
-        float* att = a.att.data() + (b * H + h) * T * T;
-        gemm(false, true, T, T, hd, q, 3 * D, k, 3 * D, att, T, false);
-        for (std::size_t i = 0; i < T; ++i) {
-          float* row = att + i * T;
-          float mx = -INFINITY;
-          for (std::size_t j = 0; j <= i; ++j) mx = std::max(mx, row[j] * inv);
-          float sum = 0;
-          for (std::size_t j = 0; j <= i; ++j) {
-            row[j] = exp_approx(row[j] * inv - mx);
-            sum += row[j];
-          }
-          const float r = 1.0f / sum;
-          for (std::size_t j = 0; j <= i; ++j) row[j] *= r;
-          for (std::size_t j = i + 1; j < T; ++j) row[j] = 0;
+    pool_.parallel_for(B * H, [&, control = fp_control()](std::size_t bh) {
+      set_fp_control(control);
+      const std::size_t b = bh / H, h = bh % H;
+      const float* q = a.qkv.data() + b * T * 3 * D + h * hd;
+      const float* k = q + D;
+      const float* v = q + 2 * D;
+      float* att = a.att.data() + bh * T * T;
+      gemm(false, true, T, T, hd, q, 3 * D, k, 3 * D, att, T, false);
+      for (std::size_t i = 0; i < T; ++i) {
+        float* row = att + i * T;
+        float mx = -INFINITY;
+        for (std::size_t j = 0; j <= i; ++j) mx = std::max(mx, row[j] * inv);
+        float sum = 0;
+        for (std::size_t j = 0; j <= i; ++j) {
+          row[j] = exp_approx(row[j] * inv - mx);
+          sum += row[j];
         }
-        gemm(false, false, T, hd, T, att, T, v, 3 * D, a.y.data() + b * T * D + h * hd, D, false);
+        const float r = 1.0f / sum;
+        for (std::size_t j = 0; j <= i; ++j) row[j] *= r;
+        for (std::size_t j = i + 1; j < T; ++j) row[j] = 0;
       }
-    // x1 = x + y Wproj^T + b, written to resid_.
-    gemm(false, true, BT, D, D, a.y.data(), D, w + p.proj_w, D, resid_.data(), D, false);
-    add_bias(resid_.data(), BT, D, w + p.proj_b);
-    for (std::size_t i = 0; i < BT * D; ++i) resid_[i] += a.x[i];
-    layer_norm(resid_.data(), BT, D, w + p.ln2_w, w + p.ln2_b, a.m.data(), a.xhat2.data(), a.rstd2.data());
-    gemm(false, true, BT, 4 * D, D, a.m.data(), D, w + p.fc_w, D, a.f.data(), 4 * D, false);
-    add_bias(a.f.data(), BT, 4 * D, w + p.fc_b);
-    for (std::size_t i = 0; i < BT * 4 * D; ++i) {
-      const float f = a.f[i];
-      a.t[i] = tanh_approx(kGeluC * (f + 0.044715f * f * f * f));
-      a.g[i] = 0.5f * f * (1.0f + a.t[i]);
-    }
-    gemm(false, true, BT, D, 4 * D, a.g.data(), 4 * D, w + p.mproj_w, 4 * D, resid_.data(), D, true);
-    add_bias(resid_.data(), BT, D, w + p.mproj_b);
+      gemm(false, false, T, hd, T, att, T, v, 3 * D, a.y.data() + b * T * D + h * hd, D, false);
+    });
+    // x1 = x + y Wproj^T + b, in place in resid_.
+    matmul(true, BT, D, D, a.y.data(), D, w + p.proj_w, D, resid_.data(), D, true);
+    bias_rows(resid_.data(), BT, D, w + p.proj_b);
+    layer_norm_rows(resid_.data(), BT, w + p.ln2_w, w + p.ln2_b, a.m.data(), a.xhat2.data(), a.rstd2.data());
+    matmul(true, BT, 4 * D, D, a.m.data(), D, w + p.fc_w, D, a.f.data(), 4 * D, false);
+    blocks(BT, kRows, [&](std::size_t r0, std::size_t r1) {
+      add_bias(a.f.data() + r0 * 4 * D, r1 - r0, 4 * D, w + p.fc_b);
+      for (std::size_t i = r0 * 4 * D; i < r1 * 4 * D; ++i) {
+        const float f = a.f[i];
+        a.t[i] = tanh_approx(kGeluC * (f + 0.044715f * f * f * f));
+        a.g[i] = 0.5f * f * (1.0f + a.t[i]);
+      }
+    });
+    matmul(true, BT, D, 4 * D, a.g.data(), 4 * D, w + p.mproj_w, 4 * D, resid_.data(), D, true);
+    bias_rows(resid_.data(), BT, D, w + p.mproj_b);
   }
 
   // dres_ holds d(out); on return d(in). Gradients into g (zeroed).
@@ -457,70 +542,73 @@ class Gpt final : public Model {
     const BlockSlots& p = block_;
     // MLP: out = x1 + gelu(m Wfc^T + bfc) Wmp^T + bmp.
     bias_grad(dres_.data(), BT, D, g + p.mproj_b);
-    gemm(true, false, D, 4 * D, BT, dres_.data(), D, a.g.data(), 4 * D, g + p.mproj_w, 4 * D, false);
+    matmul_tn(D, 4 * D, BT, dres_.data(), D, a.g.data(), 4 * D, g + p.mproj_w, 4 * D);
     float* df = dtmp_.data();  // BT x 4D
-    gemm(false, false, BT, 4 * D, D, dres_.data(), D, w + p.mproj_w, 4 * D, df, 4 * D, false);
-    for (std::size_t i = 0; i < BT * 4 * D; ++i) {
-      const float f = a.f[i];
-      const float t = a.t[i];
-      const float du = kGeluC * (1.0f + 3.0f * 0.044715f * f * f);
-      df[i] *= 0.5f * (1.0f + t) + 0.5f * f * (1.0f - t * t) * du;
-    }
+    matmul(false, BT, 4 * D, D, dres_.data(), D, w + p.mproj_w, 4 * D, df, 4 * D, false);
+    blocks(BT * 4 * D, kRows * 4 * D, [&](std::size_t i0, std::size_t i1) {
+      for (std::size_t i = i0; i < i1; ++i) {
+        const float f = a.f[i];
+        const float t = a.t[i];
+        const float du = kGeluC * (1.0f + 3.0f * 0.044715f * f * f);
+        df[i] *= 0.5f * (1.0f + t) + 0.5f * f * (1.0f - t * t) * du;
+      }
+    });
     bias_grad(df, BT, 4 * D, g + p.fc_b);
-    gemm(true, false, 4 * D, D, BT, df, 4 * D, a.m.data(), D, g + p.fc_w, D, false);
+    matmul_tn(4 * D, D, BT, df, 4 * D, a.m.data(), D, g + p.fc_w, D);
     float* dm = dqkv_.data();  // BT x D scratch
-    gemm(false, false, BT, D, 4 * D, df, 4 * D, w + p.fc_w, D, dm, D, false);
+    matmul(false, BT, D, 4 * D, df, 4 * D, w + p.fc_w, D, dm, D, false);
     // d x1 = d out + LN2'(dm)
-    layer_norm_backward(dm, a.xhat2.data(), a.rstd2.data(), BT, D, w + p.ln2_w, g + p.ln2_w, g + p.ln2_b, dres_.data(),
-                        true);
+    layer_norm_grad(dm, a.xhat2.data(), a.rstd2.data(), BT, w + p.ln2_w, g + p.ln2_w, g + p.ln2_b, dres_.data(), true);
     // Attention: x1 = x + y Wproj^T + bproj.
     bias_grad(dres_.data(), BT, D, g + p.proj_b);
-    gemm(true, false, D, D, BT, dres_.data(), D, a.y.data(), D, g + p.proj_w, D, false);
+    matmul_tn(D, D, BT, dres_.data(), D, a.y.data(), D, g + p.proj_w, D);
     float* dy = dtmp_.data();  // BT x D
-    gemm(false, false, BT, D, D, dres_.data(), D, w + p.proj_w, D, dy, D, false);
+    matmul(false, BT, D, D, dres_.data(), D, w + p.proj_w, D, dy, D, false);
     const float inv = 1.0f / std::sqrt(static_cast<float>(hd));
     float* dqkv = dqkv_.data();
-    for (std::size_t b = 0; b < B; ++b)
-      for (std::size_t h = 0; h < H; ++h) {
-        const float* q = a.qkv.data() + b * T * 3 * D + h * hd;
-        const float* k = q + D;
-        const float* v = q + 2 * D;
-        float* dq = dqkv + b * T * 3 * D + h * hd;
-        float* dk = dq + D;
-        float* dv = dq + 2 * D;
-        const float* att = a.att.data() + (b * H + h) * T * T;
-        const float* dyh = dy + b * T * D + h * hd;
-        float* datt = datt_.data();
-        // dV = P^T dY; dP = dY V^T
-        gemm(true, false, T, hd, T, att, T, dyh, D, dv, 3 * D, false);
-        gemm(false, true, T, T, hd, dyh, D, v, 3 * D, datt, T, false);
-        // dS = P (dP - rowsum(dP P)) / sqrt(hd)
-        for (std::size_t i = 0; i < T; ++i) {
-          const float* pr = att + i * T;
-          float* dr = datt + i * T;
-          float dot = 0;
-          for (std::size_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
-          for (std::size_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * inv;
-          for (std::size_t j = i + 1; j < T; ++j) dr[j] = 0;
-        }
-        gemm(false, false, T, hd, T, datt, T, k, 3 * D, dq, 3 * D, false);
-        gemm(true, false, T, hd, T, datt, T, q, 3 * D, dk, 3 * D, false);
+    pool_.parallel_for(B * H, [&, control = fp_control()](std::size_t bh) {
+      set_fp_control(control);
+      const std::size_t b = bh / H, h = bh % H;
+      const float* q = a.qkv.data() + b * T * 3 * D + h * hd;
+      const float* k = q + D;
+      const float* v = q + 2 * D;
+      float* dq = dqkv + b * T * 3 * D + h * hd;
+      float* dk = dq + D;
+      float* dv = dq + 2 * D;
+      const float* att = a.att.data() + bh * T * T;
+      const float* dyh = dy + b * T * D + h * hd;
+      float* datt = datt_.data() + bh * T * T;
+      // dV = P^T dY; dP = dY V^T
+      gemm(true, false, T, hd, T, att, T, dyh, D, dv, 3 * D, false);
+      gemm(false, true, T, T, hd, dyh, D, v, 3 * D, datt, T, false);
+      // dS = P (dP - rowsum(dP P)) / sqrt(hd)
+      for (std::size_t i = 0; i < T; ++i) {
+        const float* pr = att + i * T;
+        float* dr = datt + i * T;
+        float dot = 0;
+        for (std::size_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+        for (std::size_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * inv;
+        for (std::size_t j = i + 1; j < T; ++j) dr[j] = 0;
       }
+      gemm(false, false, T, hd, T, datt, T, k, 3 * D, dq, 3 * D, false);
+      gemm(true, false, T, hd, T, datt, T, q, 3 * D, dk, 3 * D, false);
+    });
     bias_grad(dqkv, BT, 3 * D, g + p.attn_b);
-    gemm(true, false, 3 * D, D, BT, dqkv, 3 * D, a.a.data(), D, g + p.attn_w, D, false);
+    matmul_tn(3 * D, D, BT, dqkv, 3 * D, a.a.data(), D, g + p.attn_w, D);
     float* da = dtmp_.data();
-    gemm(false, false, BT, D, 3 * D, dqkv, 3 * D, w + p.attn_w, D, da, D, false);
-    layer_norm_backward(da, a.xhat1.data(), a.rstd1.data(), BT, D, w + p.ln1_w, g + p.ln1_w, g + p.ln1_b, dres_.data(),
-                        true);
+    matmul(false, BT, D, 3 * D, dqkv, 3 * D, w + p.attn_w, D, da, D, false);
+    layer_norm_grad(da, a.xhat1.data(), a.rstd1.data(), BT, w + p.ln1_w, g + p.ln1_w, g + p.ln1_b, dres_.data(), true);
   }
 
   GptShape s_;
+  ThreadPool pool_;
   BlockSlots block_{};
   std::size_t wpe_at_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::size_t capacity_ = 0;
   std::vector<BlockActs> acts_;
   std::vector<float> resid_, xhatf_, rstdf_, hf_, logits_, dres_, dtmp_, dqkv_, datt_, wte_, dwte_head_;
   std::vector<std::uint32_t> tokens_, targets_;
+  std::vector<double> row_loss_, row_correct_;
 };
 
 }  // namespace
@@ -532,7 +620,7 @@ std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, st
   return g->next_logits(access, tokens);
 }
 
-std::unique_ptr<Model> make_gpt(const GptShape& shape) {
+std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads) {
   if (shape.layers < 1) throw InvalidInput(str("--layers must be at least 1 (got ", shape.layers, ")"));
   if (shape.heads < 1) throw InvalidInput(str("--heads must be at least 1 (got ", shape.heads, ")"));
   if (shape.dim < 1 || shape.dim % shape.heads != 0)
@@ -540,7 +628,8 @@ std::unique_ptr<Model> make_gpt(const GptShape& shape) {
                            ": every head needs dim / heads channels"));
   if (shape.context < 1) throw InvalidInput(str("--context must be at least 1 (got ", shape.context, ")"));
   if (shape.vocab < 2) throw InvalidInput("model gpt needs a vocabulary of at least 2 tokens");
-  return std::make_unique<Gpt>(shape);
+  if (threads < 1) throw InvalidInput(str("--threads must be at least 1 (got ", threads, ")"));
+  return std::make_unique<Gpt>(shape, threads);
 }
 
 }  // namespace distopt::models

@@ -39,4 +39,21 @@ class DenormalMode {
   unsigned saved_ = 0;
 };
 
+// The calling thread's floating-point control word (MXCSR on x86, 0
+// elsewhere), so that a worker thread can run a task in its caller's mode.
+inline unsigned fp_control() {
+#if defined(__SSE3__)
+  return _mm_getcsr();
+#else
+  return 0;
+#endif
+}
+inline void set_fp_control(unsigned control) {
+#if defined(__SSE3__)
+  if (_mm_getcsr() != control) _mm_setcsr(control);
+#else
+  (void)control;
+#endif
+}
+
 }  // namespace distopt

@@ -138,6 +138,9 @@ struct GptShape {
 struct ModelOptions {
   std::vector<std::size_t> hidden;  // mlp's hidden widths (empty: 256, 128)
   GptShape gpt;
+  // Threads per rank for forward and backward (gpt; the others take 1).
+  // The bits do not depend on it.
+  int threads = 1;
 };
 
 // "mlp" (features-256-128-classes, ReLU, softmax cross-entropy), "logreg"
@@ -149,10 +152,11 @@ std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, s
                                   const ModelOptions& options);
 inline std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, std::size_t classes,
                                          std::vector<std::size_t> hidden = {}) {
-  return make_model(name, features, classes, ModelOptions{std::move(hidden), {}});
+  return make_model(name, features, classes, ModelOptions{std::move(hidden), {}, 1});
 }
-// Model "gpt" of that shape (InvalidInput: heads not dividing dim, a zero size).
-std::unique_ptr<Model> make_gpt(const GptShape& shape);
+// Model "gpt" of that shape, running on `threads` threads (InvalidInput:
+// heads not dividing dim, a zero size or thread count).
+std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads = 1);
 // Model gpt: the logits (vocab values) of the token after `tokens` (1 to
 // context of them), from parameters in the model's layout.
 std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, std::span<const std::uint32_t> tokens);
