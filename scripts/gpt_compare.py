@@ -9,7 +9,10 @@ validation loss and the training speed (docs/performance.md, "gpt").
 
 For each thread count T: PyTorch with torch.set_num_threads(T), and distopt
 with T ranks (--world T, ddp on the threads backend; the global batch is
-the same). Batches: distopt's BatchSampler order and text windows
+the same) or, with --parallel threads, one rank on T threads (--threads T).
+--matmul-precision bf16 runs distopt's products in bfloat16 and PyTorch's
+forward under torch.autocast("cpu", dtype=torch.bfloat16), each side's
+bfloat16 at its best. Batches: distopt's BatchSampler order and text windows
 (src/data/sampler.cpp, src/data/text.cpp), reimplemented here bit for bit
 (xoshiro256**, Lemire's bounded integers, Fisher-Yates). Needs
 python3-torch with OpenBLAS as the BLAS (libopenblas0-pthread) and
@@ -130,6 +133,7 @@ def torch_run(args, init, train_batches, val, threads):
     from the environment the parent set)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    bf16 = args.matmul_precision == "bf16"
     model = Gpt(args.layers, args.heads, args.dim, args.context)
     model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in init.items()})
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -141,7 +145,8 @@ def torch_run(args, init, train_batches, val, threads):
     start = time.perf_counter()
     for b in train_batches:
         x = torch.from_numpy(b)
-        _, loss = model(x[:, :-1], x[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            _, loss = model(x[:, :-1], x[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -153,7 +158,8 @@ def torch_run(args, init, train_batches, val, threads):
     with torch.no_grad():
         for i in range(0, len(val), args.batch):
             v = torch.from_numpy(val[i:i + args.batch])
-            _, loss = model(v[:, :-1], v[:, 1:])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                _, loss = model(v[:, :-1], v[:, 1:])
             total += loss.item() * len(v)
             count += len(v)
     tokens = len(train_batches) * args.batch * args.context
@@ -166,12 +172,14 @@ def pinned(threads):
     return ["taskset", "-c", f"0-{threads - 1}"]
 
 
-def distopt_cmd(args, world, steps, extra):
-    return pinned(world) + [args.distopt, "train", "--model", "gpt", "--data", "fortunes", "--data-dir", args.fortunes,
+def distopt_cmd(args, threads, steps, extra):
+    world, per_rank = (threads, 1) if args.parallel == "ranks" else (1, threads)
+    return pinned(threads) + [args.distopt, "train", "--model", "gpt", "--data", "fortunes", "--data-dir", args.fortunes,
             "--layers", str(args.layers), "--heads", str(args.heads), "--dim", str(args.dim), "--context", str(args.context),
             "--batch-size", str(args.batch), "--max-steps", str(steps), "--lr", str(args.lr),
             "--weight-decay", str(args.weight_decay), "--test-size", str(args.val_windows),
-            "--seed", str(args.seed), "--world", str(world), "--progress", "none", "--json"] + extra
+            "--seed", str(args.seed), "--world", str(world), "--threads", str(per_rank),
+            "--matmul-precision", args.matmul_precision, "--progress", "none", "--json"] + extra
 
 
 def main():
@@ -190,6 +198,9 @@ def main():
     p.add_argument("--val-windows", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", default="1,2")
+    p.add_argument("--matmul-precision", choices=["f32", "bf16"], default="f32")
+    p.add_argument("--parallel", choices=["ranks", "threads"], default="ranks",
+                   help="distopt at T threads: T ranks (default) or one rank on T threads")
     p.add_argument("--skip-torch", action="store_true")
     p.add_argument("--output", help="write the results, loss curves included, as JSON")
     p.add_argument("--plot", help="write the loss curves (1 thread) as a PNG")
@@ -205,7 +216,7 @@ def main():
     tmp = tempfile.mkdtemp()
     init_path = os.path.join(tmp, "init.safetensors")
     # The initial weights: one step at lr 0 leaves them as initialised.
-    init_args = argparse.Namespace(**{**vars(args), "lr": 0.0, "val_windows": 1})
+    init_args = argparse.Namespace(**{**vars(args), "lr": 0.0, "val_windows": 1, "matmul_precision": "f32"})
     subprocess.run(distopt_cmd(init_args, 1, 1, ["--export-params", init_path]), check=True, stdout=subprocess.DEVNULL)
     results = []
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -214,7 +225,8 @@ def main():
                                                                    "--metrics", metrics]), check=True,
                              stdout=subprocess.PIPE, text=True).stdout
         d = json.loads(out.strip().splitlines()[-1])
-        row = {"threads": threads, "distopt_val_loss": d["val_loss"], "distopt_tokens_per_s": d["tokens_per_s"],
+        row = {"threads": threads, "matmul_precision": args.matmul_precision, "parallel": args.parallel,
+               "distopt_val_loss": d["val_loss"], "distopt_tokens_per_s": d["tokens_per_s"],
                "parameters": d["gpt"]["parameters"]}
         row["distopt_losses"] = [json.loads(l)["loss"] for l in open(metrics) if '"kind": "step"' in l]
         if not args.skip_torch:
@@ -253,18 +265,18 @@ def main():
         fig, ax = plt.subplots(figsize=(7, 4))
         r = results[0]
         smooth = lambda v: np.convolve(v, np.ones(20) / 20, mode="valid")  # noqa: E731
-        ax.plot(smooth(r["torch_losses"]), label="PyTorch 1.13", linewidth=1.5)
-        ax.plot(smooth(r["distopt_losses"]), label="distopt", linewidth=1.0, linestyle="--")
+        ax.plot(smooth(r["torch_losses"]), label="PyTorch 1.13" + (" (autocast bf16)" if args.matmul_precision == "bf16" else ""), linewidth=1.5)
+        ax.plot(smooth(r["distopt_losses"]), label="distopt" + (" (bf16 products)" if args.matmul_precision == "bf16" else ""), linewidth=1.0, linestyle="--")
         ax.set_xlabel("step")
         ax.set_ylabel("training loss (nats/byte, mean of 20 steps)")
         ax.set_title(f"gpt {args.layers}x{args.dim}, context {args.context}, fortunes, AdamW, warm-up + cosine")
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=110)
-    print("\n| threads | distopt val loss | torch val loss | ratio | distopt tokens/s | torch tokens/s | speed-up |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| products | threads | distopt val loss | torch val loss | ratio | distopt tokens/s | torch tokens/s | speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['threads']} | {r['distopt_val_loss']:.4f} | {r.get('torch_val_loss', float('nan')):.4f} | "
+        print(f"| {r['matmul_precision']} | {r['threads']} | {r['distopt_val_loss']:.4f} | {r.get('torch_val_loss', float('nan')):.4f} | "
               f"{r.get('val_loss_ratio', float('nan')):.4f} | {r['distopt_tokens_per_s']:.0f} | "
               f"{r.get('torch_tokens_per_s', float('nan')):.0f} | {r.get('speedup', float('nan')):.2f}x |")
 

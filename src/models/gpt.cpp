@@ -23,9 +23,13 @@
 // summing its rows in order -- so the bits are the same at any count.
 #include <oneapi/dnnl/dnnl.h>
 
+#include <oneapi/dnnl/dnnl.hpp>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <map>
+#include <tuple>
 
 #include "distopt/core/error.hpp"
 #include "distopt/core/fp_mode.hpp"
@@ -69,6 +73,86 @@ void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const f
   DISTOPT_CHECK(st == dnnl_success, "dnnl_sgemm failed with status ", static_cast<int>(st));
 }
 
+// bfloat16 products (--matmul-precision bf16): the operands rounded to
+// bfloat16 (to nearest, ties to even), products summed in float32, as
+// oneDNN's bf16 matmul does on AVX512-BF16 (or AMX) at twice float32's rate.
+using bf16 = std::uint16_t;
+
+inline bf16 to_bf16(float x) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+// dst (rows x cols, dense) <- rows of src with stride ld, rounded.
+void pack_bf16(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, bf16* dst) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* s = src + r * ld;
+    bf16* d = dst + r * cols;
+    for (std::size_t j = 0; j < cols; ++j) d[j] = to_bf16(s[j]);
+  }
+}
+
+// C (m x n, leading dimension ldc) = op(A) op(B) (+ bias, a row of n) (+ C)
+// as gemm() below, from bfloat16 operands: oneDNN's matmul primitive, one
+// per shape and thread, made on first use.
+void gemm_bf16(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const bf16* a, std::size_t lda,
+               const bf16* b, std::size_t ldb, float* c, std::size_t ldc, bool accumulate,
+               const float* bias = nullptr) {
+  using dnnl::memory;
+  struct Entry {
+    dnnl::matmul matmul;
+    memory::desc a, b, c, bias;
+  };
+  using Key =
+      std::tuple<bool, bool, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, bool, bool>;
+  thread_local const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  thread_local dnnl::stream stream(engine);
+  thread_local std::map<Key, Entry> cache;
+  const Key key{ta, tb, m, n, k, lda, ldb, ldc, accumulate, bias != nullptr};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    const auto M = static_cast<memory::dim>(m), N = static_cast<memory::dim>(n), K = static_cast<memory::dim>(k);
+    const auto LA = static_cast<memory::dim>(lda), LB = static_cast<memory::dim>(ldb);
+    const memory::desc ad({M, K}, memory::data_type::bf16, ta ? memory::dims{1, LA} : memory::dims{LA, 1});
+    const memory::desc bd({K, N}, memory::data_type::bf16, tb ? memory::dims{1, LB} : memory::dims{LB, 1});
+    const memory::desc cd({M, N}, memory::data_type::f32, memory::dims{static_cast<memory::dim>(ldc), 1});
+    const memory::desc biasd = bias != nullptr ? memory::desc({1, N}, memory::data_type::f32, memory::dims{N, 1})
+                                               : memory::desc();
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops sum;
+      sum.append_sum(1.0f);
+      attr.set_post_ops(sum);
+    }
+    try {
+      const dnnl::matmul::primitive_desc pd(
+          bias != nullptr ? dnnl::matmul::desc(ad, bd, biasd, cd) : dnnl::matmul::desc(ad, bd, cd), attr, engine);
+      it = cache.emplace(key, Entry{dnnl::matmul(pd), ad, bd, cd, biasd}).first;
+    } catch (const dnnl::error& e) {
+      throw InvalidInput(str("--matmul-precision bf16: oneDNN has no bfloat16 product of this shape on this CPU (", e.what(),
+                      ")"));
+    }
+  }
+  const Entry& e = it->second;
+  memory am(e.a, engine, const_cast<bf16*>(a)), bm(e.b, engine, const_cast<bf16*>(b)), cm(e.c, engine, c);
+  if (bias == nullptr) {
+    e.matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  } else {
+    memory biasm(e.bias, engine, const_cast<float*>(bias));
+    e.matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_BIAS, biasm}, {DNNL_ARG_DST, cm}});
+  }
+}
+
+// A product's operand: a float matrix with leading dimension ld and, under
+// bf16 products, the same matrix rounded (same layout) when the model keeps
+// one (an activation read twice), else null (rounded when needed).
+struct Operand {
+  const float* f;
+  const bf16* h;
+  std::size_t ld;
+  Operand at(std::size_t offset) const { return {f + offset, h != nullptr ? h + offset : nullptr, ld}; }
+};
+
 constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
 
 // e^x within 2 ulp over float's range (Cephes' expf polynomial after
@@ -93,6 +177,58 @@ inline float exp_approx(float x) {
 // relatively near 0, which GELU's 1 + tanh does not need).
 inline float tanh_approx(float u) { return 1.0f - 2.0f / (exp_approx(2.0f * u) + 1.0f); }
 
+// Reductions over a row in 16 interleaved partial sums, added pairwise at
+// the end: a fixed order (the same bits on every run and thread count)
+// that vectorizes, which a running sum does not (a fifth of a step was
+// scalar softmax and LayerNorm sums).
+constexpr std::size_t kLanes = 16;
+
+inline float lane_total(float (&acc)[kLanes]) {
+  for (std::size_t w = kLanes / 2; w > 0; w /= 2)
+    for (std::size_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  return acc[0];
+}
+
+inline float sum_of(const float* x, std::size_t n) {
+  float acc[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (std::size_t l = 0; l < kLanes; ++l) acc[l] += x[i + l];
+  for (std::size_t l = 0; i + l < n; ++l) acc[l] += x[i + l];
+  return lane_total(acc);
+}
+
+inline float dot_of(const float* x, const float* y, std::size_t n) {
+  float acc[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (std::size_t l = 0; l < kLanes; ++l) acc[l] += x[i + l] * y[i + l];
+  for (std::size_t l = 0; i + l < n; ++l) acc[l] += x[i + l] * y[i + l];
+  return lane_total(acc);
+}
+
+// Sum of (x - mean)^2.
+inline float square_deviation_sum(const float* x, float mean, std::size_t n) {
+  float acc[kLanes] = {};
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (std::size_t l = 0; l < kLanes; ++l) acc[l] += (x[i + l] - mean) * (x[i + l] - mean);
+  for (std::size_t l = 0; i + l < n; ++l) acc[l] += (x[i + l] - mean) * (x[i + l] - mean);
+  return lane_total(acc);
+}
+
+inline float max_of(const float* x, std::size_t n) {
+  float acc[kLanes];
+  std::fill(acc, acc + kLanes, -INFINITY);
+  std::size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (std::size_t l = 0; l < kLanes; ++l) acc[l] = std::max(acc[l], x[i + l]);
+  for (std::size_t l = 0; i + l < n; ++l) acc[l] = std::max(acc[l], x[i + l]);
+  for (std::size_t w = kLanes / 2; w > 0; w /= 2)
+    for (std::size_t l = 0; l < w; ++l) acc[l] = std::max(acc[l], acc[l + w]);
+  return acc[0];
+}
+
 // The parameters of one block, as offsets within its unit.
 struct BlockSlots {
   std::size_t ln1_w, ln1_b, attn_w, attn_b, proj_w, proj_b, ln2_w, ln2_b, fc_w, fc_b, mproj_w, mproj_b;
@@ -104,15 +240,8 @@ void layer_norm(const float* x, std::size_t rows, std::size_t d, const float* w,
                 float* rstd) {
   for (std::size_t r = 0; r < rows; ++r) {
     const float* xr = x + r * d;
-    float mean = 0;
-    for (std::size_t j = 0; j < d; ++j) mean += xr[j];
-    mean /= static_cast<float>(d);
-    float var = 0;
-    for (std::size_t j = 0; j < d; ++j) {
-      const float e = xr[j] - mean;
-      var += e * e;
-    }
-    var /= static_cast<float>(d);
+    const float mean = sum_of(xr, d) / static_cast<float>(d);
+    const float var = square_deviation_sum(xr, mean, d) / static_cast<float>(d);
     const float s = 1.0f / std::sqrt(var + 1e-5f);
     rstd[r] = s;
     float* hr = xhat + r * d;
@@ -130,14 +259,14 @@ void layer_norm_backward(const float* dy, const float* xhat, const float* rstd, 
   for (std::size_t r = 0; r < rows; ++r) {
     const float* g = dy + r * d;
     const float* h = xhat + r * d;
-    float mean_g = 0, mean_gh = 0;
+    float acc_g[kLanes] = {}, acc_gh[kLanes] = {};
     for (std::size_t j = 0; j < d; ++j) {
       const float gw = g[j] * w[j];
-      mean_g += gw;
-      mean_gh += gw * h[j];
+      acc_g[j % kLanes] += gw;
+      acc_gh[j % kLanes] += gw * h[j];
     }
-    mean_g /= static_cast<float>(d);
-    mean_gh /= static_cast<float>(d);
+    const float mean_g = lane_total(acc_g) / static_cast<float>(d);
+    const float mean_gh = lane_total(acc_gh) / static_cast<float>(d);
     float* o = dx + r * d;
     for (std::size_t j = 0; j < d; ++j) {
       const float v = rstd[r] * (g[j] * w[j] - mean_g - h[j] * mean_gh);
@@ -168,7 +297,7 @@ void add_bias(float* y, std::size_t rows, std::size_t n, const float* b) {
 
 class Gpt final : public Model {
  public:
-  Gpt(const GptShape& s, int threads) : s_(s), pool_(threads) {
+  Gpt(const GptShape& s, int threads, bool bf16_products) : s_(s), pool_(threads), bf16_(bf16_products) {
     const std::size_t D = s.dim, V = s.vocab, T = s.context;
     features_ = T + 1;
     outputs_ = V;
@@ -277,7 +406,14 @@ class Gpt final : public Model {
     std::vector<float> y;       // attention output before c_proj, BT x D
     std::vector<float> xhat2, rstd2, m;  // LN2 of x + attn
     std::vector<float> f, t, g;  // BT x 4D: before GELU, its tanh, after
+    // Under bf16 products: the product operands among them, rounded.
+    std::vector<bf16> a16, qkv16, att16, y16, m16, g16;
   };
+
+  // A rounded copy's data, or null (float32 products keep none).
+  static bf16* rounded_data(std::vector<bf16>& v) { return v.empty() ? nullptr : v.data(); }
+  // A weight matrix: rounded by the product that reads it (once per product).
+  static Operand weight(const float* w, std::size_t ld) { return {w, nullptr, ld}; }
 
   // f(begin, end) over [0, n) in blocks of `block`, on the pool, each task
   // in the calling thread's floating-point mode (flushing denormals or not).
@@ -290,21 +426,65 @@ class Gpt final : public Model {
     });
   }
 
-  // C = A op(B) (+ C), A m x k row-major: tasks of kRows rows.
-  void matmul(bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda, const float* b,
-              std::size_t ldb, float* c, std::size_t ldc, bool accumulate) {
-    blocks(m, kRows, [&](std::size_t r0, std::size_t r1) {
-      gemm(false, tb, r1 - r0, n, k, a + r0 * lda, lda, b, ldb, c + r0 * ldc, ldc, accumulate);
+  // One product in the model's precision, on the calling thread. Under bf16
+  // products both operands come rounded.
+  void product(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, Operand a, Operand b, float* c,
+               std::size_t ldc, bool accumulate) const {
+    if (bf16_) gemm_bf16(ta, tb, m, n, k, a.h, a.ld, b.h, b.ld, c, ldc, accumulate);
+    else gemm(ta, tb, m, n, k, a.f, a.ld, b.f, b.ld, c, ldc, accumulate);
+  }
+
+  // dst <- src (rows x cols, leading dimension ld on both) rounded to
+  // bfloat16, on the pool; a no-op under float32 products.
+  void round_rows(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, bf16* dst) {
+    if (!bf16_) return;
+    blocks(rows, kRows, [&](std::size_t r0, std::size_t r1) {
+      for (std::size_t r = r0; r < r1; ++r) pack_bf16(src + r * ld, 1, cols, ld, dst + r * ld);
     });
   }
 
-  // C = A^T B, A k x m and B k x n row-major: a weight's gradient, summed
-  // over the k rows. Tasks take blocks of C's rows (each whole over k).
-  void matmul_tn(std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda, const float* b,
-                 std::size_t ldb, float* c, std::size_t ldc) {
+  // The operand's rounded form: its own, or b16_ (dense, ld = cols).
+  Operand rounded(Operand x, std::size_t rows, std::size_t cols) {
+    if (!bf16_ || x.h != nullptr) return x;
+    if (b16_.size() < rows * cols) b16_.resize(rows * cols);
+    blocks(rows, kRows, [&](std::size_t r0, std::size_t r1) {
+      pack_bf16(x.f + r0 * x.ld, r1 - r0, cols, x.ld, b16_.data() + r0 * cols);
+    });
+    return {x.f, b16_.data(), cols};
+  }
+
+  // C = A op(B) (+ C) (+ bias, a row of n), A m x k row-major: tasks of
+  // kRows rows, each adding the bias to its rows (inside the product under
+  // bf16 products).
+  void matmul(bool tb, std::size_t m, std::size_t n, std::size_t k, Operand a, Operand b, float* c, std::size_t ldc,
+              bool accumulate, const float* bias = nullptr) {
+    DISTOPT_CHECK(bias == nullptr || ldc == n, "a bias goes with dense rows");
+    b = tb ? rounded(b, n, k) : rounded(b, k, n);
+    blocks(m, kRows, [&](std::size_t r0, std::size_t r1) {
+      if (!bf16_) {
+        gemm(false, tb, r1 - r0, n, k, a.f + r0 * a.ld, a.ld, b.f, b.ld, c + r0 * ldc, ldc, accumulate);
+        if (bias != nullptr) add_bias(c + r0 * ldc, r1 - r0, n, bias);
+        return;
+      }
+      Operand rows = a.at(r0 * a.ld);
+      if (bf16_ && rows.h == nullptr) {
+        thread_local std::vector<bf16> a16;
+        a16.resize((r1 - r0) * k);
+        pack_bf16(rows.f, r1 - r0, k, rows.ld, a16.data());
+        rows = {nullptr, a16.data(), k};
+      }
+      gemm_bf16(false, tb, r1 - r0, n, k, rows.h, rows.ld, b.h, b.ld, c + r0 * ldc, ldc, accumulate, bias);
+    });
+  }
+
+  // C = A^T B, A k x m and B k x n row-major, both kept rounded under bf16
+  // products: a weight's gradient, summed over the k rows. Tasks take
+  // blocks of C's rows (each whole over k).
+  void matmul_tn(std::size_t m, std::size_t n, std::size_t k, Operand a, Operand b, float* c, std::size_t ldc) {
+    DISTOPT_CHECK(!bf16_ || (a.h != nullptr && b.h != nullptr), "a weight gradient's operands come rounded");
     const std::size_t block = m >= 3 * kRows ? kRows : kRows / 2;
     blocks(m, block, [&](std::size_t r0, std::size_t r1) {
-      gemm(true, false, r1 - r0, n, k, a + r0, lda, b, ldb, c + r0 * ldc, ldc, false);
+      product(true, false, r1 - r0, n, k, a.at(r0), b, c + r0 * ldc, ldc, false);
     });
   }
 
@@ -324,10 +504,6 @@ class Gpt final : public Model {
       layer_norm_backward(dy + r0 * D, xhat + r0 * D, rstd + r0, r1 - r0, D, w, dx + r0 * D, accumulate);
     });
     blocks(D, kColumns, [&](std::size_t j0, std::size_t j1) { column_sums(dy, xhat, rows, D, j0, j1, dw, db); });
-  }
-
-  void bias_rows(float* y, std::size_t rows, std::size_t n, const float* b) {
-    blocks(rows, kRows, [&](std::size_t r0, std::size_t r1) { add_bias(y + r0 * n, r1 - r0, n, b); });
   }
 
   void bias_grad(const float* dy, std::size_t rows, std::size_t n, float* db) {
@@ -352,6 +528,20 @@ class Gpt final : public Model {
       b.f.assign(BT * 4 * D, 0);
       b.t.assign(BT * 4 * D, 0);
       b.g.assign(BT * 4 * D, 0);
+      if (bf16_) {
+        b.a16.assign(BT * D, 0);
+        b.qkv16.assign(BT * 3 * D, 0);
+        b.att16.assign(capacity_ * H * T * T, 0);
+        b.y16.assign(BT * D, 0);
+        b.m16.assign(BT * D, 0);
+        b.g16.assign(BT * 4 * D, 0);
+      }
+    }
+    if (bf16_) {
+      hf16_.assign(BT * D, 0);
+      d16_.assign(BT * std::max(4 * D, s_.vocab), 0);
+      dy16_.assign(BT * D, 0);
+      ds16_.assign(capacity_ * H * T * T, 0);
     }
     resid_.assign(BT * D, 0);
     xhatf_.assign(BT * D, 0);
@@ -411,23 +601,26 @@ class Gpt final : public Model {
                       rstdf_.data());
       access.release(last, pass);
     }
-    matmul(true, BT, V, D, hf_.data(), D, wte_.data(), D, logits_.data(), V, false);
+    round_rows(hf_.data(), BT, D, D, rounded_data(hf16_));
+    matmul(true, BT, V, D, {hf_.data(), rounded_data(hf16_), D}, weight(wte_.data(), D), logits_.data(), V, false);
     const float scale = grad_scale / static_cast<float>(T);
     blocks(BT, kRows, [&](std::size_t r0, std::size_t r1) {
       for (std::size_t r = r0; r < r1; ++r) {
         float* z = logits_.data() + r * V;
         const std::uint32_t label = targets_[r];
+        const float mx = max_of(z, V);
+        const float at_label = z[label];
         std::size_t arg = 0;
-        float mx = z[0];
-        for (std::size_t j = 1; j < V; ++j)
-          if (z[j] > mx) mx = z[j], arg = j;
-        float sum = 0;
-        for (std::size_t j = 0; j < V; ++j) sum += exp_approx(z[j] - mx);
-        const float lse = mx + std::log(sum);
-        row_loss_[r] = (double(lse) - double(z[label])) / static_cast<double>(T);
+        while (arg + 1 < V && z[arg] != mx) ++arg;  // the first maximum
+        // z <- e^(z - max); the loss is log(sum) + max - z[label], and
+        // d loss / dz = softmax(z) - onehot, scaled.
+        for (std::size_t j = 0; j < V; ++j) z[j] = exp_approx(z[j] - mx);
+        const float sum = sum_of(z, V);
+        row_loss_[r] = (double(mx + std::log(sum)) - double(at_label)) / static_cast<double>(T);
         row_correct_[r] = arg == label ? 1.0 / static_cast<double>(T) : 0.0;
         if (backward) {
-          for (std::size_t j = 0; j < V; ++j) z[j] = exp_approx(z[j] - lse) * scale;
+          const float k = scale / sum;
+          for (std::size_t j = 0; j < V; ++j) z[j] *= k;
           z[label] -= scale;
         }
       }
@@ -442,8 +635,10 @@ class Gpt final : public Model {
 
     // Backward: dlogits is in logits_. The head: d hf = dlogits wte, and
     // wte's share dlogits^T hf (added to its gradient with the embeddings).
-    matmul(false, BT, D, V, logits_.data(), V, wte_.data(), D, dtmp_.data(), D, false);
-    matmul_tn(V, D, BT, logits_.data(), V, hf_.data(), D, dwte_head_.data(), D);
+    round_rows(logits_.data(), BT, V, V, rounded_data(d16_));
+    const Operand dlogits{logits_.data(), rounded_data(d16_), V};
+    matmul(false, BT, D, V, dlogits, weight(wte_.data(), D), dtmp_.data(), D, false);
+    matmul_tn(V, D, BT, dlogits, {hf_.data(), rounded_data(hf16_), D}, dwte_head_.data(), D);
     {
       const std::size_t last = 1 + s_.layers;
       const std::span<const float> u = access.acquire(last, Pass::backward);
@@ -493,115 +688,131 @@ class Gpt final : public Model {
     const std::size_t T = s_.context, D = s_.dim, H = s_.heads, hd = D / H, BT = B * T;
     const BlockSlots& p = block_;
     layer_norm_rows(resid_.data(), BT, w + p.ln1_w, w + p.ln1_b, a.a.data(), a.xhat1.data(), a.rstd1.data());
-    matmul(true, BT, 3 * D, D, a.a.data(), D, w + p.attn_w, D, a.qkv.data(), 3 * D, false);
-    bias_rows(a.qkv.data(), BT, 3 * D, w + p.attn_b);
+    round_rows(a.a.data(), BT, D, D, rounded_data(a.a16));
+    matmul(true, BT, 3 * D, D, {a.a.data(), rounded_data(a.a16), D}, weight(w + p.attn_w, D), a.qkv.data(), 3 * D,
+           false, w + p.attn_b);
+    round_rows(a.qkv.data(), BT, 3 * D, 3 * D, rounded_data(a.qkv16));
+    const Operand qkv{a.qkv.data(), rounded_data(a.qkv16), 3 * D};
     const float inv = 1.0f / std::sqrt(static_cast<float>(hd));
     pool_.parallel_for(B * H, [&, control = fp_control()](std::size_t bh) {
       set_fp_control(control);
       const std::size_t b = bh / H, h = bh % H;
-      const float* q = a.qkv.data() + b * T * 3 * D + h * hd;
-      const float* k = q + D;
-      const float* v = q + 2 * D;
+      const Operand q = qkv.at(b * T * 3 * D + h * hd), k = q.at(D), v = q.at(2 * D);
       float* att = a.att.data() + bh * T * T;
-      gemm(false, true, T, T, hd, q, 3 * D, k, 3 * D, att, T, false);
+      product(false, true, T, T, hd, q, k, att, T, false);
       for (std::size_t i = 0; i < T; ++i) {
+        // Row i sees keys 0..i; max(row) inv is max(row inv) exactly (inv > 0).
         float* row = att + i * T;
-        float mx = -INFINITY;
-        for (std::size_t j = 0; j <= i; ++j) mx = std::max(mx, row[j] * inv);
-        float sum = 0;
-        for (std::size_t j = 0; j <= i; ++j) {
-          row[j] = exp_approx(row[j] * inv - mx);
-          sum += row[j];
-        }
-        const float r = 1.0f / sum;
+        const float mx = max_of(row, i + 1) * inv;
+        for (std::size_t j = 0; j <= i; ++j) row[j] = exp_approx(row[j] * inv - mx);
+        const float r = 1.0f / sum_of(row, i + 1);
         for (std::size_t j = 0; j <= i; ++j) row[j] *= r;
         for (std::size_t j = i + 1; j < T; ++j) row[j] = 0;
       }
-      gemm(false, false, T, hd, T, att, T, v, 3 * D, a.y.data() + b * T * D + h * hd, D, false);
+      bf16* att16 = bf16_ ? a.att16.data() + bh * T * T : nullptr;
+      if (bf16_) pack_bf16(att, T, T, T, att16);
+      product(false, false, T, hd, T, {att, att16, T}, v, a.y.data() + b * T * D + h * hd, D, false);
     });
+    round_rows(a.y.data(), BT, D, D, rounded_data(a.y16));
     // x1 = x + y Wproj^T + b, in place in resid_.
-    matmul(true, BT, D, D, a.y.data(), D, w + p.proj_w, D, resid_.data(), D, true);
-    bias_rows(resid_.data(), BT, D, w + p.proj_b);
+    matmul(true, BT, D, D, {a.y.data(), rounded_data(a.y16), D}, weight(w + p.proj_w, D), resid_.data(), D, true,
+           w + p.proj_b);
     layer_norm_rows(resid_.data(), BT, w + p.ln2_w, w + p.ln2_b, a.m.data(), a.xhat2.data(), a.rstd2.data());
-    matmul(true, BT, 4 * D, D, a.m.data(), D, w + p.fc_w, D, a.f.data(), 4 * D, false);
+    round_rows(a.m.data(), BT, D, D, rounded_data(a.m16));
+    matmul(true, BT, 4 * D, D, {a.m.data(), rounded_data(a.m16), D}, weight(w + p.fc_w, D), a.f.data(), 4 * D, false,
+           w + p.fc_b);
     blocks(BT, kRows, [&](std::size_t r0, std::size_t r1) {
-      add_bias(a.f.data() + r0 * 4 * D, r1 - r0, 4 * D, w + p.fc_b);
+      const float* f = a.f.data();
+      float* t = a.t.data();
+      float* gelu = a.g.data();
       for (std::size_t i = r0 * 4 * D; i < r1 * 4 * D; ++i) {
-        const float f = a.f[i];
-        a.t[i] = tanh_approx(kGeluC * (f + 0.044715f * f * f * f));
-        a.g[i] = 0.5f * f * (1.0f + a.t[i]);
+        t[i] = tanh_approx(kGeluC * (f[i] + 0.044715f * f[i] * f[i] * f[i]));
+        gelu[i] = 0.5f * f[i] * (1.0f + t[i]);
       }
+      if (bf16_) pack_bf16(gelu + r0 * 4 * D, r1 - r0, 4 * D, 4 * D, a.g16.data() + r0 * 4 * D);
     });
-    matmul(true, BT, D, 4 * D, a.g.data(), 4 * D, w + p.mproj_w, 4 * D, resid_.data(), D, true);
-    bias_rows(resid_.data(), BT, D, w + p.mproj_b);
+    matmul(true, BT, D, 4 * D, {a.g.data(), rounded_data(a.g16), 4 * D}, weight(w + p.mproj_w, 4 * D), resid_.data(),
+           D, true, w + p.mproj_b);
   }
 
   // dres_ holds d(out); on return d(in). Gradients into g (zeroed).
   void block_backward(const float* w, float* g, BlockActs& a, std::size_t B) {
     const std::size_t T = s_.context, D = s_.dim, H = s_.heads, hd = D / H, BT = B * T;
     const BlockSlots& p = block_;
+    bf16* d16 = rounded_data(d16_);  // the gradient read next, rounded
     // MLP: out = x1 + gelu(m Wfc^T + bfc) Wmp^T + bmp.
     bias_grad(dres_.data(), BT, D, g + p.mproj_b);
-    matmul_tn(D, 4 * D, BT, dres_.data(), D, a.g.data(), 4 * D, g + p.mproj_w, 4 * D);
+    round_rows(dres_.data(), BT, D, D, d16);
+    matmul_tn(D, 4 * D, BT, {dres_.data(), d16, D}, {a.g.data(), rounded_data(a.g16), 4 * D}, g + p.mproj_w, 4 * D);
     float* df = dtmp_.data();  // BT x 4D
-    matmul(false, BT, 4 * D, D, dres_.data(), D, w + p.mproj_w, 4 * D, df, 4 * D, false);
-    blocks(BT * 4 * D, kRows * 4 * D, [&](std::size_t i0, std::size_t i1) {
-      for (std::size_t i = i0; i < i1; ++i) {
-        const float f = a.f[i];
-        const float t = a.t[i];
+    matmul(false, BT, 4 * D, D, {dres_.data(), d16, D}, weight(w + p.mproj_w, 4 * D), df, 4 * D, false);
+    blocks(BT, kRows, [&](std::size_t r0, std::size_t r1) {
+      const float* fs = a.f.data();
+      const float* ts = a.t.data();
+      for (std::size_t i = r0 * 4 * D; i < r1 * 4 * D; ++i) {
+        const float f = fs[i];
+        const float t = ts[i];
         const float du = kGeluC * (1.0f + 3.0f * 0.044715f * f * f);
         df[i] *= 0.5f * (1.0f + t) + 0.5f * f * (1.0f - t * t) * du;
       }
+      if (bf16_) pack_bf16(df + r0 * 4 * D, r1 - r0, 4 * D, 4 * D, d16 + r0 * 4 * D);
     });
     bias_grad(df, BT, 4 * D, g + p.fc_b);
-    matmul_tn(4 * D, D, BT, df, 4 * D, a.m.data(), D, g + p.fc_w, D);
+    matmul_tn(4 * D, D, BT, {df, d16, 4 * D}, {a.m.data(), rounded_data(a.m16), D}, g + p.fc_w, D);
     float* dm = dqkv_.data();  // BT x D scratch
-    matmul(false, BT, D, 4 * D, df, 4 * D, w + p.fc_w, D, dm, D, false);
+    matmul(false, BT, D, 4 * D, {df, d16, 4 * D}, weight(w + p.fc_w, D), dm, D, false);
     // d x1 = d out + LN2'(dm)
     layer_norm_grad(dm, a.xhat2.data(), a.rstd2.data(), BT, w + p.ln2_w, g + p.ln2_w, g + p.ln2_b, dres_.data(), true);
     // Attention: x1 = x + y Wproj^T + bproj.
     bias_grad(dres_.data(), BT, D, g + p.proj_b);
-    matmul_tn(D, D, BT, dres_.data(), D, a.y.data(), D, g + p.proj_w, D);
+    round_rows(dres_.data(), BT, D, D, d16);
+    matmul_tn(D, D, BT, {dres_.data(), d16, D}, {a.y.data(), rounded_data(a.y16), D}, g + p.proj_w, D);
     float* dy = dtmp_.data();  // BT x D
-    matmul(false, BT, D, D, dres_.data(), D, w + p.proj_w, D, dy, D, false);
+    matmul(false, BT, D, D, {dres_.data(), d16, D}, weight(w + p.proj_w, D), dy, D, false);
+    round_rows(dy, BT, D, D, rounded_data(dy16_));
+    const Operand qkv{a.qkv.data(), rounded_data(a.qkv16), 3 * D}, dys{dy, rounded_data(dy16_), D};
     const float inv = 1.0f / std::sqrt(static_cast<float>(hd));
     float* dqkv = dqkv_.data();
     pool_.parallel_for(B * H, [&, control = fp_control()](std::size_t bh) {
       set_fp_control(control);
       const std::size_t b = bh / H, h = bh % H;
-      const float* q = a.qkv.data() + b * T * 3 * D + h * hd;
-      const float* k = q + D;
-      const float* v = q + 2 * D;
+      const Operand q = qkv.at(b * T * 3 * D + h * hd), k = q.at(D), v = q.at(2 * D);
+      const Operand dyh = dys.at(b * T * D + h * hd);
+      const Operand att{a.att.data() + bh * T * T, bf16_ ? a.att16.data() + bh * T * T : nullptr, T};
       float* dq = dqkv + b * T * 3 * D + h * hd;
       float* dk = dq + D;
       float* dv = dq + 2 * D;
-      const float* att = a.att.data() + bh * T * T;
-      const float* dyh = dy + b * T * D + h * hd;
       float* datt = datt_.data() + bh * T * T;
       // dV = P^T dY; dP = dY V^T
-      gemm(true, false, T, hd, T, att, T, dyh, D, dv, 3 * D, false);
-      gemm(false, true, T, T, hd, dyh, D, v, 3 * D, datt, T, false);
+      product(true, false, T, hd, T, att, dyh, dv, 3 * D, false);
+      product(false, true, T, T, hd, dyh, v, datt, T, false);
       // dS = P (dP - rowsum(dP P)) / sqrt(hd)
       for (std::size_t i = 0; i < T; ++i) {
-        const float* pr = att + i * T;
+        const float* pr = att.f + i * T;
         float* dr = datt + i * T;
-        float dot = 0;
-        for (std::size_t j = 0; j <= i; ++j) dot += pr[j] * dr[j];
+        const float dot = dot_of(pr, dr, i + 1);
         for (std::size_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * inv;
         for (std::size_t j = i + 1; j < T; ++j) dr[j] = 0;
       }
-      gemm(false, false, T, hd, T, datt, T, k, 3 * D, dq, 3 * D, false);
-      gemm(true, false, T, hd, T, datt, T, q, 3 * D, dk, 3 * D, false);
+      bf16* ds16 = bf16_ ? ds16_.data() + bh * T * T : nullptr;
+      if (bf16_) pack_bf16(datt, T, T, T, ds16);
+      const Operand ds{datt, ds16, T};
+      product(false, false, T, hd, T, ds, k, dq, 3 * D, false);
+      product(true, false, T, hd, T, ds, q, dk, 3 * D, false);
     });
     bias_grad(dqkv, BT, 3 * D, g + p.attn_b);
-    matmul_tn(3 * D, D, BT, dqkv, 3 * D, a.a.data(), D, g + p.attn_w, D);
+    round_rows(dqkv, BT, 3 * D, 3 * D, d16);
+    matmul_tn(3 * D, D, BT, {dqkv, d16, 3 * D}, {a.a.data(), rounded_data(a.a16), D}, g + p.attn_w, D);
     float* da = dtmp_.data();
-    matmul(false, BT, D, 3 * D, dqkv, 3 * D, w + p.attn_w, D, da, D, false);
+    matmul(false, BT, D, 3 * D, {dqkv, d16, 3 * D}, weight(w + p.attn_w, D), da, D, false);
     layer_norm_grad(da, a.xhat1.data(), a.rstd1.data(), BT, w + p.ln1_w, g + p.ln1_w, g + p.ln1_b, dres_.data(), true);
   }
 
   GptShape s_;
   ThreadPool pool_;
+  bool bf16_;  // products in bfloat16 (--matmul-precision bf16)
+  std::vector<bf16> b16_;  // a product's second operand, rounded
+  std::vector<bf16> hf16_, d16_, dy16_, ds16_;  // rounded: ln_f's output, gradients, attention's dY and dS
   BlockSlots block_{};
   std::size_t wpe_at_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::size_t capacity_ = 0;
@@ -620,7 +831,7 @@ std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, st
   return g->next_logits(access, tokens);
 }
 
-std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads) {
+std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads, MatmulPrecision precision) {
   if (shape.layers < 1) throw InvalidInput(str("--layers must be at least 1 (got ", shape.layers, ")"));
   if (shape.heads < 1) throw InvalidInput(str("--heads must be at least 1 (got ", shape.heads, ")"));
   if (shape.dim < 1 || shape.dim % shape.heads != 0)
@@ -629,7 +840,7 @@ std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads) {
   if (shape.context < 1) throw InvalidInput(str("--context must be at least 1 (got ", shape.context, ")"));
   if (shape.vocab < 2) throw InvalidInput("model gpt needs a vocabulary of at least 2 tokens");
   if (threads < 1) throw InvalidInput(str("--threads must be at least 1 (got ", threads, ")"));
-  return std::make_unique<Gpt>(shape, threads);
+  return std::make_unique<Gpt>(shape, threads, precision == MatmulPrecision::bf16);
 }
 
 }  // namespace distopt::models

@@ -210,10 +210,12 @@ std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, s
     if (features != options.gpt.context + 1)
       throw InvalidInput(str("model gpt with --context ", options.gpt.context, " needs samples of ",
                              options.gpt.context + 1, " tokens, the data has ", features));
-    return make_gpt(options.gpt, options.threads);
+    return make_gpt(options.gpt, options.threads, options.matmul);
   }
   if (options.threads != 1)
     throw InvalidInput(str("--threads applies to model gpt; model ", name, " runs on one thread a rank"));
+  if (options.matmul != MatmulPrecision::f32)
+    throw InvalidInput(str("--matmul-precision applies to model gpt; model ", name, " multiplies in float32"));
   std::vector<std::size_t> hidden = options.hidden;
   if (name == "mlp" || name == "logreg") {
     if (classes < 2) throw InvalidInput(str("model ", name, " needs a classification dataset"));

@@ -382,7 +382,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   validate(comm, data, config);
   const DenormalMode denormals(config.flush_denormals ? DenormalMode::flush : DenormalMode::ieee);
   auto model = models::make_model(config.model, data.train.features, data.train.classes,
-                                  models::ModelOptions{config.hidden, config.gpt, config.threads});
+                                  models::ModelOptions{config.hidden, config.gpt, config.threads, config.matmul_precision});
   const parallel::FlatLayout layout = parallel::flat_layout(*model);
   std::vector<float> initial(layout.elements);
   if (config.resume) initial = checkpoint::initial_params(layout, config.resume->wholes);

@@ -135,12 +135,19 @@ struct GptShape {
   std::size_t vocab = 256;
 };
 
+// How gpt multiplies matrices: float32 throughout, or operands rounded to
+// bfloat16 with float32 sums (torch's set_float32_matmul_precision
+// "medium"; twice the rate on CPUs with AVX512-BF16 or AMX). Everything
+// else -- parameters, gradients, LayerNorm, softmax -- stays float32.
+enum class MatmulPrecision { f32, bf16 };
+
 struct ModelOptions {
   std::vector<std::size_t> hidden;  // mlp's hidden widths (empty: 256, 128)
   GptShape gpt;
   // Threads per rank for forward and backward (gpt; the others take 1).
   // The bits do not depend on it.
   int threads = 1;
+  MatmulPrecision matmul = MatmulPrecision::f32;  // gpt; the others take fp32
 };
 
 // "mlp" (features-256-128-classes, ReLU, softmax cross-entropy), "logreg"
@@ -152,11 +159,13 @@ std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, s
                                   const ModelOptions& options);
 inline std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, std::size_t classes,
                                          std::vector<std::size_t> hidden = {}) {
-  return make_model(name, features, classes, ModelOptions{std::move(hidden), {}, 1});
+  return make_model(name, features, classes, ModelOptions{std::move(hidden), {}, 1, MatmulPrecision::f32});
 }
-// Model "gpt" of that shape, running on `threads` threads (InvalidInput:
-// heads not dividing dim, a zero size or thread count).
-std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads = 1);
+// Model "gpt" of that shape, running on `threads` threads, its products in
+// `precision` (InvalidInput: heads not dividing dim, a zero size or thread
+// count).
+std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads = 1,
+                                MatmulPrecision precision = MatmulPrecision::f32);
 // Model gpt: the logits (vocab values) of the token after `tokens` (1 to
 // context of them), from parameters in the model's layout.
 std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, std::span<const std::uint32_t> tokens);

@@ -28,6 +28,7 @@ struct TrainConfig {
   std::vector<std::size_t> hidden;  // mlp hidden widths; empty: 256, 128
   models::GptShape gpt;              // model gpt's shape (its context must match the data's windows)
   int threads = 1;                   // threads per rank for the model (gpt); the bits do not depend on it
+  models::MatmulPrecision matmul_precision = models::MatmulPrecision::f32;  // gpt's products
   std::string strategy = "ddp";
   // Bucket size and parameter dtype of the strategy (parallel::StrategyOptions).
   parallel::StrategyOptions parallel;
