@@ -31,6 +31,7 @@
 #include <map>
 #include <tuple>
 
+#include "distopt/core/dtype.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/fp_mode.hpp"
 #include "distopt/core/random.hpp"
@@ -76,27 +77,22 @@ void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const f
 // bfloat16 products (--matmul-precision bf16): the operands rounded to
 // bfloat16 (to nearest, ties to even), products summed in float32, as
 // oneDNN's bf16 matmul does on AVX512-BF16 (or AMX) at twice float32's rate.
-using bf16 = std::uint16_t;
-
-inline bf16 to_bf16(float x) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-  return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+using bf16_t = std::uint16_t;  // bfloat16's bits (distopt/core/dtype.hpp)
 
 // dst (rows x cols, dense) <- rows of src with stride ld, rounded.
-void pack_bf16(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, bf16* dst) {
+void pack_bf16(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, bf16_t* dst) {
   for (std::size_t r = 0; r < rows; ++r) {
     const float* s = src + r * ld;
-    bf16* d = dst + r * cols;
-    for (std::size_t j = 0; j < cols; ++j) d[j] = to_bf16(s[j]);
+    bf16_t* d = dst + r * cols;
+    for (std::size_t j = 0; j < cols; ++j) d[j] = float_to_bf16_bits(s[j]);
   }
 }
 
 // C (m x n, leading dimension ldc) = op(A) op(B) (+ bias, a row of n) (+ C)
 // as gemm() below, from bfloat16 operands: oneDNN's matmul primitive, one
 // per shape and thread, made on first use.
-void gemm_bf16(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const bf16* a, std::size_t lda,
-               const bf16* b, std::size_t ldb, float* c, std::size_t ldc, bool accumulate,
+void gemm_bf16(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const bf16_t* a, std::size_t lda,
+               const bf16_t* b, std::size_t ldb, float* c, std::size_t ldc, bool accumulate,
                const float* bias = nullptr) {
   using dnnl::memory;
   struct Entry {
@@ -134,7 +130,7 @@ void gemm_bf16(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, co
     }
   }
   const Entry& e = it->second;
-  memory am(e.a, engine, const_cast<bf16*>(a)), bm(e.b, engine, const_cast<bf16*>(b)), cm(e.c, engine, c);
+  memory am(e.a, engine, const_cast<bf16_t*>(a)), bm(e.b, engine, const_cast<bf16_t*>(b)), cm(e.c, engine, c);
   if (bias == nullptr) {
     e.matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   } else {
@@ -148,7 +144,7 @@ void gemm_bf16(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, co
 // one (an activation read twice), else null (rounded when needed).
 struct Operand {
   const float* f;
-  const bf16* h;
+  const bf16_t* h;
   std::size_t ld;
   Operand at(std::size_t offset) const { return {f + offset, h != nullptr ? h + offset : nullptr, ld}; }
 };
@@ -407,11 +403,11 @@ class Gpt final : public Model {
     std::vector<float> xhat2, rstd2, m;  // LN2 of x + attn
     std::vector<float> f, t, g;  // BT x 4D: before GELU, its tanh, after
     // Under bf16 products: the product operands among them, rounded.
-    std::vector<bf16> a16, qkv16, att16, y16, m16, g16;
+    std::vector<bf16_t> a16, qkv16, att16, y16, m16, g16;
   };
 
   // A rounded copy's data, or null (float32 products keep none).
-  static bf16* rounded_data(std::vector<bf16>& v) { return v.empty() ? nullptr : v.data(); }
+  static bf16_t* rounded_data(std::vector<bf16_t>& v) { return v.empty() ? nullptr : v.data(); }
   // A weight matrix: rounded by the product that reads it (once per product).
   static Operand weight(const float* w, std::size_t ld) { return {w, nullptr, ld}; }
 
@@ -436,7 +432,7 @@ class Gpt final : public Model {
 
   // dst <- src (rows x cols, leading dimension ld on both) rounded to
   // bfloat16, on the pool; a no-op under float32 products.
-  void round_rows(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, bf16* dst) {
+  void round_rows(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, bf16_t* dst) {
     if (!bf16_) return;
     blocks(rows, kRows, [&](std::size_t r0, std::size_t r1) {
       for (std::size_t r = r0; r < r1; ++r) pack_bf16(src + r * ld, 1, cols, ld, dst + r * ld);
@@ -468,7 +464,7 @@ class Gpt final : public Model {
       }
       Operand rows = a.at(r0 * a.ld);
       if (bf16_ && rows.h == nullptr) {
-        thread_local std::vector<bf16> a16;
+        thread_local std::vector<bf16_t> a16;
         a16.resize((r1 - r0) * k);
         pack_bf16(rows.f, r1 - r0, k, rows.ld, a16.data());
         rows = {nullptr, a16.data(), k};
@@ -709,7 +705,7 @@ class Gpt final : public Model {
         for (std::size_t j = 0; j <= i; ++j) row[j] *= r;
         for (std::size_t j = i + 1; j < T; ++j) row[j] = 0;
       }
-      bf16* att16 = bf16_ ? a.att16.data() + bh * T * T : nullptr;
+      bf16_t* att16 = bf16_ ? a.att16.data() + bh * T * T : nullptr;
       if (bf16_) pack_bf16(att, T, T, T, att16);
       product(false, false, T, hd, T, {att, att16, T}, v, a.y.data() + b * T * D + h * hd, D, false);
     });
@@ -739,7 +735,7 @@ class Gpt final : public Model {
   void block_backward(const float* w, float* g, BlockActs& a, std::size_t B) {
     const std::size_t T = s_.context, D = s_.dim, H = s_.heads, hd = D / H, BT = B * T;
     const BlockSlots& p = block_;
-    bf16* d16 = rounded_data(d16_);  // the gradient read next, rounded
+    bf16_t* d16 = rounded_data(d16_);  // the gradient read next, rounded
     // MLP: out = x1 + gelu(m Wfc^T + bfc) Wmp^T + bmp.
     bias_grad(dres_.data(), BT, D, g + p.mproj_b);
     round_rows(dres_.data(), BT, D, D, d16);
@@ -794,7 +790,7 @@ class Gpt final : public Model {
         for (std::size_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot) * inv;
         for (std::size_t j = i + 1; j < T; ++j) dr[j] = 0;
       }
-      bf16* ds16 = bf16_ ? ds16_.data() + bh * T * T : nullptr;
+      bf16_t* ds16 = bf16_ ? ds16_.data() + bh * T * T : nullptr;
       if (bf16_) pack_bf16(datt, T, T, T, ds16);
       const Operand ds{datt, ds16, T};
       product(false, false, T, hd, T, ds, k, dq, 3 * D, false);
@@ -811,8 +807,8 @@ class Gpt final : public Model {
   GptShape s_;
   ThreadPool pool_;
   bool bf16_;  // products in bfloat16 (--matmul-precision bf16)
-  std::vector<bf16> b16_;  // a product's second operand, rounded
-  std::vector<bf16> hf16_, d16_, dy16_, ds16_;  // rounded: ln_f's output, gradients, attention's dY and dS
+  std::vector<bf16_t> b16_;  // a product's second operand, rounded
+  std::vector<bf16_t> hf16_, d16_, dy16_, ds16_;  // rounded: ln_f's output, gradients, attention's dY and dS
   BlockSlots block_{};
   std::size_t wpe_at_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::size_t capacity_ = 0;
