@@ -25,6 +25,23 @@ for s in zero1 zero2 zero3; do
   [ -n "$(hash_of "$tmp/ddp")" ] && [ "$(hash_of "$tmp/$s")" = "$(hash_of "$tmp/ddp")" ] \
     || fail "gpt $s@4 $(hash_of "$tmp/$s") vs ddp@4 $(hash_of "$tmp/ddp")"
 done
+# Threads within a rank give the same bits at any count. bfloat16 products
+# give bits of their own, the same under ddp and zero3 and at any count.
+"$bin" "${tiny[@]}" --max-steps 12 --world 4 --strategy zero3 --threads 3 >"$tmp/t3" 2>"$tmp/err" \
+  || fail "gpt --threads 3 exited $?: $(cat "$tmp/err")"
+[ "$(hash_of "$tmp/t3")" = "$(hash_of "$tmp/ddp")" ] || fail "gpt --threads 3 $(hash_of "$tmp/t3") vs $(hash_of "$tmp/ddp")"
+"$bin" "${tiny[@]}" --max-steps 12 --world 4 --matmul-precision bf16 >"$tmp/b_ddp" 2>/dev/null || fail "gpt bf16 exited $?"
+"$bin" "${tiny[@]}" --max-steps 12 --world 4 --matmul-precision bf16 --strategy zero3 --threads 2 >"$tmp/b_z3" 2>/dev/null \
+  || fail "gpt bf16 zero3 --threads 2 exited $?"
+[ "$(hash_of "$tmp/b_z3")" = "$(hash_of "$tmp/b_ddp")" ] || fail "gpt bf16: zero3 $(hash_of "$tmp/b_z3") vs ddp $(hash_of "$tmp/b_ddp")"
+[ "$(hash_of "$tmp/b_ddp")" != "$(hash_of "$tmp/ddp")" ] || fail "gpt bf16 gave float32's bits"
+grep -q '"threads": 2, "matmul_precision": "bf16"' "$tmp/b_z3" || fail "gpt summary: $(tail -n 1 "$tmp/b_z3")"
+expect_error 2 "\-\-threads must be at least 1 (got 0)" -- "${tiny[@]}" --threads 0
+expect_error 2 "\-\-threads applies to \-\-model gpt; model mlp runs on one thread a rank (use \-\-world for more)" \
+  -- train --data synthetic --threads 2
+expect_error 2 "\-\-matmul-precision: unknown precision 'f16' (known: f32, bf16)" -- "${tiny[@]}" --matmul-precision f16
+expect_error 2 "\-\-matmul-precision applies to \-\-model gpt; model mlp multiplies in float32" \
+  -- train --data synthetic --matmul-precision bf16
 # Every kind of rule on gpt's many matrices: tensor_stats (lamb, adafactor)
 # and whole_tensor (muon with adamw for the 1-D parameters, shampoo) give
 # ddp's bits under zero2 and zero3 too; and the gossip strategies run.
@@ -48,7 +65,8 @@ assert d["model"] == "gpt" and d["steps"] == 12, d
 assert abs(d["val_bits_per_byte"] - d["val_loss"] / math.log(2)) < 1e-6, d
 assert 0 < d["val_loss"] < math.log(256) and 0 < d["train_loss"] < 6, d
 assert d["tokens_per_s"] > 0 and d["gpt"] == {"layers": 2, "heads": 2, "dim": 32, "context": 16,
-                                              "parameters": d["gpt"]["parameters"]}, d
+                                              "parameters": d["gpt"]["parameters"], "threads": 1,
+                                              "matmul_precision": "f32"}, d
 # wte 256x32, wpe 16x32, per block 12 d^2 + 13 d, ln_f 2d
 assert d["gpt"]["parameters"] == 256 * 32 + 16 * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32, d
 PY

@@ -87,6 +87,53 @@ TEST(Gpt, LossAndEveryGradientMatchPyTorch) {
   }
 }
 
+TEST(Gpt, Bf16ProductsStayNearPyTorchsFloat32) {
+  // --matmul-precision bf16 rounds every product's operands to bfloat16
+  // (8 significant bits: a relative error up to 2^-9 per operand) and sums
+  // in float32. Against torch's float32 gradients that leaves errors of a
+  // up to 1e-2 of a tensor's largest gradient; the bounds are 1e-3 on the
+  // loss and 2e-2 on gradients. The products really are rounded: the
+  // gradients differ from float32's by more than float32's own 1e-4.
+  for (const std::string name : {"tiny", "small", "wide"}) {
+    SCOPED_TRACE(name);
+    const Golden g = read_golden(name);
+    std::vector<float> buffer, grads32;
+    for (const auto precision : {models::MatmulPrecision::f32, models::MatmulPrecision::bf16}) {
+      auto model = models::make_gpt(g.shape, 1, precision);
+      buffer.assign(model->buffer_elements(), 0.0f);
+      for (const ParamSlot& p : model->params()) {
+        const auto& w = g.tensors.at("param." + p.name);
+        std::copy(w.begin(), w.end(), buffer.begin() + static_cast<std::ptrdiff_t>(p.offset));
+      }
+      std::vector<float> grads(model->buffer_elements(), 1.0f);
+      const std::vector<float> unused(g.batch, 0.0f);
+      const models::BatchStats s = model->forward_backward(buffer, g.tokens.data(), unused.data(), g.batch,
+                                                           1.0f / static_cast<float>(g.batch), grads);
+      if (precision == models::MatmulPrecision::f32) {
+        grads32 = grads;
+        continue;
+      }
+      EXPECT_NEAR(s.loss_sum / s.count, g.loss, 1e-3 * g.loss);
+      double worst = 0, from_f32 = 0;
+      for (const ParamSlot& p : model->params()) {
+        const auto& want = g.tensors.at("grad." + p.name);
+        double diff = 0, diff32 = 0, scale = 0;
+        for (std::size_t k = 0; k < p.numel(); ++k) {
+          diff = std::max(diff, std::abs(double(grads[p.offset + k]) - want[k]));
+          diff32 = std::max(diff32, std::abs(double(grads[p.offset + k]) - grads32[p.offset + k]));
+          scale = std::max(scale, std::abs(double(want[k])));
+        }
+        EXPECT_LT(diff / scale, 2e-2) << p.name;
+        worst = std::max(worst, diff / scale);
+        from_f32 = std::max(from_f32, diff32 / scale);
+      }
+      EXPECT_GT(from_f32, 1e-4);
+      std::printf("gpt %s, bf16 products: loss %.7f vs torch %.7f; worst gradient max|diff|/max|g| %.2e\n",
+                  name.c_str(), s.loss_sum / s.count, double(g.loss), worst);
+    }
+  }
+}
+
 TEST(Gpt, GradientsMatchFiniteDifferences) {
   // Every parameter tensor: the directional derivative along a random
   // direction, by central differences of the evaluated loss.
@@ -124,32 +171,34 @@ TEST(Gpt, ThreadsGiveTheSameBits) {
   // this shape cuts rows and columns into uneven blocks (624 = 256 + 256 +
   // 112 rows, 160 = 64 + 64 + 32 columns), and the pool hands them out
   // in any order. Loss, every gradient and evaluation are the same bits at
-  // 1, 2 and 3 threads.
+  // 1, 2 and 3 threads, with float32 and with bfloat16 products.
   const models::GptShape shape{2, 4, 160, 48, 256};
   const std::size_t batch = 13;
-  std::vector<float> w, ref_grads;
-  double ref_loss = 0, ref_eval = 0;
   Rng rng(11, 0);
   std::vector<float> tokens(batch * (shape.context + 1)), unused(batch, 0.0f);
   for (float& t : tokens) t = static_cast<float>(rng.next() % 256);
-  for (int threads : {1, 2, 3}) {
-    SCOPED_TRACE(threads);
-    auto model = models::make_gpt(shape, threads);
-    if (w.empty()) {
-      w.resize(model->buffer_elements());
-      model->init(w, 5);
+  for (const auto precision : {models::MatmulPrecision::f32, models::MatmulPrecision::bf16}) {
+    std::vector<float> w, ref_grads;
+    double ref_loss = 0, ref_eval = 0;
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE(str(threads, " threads, ", precision == models::MatmulPrecision::f32 ? "f32" : "bf16"));
+      auto model = models::make_gpt(shape, threads, precision);
+      if (w.empty()) {
+        w.resize(model->buffer_elements());
+        model->init(w, 5);
+      }
+      std::vector<float> grads(model->buffer_elements(), 7.0f);
+      const double loss = model->forward_backward(w, tokens.data(), unused.data(), batch, 1.0f, grads).loss_sum;
+      const double eval = model->evaluate(w, tokens.data(), unused.data(), batch).loss_sum;
+      if (threads == 1) {
+        ref_grads = grads, ref_loss = loss, ref_eval = eval;
+        continue;
+      }
+      EXPECT_EQ(loss, ref_loss);
+      EXPECT_EQ(eval, ref_eval);
+      ASSERT_EQ(grads.size(), ref_grads.size());
+      EXPECT_EQ(std::memcmp(grads.data(), ref_grads.data(), grads.size() * sizeof(float)), 0);
     }
-    std::vector<float> grads(model->buffer_elements(), 7.0f);
-    const double loss = model->forward_backward(w, tokens.data(), unused.data(), batch, 1.0f, grads).loss_sum;
-    const double eval = model->evaluate(w, tokens.data(), unused.data(), batch).loss_sum;
-    if (threads == 1) {
-      ref_grads = grads, ref_loss = loss, ref_eval = eval;
-      continue;
-    }
-    EXPECT_EQ(loss, ref_loss);
-    EXPECT_EQ(eval, ref_eval);
-    ASSERT_EQ(grads.size(), ref_grads.size());
-    EXPECT_EQ(std::memcmp(grads.data(), ref_grads.data(), grads.size() * sizeof(float)), 0);
   }
   EXPECT_THROW((void)models::make_gpt(shape, 0), InvalidInput);
 }

@@ -712,6 +712,12 @@ int run_train(TrainArgs& a) {
   if (a.matmul_precision != "f32" && a.config.model != "gpt")
     throw InvalidInput(str("--matmul-precision applies to --model gpt; model ", a.config.model,
                            " multiplies in float32"));
+  if (a.matmul_precision == "bf16" && !models::bf16_products_native()) {
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr || std::string(rank) == "0")
+      std::fprintf(stderr, "distopt: --matmul-precision bf16: this CPU has no bfloat16 matrix instructions "
+                           "(AVX512-BF16 or AMX); oneDNN emulates them, slower than f32\n");
+  }
   if (a.param_dtype == "f32") a.config.parallel.param_dtype = DType::f32;
   else if (a.param_dtype == "bf16") a.config.parallel.param_dtype = DType::bf16;
   else if (a.param_dtype == "f16") a.config.parallel.param_dtype = DType::f16;

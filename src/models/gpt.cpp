@@ -827,6 +827,12 @@ std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, st
   return g->next_logits(access, tokens);
 }
 
+bool bf16_products_native() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16_isa = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);  // AMX's includes its bits
+  return (isa & bf16_isa) == bf16_isa;
+}
+
 std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads, MatmulPrecision precision) {
   if (shape.layers < 1) throw InvalidInput(str("--layers must be at least 1 (got ", shape.layers, ")"));
   if (shape.heads < 1) throw InvalidInput(str("--heads must be at least 1 (got ", shape.heads, ")"));

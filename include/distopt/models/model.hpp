@@ -170,5 +170,9 @@ std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads = 1,
 // context of them), from parameters in the model's layout.
 std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, std::span<const std::uint32_t> tokens);
 std::vector<std::string_view> model_names();
+// Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX, as
+// oneDNN finds it). Without, --matmul-precision bf16 still runs, on
+// oneDNN's emulation or reference kernels, slower than float32.
+bool bf16_products_native();
 
 }  // namespace distopt::models
