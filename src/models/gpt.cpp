@@ -95,9 +95,10 @@ void gemm_bf16(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, co
                const bf16_t* b, std::size_t ldb, float* c, std::size_t ldc, bool accumulate,
                const float* bias = nullptr) {
   using dnnl::memory;
+  // The primitive and its memory objects, pointed at each call's data.
   struct Entry {
     dnnl::matmul matmul;
-    memory::desc a, b, c, bias;
+    memory a, b, c, bias;
   };
   using Key =
       std::tuple<bool, bool, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, bool, bool>;
@@ -123,19 +124,25 @@ void gemm_bf16(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, co
     try {
       const dnnl::matmul::primitive_desc pd(
           bias != nullptr ? dnnl::matmul::desc(ad, bd, biasd, cd) : dnnl::matmul::desc(ad, bd, cd), attr, engine);
-      it = cache.emplace(key, Entry{dnnl::matmul(pd), ad, bd, cd, biasd}).first;
+      it = cache
+               .emplace(key, Entry{dnnl::matmul(pd), memory(ad, engine, nullptr), memory(bd, engine, nullptr),
+                                   memory(cd, engine, nullptr),
+                                   bias != nullptr ? memory(biasd, engine, nullptr) : memory()})
+               .first;
     } catch (const dnnl::error& e) {
       throw InvalidInput(str("--matmul-precision bf16: oneDNN has no bfloat16 product of this shape on this CPU (", e.what(),
                       ")"));
     }
   }
-  const Entry& e = it->second;
-  memory am(e.a, engine, const_cast<bf16_t*>(a)), bm(e.b, engine, const_cast<bf16_t*>(b)), cm(e.c, engine, c);
+  Entry& e = it->second;
+  e.a.set_data_handle(const_cast<bf16_t*>(a));
+  e.b.set_data_handle(const_cast<bf16_t*>(b));
+  e.c.set_data_handle(c);
   if (bias == nullptr) {
-    e.matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    e.matmul.execute(stream, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_DST, e.c}});
   } else {
-    memory biasm(e.bias, engine, const_cast<float*>(bias));
-    e.matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_BIAS, biasm}, {DNNL_ARG_DST, cm}});
+    e.bias.set_data_handle(const_cast<float*>(bias));
+    e.matmul.execute(stream, {{DNNL_ARG_SRC, e.a}, {DNNL_ARG_WEIGHTS, e.b}, {DNNL_ARG_BIAS, e.bias}, {DNNL_ARG_DST, e.c}});
   }
 }
 
