@@ -134,6 +134,35 @@ TEST(Gpt, Bf16ProductsStayNearPyTorchsFloat32) {
   }
 }
 
+TEST(Gpt, NextLogitsAreTheModelsLogits) {
+  // What `distopt sample` reads: the logits after each prefix of a window.
+  // Their cross-entropy on the next byte, averaged over the window, is the
+  // loss that evaluate and forward_backward report for it (so the logits
+  // are logits, whichever pass ran before).
+  const models::GptShape shape{2, 2, 16, 12, 256};
+  auto model = models::make_gpt(shape);
+  std::vector<float> w(model->buffer_elements()), grads(model->buffer_elements());
+  model->init(w, 9);
+  Rng rng(4, 0);
+  std::vector<float> window(shape.context + 1), unused(1, 0.0f);
+  for (float& t : window) t = static_cast<float>(rng.next() % 256);
+  const double loss = model->evaluate(w, window.data(), unused.data(), 1).loss_sum;
+  for (int pass = 0; pass < 2; ++pass) {
+    double sum = 0;
+    for (std::size_t n = 1; n <= shape.context; ++n) {
+      std::vector<std::uint32_t> prefix(window.begin(), window.begin() + static_cast<std::ptrdiff_t>(n));
+      const std::vector<float> z = models::gpt_next_logits(*model, w, prefix);
+      ASSERT_EQ(z.size(), 256u);
+      double mx = z[0], total = 0;
+      for (float v : z) mx = std::max(mx, double(v));
+      for (float v : z) total += std::exp(double(v) - mx);
+      sum += mx + std::log(total) - z[static_cast<std::size_t>(window[n])];
+    }
+    EXPECT_NEAR(sum / static_cast<double>(shape.context), loss, 1e-5 * loss) << pass;
+    (void)model->forward_backward(w, window.data(), unused.data(), 1, 1.0f, grads);
+  }
+}
+
 TEST(Gpt, GradientsMatchFiniteDifferences) {
   // Every parameter tensor: the directional derivative along a random
   // direction, by central differences of the evaluated loss.

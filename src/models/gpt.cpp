@@ -615,10 +615,14 @@ class Gpt final : public Model {
         const float at_label = z[label];
         std::size_t arg = 0;
         while (arg + 1 < V && z[arg] != mx) ++arg;  // the first maximum
-        // z <- e^(z - max); the loss is log(sum) + max - z[label], and
-        // d loss / dz = softmax(z) - onehot, scaled.
-        for (std::size_t j = 0; j < V; ++j) z[j] = exp_approx(z[j] - mx);
-        const float sum = sum_of(z, V);
+        // e = e^(z - max) (in place when backward follows: the logits are
+        // not needed again; else in scratch, next_logits reads them); the
+        // loss is log(sum e) + max - z[label], d loss / dz = e / sum - onehot.
+        thread_local std::vector<float> scratch;
+        if (!backward) scratch.resize(V);
+        float* e = backward ? z : scratch.data();
+        for (std::size_t j = 0; j < V; ++j) e[j] = exp_approx(z[j] - mx);
+        const float sum = sum_of(e, V);
         row_loss_[r] = (double(mx + std::log(sum)) - double(at_label)) / static_cast<double>(T);
         row_correct_[r] = arg == label ? 1.0 / static_cast<double>(T) : 0.0;
         if (backward) {
