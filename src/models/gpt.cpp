@@ -437,12 +437,12 @@ class Gpt final : public Model {
     else gemm(ta, tb, m, n, k, a.f, a.ld, b.f, b.ld, c, ldc, accumulate);
   }
 
-  // dst <- src (rows x cols, leading dimension ld on both) rounded to
+  // dst (rows x cols, dense) <- src (leading dimension ld) rounded to
   // bfloat16, on the pool; a no-op under float32 products.
   void round_rows(const float* src, std::size_t rows, std::size_t cols, std::size_t ld, bf16_t* dst) {
     if (!bf16_) return;
     blocks(rows, kRows, [&](std::size_t r0, std::size_t r1) {
-      for (std::size_t r = r0; r < r1; ++r) pack_bf16(src + r * ld, 1, cols, ld, dst + r * ld);
+      pack_bf16(src + r0 * ld, r1 - r0, cols, ld, dst + r0 * cols);
     });
   }
 
@@ -450,10 +450,8 @@ class Gpt final : public Model {
   Operand rounded(Operand x, std::size_t rows, std::size_t cols) {
     if (!bf16_ || x.h != nullptr) return x;
     if (b16_.size() < rows * cols) b16_.resize(rows * cols);
-    blocks(rows, kRows, [&](std::size_t r0, std::size_t r1) {
-      pack_bf16(x.f + r0 * x.ld, r1 - r0, cols, x.ld, b16_.data() + r0 * cols);
-    });
-    return {x.f, b16_.data(), cols};
+    round_rows(x.f, rows, cols, x.ld, b16_.data());
+    return {nullptr, b16_.data(), cols};
   }
 
   // C = A op(B) (+ C) (+ bias, a row of n), A m x k row-major: tasks of
@@ -470,7 +468,7 @@ class Gpt final : public Model {
         return;
       }
       Operand rows = a.at(r0 * a.ld);
-      if (bf16_ && rows.h == nullptr) {
+      if (rows.h == nullptr) {
         thread_local std::vector<bf16_t> a16;
         a16.resize((r1 - r0) * k);
         pack_bf16(rows.f, r1 - r0, k, rows.ld, a16.data());
@@ -701,8 +699,7 @@ class Gpt final : public Model {
     round_rows(a.qkv.data(), BT, 3 * D, 3 * D, rounded_data(a.qkv16));
     const Operand qkv{a.qkv.data(), rounded_data(a.qkv16), 3 * D};
     const float inv = 1.0f / std::sqrt(static_cast<float>(hd));
-    pool_.parallel_for(B * H, [&, control = fp_control()](std::size_t bh) {
-      set_fp_control(control);
+    blocks(B * H, 1, [&](std::size_t bh, std::size_t) {
       const std::size_t b = bh / H, h = bh % H;
       const Operand q = qkv.at(b * T * 3 * D + h * hd), k = q.at(D), v = q.at(2 * D);
       float* att = a.att.data() + bh * T * T;
@@ -780,8 +777,7 @@ class Gpt final : public Model {
     const Operand qkv{a.qkv.data(), rounded_data(a.qkv16), 3 * D}, dys{dy, rounded_data(dy16_), D};
     const float inv = 1.0f / std::sqrt(static_cast<float>(hd));
     float* dqkv = dqkv_.data();
-    pool_.parallel_for(B * H, [&, control = fp_control()](std::size_t bh) {
-      set_fp_control(control);
+    blocks(B * H, 1, [&](std::size_t bh, std::size_t) {
       const std::size_t b = bh / H, h = bh % H;
       const Operand q = qkv.at(b * T * 3 * D + h * hd), k = q.at(D), v = q.at(2 * D);
       const Operand dyh = dys.at(b * T * D + h * hd);
