@@ -60,13 +60,20 @@ constexpr std::size_t kColumns = 64;
 // calling thread alone: ranks are threads, and one thread per product keeps
 // the bits independent of the machine's load (docs/performance.md, "gpt":
 // it was the fastest of Eigen, OpenBLAS and oneDNN on these shapes).
-void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda,
-          const float* b, std::size_t ldb, float* c, std::size_t ldc, bool accumulate) {
-  thread_local const bool one_thread = [] {
+// oneDNN runs on OpenMP: every thread that calls it (a rank, a pool
+// worker) gives it a team of one, so that products never split their work
+// by the machine's core count.
+void one_omp_thread() {
+  thread_local const bool once = [] {
     omp_set_num_threads(1);
     return true;
   }();
-  (void)one_thread;
+  (void)once;
+}
+
+void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const float* a, std::size_t lda,
+          const float* b, std::size_t ldb, float* c, std::size_t ldc, bool accumulate) {
+  one_omp_thread();
   const dnnl_status_t st =
       dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', static_cast<dnnl_dim_t>(m), static_cast<dnnl_dim_t>(n),
                  static_cast<dnnl_dim_t>(k), 1.0f, a, static_cast<dnnl_dim_t>(lda), b, static_cast<dnnl_dim_t>(ldb),
@@ -94,6 +101,7 @@ void pack_bf16(const float* src, std::size_t rows, std::size_t cols, std::size_t
 void gemm_bf16(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, const bf16_t* a, std::size_t lda,
                const bf16_t* b, std::size_t ldb, float* c, std::size_t ldc, bool accumulate,
                const float* bias = nullptr) {
+  one_omp_thread();
   using dnnl::memory;
   // The primitive and its memory objects, pointed at each call's data.
   struct Entry {
