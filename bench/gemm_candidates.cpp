@@ -3,8 +3,11 @@
 // oneDNN's dnnl_sgemm (one thread), on the shapes of one training step of
 // the default comparison model, one rank. Prints GFLOP/s per shape and
 // library, the step's GEMM time per library, and whether each library gives
-// the same bits on a repeat.
+// the same bits on a repeat. It first measures the core's float32 FMA peak
+// (independent FMAs on the widest vectors -march=native allows), the limit
+// the libraries' rates are read against.
 #include <Eigen/Core>
+#include <immintrin.h>
 #include <cblas.h>
 #include <dnnl.h>
 #include <omp.h>
@@ -52,6 +55,40 @@ void onednn_gemm(const Shape& s, const float* a, const float* b, float* c) {
   dnnl_sgemm(s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.m, s.n, s.k, 1.0f, a, s.ta ? s.m : s.k, b, s.tb ? s.k : s.n, 0.0f, c, s.n);
 }
 
+// GFLOP/s of 12 independent chains of FMAs on the widest vectors there are.
+double fma_peak() {
+#if defined(__AVX512F__)
+  using V = __m512;
+  constexpr int kLanes = 16;
+  const auto fma = [](V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); };
+  const V b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
+  V acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+#else
+  using V = __m256;
+  constexpr int kLanes = 8;
+  const auto fma = [](V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); };
+  const V b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
+  V acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
+#endif
+  const long n = 50'000'000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (long r = 0; r < n; ++r)
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = fma(acc[i], b, c);
+  const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  float sink[kLanes];
+  std::memcpy(sink, &acc[0], sizeof sink);
+  for (int i = 1; i < 12; ++i) {
+    float more[kLanes];
+    std::memcpy(more, &acc[i], sizeof more);
+    for (int l = 0; l < kLanes; ++l) sink[l] += more[l];
+  }
+  if (sink[0] == 12345.0f) std::printf(" ");  // keeps the chains alive
+  return double(n) * 12 * kLanes * 2 / t / 1e9;
+}
+
 double seconds(const std::function<void()>& f, int reps) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int r = 0; r < reps; ++r) f();
@@ -90,6 +127,14 @@ int main(int argc, char** argv) {
       {"eigen", eigen_gemm}, {"openblas", openblas_gemm}, {"dnnl", onednn_gemm}};
   std::mt19937 gen(1);
   std::normal_distribution<float> nd;
+  const double peak = fma_peak();
+  std::printf("float32 FMA peak of this core: %.1f GFLOP/s (%d-bit vectors)\n", peak,
+#if defined(__AVX512F__)
+              512
+#else
+              256
+#endif
+  );
   std::printf("%-20s %6s %6s %6s", "shape", "m", "n", "k");
   for (const auto& l : libs) std::printf(" %10s", l.first);
   std::printf("   (GFLOP/s)\n");
@@ -114,6 +159,10 @@ int main(int argc, char** argv) {
   }
   std::printf("%-41s", "one training step's GEMMs (ms)");
   for (std::size_t i = 0; i < libs.size(); ++i) std::printf(" %10.1f", step[i] * 1e3);
+  std::printf("\n%-41s", "step's GEMM rate / FMA peak");
+  double flops = 0;
+  for (const Shape& s : shapes) flops += 2.0 * s.m * s.n * s.k * s.count;
+  for (std::size_t i = 0; i < libs.size(); ++i) std::printf(" %10.2f", flops / step[i] / 1e9 / peak);
   std::printf("\n%-41s", "same bits on a repeat");
   for (std::size_t i = 0; i < libs.size(); ++i) std::printf(" %10s", same[i] ? "yes" : "NO");
   std::printf("\n");

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <utility>
 
 #include "distopt/core/error.hpp"
 #include "distopt/core/random.hpp"
@@ -73,7 +74,7 @@ Text load_text_file(const std::string& path) {
   return split_tail(path, all);
 }
 
-Split text_split(const Text& text, std::size_t context, std::uint64_t seed, std::size_t max_val) {
+Split text_split(Text text, std::size_t context, std::uint64_t seed, std::size_t max_val) {
   if (context == 0) throw InvalidInput("--context must be at least 1 (got 0)");
   for (const auto* part : {&text.train, &text.val})
     if (part->size() < context + 1)
@@ -87,7 +88,7 @@ Split text_split(const Text& text, std::size_t context, std::uint64_t seed, std:
   s.train.features = features;
   s.train.classes = 256;
   s.train.y.assign(text.train.size() / context, 0.0f);
-  auto bytes = std::make_shared<const std::vector<std::uint8_t>>(text.train);
+  auto bytes = std::make_shared<const std::vector<std::uint8_t>>(std::move(text.train));  // taken, not copied
   const std::uint64_t positions = bytes->size() - context;  // starts 0 .. size - context - 1
   s.train.make = [bytes, positions, features, seed](std::uint64_t epoch, std::size_t i, float* out) {
     Rng rng(seed ^ 0x7e47u, (epoch << 32) ^ i);

@@ -81,7 +81,7 @@ Text load_text_file(const std::string& path);
 // epoch has train bytes / context of them; the validation windows are
 // consecutive and disjoint, at most `max_val` of them (0: all).
 // InvalidInput when a part holds fewer than context + 1 bytes.
-Split text_split(const Text& text, std::size_t context, std::uint64_t seed, std::size_t max_val = 0);
+Split text_split(Text text, std::size_t context, std::uint64_t seed, std::size_t max_val = 0);
 
 // Linear regression: y = w·x + b + noise·N(0, 1), x ~ N(0, 1).
 Split make_synthetic_regression(std::size_t features, std::size_t train_size, std::size_t test_size,
