@@ -55,38 +55,37 @@ void onednn_gemm(const Shape& s, const float* a, const float* b, float* c) {
   dnnl_sgemm(s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.m, s.n, s.k, 1.0f, a, s.ta ? s.m : s.k, b, s.tb ? s.k : s.n, 0.0f, c, s.n);
 }
 
-// GFLOP/s of 12 independent chains of FMAs on the widest vectors there are.
-double fma_peak() {
+// The widest float32 vectors -march=native allows, for the peak below.
 #if defined(__AVX512F__)
-  using V = __m512;
-  constexpr int kLanes = 16;
-  const auto fma = [](V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); };
-  const V b = _mm512_set1_ps(0.999f), c = _mm512_set1_ps(1e-4f);
-  V acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(0.001f * i);
+constexpr int kVectorBits = 512;
+using Vec = __m512;
+Vec vec_set(float x) { return _mm512_set1_ps(x); }
+Vec vec_fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 #else
-  using V = __m256;
-  constexpr int kLanes = 8;
-  const auto fma = [](V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); };
-  const V b = _mm256_set1_ps(0.999f), c = _mm256_set1_ps(1e-4f);
-  V acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = _mm256_set1_ps(0.001f * i);
+constexpr int kVectorBits = 256;
+using Vec = __m256;
+Vec vec_set(float x) { return _mm256_set1_ps(x); }
+Vec vec_fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 #endif
+
+// GFLOP/s of 12 independent chains of FMAs on those vectors.
+double fma_peak() {
+  constexpr int kChains = 12, kLanes = kVectorBits / 32;
+  const Vec b = vec_set(0.999f), c = vec_set(1e-4f);
+  Vec acc[kChains];
+  for (int i = 0; i < kChains; ++i) acc[i] = vec_set(0.001f * i);
   const long n = 50'000'000;
   const auto t0 = std::chrono::steady_clock::now();
   for (long r = 0; r < n; ++r)
 #pragma GCC unroll 12
-    for (int i = 0; i < 12; ++i) acc[i] = fma(acc[i], b, c);
+    for (int i = 0; i < kChains; ++i) acc[i] = vec_fma(acc[i], b, c);
   const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  float sink[kLanes];
-  std::memcpy(sink, &acc[0], sizeof sink);
-  for (int i = 1; i < 12; ++i) {
-    float more[kLanes];
-    std::memcpy(more, &acc[i], sizeof more);
-    for (int l = 0; l < kLanes; ++l) sink[l] += more[l];
-  }
-  if (sink[0] == 12345.0f) std::printf(" ");  // keeps the chains alive
-  return double(n) * 12 * kLanes * 2 / t / 1e9;
+  float lanes[kChains * kLanes];
+  std::memcpy(lanes, acc, sizeof lanes);
+  float sink = 0;
+  for (float v : lanes) sink += v;
+  if (sink == 12345.0f) std::printf(" ");  // keeps the chains alive
+  return double(n) * kChains * kLanes * 2 / t / 1e9;
 }
 
 double seconds(const std::function<void()>& f, int reps) {
@@ -128,13 +127,7 @@ int main(int argc, char** argv) {
   std::mt19937 gen(1);
   std::normal_distribution<float> nd;
   const double peak = fma_peak();
-  std::printf("float32 FMA peak of this core: %.1f GFLOP/s (%d-bit vectors)\n", peak,
-#if defined(__AVX512F__)
-              512
-#else
-              256
-#endif
-  );
+  std::printf("float32 FMA peak of this core: %.1f GFLOP/s (%d-bit vectors)\n", peak, kVectorBits);
   std::printf("%-20s %6s %6s %6s", "shape", "m", "n", "k");
   for (const auto& l : libs) std::printf(" %10s", l.first);
   std::printf("   (GFLOP/s)\n");
