@@ -127,7 +127,7 @@ std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) 
     for (std::size_t k = 0; k < o.strategies.size(); ++k) {
       std::vector<double> t, b, h;
       for (const Sample& s : samples[k]) t.push_back(s.step_s), b.push_back(s.bytes), h.push_back(s.hidden);
-      const double volume = (o.strategies[k] == "zero3" ? 3.0 : 2.0) * double(psi) * 4.0 * (n - 1) / n;
+      const double volume = parallel::strategy_or_throw(o.strategies[k]).volume_psi * double(psi) * 4.0 * (n - 1) / n;
       rows.push_back({o.strategies[k], std::string(comm.backend()), model_name, comm.size(), psi, median(t),
                       median(b), volume, median(h), samples[k].back().peak, samples[k].back().hash});
     }

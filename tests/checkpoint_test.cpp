@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "distopt/checkpoint/pieces.hpp"
+#include "distopt/checkpoint/run_state.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/checkpoint/store.hpp"
 #include "distopt/core/error.hpp"
@@ -253,7 +254,7 @@ TEST(Safetensors, RoundTripAndEveryMalformedHeaderIsOneLine) {
 
 namespace {
 
-std::string assemble_error(const std::vector<Piece>& pieces) {
+std::string assemble_error(const std::vector<checkpoint::Piece>& pieces) {
   return one_line_error([&] { (void)assemble(pieces); });
 }
 
@@ -267,10 +268,10 @@ TEST(Pieces, AnyCutReassemblesBitForBitThroughTheirFiles) {
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * float(i) - 1.0f;
   for (int world = 1; world <= 8; ++world) {
     SCOPED_TRACE("world " + std::to_string(world));
-    std::vector<Piece> all;
+    std::vector<checkpoint::Piece> all;
     for (int r = 0; r < world; ++r) {
       const std::size_t begin = w.size() * r / world, end = w.size() * (r + 1) / world;
-      std::vector<Piece> mine = {{"fc.weight", {5, 7}, begin, {w.begin() + begin, w.begin() + end}}};
+      std::vector<checkpoint::Piece> mine = {{"fc.weight", {5, 7}, begin, {w.begin() + begin, w.begin() + end}}};
       if (r == world - 1) mine.push_back({"scale", {}, 0, {2.5f}});
       const NamedTensors file = to_safetensors(mine);
       const auto back = pieces_of(file, "rank.safetensors");
@@ -301,7 +302,7 @@ TEST(Pieces, GapsDisagreementsAndBadPlacesAreOneLineNamingTheTensor) {
             std::string::npos);
   EXPECT_NE(assemble_error({{"t", {1 << 30, 1 << 30, 1 << 30}, 0, {1}}}).find("is too large"), std::string::npos);
   // Places in a file.
-  NamedTensors f = to_safetensors(std::vector<Piece>{{"t", {6}, 2, {3, 4}}});
+  NamedTensors f = to_safetensors(std::vector<checkpoint::Piece>{{"t", {6}, 2, {3, 4}}});
   auto place_error = [&](const std::string& place) -> std::string {
     NamedTensors g = f;
     if (place.empty()) g.metadata.clear();
@@ -314,4 +315,82 @@ TEST(Pieces, GapsDisagreementsAndBadPlacesAreOneLineNamingTheTensor) {
     EXPECT_NE(place_error(bad).find("rank3.safetensors: tensor t has a malformed place"), std::string::npos) << bad;
   EXPECT_NE(place_error("5:6").find("does not fit its shape [6]"), std::string::npos);
   EXPECT_NE(place_error("0:4294967296,4294967296,4294967296").find("does not fit its shape"), std::string::npos);
+}
+
+// Regression (found by safetensors_fuzz): a file entry that lacks a key
+// ("xxhv4" for "xxh64") made parse_manifest index a const JSON object with
+// operator[] on the missing key -- undefined behaviour, a heap-use-after-free
+// under AddressSanitizer. Every missing or mistyped member is one line.
+TEST(CheckpointStore, AFileEntryLackingAKeyIsOneLine) {
+  const std::string head = R"({"format": "distopt-checkpoint", "version": 1, "step": 4, "files": [)";
+  for (const char* entry : {R"({"name": "rank0.safetensors", "bytes": 12, "xxhv4": "0123456789abcdef"})",
+                            R"({"name": "rank0.safetensors", "xxh64": "0123456789abcdef"})",
+                            R"({"bytes": 12, "xxh64": "0123456789abcdef"})", R"({"name": 5, "bytes": 12, "xxh64": ""})",
+                            R"(["rank0.safetensors", 12])", R"(7)"}) {
+    const std::string e = one_line_error([&] { (void)parse_manifest(head + entry + "]}", "ck: "); });
+    EXPECT_NE(e.find("a file entry lacks name, bytes or xxh64"), std::string::npos) << entry << ": " << e;
+  }
+  EXPECT_NO_THROW((void)parse_manifest(
+      head + R"({"name": "rank0.safetensors", "bytes": 12, "xxh64": "0123456789abcdef"}]})", "ck: "));
+}
+
+// The run state --resume reads: every member missing, of the wrong type or
+// nested too deep is one line, never undefined behaviour.
+TEST(RunState, MissingAndMistypedMembersAreOneLine) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"([1, 2])", "is not a JSON object"},
+      {R"({"groups": 3})", "groups is not a list"},
+      {R"({"groups": [{"options": {}}]})", "lacks options or extras"},
+      {R"({"groups": [{"options": {"lr": [1, 2, 3]}, "extras": {}}]})", "neither a number nor a pair"},
+      {R"({"groups": [{"options": {"lr": "fast"}, "extras": {}}]})", "lr is not a number"},
+      {R"({"scheduler": {"kind": "steplr", "values": {}}})", "a malformed scheduler state"},
+      {R"({"scheduler": {"values": {}, "children": []}})", "a malformed scheduler state"},
+      {R"({"scheduler": {"kind": "x", "values": {"last_epoch": 3}, "children": []}})", "is not a list"},
+      {R"({"scaler": {"scale": 1, "growth_interval": 2}})", "a malformed loss-scaler state"},
+      {R"({"scaler": {"growth_interval": 2, "growth_tracker": 0}})", "scale is not a number"},
+      {R"({"averaged": {}})", "a malformed averaging state"},
+      {R"({"averaged": 5})", "a malformed averaging state"},
+      {R"({"gossip": {"strategy": "sgp"}})", "a malformed gossip state"},
+      {R"({"gossip": {"ranks": []}})", "a malformed gossip state"},
+      {R"({"gossip": {"strategy": "sgp", "ranks": [{"steps": 3}]}})", "no gossip state for rank 0"},
+      {R"({"gossip": {"strategy": "sgp", "ranks": [{"steps": 3, "numbers": []}, {"numbers": []}]}})",
+       "no gossip state for rank 1"},
+  };
+  for (const auto& [text, expected] : cases) {
+    const std::string e = one_line_error([&] { (void)parse_run_state(text); });
+    EXPECT_NE(e.find(expected), std::string::npos) << text << ": " << e;
+  }
+  std::string deep = R"({"kind": "a", "values": {}, "children": []})";
+  for (int i = 0; i < 100; ++i) deep = R"({"kind": "a", "values": {}, "children": [)" + deep + "]}";
+  const std::string e = one_line_error([&] { (void)parse_run_state(R"({"scheduler": )" + deep + "}"); });
+  EXPECT_NE(e.find("nested deeper"), std::string::npos) << e;
+}
+
+TEST(RunState, WrittenAndReadBackItIsTheSame) {
+  RunState s;
+  s.groups.emplace();
+  s.groups->push_back({{{"lr", OptionValue(0.25)}, {"betas", OptionValue(0.9, 0.999)}}, {{"initial_lr", 0.5}}});
+  s.scheduler = SchedulerState{"sequentiallr", {{"last_epoch", {3}}}, {SchedulerState{"linearlr", {{"x", {1, 2}}}, {}}}};
+  s.scaler = GradScalerState{65536.0, 2.0, 0.5, 2000, 7};
+  s.n_averaged = 4;
+  s.gossip = RunState::Gossip{"osgp", 3, parallel::GossipOptions{}, {{5, {1.0, 0.5}}, {5, {}}, {6, {2.0}}}};
+  s.gossip->options->synch_freq = 2;
+  const RunState r = parse_run_state(run_state_json(s));
+  ASSERT_TRUE(r.groups && r.groups->size() == 1);
+  EXPECT_EQ((*r.groups)[0].options.at("betas"), OptionValue(0.9, 0.999));
+  EXPECT_EQ((*r.groups)[0].options.at("lr"), OptionValue(0.25));
+  EXPECT_EQ((*r.groups)[0].extras.at("initial_lr"), 0.5);
+  ASSERT_TRUE(r.scheduler && r.scheduler->children.size() == 1);
+  EXPECT_EQ(r.scheduler->children[0].values.at("x"), (std::vector<double>{1, 2}));
+  ASSERT_TRUE(r.scaler);
+  EXPECT_EQ(r.scaler->growth_tracker, 7);
+  EXPECT_EQ(r.n_averaged, 4);
+  ASSERT_TRUE(r.gossip && r.gossip->options);
+  EXPECT_EQ(r.gossip->world, 3);
+  EXPECT_EQ(r.gossip->options->synch_freq, 2);
+  EXPECT_EQ(r.gossip->options->topology, "");
+  ASSERT_EQ(r.gossip->ranks.size(), 3u);
+  EXPECT_EQ(r.gossip->ranks[2].steps, 6u);
+  EXPECT_EQ(r.gossip->ranks[0].numbers, (std::vector<double>{1.0, 0.5}));
+  EXPECT_FALSE(r.swa_scheduler);
 }

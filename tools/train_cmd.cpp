@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distopt/checkpoint/pieces.hpp"
+#include "distopt/checkpoint/run.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/checkpoint/state.hpp"
 #include "distopt/checkpoint/store.hpp"
@@ -658,7 +659,8 @@ const std::set<std::string> kGossipFlags = {"--topology",           "--peers-per
 // Why a gossip flag does not apply to strategy `s` (with that slowmo base),
 // or "" when it does.
 std::string gossip_flag_misfit(const std::string& flag, const std::string& s, const std::string& slowmo_base) {
-  if (!parallel::is_gossip(s))
+  const parallel::StrategyInfo* info = parallel::find_strategy(s);
+  if (info == nullptr || !info->per_rank_models)
     return str(flag, " applies to the gossip strategies (sgp, osgp, dpsgd, adpsgd, slowmo), not --strategy ", s);
   if (flag == "--synch-freq" && s != "osgp" && s != "adpsgd")
     return str("--synch-freq applies to --strategy osgp and adpsgd, not ", s);
@@ -876,13 +878,9 @@ int run_train(TrainArgs& a) {
 void load_resume(CLI::App& command, TrainArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   if (a.config.checkpoint_dir.empty()) throw InvalidInput("--resume needs --checkpoint-dir");
-  const auto latest = checkpoint::latest_complete(a.config.checkpoint_dir);
-  if (!latest) throw InvalidInput(str("--resume: no complete checkpoint in ", a.config.checkpoint_dir));
-  const checkpoint::Manifest m = checkpoint::verify(*latest);
-  const nlohmann::json body = nlohmann::json::parse(m.body, nullptr, false);
-  if (body.is_discarded() || !body.is_object() || !body.contains("config") || !body["config"].is_object())
-    throw InvalidInput(str("checkpoint ", latest->string(), ": manifest.json carries no run configuration"));
-  const nlohmann::json& saved = body["config"];
+  auto loaded = std::make_shared<checkpoint::Loaded>(checkpoint::load_latest(a.config.checkpoint_dir));
+  const std::filesystem::path* latest = &loaded->dir;
+  const nlohmann::json saved = nlohmann::json::parse(loaded->config);
   const nlohmann::json given = nlohmann::json::parse(effective_config(command));
   for (const auto& [key, value] : given.items()) {
     const CLI::Option* opt = command.get_option_no_throw("--" + key);
@@ -910,11 +908,7 @@ void load_resume(CLI::App& command, TrainArgs& a) {
         carried.erase(key);
   }
   apply_config_text(command, carried.dump(), (*latest / "manifest.json").string());
-  auto resume = std::make_shared<train::TrainConfig::Resume>();
-  resume->step = m.step;
-  resume->wholes = checkpoint::read_wholes(*latest, m);
-  if (body.contains("state")) resume->state = body["state"].dump();
-  a.config.resume = std::move(resume);
+  a.config.resume = std::move(loaded);
   a.resume_load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 

@@ -40,9 +40,9 @@ std::vector<std::string> aux_names(const Optimizer& opt, std::size_t i) {
   return names;
 }
 
-// ddp and the gossip strategies hold every parameter whole (in the padded
-// layout); zero1-3 their shard.
-bool replicated(const parallel::Strategy& s) { return s.name() == "ddp" || parallel::is_gossip(s.name()); }
+// Whether the strategy holds every parameter whole (in the padded layout)
+// or its shard of each.
+bool replicated(const parallel::Strategy& s) { return s.info().replicated_params; }
 
 // This rank's pieces of values shaped like own_params(), named
 // PREFIX<param name>: its shard's, or of replicated values the piece the
@@ -118,7 +118,7 @@ std::vector<Piece> local_state_pieces(parallel::Strategy& s, int rank, StateDict
 std::string local_prefix(int rank) { return str("gossip.", rank, "."); }
 
 std::vector<Piece> own_pieces(parallel::Strategy& s, int rank, std::span<const float> own, const std::string& prefix) {
-  if (!parallel::is_gossip(s.name())) return cut(s, rank, own, prefix);
+  if (!s.info().per_rank_models) return cut(s, rank, own, prefix);
   std::vector<Piece> out = cut(s, rank, s.mean_over_ranks(own), prefix);
   std::vector<Piece> mine = whole_pieces(s.layout(), own, local_prefix(rank) + prefix);
   out.insert(out.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
@@ -155,7 +155,7 @@ std::vector<float> own_values(parallel::Strategy& s, int rank, const std::map<st
 }
 
 std::vector<Piece> strategy_pieces(parallel::Strategy& s, int rank) {
-  const bool gossip = parallel::is_gossip(s.name());
+  const bool gossip = s.info().per_rank_models;
   const std::span<const float> params = s.own_params();
   std::vector<Piece> out =
       gossip ? cut(s, rank, s.mean_over_ranks(params), "param.") : cut(s, rank, params, "param.");
@@ -209,7 +209,8 @@ std::map<std::string, Whole> read_wholes(const std::filesystem::path& dir, const
 }
 
 std::vector<float> initial_params(const parallel::FlatLayout& layout, const std::map<std::string, Whole>& wholes) {
-  for (const auto& [name, whole] : wholes) {
+  for (const auto& entry : wholes) {
+    const std::string& name = entry.first;  // not a structured binding: clang 14 cannot capture one
     if (name.rfind("param.", 0) == 0) {
       const bool known = std::any_of(layout.params.begin(), layout.params.end(),
                                      [&](const ParamSlot& s) { return "param." + s.name == name; });

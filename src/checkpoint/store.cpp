@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distopt/core/error.hpp"
+#include "json_read.hpp"
 
 namespace distopt::checkpoint {
 namespace fs = std::filesystem;
@@ -165,10 +166,12 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   m.step = j["step"].get<std::uint64_t>();
   if (!j["files"].is_array()) throw InvalidInput(str(where, kManifest, ": files is not a list"));
   for (const auto& f : j["files"]) {
-    if (!f.is_object() || !f["name"].is_string() || !f["bytes"].is_number_unsigned() || !f["xxh64"].is_string())
+    const nlohmann::json &name = detail::member(f, "name"), &bytes = detail::member(f, "bytes"),
+                         &hash = detail::member(f, "xxh64");
+    if (!name.is_string() || !bytes.is_number_unsigned() || !hash.is_string())
       throw InvalidInput(str(where, kManifest, ": a file entry lacks name, bytes or xxh64"));
-    FileEntry e{f["name"].get<std::string>(), f["bytes"].get<std::uint64_t>(), 0};
-    const std::string h = f["xxh64"].get<std::string>();
+    FileEntry e{name.get<std::string>(), bytes.get<std::uint64_t>(), 0};
+    const std::string h = hash.get<std::string>();
     const auto [ptr, perr] = std::from_chars(h.data(), h.data() + h.size(), e.xxh64, 16);
     if (!plain_name(e.name) || h.size() != 16 || perr != std::errc() || ptr != h.data() + h.size())
       throw InvalidInput(str(where, kManifest, ": bad file entry '", e.name, "'"));

@@ -58,14 +58,14 @@ class ValuesAccess final : public models::UnitAccess {
 // the fallback rule.
 std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vector<Param> views);
 
+// The registry's entries (registry.cpp): ddp.cpp, zero1.cpp, zero2.cpp,
+// zero3.cpp, and the gossip strategies in gossip/.
+extern const StrategyInfo kDdp, kZero1, kZero2, kZero3;
+extern const StrategyInfo kSgp, kOsgp, kDpsgd, kAdpsgd, kSlowmo;
+
 // Setup check: every rank must agree on what it is about to train; a
 // mismatch names the first rank that differs from rank 0 and the item.
 void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,
                      const OptimizerSpec& spec, const StrategyOptions& options);
-
-// sgp, osgp, dpsgd, adpsgd, slowmo (gossip_engine.cpp).
-std::unique_ptr<Strategy> make_gossip_strategy(std::string_view name, Communicator& comm, const FlatLayout& layout,
-                                               std::span<const float> initial, const OptimizerSpec& optimizer,
-                                               const StrategyOptions& options);
 
 }  // namespace distopt::parallel::detail

@@ -1,19 +1,15 @@
 #include "distopt/train/trainer.hpp"
 
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <nlohmann/json.hpp>
 #include <thread>
 
-#include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/checkpoint/run.hpp"
 #include "distopt/checkpoint/state.hpp"
-#include "distopt/checkpoint/store.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/fp_mode.hpp"
 #include "distopt/data/sampler.hpp"
@@ -56,11 +52,9 @@ models::BatchStats evaluate(Communicator& comm, models::Model& model, models::Un
   return {sums[0], sums[1], sums[2]};
 }
 
-// A testing aid (docs/reliability.md): DISTOPT_FAULT=stall:RANK:STEP makes
-// that rank stop answering after that step, as a hung or SIGSTOPped
-// process would, so that time-outs can be tested on every backend.
 // DISTOPT_FAULT, a testing aid (docs/reliability.md): stall:RANK:STEP hangs
-// that rank after that step; exit:RANK:STEP:POINT ends the process at once
+// that rank after that step, as a hung or SIGSTOPped process would, so that
+// time-outs can be tested on every backend; exit:RANK:STEP:POINT ends the process at once
 // (_exit, as a kill would) while that rank writes the checkpoint of that
 // step, at POINT: "file" (half of its rank file written), "manifest" (its
 // file complete, no manifest yet).
@@ -149,228 +143,6 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
 
 }  // namespace
 
-namespace {
-
-using OJson = nlohmann::ordered_json;
-
-// JSON has no inf or NaN: they are written as strings.
-OJson number_json(double v) {
-  if (std::isfinite(v)) return v;
-  return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
-}
-double json_number(const nlohmann::json& j, const std::string& what) {
-  if (j.is_number()) return j.get<double>();
-  if (j.is_string()) {
-    const std::string t = j.get<std::string>();
-    if (t == "nan") return std::nan("");
-    if (t == "inf" || t == "-inf") return t == "inf" ? HUGE_VAL : -HUGE_VAL;
-  }
-  throw InvalidInput(str("checkpoint manifest: ", what, " is not a number"));
-}
-
-// The numbers a scheduler may change in each group: numeric and pair
-// options, and the extras (initial_lr, max_lr, ...).
-OJson groups_json(const Optimizer& opt) {
-  OJson groups = OJson::array();
-  for (std::size_t g = 0; g < opt.num_groups(); ++g) {
-    OJson options = OJson::object(), extras = OJson::object();
-    for (const auto& [name, v] : opt.group(g).options) {
-      if (v.kind() == OptionValue::Kind::number) options[name] = number_json(v.number());
-      if (v.kind() == OptionValue::Kind::pair) options[name] = {number_json(v.pair()[0]), number_json(v.pair()[1])};
-    }
-    for (const auto& [name, v] : opt.group(g).extras) extras[name] = number_json(v);
-    groups.push_back({{"options", options}, {"extras", extras}});
-  }
-  return groups;
-}
-void load_groups(Optimizer& opt, const nlohmann::json& groups) {
-  if (!groups.is_array() || groups.size() != opt.num_groups())
-    throw InvalidInput(str("checkpoint manifest: ", groups.is_array() ? groups.size() : 0, " parameter groups, the run has ",
-                           opt.num_groups()));
-  for (std::size_t g = 0; g < opt.num_groups(); ++g) {
-    for (const auto& [name, v] : groups[g]["options"].items()) {
-      const OptionValue now = opt.group(g).options.at(name);
-      const OptionValue saved = v.is_array() ? OptionValue(json_number(v[0], name), json_number(v[1], name))
-                                             : OptionValue(json_number(v, name));
-      if (!(saved == now)) opt.set_option(g, name, saved);
-    }
-    for (const auto& [name, v] : groups[g]["extras"].items()) opt.set_extra(g, name, json_number(v, name));
-  }
-}
-
-OJson scheduler_json(const SchedulerState& s) {
-  OJson j;
-  j["kind"] = s.kind;
-  j["values"] = OJson::object();
-  for (const auto& [name, values] : s.values) {
-    OJson list = OJson::array();
-    for (double v : values) list.push_back(number_json(v));
-    j["values"][name] = list;
-  }
-  j["children"] = OJson::array();
-  for (const SchedulerState& c : s.children) j["children"].push_back(scheduler_json(c));
-  return j;
-}
-SchedulerState scheduler_state(const nlohmann::json& j) {
-  SchedulerState s;
-  if (!j.is_object() || !j["kind"].is_string() || !j["values"].is_object() || !j["children"].is_array())
-    throw InvalidInput("checkpoint manifest: a malformed scheduler state");
-  s.kind = j["kind"].get<std::string>();
-  for (const auto& [name, list] : j["values"].items()) {
-    if (!list.is_array()) throw InvalidInput(str("checkpoint manifest: scheduler value ", name, " is not a list"));
-    for (const auto& v : list) s.values[name].push_back(json_number(v, name));
-  }
-  for (const auto& c : j["children"]) s.children.push_back(scheduler_state(c));
-  return s;
-}
-
-OJson scaler_json(const GradScalerState& s) {
-  return {{"scale", number_json(s.scale)}, {"growth_factor", s.growth_factor}, {"backoff_factor", s.backoff_factor},
-          {"growth_interval", s.growth_interval}, {"growth_tracker", s.growth_tracker}};
-}
-GradScalerState scaler_state(const nlohmann::json& j) {
-  GradScalerState s;
-  if (!j.is_object() || !j["growth_interval"].is_number_integer() || !j["growth_tracker"].is_number_integer())
-    throw InvalidInput("checkpoint manifest: a malformed loss-scaler state");
-  s.scale = json_number(j["scale"], "scale");
-  s.growth_factor = json_number(j["growth_factor"], "growth_factor");
-  s.backoff_factor = json_number(j["backoff_factor"], "backoff_factor");
-  s.growth_interval = j["growth_interval"].get<std::int64_t>();
-  s.growth_tracker = j["growth_tracker"].get<std::int64_t>();
-  return s;
-}
-
-// What a gossip checkpoint's ranks must share with the resumed run for it
-// to go on rank by rank: the strategy, the world size and the gossip options.
-OJson gossip_run(const TrainConfig& c, int world) {
-  const parallel::GossipOptions& g = c.parallel.gossip;
-  OJson j;
-  j["strategy"] = c.strategy;
-  j["world"] = world;
-  j["options"] = {{"topology", g.topology},
-                  {"peers_per_iteration", g.peers_per_iteration},
-                  {"synch_freq", g.synch_freq},
-                  {"slowmo_base", g.slowmo_base},
-                  {"localsgd_frequency", g.localsgd_frequency},
-                  {"slowmo_frequency", g.slowmo_frequency},
-                  {"slowmo_momentum", g.slowmo_momentum},
-                  {"slowmo_lr", g.slowmo_lr}};
-  return j;
-}
-
-// Every rank's LocalState numbers, gathered (collective): [steps, numbers...] per rank.
-std::vector<std::vector<double>> gather_local_numbers(Communicator& comm, const parallel::LocalState& local) {
-  std::vector<double> mine{static_cast<double>(local.steps)};
-  mine.insert(mine.end(), local.scalars.begin(), local.scalars.end());
-  const auto n = static_cast<std::int64_t>(mine.size());
-  std::vector<std::int64_t> counts(static_cast<std::size_t>(comm.size()));
-  comm.all_gather(&n, counts.data(), 1, ElemType::i64);
-  std::vector<std::size_t> sizes(counts.begin(), counts.end());
-  std::size_t total = 0;
-  for (std::size_t c : sizes) total += c;
-  std::vector<double> all(total);
-  comm.all_gather_v(mine.data(), all.data(), sizes, ElemType::f64);
-  std::vector<std::vector<double>> out;
-  std::size_t at = 0;
-  for (std::size_t c : sizes) {
-    out.emplace_back(all.begin() + static_cast<std::ptrdiff_t>(at), all.begin() + static_cast<std::ptrdiff_t>(at + c));
-    at += c;
-  }
-  return out;
-}
-
-// Writes the checkpoint of `step` under config.checkpoint_dir (collective):
-// every rank its file, in parallel; rank 0 the manifest, last, and prunes.
-std::uint64_t save_checkpoint(Communicator& comm, parallel::Strategy& strategy, const TrainConfig& config, std::uint64_t step,
-                     int epoch, const Fault& fault, const nlohmann::ordered_json& state,
-                     std::vector<checkpoint::Piece> extra) {
-  const bool die_here = fault.exit && fault.rank == comm.rank() && fault.step == step;
-  namespace fs = std::filesystem;
-  const fs::path dir = checkpoint::checkpoint_dir(config.checkpoint_dir, step);
-  std::int64_t ok = 1;
-  std::string failure;
-  if (comm.rank() == 0) {
-    std::error_code ec;
-    fs::remove_all(dir, ec);  // an interrupted write of this very step
-    fs::create_directories(dir, ec);
-    if (ec) {
-      ok = 0;
-      failure = str(dir.string(), ": cannot create the checkpoint directory: ", ec.message());
-    }
-  }
-  comm.broadcast(&ok, 1, ElemType::i64, 0);
-  if (ok == 0) throw IoError(failure.empty() ? str(dir.string(), ": rank 0 could not create it") : failure);
-  // Each rank's file; a failure on any rank fails the checkpoint on all.
-  checkpoint::FileEntry mine;
-  const std::string name = str("rank", comm.rank(), ".safetensors");
-  // The collective parts first (gossip: the consensus, the rounds in flight).
-  std::vector<checkpoint::Piece> pieces = checkpoint::strategy_pieces(strategy, comm.rank());
-  pieces.insert(pieces.end(), std::make_move_iterator(extra.begin()), std::make_move_iterator(extra.end()));
-  const std::optional<parallel::LocalState> local = strategy.local_state();
-  std::vector<std::vector<double>> numbers;
-  if (local) {
-    std::vector<checkpoint::Piece> mine = checkpoint::local_pieces(*local, comm.rank());
-    pieces.insert(pieces.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
-    numbers = gather_local_numbers(comm, *local);
-  }
-  try {
-    const std::vector<std::byte> bytes = checkpoint::safetensors_bytes(checkpoint::to_safetensors(pieces));
-    if (die_here && fault.in_file) {
-      // Half the file under its temporary name, as a write cut short leaves it.
-      std::FILE* f = std::fopen((dir / (name + ".tmp." + std::to_string(::getpid()))).c_str(), "wb");
-      if (f != nullptr) std::fwrite(bytes.data(), 1, bytes.size() / 2, f), std::fclose(f);
-      std::_Exit(137);
-    }
-    mine = checkpoint::write_file(dir, name, bytes);
-    if (die_here) std::_Exit(137);  // the file in place, no manifest
-  } catch (const Error& e) {
-    ok = 0;
-    failure = e.what();
-  }
-  const std::int64_t written[3] = {ok, static_cast<std::int64_t>(mine.bytes), static_cast<std::int64_t>(mine.xxh64)};
-  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(comm.size()));
-  comm.all_gather(written, all.data(), 3, ElemType::i64);
-  for (int r = 0; r < comm.size(); ++r)
-    if (all[3 * static_cast<std::size_t>(r)] == 0)
-      throw IoError(r == comm.rank() ? failure : str("checkpoint of step ", step, ": rank ", r, " could not write its file"));
-  if (comm.rank() == 0) {
-    checkpoint::Manifest m;
-    m.step = step;
-    nlohmann::ordered_json body;
-    body["step"] = step;
-    body["epoch"] = epoch;
-    body["world"] = comm.size();
-    body["strategy"] = config.strategy;
-    body["model"] = config.model;
-    body["optimizer"] = config.optimizer.name;
-    body["param_order"] = nlohmann::ordered_json::array();  // the model's order (param_hash's)
-    for (const ParamSlot& p : strategy.layout().params()) body["param_order"].push_back(p.name);
-    body["config"] = nlohmann::ordered_json::parse(config.checkpoint_run);
-    body["state"] = state;
-    if (local) {
-      OJson g = gossip_run(config, comm.size());
-      g["ranks"] = OJson::array();
-      for (const auto& r : numbers)
-        g["ranks"].push_back({{"steps", static_cast<std::uint64_t>(r.at(0))},
-                              {"numbers", std::vector<double>(r.begin() + 1, r.end())}});
-      body["state"]["gossip"] = g;
-    }
-    m.body = body.dump();
-    for (int r = 0; r < comm.size(); ++r) {
-      const auto* v = all.data() + 3 * static_cast<std::size_t>(r);
-      m.files.push_back({str("rank", r, ".safetensors"), static_cast<std::uint64_t>(v[1]), static_cast<std::uint64_t>(v[2])});
-    }
-    checkpoint::write_manifest(dir, m);
-    (void)checkpoint::prune(config.checkpoint_dir, config.keep_checkpoints);
-  }
-  comm.barrier();
-  std::uint64_t bytes = 0;
-  for (int r = 0; r < comm.size(); ++r) bytes += static_cast<std::uint64_t>(all[3 * static_cast<std::size_t>(r) + 1]);
-  return bytes;
-}
-
-}  // namespace
-
 std::string hash_params(const std::vector<float>& params) {
   const XXH64_hash_t h = XXH3_64bits(params.data(), params.size() * sizeof(float));
   char hex[17];
@@ -388,43 +160,6 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   if (config.resume) initial = checkpoint::initial_params(layout, config.resume->wholes);
   else model->init(initial, config.seed);
   auto strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
-  nlohmann::json st;  // the checkpoint's non-tensor state
-  // A gossip checkpoint goes on rank by rank in a run of the same strategy,
-  // world size and gossip options; anything else starts from its consensus.
-  std::string local_prefix;
-  if (config.resume) {
-    st = nlohmann::json::parse(config.resume->state, nullptr, false);
-    if (!st.is_object()) throw InvalidInput("--resume: the checkpoint manifest's state is not a JSON object");
-    if (st.contains("gossip")) {
-      const nlohmann::json& g = st["gossip"];
-      if (!g.is_object() || !g["ranks"].is_array() || !g["strategy"].is_string())
-        throw InvalidInput("checkpoint manifest: a malformed gossip state");
-      nlohmann::json same = g;
-      same.erase("ranks");
-      if (same == nlohmann::json::parse(gossip_run(config, comm.size()).dump())) {
-        local_prefix = checkpoint::local_prefix(comm.rank());
-      } else if (observer != nullptr && comm.rank() == 0) {
-        observer->on_warning(str("resuming the ", g["strategy"].get<std::string>(), " checkpoint of ", g.value("world", 0),
-                                 " ranks as ", config.strategy, " at ", comm.size(),
-                                 " (or with other gossip options): every rank starts from the ranks' mean model and "
-                                 "optimizer state"));
-      }
-    }
-    checkpoint::load_optimizer_state(*strategy, config.resume->wholes, local_prefix);
-    if (!local_prefix.empty()) {
-      const nlohmann::json& r = st["gossip"]["ranks"];
-      const auto me = static_cast<std::size_t>(comm.rank());
-      if (me >= r.size() || !r[me].is_object() || !r[me]["steps"].is_number_unsigned() || !r[me]["numbers"].is_array())
-        throw InvalidInput(str("checkpoint manifest: no gossip state for rank ", comm.rank()));
-      std::vector<double> numbers;
-      for (const auto& v : r[me]["numbers"]) numbers.push_back(json_number(v, "a gossip state number"));
-      const parallel::LocalState local = checkpoint::local_state(config.resume->wholes, comm.rank(),
-                                                                 r[me]["steps"].get<std::uint64_t>(), std::move(numbers));
-      strategy->resume(local.steps, &local);
-    } else {
-      strategy->resume(config.resume->step, nullptr);
-    }
-  }
   Optimizer& optimizer = strategy->optimizer();
   std::unique_ptr<Scheduler> scheduler;
   if (config.scheduler) scheduler = make_scheduler(optimizer, *config.scheduler);
@@ -443,34 +178,21 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   const std::size_t own_elements = strategy->own_params().size();
   if (config.swa_start > 0) averaged.emplace(own_elements, AveragingOptions{AveragingKind::swa, 0.0, {}});
   if (config.ema_decay) averaged.emplace(own_elements, AveragingOptions{AveragingKind::ema, *config.ema_decay, {}});
+  const checkpoint::RunInfo run{config.strategy, config.model, config.optimizer.name, config.parallel.gossip,
+                                config.checkpoint_run};
+  auto parts = [&] {
+    return checkpoint::RunParts{&optimizer, scheduler.get(), swa_scheduler.get(), scaler ? &*scaler : nullptr,
+                                averaged ? &*averaged : nullptr};
+  };
+  auto start_swa = [&]() -> Scheduler& {
+    if (!config.swa_lr) throw InvalidInput("--resume: the checkpoint's run had --swa-lr; resume it with it");
+    swa_scheduler = std::make_unique<SWALR>(optimizer, std::vector<double>{*config.swa_lr}, config.swa_anneal_epochs,
+                                            config.swa_anneal_strategy);
+    return *swa_scheduler;
+  };
   if (config.resume) {
-    // The scheduler's and the scaler's state, then the groups' options as
-    // they were (the lr the scheduler had set).
-    if (scheduler.operator bool() != st.contains("scheduler"))
-      throw InvalidInput(scheduler ? "--resume: the checkpoint's run had no scheduler; one cannot be added on resume"
-                                   : "--resume: the checkpoint's run had a scheduler; resume it with its --scheduler");
-    if (scheduler) scheduler->load_state_dict(scheduler_state(st["scheduler"]));
-    if (scaler.has_value() != st.contains("scaler"))
-      throw InvalidInput(scaler ? "--resume: the checkpoint's run had no loss scaling; it cannot be added on resume"
-                                : "--resume: the checkpoint's run had loss scaling; resume it with --loss-scale dynamic");
-    if (scaler) scaler->load_state_dict(scaler_state(st["scaler"]));
-    // SWA/EMA: the averages (cut like the parameters) and SWALR once SWA
-    // has started.
-    if (st.contains("averaged")) {
-      if (!averaged) throw InvalidInput("--resume: the checkpoint's run averaged its parameters; resume it with its --swa-start or --ema-decay");
-      const nlohmann::json& a = st["averaged"];
-      if (!a.is_object() || !a["n_averaged"].is_number_integer())
-        throw InvalidInput("checkpoint manifest: a malformed averaging state");
-      averaged->load_state_dict({a["n_averaged"].get<std::int64_t>(),
-                                 checkpoint::own_values(*strategy, comm.rank(), config.resume->wholes, local_prefix + "avg.")});
-    }
-    if (st.contains("swa_scheduler")) {
-      if (!config.swa_lr) throw InvalidInput("--resume: the checkpoint's run had --swa-lr; resume it with it");
-      swa_scheduler = std::make_unique<SWALR>(optimizer, std::vector<double>{*config.swa_lr}, config.swa_anneal_epochs,
-                                              config.swa_anneal_strategy);
-      swa_scheduler->load_state_dict(scheduler_state(st["swa_scheduler"]));
-    }
-    if (st.contains("groups")) load_groups(optimizer, st["groups"]);
+    const std::string warning = checkpoint::resume(comm, *strategy, *config.resume, run, parts(), start_swa);
+    if (!warning.empty() && observer != nullptr && comm.rank() == 0) observer->on_warning(warning);
   }
   double grad_norm = -1;
   bool stepped = true;
@@ -539,27 +261,12 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   int epoch_now = first_epoch;
   bool evaluated = false;
   bool save_after_epoch = false;
-  // What a checkpoint keeps besides the tensors: the groups' options (a
-  // scheduler's lr), the scheduler's and the loss scaler's state.
-  auto run_state = [&] {
-    nlohmann::ordered_json j;
-    j["groups"] = groups_json(optimizer);
-    if (scheduler) j["scheduler"] = scheduler_json(scheduler->state_dict());
-    if (scaler && scaler->state_dict()) j["scaler"] = scaler_json(*scaler->state_dict());
-    if (averaged && averaged->n_averaged() > 0) j["averaged"] = {{"n_averaged", averaged->n_averaged()}};
-    if (swa_scheduler) j["swa_scheduler"] = scheduler_json(swa_scheduler->state_dict());
-    return j;
-  };
-  // The averages, cut like the parameters (with the tensors).
-  auto extra_pieces = [&] {
-    std::vector<checkpoint::Piece> pieces;
-    if (averaged && averaged->n_averaged() > 0)
-      pieces = checkpoint::own_pieces(*strategy, comm.rank(), averaged->params(), "avg.");
-    return pieces;
-  };
   auto save = [&](int epoch) {
     const auto t0 = Clock::now();
-    result.checkpoint_bytes = save_checkpoint(comm, *strategy, config, result.steps, epoch, fault, run_state(), extra_pieces());
+    checkpoint::SaveOptions where{config.checkpoint_dir, config.keep_checkpoints, checkpoint::SaveOptions::Die::no};
+    if (fault.exit && fault.rank == comm.rank() && fault.step == result.steps)
+      where.die = fault.in_file ? checkpoint::SaveOptions::Die::in_file : checkpoint::SaveOptions::Die::after_file;
+    result.checkpoint_bytes = checkpoint::save(comm, *strategy, run, parts(), where, result.steps, epoch);
     result.checkpoint_seconds += seconds_since(t0);
     ++result.checkpoints_written;
   };

@@ -1,8 +1,10 @@
 // A parallel strategy owns a rank's parameters, gradients and optimizer,
-// and decides what to communicate in a step (DESIGN.md, "one training step,
-// per strategy"; docs/algorithms.md, "Training step"). The training loop
-// runs the model through access() and calls step(); it never knows which
-// strategy it drives.
+// and decides what to communicate in a step (docs/architecture.md, "One
+// step per strategy"; docs/algorithms.md, "Training step"). The training
+// loop runs the model through access() and calls step(); it never knows
+// which strategy it drives. Each strategy declares what it is in its
+// StrategyInfo, listed once in the registry (src/parallel/registry.cpp):
+// callers read those properties and never compare strategy names.
 //
 //   ddp    every rank holds all parameters, gradients and optimizer state;
 //          each bucket of gradients is all-reduced as soon as backward has
@@ -139,10 +141,56 @@ struct LocalState {
 // unscale or clip the gradient first, and skip the update (loss scaling).
 using UpdateFn = std::function<void(Optimizer& opt, const GradShard& grads)>;
 
+class Strategy;
+
+// What a strategy is, declared once beside its code (one entry per
+// strategy in the registry, src/parallel/registry.cpp). Nothing outside a
+// strategy's own file compares strategy names: callers read these.
+struct StrategyInfo {
+  std::string_view name;
+  std::string_view help;  // one line: what it holds and communicates
+  // Every rank holds every parameter whole, in the padded layout (ddp and
+  // the gossip strategies); otherwise each rank keeps its shard of each
+  // unit (zero1-3) and own_params()/optimizer state are shard-shaped.
+  bool replicated_params = true;
+  // Ranks hold different models (the gossip strategies): the gradient is
+  // the rank's own, evaluation runs on the ranks' average, checkpoints keep
+  // every rank's own state (Strategy::local_state), and GossipOptions apply.
+  bool per_rank_models = false;
+  // Runs whole_tensor rules exactly only through RuleInfo::whole (gathering
+  // each tensor's pieces); false: every rule's tensors are whole on the rank.
+  bool whole_tensor_needs_gather = false;
+  // The GossipOptions this strategy reads, by their flag names without the
+  // dashes ("topology", "synch-freq", ...), given the options it is
+  // configured with (slowmo's depend on its base): why `flag` does not
+  // apply, or "" when it does. Null: it reads none.
+  std::string (*option_misfit)(std::string_view flag, const GossipOptions& options) = nullptr;
+  // Builds the strategy (every rank alike; see make_strategy).
+  std::unique_ptr<Strategy> (*make)(const StrategyInfo& info, Communicator& comm, const FlatLayout& layout,
+                                    std::span<const float> initial, const OptimizerSpec& optimizer,
+                                    const StrategyOptions& options) = nullptr;
+  // The bytes a rank sends per step by the ZeRO paper's model, in units of
+  // the parameters' bytes times (n - 1) / n: 2 where gradients are reduced
+  // and parameters gathered once (ddp, zero1, zero2), 3 where parameters
+  // are gathered twice (zero3); 0 where the model does not apply (gossip).
+  // `distopt bench strategies` compares its measurement with it.
+  double volume_psi = 0;
+};
+
+// The registry: every strategy this build runs, in the command-line
+// contract's order.
+std::span<const StrategyInfo* const> all_strategies();
+// The entry of `name`, or null.
+const StrategyInfo* find_strategy(std::string_view name);
+// The entry of `name`; InvalidInput listing the known ones otherwise.
+const StrategyInfo& strategy_or_throw(std::string_view name);
+
 class Strategy {
  public:
   virtual ~Strategy() = default;
-  virtual std::string_view name() const = 0;
+  // The registry entry this strategy was made from.
+  virtual const StrategyInfo& info() const = 0;
+  std::string_view name() const { return info().name; }
   virtual const ShardLayout& layout() const = 0;
   // Forward, backward and evaluation of the current parameters run through
   // this. Backward writes each rank's contribution to the gradient, already
@@ -203,22 +251,19 @@ class Strategy {
 };
 
 // Every rank passes the same initial parameters (fp32, the model's layout).
-// Throws InvalidInput for an unknown strategy (listing the known ones), one
-// not built yet, or one that cannot run the optimizer exactly.
+// Throws InvalidInput for an unknown strategy (listing the known ones) or
+// one that cannot run the optimizer exactly.
 std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& comm, const FlatLayout& layout,
                                         std::span<const float> initial, const OptimizerSpec& optimizer,
                                         const StrategyOptions& options = {});
 
-// The strategy names of the command-line contract, and those available now.
-std::span<const std::string_view> strategy_names();
-// Whether `name` is one of the gossip strategies this build runs (sgp,
-// osgp, dpsgd, adpsgd, slowmo), which take GossipOptions.
-bool is_gossip(std::string_view name);
-// Throws InvalidInput unless `name` is a strategy this build can run.
+// Throws InvalidInput unless `name` is a strategy this build runs.
 void require_strategy(std::string_view name);
 // Throws InvalidInput unless `strategy` gives the exact result with `rule`:
-// the sharded strategies run pointwise and tensor_stats rules (reducing the
-// statistics of each tensor's pieces), not yet whole_tensor ones.
+// every strategy runs pointwise and tensor_stats rules exactly (the
+// sharded ones reduce the statistics of each tensor's pieces); one that
+// shards the optimizer state runs a whole_tensor rule only through the
+// rule's RuleInfo::whole (gathering each tensor).
 void require_exact(std::string_view strategy, const RuleInfo& rule);
 
 // The parameters of a padded buffer in slot order, without padding.

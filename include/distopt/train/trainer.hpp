@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "distopt/checkpoint/pieces.hpp"
+#include "distopt/checkpoint/run.hpp"
 #include "distopt/comm/communicator.hpp"
 #include "distopt/data/dataset.hpp"
 #include "distopt/optim/averaging.hpp"
@@ -94,14 +94,9 @@ struct TrainConfig {
   std::size_t checkpoint_every = 0;
   std::size_t keep_checkpoints = 3;
   std::string checkpoint_run = "{}";
-  // Resumes from a checkpoint's whole tensors (checkpoint::assemble) at the
-  // step it was saved at, at any world size and under ddp or zero1-3.
-  struct Resume {
-    std::uint64_t step = 0;
-    std::map<std::string, checkpoint::Whole> wholes;
-    std::string state = "{}";  // the manifest's "state": groups' options, scheduler, loss scaler (JSON)
-  };
-  std::shared_ptr<const Resume> resume;
+  // Resumes from a checkpoint (checkpoint::load_latest) at the step it was
+  // saved at, at any world size and strategy.
+  std::shared_ptr<const checkpoint::Loaded> resume;
 };
 
 struct StepMetrics {

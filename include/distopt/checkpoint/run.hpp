@@ -1,0 +1,92 @@
+// A training run's checkpoints, saved and resumed (docs/formats.md,
+// "Checkpoints"): the one place a run's configuration enters checkpoint/
+// -- save() while training, load_latest() and resume() to go on.
+//
+// A checkpoint holds the strategy's tensors (checkpoint/state.hpp: the
+// parameters and optimizer state, cut into pieces; a gossip rank's own
+// state), the averaged model's values, and a manifest whose "run" member
+// records what the run was (strategy, model, optimizer, its configuration)
+// and its state between two steps (run_state.hpp: the groups' options, the
+// schedulers', the loss scaler's, the averaging count, a gossip run's
+// per-rank numbers).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "distopt/checkpoint/pieces.hpp"
+#include "distopt/comm/communicator.hpp"
+#include "distopt/optim/averaging.hpp"
+#include "distopt/optim/grad_scaler.hpp"
+#include "distopt/optim/scheduler.hpp"
+#include "distopt/parallel/strategy.hpp"
+
+namespace distopt::checkpoint {
+
+// The parts of a run a checkpoint keeps besides the strategy; a null
+// member is a part the run does not have.
+struct RunParts {
+  Optimizer* optimizer = nullptr;      // the groups' options (what a scheduler set)
+  Scheduler* scheduler = nullptr;      // the main lr scheduler
+  Scheduler* swa_scheduler = nullptr;  // SWALR, once SWA has started
+  GradScaler* scaler = nullptr;        // dynamic loss scaling
+  AveragedParams* averaged = nullptr;  // SWA/EMA; saved once it has averaged
+};
+
+// What the run is, as its manifest records it.
+struct RunInfo {
+  std::string strategy, model, optimizer;
+  // A gossip checkpoint goes on rank by rank only in a run of the same
+  // strategy, world size and gossip options; otherwise from the consensus.
+  parallel::GossipOptions gossip;
+  std::string config = "{}";  // the run's configuration, a JSON object (distopt train's flags)
+};
+
+// Where checkpoints go and how many stay.
+struct SaveOptions {
+  std::filesystem::path root;
+  std::size_t keep = 3;
+  // A testing aid (DISTOPT_FAULT exit:RANK:STEP:POINT, docs/reliability.md):
+  // this rank ends the process while writing, with half of its file
+  // written under the temporary name, or with its file in place and no
+  // manifest.
+  enum class Die { no, in_file, after_file };
+  Die die = Die::no;
+};
+
+// Writes the checkpoint of `step` (reached in `epoch`) under options.root
+// (collective): every rank its file, in parallel; rank 0 the manifest,
+// last, and prunes to options.keep. Returns the bytes of all rank files.
+// IoError on every rank when any rank cannot write.
+std::uint64_t save(Communicator& comm, parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts,
+                   const SaveOptions& options, std::uint64_t step, int epoch);
+
+// A checkpoint read back, verified and assembled.
+struct Loaded {
+  std::filesystem::path dir;
+  std::uint64_t step = 0;
+  std::string config = "{}";  // the saved run's configuration (a JSON object)
+  std::string state = "{}";   // its state between two steps (run_state.hpp)
+  std::map<std::string, Whole> wholes;
+};
+
+// The latest complete checkpoint under `root`; InvalidInput when there is
+// none, or a manifest that carries no run configuration.
+Loaded load_latest(const std::filesystem::path& root);
+
+// Brings a strategy made from initial_params(layout, from.wholes) and the
+// run's parts to the saved state: the optimizer state (a gossip rank's own
+// where the run matches the saved one, see RunInfo::gossip), the strategy's
+// step count and gossip state, the schedulers', the loss scaler's, the
+// averages and the groups' options (collective). `start_swa` makes SWALR
+// when the saved run had started it (parts.swa_scheduler is then ignored).
+// InvalidInput when the saved run and this one cannot go together (a
+// scheduler or loss scaling added or dropped, ...). Returns a warning for
+// the user ("" for none): a gossip checkpoint resumed from the consensus.
+std::string resume(Communicator& comm, parallel::Strategy& strategy, const Loaded& from, const RunInfo& run,
+                   const RunParts& parts, const std::function<Scheduler&()>& start_swa);
+
+}  // namespace distopt::checkpoint

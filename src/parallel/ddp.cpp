@@ -1,0 +1,56 @@
+// ddp (torch's DistributedDataParallel): every rank holds all parameters,
+// gradients and optimizer state; each bucket of gradients is all-reduced as
+// soon as backward has finished it, overlapping the rest of backward, and
+// every rank runs the whole step (engine.hpp; docs/algorithms.md,
+// "Training step"). The all-reduce is reduce-scatter then all-gather in
+// the communicator's one summation order, so ddp gives zero1-3's bits.
+#include "engine.hpp"
+
+namespace distopt::parallel::detail {
+
+namespace {
+
+class Ddp final : public Engine {
+ public:
+  Ddp(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
+      const OptimizerSpec& spec, const StrategyOptions& options)
+      : Engine(info, {false, false, false}, comm, flat, initial, spec, options) {}
+
+  std::span<const float> own_params() override {
+    if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(params_.bytes()), layout_.padded_elements()};
+    own_.assign(layout_.padded_elements(), 0.0f);
+    to_f32(dtype_, params_.bytes(), own_.data(), own_.size());
+    return own_;
+  }
+
+ private:
+  const char* values_of(std::size_t u, models::Pass) override {
+    return params_.bytes() + layout_.units()[u].padded_offset * es_;
+  }
+  char* grad_target(std::size_t u) override { return grads_.bytes() + layout_.units()[u].padded_offset * es_; }
+  void reduce_bucket(std::size_t b) override {
+    if (comm_.size() == 1) return;
+    const auto& bucket = layout_.buckets()[b];
+    char* g = grads_.bytes() + bucket.padded_offset * es_;
+    InFlight f{b, {}, {}};
+    f.requests.push_back(comm_.iall_reduce(g, g, bucket.padded, type_, ReduceOp::sum));
+    in_flight_.push_back(std::move(f));
+  }
+};
+
+}  // namespace
+
+extern const StrategyInfo kDdp{
+    "ddp",
+    "every rank holds all parameters, gradients and optimizer state; gradients all-reduced per bucket",
+    /*replicated_params=*/true,
+    /*per_rank_models=*/false,
+    /*whole_tensor_needs_gather=*/false,
+    /*option_misfit=*/nullptr,
+    [](const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
+       const OptimizerSpec& spec, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
+      return std::make_unique<Ddp>(info, comm, flat, initial, spec, options);
+    },
+    /*volume_psi=*/2};
+
+}  // namespace distopt::parallel::detail

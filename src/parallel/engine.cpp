@@ -1,0 +1,248 @@
+// The engine core under ddp and zero1-3 (engine.hpp): buffers, the memory
+// meter and pool, the optimizer's views, the buckets in flight, the step.
+#include "engine.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "distopt/core/error.hpp"
+
+namespace distopt::parallel::detail {
+
+Pool::~Pool() {
+  for (const Buffer& b : idle_) meter_.sub(kind_, b.size_bytes());
+}
+
+Buffer Pool::take(std::size_t bytes, int slot) {
+  auto best = idle_.end();
+  for (auto it = idle_.begin(); it != idle_.end(); ++it)
+    if (it->size_bytes() >= bytes && (best == idle_.end() || it->size_bytes() < best->size_bytes())) best = it;
+  if (best != idle_.end()) {
+    Buffer b = std::move(*best);
+    idle_.erase(best);
+    return b;
+  }
+  for (const Buffer& b : idle_) meter_.sub(kind_, b.size_bytes());
+  idle_.clear();
+  meter_.add(kind_, bytes);
+  return Buffer(bytes, slot);
+}
+
+Held::Held(Held&& o) noexcept : meter_(o.meter_), pool_(o.pool_), kind_(o.kind_), buf_(std::move(o.buf_)) {
+  o.meter_ = nullptr;
+  o.pool_ = nullptr;
+}
+
+Held& Held::operator=(Held&& o) noexcept {
+  release();
+  meter_ = o.meter_;
+  pool_ = o.pool_;
+  kind_ = o.kind_;
+  buf_ = std::move(o.buf_);
+  o.meter_ = nullptr;
+  o.pool_ = nullptr;
+  return *this;
+}
+
+void Held::release() {
+  if (meter_ != nullptr) meter_->sub(kind_, buf_.size_bytes());
+  if (pool_ != nullptr) pool_->give(std::move(buf_));
+  meter_ = nullptr;
+  pool_ = nullptr;
+  buf_ = Buffer();
+}
+
+void to_f32(DType t, const void* src, float* dst, std::size_t n) {
+  dispatch_dtype(t, [&]<class T>() {
+    const T* s = static_cast<const T*>(src);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = to_float(s[i]);
+  });
+}
+
+void from_f32(DType t, const float* src, void* dst, std::size_t n) {
+  dispatch_dtype(t, [&]<class T>() {
+    T* d = static_cast<T*>(dst);
+    for (std::size_t i = 0; i < n; ++i) d[i] = from_float<T>(src[i]);
+  });
+}
+
+void finish(std::unique_ptr<Request>& r) {
+  if (!r) return;
+  r->wait();
+  r.reset();
+}
+
+void finish_quietly(std::unique_ptr<Request>& r) noexcept {
+  try {
+    finish(r);
+  } catch (...) {
+    r.reset();
+  }
+}
+
+Engine::Engine(const StrategyInfo& info, Holding holding, Communicator& comm, const FlatLayout& flat,
+               std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options)
+    : info_(info),
+      comm_(comm),
+      layout_(flat.params, flat.elements, flat.units, comm.size(), options.bucket_elements),
+      dtype_(options.param_dtype),
+      type_(elem_type_of(options.param_dtype)),
+      es_(size_of(options.param_dtype)),
+      rank_(static_cast<std::size_t>(comm.rank())) {
+  DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
+  check_agreement(comm, info.name, layout_, spec, options);
+  const std::vector<ShardLayout::Piece> pieces = layout_.pieces(comm.rank());
+  const std::size_t padded = layout_.padded_elements(), shard = layout_.shard_elements();
+  if (holding.params) {
+    params_ = Held(meter_, Meter::params, shard * es_, 0);
+    for (const auto& u : layout_.units())
+      for (std::size_t k = 0; k < u.shard; ++k) {
+        const std::size_t local = rank_ * u.shard + k;  // unit-local element
+        const float v = local < u.size() ? initial[u.begin + local] : 0.0f;
+        from_f32(dtype_, &v, params_.bytes() + (u.shard_offset + k) * es_, 1);
+      }
+  } else {
+    params_ = Held(meter_, Meter::params, padded * es_, 0);
+    for (const auto& u : layout_.units())
+      from_f32(dtype_, initial.data() + u.begin, params_.bytes() + u.padded_offset * es_, u.size());
+  }
+  grads_ = Held(meter_, Meter::grads, (holding.grads ? shard : padded) * es_, 1);
+  std::vector<Param> views;
+  for (const ParamSlot& s : layout_.params()) {
+    const auto& piece = pieces[views.size()];
+    if (!holding.state) {
+      const std::size_t at = layout_.padded_offset(piece.param);
+      views.push_back({s.name, {params_.bytes() + at * es_, dtype_, s.shape}, {grads_.bytes() + at * es_, dtype_, s.shape}, true});
+      // Statistics of tensor_stats rules over the same piece as zero1-3's.
+      views.back().stat_begin = piece.param_begin;
+      views.back().stat_count = piece.count;
+      owned_.push_back({grads_.bytes() + piece.padded_offset * es_, dtype_, {std::int64_t(piece.count)}});
+      continue;
+    }
+    const Shape shape{std::int64_t(piece.count)};
+    // zero1/2 step the own region of the padded buffer in place and gather
+    // it; zero3 steps its shard buffer. Gradients: zero1 reduce-scatters
+    // in place into the padded buffer, zero2/3 into the shard buffer.
+    const std::size_t p_at = holding.params ? piece.shard_offset : piece.padded_offset;
+    const std::size_t g_at = holding.grads ? piece.shard_offset : piece.padded_offset;
+    views.push_back({s.name, {params_.bytes() + p_at * es_, dtype_, shape}, {grads_.bytes() + g_at * es_, dtype_, shape}, true});
+    views.back().tensor_shape = s.shape;  // rows and columns for the rules that need them
+    views.back().tensor_offset = piece.param_begin;
+    owned_.push_back(views.back().grad);
+  }
+  optimizer_ = std::make_unique<Optimizer>(spec.name, optimizer_groups(spec, std::move(views)), spec.options);
+  // tensor_stats rules: each rank's partial statistics of its pieces,
+  // summed over the ranks in rank order -- the same numbers in the same
+  // order under every strategy (docs/sharding.md, "Non-pointwise rules").
+  if (comm.size() > 1)
+    optimizer_->set_stats_reduce([this](std::span<double> v) {
+      blocked([&] { comm_.all_reduce(v.data(), v.data(), v.size(), ElemType::f64, ReduceOp::sum); });
+    });
+  // whole_tensor rules: each tensor's pieces, all-gathered in rank order
+  // (a rank's piece of a tensor precedes the next rank's).
+  if (holding.state) {
+    for (std::size_t p = 0; p < layout_.params().size(); ++p) {
+      std::vector<std::size_t> counts;
+      for (int r = 0; r < comm.size(); ++r) counts.push_back(layout_.pieces(r)[p].count);
+      piece_counts_[layout_.params()[p].name] = std::move(counts);
+    }
+    optimizer_->set_tensor_gather([this](const Param& p, std::span<const float> piece, std::span<float> whole) {
+      const std::vector<std::size_t>& counts = piece_counts_.at(p.name);
+      // Held whole by one rank: that rank steps it alone (no gather there).
+      if (std::count(counts.begin(), counts.end(), std::size_t{0}) + 1 == std::ptrdiff_t(counts.size())) return false;
+      blocked([&] { comm_.all_gather_v(piece.data(), whole.data(), counts, ElemType::f32); });
+      return true;
+    });
+  }
+}
+
+// Waits for every reduction still using our buffers, ignoring their
+// errors: after a failure the buffers must not be freed under a collective
+// that still writes into them. (A strategy drains its own requests in its
+// destructor, which runs first.)
+Engine::~Engine() {
+  for (InFlight& f : in_flight_)
+    for (auto& r : f.requests) finish_quietly(r);
+}
+
+MemoryUse Engine::memory() const {
+  MemoryUse m;
+  m.params = meter_.peak(Meter::params);
+  m.grads = meter_.peak(Meter::grads);
+  m.master_params = optimizer_->master_bytes();
+  m.optimizer_state = optimizer_->state_bytes() - m.master_params;
+  return m;
+}
+
+std::unique_ptr<models::UnitAccess> Engine::access_to(std::span<const float> own) {
+  return std::make_unique<ValuesAccess>(comm_, layout_, own, info_.replicated_params);
+}
+
+std::vector<float> Engine::gather(std::span<const float> own) {
+  if (info_.replicated_params) return unpadded(layout_, own);
+  DISTOPT_CHECK(own.size() == layout_.shard_elements(), own.size(), " vs ", layout_.shard_elements());
+  std::vector<float> padded(layout_.padded_elements());
+  for (const auto& unit : layout_.units())
+    comm_.all_gather(own.data() + unit.shard_offset, padded.data() + unit.padded_offset, unit.shard, ElemType::f32);
+  return unpadded(layout_, padded);
+}
+
+std::span<const float> Engine::acquire(std::size_t u, models::Pass pass) {
+  const auto& unit = layout_.units().at(u);
+  const char* values = values_of(u, pass);
+  if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(values), unit.size()};
+  compute_.erase(u);  // a unit acquired again without a release: one copy, counted once
+  Held& c = compute_[u];
+  c = Held(param_pool_, unit.size() * sizeof(float), 4);
+  to_f32(dtype_, values, reinterpret_cast<float*>(c.bytes()), unit.size());
+  return {reinterpret_cast<const float*>(c.bytes()), unit.size()};
+}
+
+void Engine::release(std::size_t u, models::Pass) { compute_.erase(u); }
+
+std::span<float> Engine::grads(std::size_t u) {
+  const auto& unit = layout_.units().at(u);
+  grad_target_ = grad_target(u);
+  if (dtype_ == DType::f32) return {reinterpret_cast<float*>(grad_target_), unit.size()};
+  grad_compute_ = Held(grad_pool_, unit.size() * sizeof(float), 5);
+  return {reinterpret_cast<float*>(grad_compute_.bytes()), unit.size()};
+}
+
+void Engine::grads_done(std::size_t u) {
+  const auto& unit = layout_.units().at(u);
+  if (dtype_ != DType::f32) {
+    from_f32(dtype_, reinterpret_cast<const float*>(grad_compute_.bytes()), grad_target_, unit.size());
+    grad_compute_ = Held();
+  }
+  const long b = layout_.bucket_ending_at(u);
+  if (b >= 0) reduce_bucket(static_cast<std::size_t>(b));
+}
+
+void Engine::step(const UpdateFn& update) {
+  // A gather still reading the parameters must finish before the update
+  // writes them (a unit the model did not use since the last step).
+  blocked([&] { finish_param_reads(); });
+  blocked([&] {
+    while (!in_flight_.empty()) finish_oldest();
+  });
+  for (std::size_t i = 0; i < optimizer_->num_params(); ++i) optimizer_->param(i).has_grad = true;
+  const GradShard shard{owned_, [this](double& v, bool max) {
+                          blocked([&] {
+                            comm_.all_reduce(&v, &v, 1, ElemType::f64, max ? ReduceOp::max : ReduceOp::sum);
+                          });
+                        }};
+  if (update)
+    update(*optimizer_, shard);
+  else
+    optimizer_->step();
+  after_update();
+}
+
+void Engine::finish_oldest() {
+  InFlight& f = in_flight_.front();
+  DISTOPT_CHECK(!f.requests.empty(), "bucket ", f.bucket, " was never reduced: backward skipped a unit");
+  for (auto& r : f.requests) r->wait();
+  in_flight_.pop_front();
+}
+
+}  // namespace distopt::parallel::detail

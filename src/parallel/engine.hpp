@@ -1,0 +1,234 @@
+// The engine core under ddp, zero1, zero2 and zero3 (not installed; the
+// strategies are ddp.cpp, zero1.cpp, zero2.cpp and zero3.cpp beside it):
+// the flat parameter and gradient buffers, the memory meter and the pool
+// of transient buffers, the optimizer over whole tensors or over the
+// rank's pieces of them, the gradient buckets in flight, and the step.
+//
+// What each strategy holds and communicates (docs/algorithms.md,
+// "Training step"; docs/sharding.md):
+//
+//   strategy  params            grads                       reduction              after the update
+//   ddp       padded, all       padded, all                 all_reduce per bucket  --
+//   zero1     padded, all       padded, all                 reduce_scatter per     all_gather per unit
+//                                                           bucket during backward
+//   zero2     padded, all       own shard + buckets in      reduce_scatter per     all_gather per unit
+//                               flight                      bucket during backward
+//   zero3     own shard + units own shard + buckets in      as zero2               -- (units are gathered
+//             in flight         flight                                            when the model needs them)
+//
+// The optimizer sees whole tensors (ddp) or the rank's pieces of them
+// (zero1-3, one piece per parameter, possibly empty, so every rank's
+// optimizer has the same parameter list and state_dict structure). A
+// pointwise rule gives bitwise the same values on a piece as on the whole
+// tensor, and every gradient element is the same rank-ordered sum whichever
+// collective made it, hence the equivalence.
+//
+// Mixed precision: parameters and gradients are held and communicated in
+// the param dtype; the model computes in fp32 on converted copies of the
+// units it holds, and the optimizer keeps fp32 master weights for the
+// pieces it steps.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distopt/core/buffer.hpp"
+#include "distopt/parallel/strategy.hpp"
+#include "internal.hpp"
+
+namespace distopt::parallel::detail {
+
+// Byte counts per category: current and peak.
+class Meter {
+ public:
+  enum Kind { params, grads, kinds };
+  void add(Kind k, std::size_t bytes) {
+    now_[k] += bytes;
+    peak_[k] = std::max(peak_[k], now_[k]);
+  }
+  void sub(Kind k, std::size_t bytes) { now_[k] -= bytes; }
+  std::size_t peak(Kind k) const { return peak_[k]; }
+
+ private:
+  std::size_t now_[kinds] = {}, peak_[kinds] = {};
+};
+
+// Transient buffers (gathered units, gradient buckets, fp32 copies) come
+// from a pool and go back to it, so a step does not map, fault in and zero
+// fresh memory for every unit (a fresh 11 MB buffer costs milliseconds).
+// The meter counts what the pool has allocated, idle buffers included. A
+// request takes the smallest idle buffer that fits; when none fits, the
+// idle ones are all smaller than what the model needs now and are freed
+// before a new one is allocated, so the pool holds no more than the most
+// buffers in use at once, each as large as the largest request.
+class Pool {
+ public:
+  Pool(Meter& meter, Meter::Kind kind) : meter_(meter), kind_(kind) {}
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  ~Pool();
+  Buffer take(std::size_t bytes, int slot);
+  void give(Buffer&& b) {
+    if (!b.empty()) idle_.push_back(std::move(b));
+  }
+
+ private:
+  Meter& meter_;
+  Meter::Kind kind_;
+  std::vector<Buffer> idle_;
+};
+
+// A buffer the meter counts while it exists (persistent), or one leased
+// from a pool and given back when the lease ends.
+class Held {
+ public:
+  Held() = default;
+  Held(Meter& m, Meter::Kind k, std::size_t bytes, int slot) : meter_(&m), kind_(k), buf_(bytes, slot) {
+    meter_->add(kind_, bytes);
+  }
+  Held(Pool& pool, std::size_t bytes, int slot) : pool_(&pool), buf_(pool.take(bytes, slot)) {}
+  Held(Held&& o) noexcept;
+  Held& operator=(Held&& o) noexcept;
+  ~Held() { release(); }
+  char* bytes() { return buf_.as<char>(); }
+  const char* bytes() const { return buf_.as<char>(); }
+  bool empty() const { return buf_.empty(); }
+
+ private:
+  void release();
+  Meter* meter_ = nullptr;
+  Pool* pool_ = nullptr;
+  Meter::Kind kind_ = Meter::params;
+  Buffer buf_;
+};
+
+void to_f32(DType t, const void* src, float* dst, std::size_t n);
+void from_f32(DType t, const float* src, void* dst, std::size_t n);
+
+// Waits for a request, if any, and forgets it.
+void finish(std::unique_ptr<Request>& r);
+// The same, ignoring its error: for draining before buffers are freed
+// after a failure (a collective may still write into them).
+void finish_quietly(std::unique_ptr<Request>& r) noexcept;
+
+// What a strategy keeps sharded; the rest is replicated on every rank.
+struct Holding {
+  bool state = false;   // optimizer state and master weights (zero1-3)
+  bool grads = false;   // gradients: the own shard, buckets in flight (zero2, zero3)
+  bool params = false;  // parameters: the own shard, units in flight (zero3)
+};
+
+class Engine : public Strategy, public models::UnitAccess {
+ public:
+  Engine(const StrategyInfo& info, Holding holding, Communicator& comm, const FlatLayout& flat,
+         std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options);
+  ~Engine() override;
+
+  const StrategyInfo& info() const override { return info_; }
+  const ShardLayout& layout() const override { return layout_; }
+  models::UnitAccess& access() override { return *this; }
+  Optimizer& optimizer() override { return *optimizer_; }
+  std::uint64_t bytes_sent() const override { return comm_.bytes_sent(); }
+  double exposed_seconds() const override { return exposed_s_; }
+  MemoryUse memory() const override;
+  std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) override;
+  std::vector<float> gather(std::span<const float> own) override;
+
+  // UnitAccess: the model's calls. A strategy supplies the unit's values
+  // (values_of) and may act on release and after the update.
+  std::span<const float> acquire(std::size_t u, models::Pass pass) override;
+  void release(std::size_t u, models::Pass pass) override;
+  std::span<float> grads(std::size_t u) override;
+  void grads_done(std::size_t u) override;
+
+  void step(const UpdateFn& update) override;
+
+ protected:
+  struct InFlight {
+    std::size_t bucket;
+    Held scratch;  // zero2/3: the bucket's full gradient until its reduction is done
+    std::vector<std::unique_ptr<Request>> requests;
+  };
+
+  // The unit's parameters in the param dtype, ready for the model.
+  virtual const char* values_of(std::size_t u, models::Pass pass) = 0;
+  // Waits for every collective that still reads the parameters.
+  virtual void finish_param_reads() {}
+  // After the optimizer has updated the rank's parameters.
+  virtual void after_update() {}
+  // Where backward writes unit u's gradient (param dtype).
+  virtual char* grad_target(std::size_t u) = 0;
+  // Starts the reduction of bucket b, which backward has just finished.
+  virtual void reduce_bucket(std::size_t b) = 0;
+
+  // Runs fn, counting its time as communication the rank waited for.
+  template <class F>
+  void blocked(F&& fn) {
+    add_seconds(exposed_s_, std::forward<F>(fn));
+  }
+  void finish_oldest();
+
+  const StrategyInfo& info_;
+  Communicator& comm_;
+  ShardLayout layout_;
+  DType dtype_;
+  ElemType type_;
+  std::size_t es_, rank_;
+  Meter meter_;
+  Pool param_pool_{meter_, Meter::params}, grad_pool_{meter_, Meter::grads};  // outlive every lease below
+  Held params_, grads_;
+  std::vector<TensorView> owned_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::map<std::string, std::vector<std::size_t>> piece_counts_;  // per parameter name: each rank's piece
+  std::map<std::size_t, Held> compute_;                           // bf16/f16: fp32 copies of held units
+  Held grad_compute_;                                             // bf16/f16: fp32 gradient of the unit in backward
+  char* grad_target_ = nullptr;
+  std::deque<InFlight> in_flight_;
+  std::vector<float> own_;
+  double exposed_s_ = 0;
+};
+
+// zero1: the state sharded; each unit's gradient reduce-scattered in place
+// into the padded buffer, the updated shards all-gathered after the step.
+// zero2 and zero3 build on it.
+class Zero1 : public Engine {
+ public:
+  Zero1(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
+        const OptimizerSpec& spec, const StrategyOptions& options)
+      : Zero1(info, {true, false, false}, comm, flat, initial, spec, options) {}
+  ~Zero1() override;
+  std::span<const float> own_params() override;
+
+ protected:
+  Zero1(const StrategyInfo& info, Holding holding, Communicator& comm, const FlatLayout& flat,
+        std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options);
+  const char* values_of(std::size_t u, models::Pass pass) override;
+  void finish_param_reads() override;
+  void after_update() override;
+  char* grad_target(std::size_t u) override;
+  void reduce_bucket(std::size_t b) override;
+
+  std::vector<std::unique_ptr<Request>> param_requests_;  // the gather of each unit after a step
+};
+
+// zero2: as zero1, with only the own gradient shard kept: backward writes a
+// bucket into a scratch buffer freed once it is reduce-scattered.
+class Zero2 : public Zero1 {
+ public:
+  Zero2(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
+        const OptimizerSpec& spec, const StrategyOptions& options)
+      : Zero2(info, {true, true, false}, comm, flat, initial, spec, options) {}
+
+ protected:
+  Zero2(const StrategyInfo& info, Holding holding, Communicator& comm, const FlatLayout& flat,
+        std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options)
+      : Zero1(info, holding, comm, flat, initial, spec, options) {}
+  char* grad_target(std::size_t u) override;
+  void reduce_bucket(std::size_t b) override;
+};
+
+}  // namespace distopt::parallel::detail

@@ -1,0 +1,159 @@
+// The core under the gossip strategies (not installed; the policies are
+// sgp.cpp, osgp.cpp, dpsgd.cpp, adpsgd.cpp and slowmo.cpp beside it;
+// docs/gossip.md, "Training"). As in SGP (Assran et al. 2019), each rank
+// holds the whole model: the numerator x (what its optimizer steps, in the
+// padded layout) and the push-sum weight w; the model runs on the
+// de-biased z = x / w. The trainer scales backward so that the ranks'
+// gradients sum to the global batch's; a gossip rank steps with its own
+// local mean gradient, which is n times its contribution.
+//
+// The core runs the step (own gradient, update, then the policy's mixing),
+// evaluation on the ranks' average, the consensus distance, the LocalState
+// of a checkpoint (docs/formats.md, "Gossip runs") and its resumption, and
+// owns the push-sum gossipers: the main one, then any that take turns with
+// it on one schedule (osgp's pipeline). A policy overrides the hooks: what
+// happens before the update, the mixing after it, the values the model runs
+// on, its own LocalState tensors and memory, its topology and its options.
+//
+// Invariants: x_ never reallocates (the optimizer's views point into it);
+// every rank starts the same rounds in the same order, so rounds in flight
+// at the end all complete.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "../internal.hpp"
+#include "distopt/gossip/push_sum.hpp"
+#include "distopt/gossip/topology.hpp"
+
+namespace distopt::parallel::detail {
+
+class GossipCore : public Strategy, public models::UnitAccess {
+ public:
+  ~GossipCore() override;
+
+  const StrategyInfo& info() const override { return info_; }
+  const ShardLayout& layout() const override { return layout_; }
+  models::UnitAccess& access() override { return *this; }
+  Optimizer& optimizer() override { return *optimizer_; }
+  std::uint64_t bytes_sent() const override { return comm_.bytes_sent(); }
+  double exposed_seconds() const override { return exposed_s_; }
+  MemoryUse memory() const final;
+
+  // ---- UnitAccess: the model runs on model_values() ----
+  std::span<const float> acquire(std::size_t u, models::Pass) final;
+  void release(std::size_t, models::Pass) final {}
+  std::span<float> grads(std::size_t u) final;
+  void grads_done(std::size_t) final {}
+
+  void step(const UpdateFn& update) final;
+  std::span<const float> own_params() final;
+  std::vector<float> gather(std::span<const float> own) final { return unpadded(layout_, average(own)); }
+  std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) final;
+  models::UnitAccess& eval_access() final;
+  std::vector<float> mean_over_ranks(std::span<const float> values) final { return average(values); }
+  double consensus_distance() final;
+  std::optional<LocalState> local_state() final;
+  void resume(std::uint64_t steps, const LocalState* saved) override;
+
+  // The checks a policy adds to check_gossip_options(); none by default.
+  static void check_policy_options(const GossipOptions&) {}
+
+ protected:
+  // `default_topology` is the graph without --topology; empty: the policy
+  // has none (adpsgd pairs ranks by gossip::pairwise_partner).
+  GossipCore(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
+             const OptimizerSpec& spec, const StrategyOptions& options, std::string_view default_topology);
+
+  // ---- the policy's hooks ----
+  // Before the update, after the gradient is the rank's own (dpsgd: x <- W x).
+  virtual void before_update() {}
+  // After the update; steps_ counts it already.
+  virtual void mix() = 0;
+  // x itself on a regular graph in step (w = 1), else z = x / w.
+  virtual std::span<const float> model_values();
+  // Before the model's values are read outside a step (adpsgd: every round
+  // allowed has landed). Nothing by default.
+  virtual void settle() {}
+  // LocalState's tensors after x (local_state()'s, then resume()'s order).
+  virtual void save_tensors(LocalState&) {}
+  virtual void load_tensors(const LocalState&) {}
+  // resume() without a saved state, after the gossipers' iterations are set.
+  virtual void start_fresh() {}
+  // Bytes beyond x, z and the gradients and optimizer state.
+  virtual void add_memory(MemoryUse&) const {}
+
+  // ---- for the policies ----
+  // A push-sum gossiper on the topology (the main one first).
+  gossip::PushSum& add_push_sum(int tag = gossip::PushSum::kTag);
+  // One synchronous push-sum round of (x, w) on the main gossiper.
+  void mix_push_sum();
+  // x_ takes new values in place: the optimizer's parameter views point
+  // into its storage.
+  void set_x(std::span<const float> values);
+  // The mean over ranks of padded values (rank-ordered sum, then / n).
+  std::vector<float> average(std::span<const float> values);
+  // A saved tensor of `st` by name (model-sized unless a push-sum share);
+  // InvalidInput naming the strategy and rank otherwise.
+  const std::vector<float>& saved_tensor(const LocalState& st, const std::string& name) const;
+  // Runs fn, counting its time as exposed communication.
+  template <class F>
+  void blocked(F&& fn) {
+    add_seconds(exposed_s_, std::forward<F>(fn));
+  }
+
+  const StrategyInfo& info_;
+  Communicator& comm_;
+  ShardLayout layout_;
+  GossipOptions options_;
+  std::optional<gossip::Topology> topology_;  // none for adpsgd
+  std::vector<float> x_, grads_, z_, eval_values_;
+  std::vector<TensorView> owned_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::optional<gossip::PushSum> push_sum_;
+  std::vector<std::unique_ptr<gossip::PushSum>> pipeline_;  // osgp: the other synch_freq rounds in flight
+  std::unique_ptr<ValuesAccess> eval_;
+  double w_ = 1.0;
+  bool z_valid_ = false;
+  std::uint64_t steps_ = 0;
+  double exposed_s_ = 0;
+  // adpsgd's gossip thread adds its averages to x under this lock.
+  std::mutex x_mutex_;
+
+ private:
+  // The push-sum gossipers in a fixed order: the main one, then the pipeline.
+  std::vector<gossip::PushSum*> gossipers();
+  // resume() from a LocalState of local_state()'s layout.
+  void load_local(const LocalState& st);
+};
+
+// The options every gossip strategy checks (the parameter dtype, the ranges
+// of GossipOptions); InvalidInput naming `strategy` otherwise.
+void check_gossip_options(std::string_view strategy, const StrategyOptions& options);
+
+// Why `flag` (without its dashes) does not apply to the gossip strategy
+// `strategy`, which reads --topology and --peers-per-iteration, and
+// --synch-freq when `synch_freq`, slowmo's flags when `slowmo`; "" when it
+// applies (slowmo adds what its base decides).
+std::string gossip_misfit(std::string_view strategy, std::string_view flag, bool synch_freq, bool slowmo);
+
+// A registry entry's make: the options checked, then the policy built.
+template <class Policy>
+std::unique_ptr<Strategy> make_gossip(const StrategyInfo& info, Communicator& comm, const FlatLayout& layout,
+                                      std::span<const float> initial, const OptimizerSpec& optimizer,
+                                      const StrategyOptions& options) {
+  check_gossip_options(info.name, options);
+  Policy::check_policy_options(options.gossip);
+  return std::make_unique<Policy>(info, comm, layout, initial, optimizer, options);
+}
+
+}  // namespace distopt::parallel::detail

@@ -1,0 +1,97 @@
+// slowmo, SlowMo (Wang et al. 2020; docs/gossip.md, "Training"): the base
+// algorithm's communication after every step -- local SGD (the exact
+// average of x every localsgd_frequency steps) or sgp (a push-sum round) --
+// and every slowmo_frequency steps the exact average x_avg with the outer
+// momentum step, which replaces the base communication of that step:
+//   u <- beta u + (x_old - x_avg) / lr;  x_old <- x_old - alpha lr u;  x <- x_old.
+// slow_x_ is x_old, the model after the last outer step; slow_u_ is u.
+#include "core.hpp"
+
+namespace distopt::parallel::detail {
+
+namespace {
+
+class Slowmo final : public GossipCore {
+ public:
+  Slowmo(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
+         const OptimizerSpec& spec, const StrategyOptions& options)
+      : GossipCore(info, comm, flat, initial, spec, options, "exponential"),
+        sgp_base_(options.gossip.slowmo_base == "sgp") {
+    if (sgp_base_) add_push_sum();
+    slow_x_ = x_;
+    slow_u_.assign(x_.size(), 0.0f);
+  }
+
+ private:
+  void mix() override {
+    if (steps_ % static_cast<std::uint64_t>(options_.slowmo_frequency) == 0) {
+      outer_step();
+      return;
+    }
+    if (sgp_base_)
+      mix_push_sum();
+    else if (steps_ % static_cast<std::uint64_t>(options_.localsgd_frequency) == 0)
+      blocked([&] { set_x(average(x_)); });
+  }
+
+  void outer_step() {
+    blocked([&] {
+      if (sgp_base_) {
+        // Exact average of the de-biased models; the weights restart at 1.
+        const std::span<const float> z = model_values();
+        if (z.data() != x_.data()) set_x(z);
+        w_ = 1.0;
+      }
+      set_x(average(x_));
+    });
+    const double lr = optimizer_->lr(0);
+    const double beta = options_.slowmo_momentum, alpha = options_.slowmo_lr;
+    for (std::size_t i = 0; i < x_.size(); ++i) {
+      slow_u_[i] = static_cast<float>(beta * slow_u_[i] + (static_cast<double>(slow_x_[i]) - x_[i]) / lr);
+      slow_x_[i] = static_cast<float>(slow_x_[i] - alpha * lr * slow_u_[i]);
+    }
+    set_x(slow_x_);
+  }
+
+  void start_fresh() override { slow_x_ = x_; }
+  void save_tensors(LocalState& st) override {
+    st.tensors.emplace_back("slow_x", slow_x_);
+    st.tensors.emplace_back("slow_u", slow_u_);
+  }
+  void load_tensors(const LocalState& st) override {
+    slow_x_ = saved_tensor(st, "slow_x");
+    slow_u_ = saved_tensor(st, "slow_u");
+  }
+  void add_memory(MemoryUse& m) const override {
+    m.params += slow_x_.size() * sizeof(float);
+    m.optimizer_state += slow_u_.size() * sizeof(float);
+  }
+
+  const bool sgp_base_;  // the base is sgp (push-sum rounds), else local SGD
+  std::vector<float> slow_x_, slow_u_;
+};
+
+// The topology flags follow the base: local SGD averages exactly.
+std::string misfit(std::string_view flag, const GossipOptions& options) {
+  if (std::string why = gossip_misfit(kSlowmo.name, flag, /*synch_freq=*/false, /*slowmo=*/true); !why.empty())
+    return why;
+  if (flag == "localsgd-frequency" && options.slowmo_base != "localsgd")
+    return "--localsgd-frequency applies to --slowmo-base localsgd";
+  if ((flag == "topology" || flag == "peers-per-iteration") && options.slowmo_base == "localsgd")
+    return "--topology applies to slowmo with --slowmo-base sgp (local SGD averages exactly)";
+  return {};
+}
+
+}  // namespace
+
+extern const StrategyInfo kSlowmo{
+    "slowmo",
+    "local SGD or sgp, with SlowMo's outer momentum step on the exact average every slowmo_frequency steps",
+    /*replicated_params=*/true,
+    /*per_rank_models=*/true,
+    /*whole_tensor_needs_gather=*/false,
+    misfit,
+    make_gossip<Slowmo>,
+    /*volume_psi=*/0};
+
+}  // namespace distopt::parallel::detail

@@ -1,0 +1,57 @@
+// The strategies this build runs: one line each, in the command-line
+// contract's order (docs/architecture.md, "Where to add: a strategy").
+// A strategy's properties live in its own file's StrategyInfo; this file
+// only lists them and builds the one asked for.
+#include <algorithm>
+
+#include "distopt/core/error.hpp"
+#include "distopt/optim/rule.hpp"
+#include "distopt/parallel/strategy.hpp"
+#include "internal.hpp"
+
+namespace distopt::parallel {
+
+namespace {
+
+constexpr const StrategyInfo* kStrategies[] = {
+    &detail::kDdp, &detail::kZero1, &detail::kZero2, &detail::kZero3,   // engine.hpp
+    &detail::kSgp, &detail::kOsgp,  &detail::kDpsgd, &detail::kAdpsgd,  // gossip/
+    &detail::kSlowmo,
+};
+
+}  // namespace
+
+std::span<const StrategyInfo* const> all_strategies() { return kStrategies; }
+
+const StrategyInfo* find_strategy(std::string_view name) {
+  for (const StrategyInfo* s : kStrategies)
+    if (s->name == name) return s;
+  return nullptr;
+}
+
+const StrategyInfo& strategy_or_throw(std::string_view name) {
+  if (const StrategyInfo* s = find_strategy(name)) return *s;
+  std::string known;
+  for (const StrategyInfo* s : kStrategies) known += (known.empty() ? "" : ", ") + std::string(s->name);
+  throw InvalidInput(str("unknown strategy '", name, "' (known: ", known, ")"));
+}
+
+void require_strategy(std::string_view name) { (void)strategy_or_throw(name); }
+
+void require_exact(std::string_view strategy, const RuleInfo& rule) {
+  const StrategyInfo& s = strategy_or_throw(strategy);
+  if (!s.whole_tensor_needs_gather || rule.locality != Locality::whole_tensor || rule.whole != nullptr) return;
+  throw InvalidInput(str("optimizer ", rule.name, " needs whole tensors (", name_of(rule.locality), "): strategy ",
+                         strategy, " cannot run it exactly yet; use --strategy ddp"));
+}
+
+std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& comm, const FlatLayout& layout,
+                                        std::span<const float> initial, const OptimizerSpec& optimizer,
+                                        const StrategyOptions& options) {
+  require_exact(name, rule_or_throw(optimizer.name));
+  if (!optimizer.fallback.empty()) require_exact(name, rule_or_throw(optimizer.fallback));
+  const StrategyInfo& info = strategy_or_throw(name);
+  return info.make(info, comm, layout, initial, optimizer, options);
+}
+
+}  // namespace distopt::parallel
