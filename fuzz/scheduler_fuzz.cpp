@@ -8,13 +8,12 @@
 #include "distopt/core/error.hpp"
 #include "distopt/optim/optimizer.hpp"
 #include "distopt/optim/scheduler.hpp"
-#include "distopt/replay/replay.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
   float p[2] = {1, 2}, g[2] = {0.5f, -0.5f};
   try {
-    const distopt::SchedulerSpec spec = distopt::replay::parse_scheduler_spec(text, "--scheduler");
+    const distopt::SchedulerSpec spec = distopt::parse_scheduler_spec(text, "--scheduler");
     std::vector<distopt::ParamGroupSpec> groups(2);
     groups[0].params.push_back({"a", {&p[0], distopt::DType::f32, {1}}, {&g[0], distopt::DType::f32, {1}}, true});
     groups[1].params.push_back({"b", {&p[1], distopt::DType::f32, {1}}, {&g[1], distopt::DType::f32, {1}}, true});

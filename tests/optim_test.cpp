@@ -10,8 +10,10 @@
 #include <cstring>
 #include <new>
 #include <random>
+#include <tuple>
 
 #include "distopt/core/error.hpp"
+#include "distopt/optim/option_text.hpp"
 #include "distopt/optim/optimizer.hpp"
 #include "optim_reference.hpp"
 
@@ -701,6 +703,81 @@ TEST(Optimizer, AGroupMayHaveItsOwnRuleAsTwoTorchOptimizersWould) {
   d.param_groups[1].rule = "sgd";
   EXPECT_NE(error_of([&] { both.load_state_dict(d); }).find("is for optimizer sgd, this group's is adamw"),
             std::string::npos);
+}
+
+// Optimizer options from one string, as a library user (or the Python
+// front end) gives them: pairs and triples keep their commas.
+TEST(OptionText, OneStringOfNamedValues) {
+  const OptionMap adam = parse_options(rule_or_throw("adam"), "lr=0.1,betas=0.9,0.99,amsgrad=true,weight-decay=1e-2");
+  ASSERT_EQ(adam.size(), 4u);
+  EXPECT_EQ(adam.at("lr"), OptionValue(0.1));
+  EXPECT_EQ(adam.at("betas"), OptionValue(0.9, 0.99));
+  EXPECT_EQ(adam.at("amsgrad"), OptionValue(true));
+  EXPECT_EQ(adam.at("weight_decay"), OptionValue(0.01));
+  const OptionMap muon =
+      parse_options(rule_or_throw("muon"), "ns_coefficients=3.4445,-4.775,2.0315,adjust_lr_fn=match_rms_adamw,lr=0.02");
+  ASSERT_EQ(muon.size(), 3u);
+  EXPECT_EQ(muon.at("ns_coefficients"), OptionValue(3.4445, -4.775, 2.0315));
+  EXPECT_EQ(muon.at("adjust_lr_fn"), OptionValue("match_rms_adamw"));
+  EXPECT_EQ(muon.at("lr"), OptionValue(0.02));
+  EXPECT_TRUE(parse_options(rule_or_throw("sgd"), "").empty());
+  // Flags: true/false, 1/0, or nothing after '=' for true.
+  const OptionMap sgd = parse_options(rule_or_throw("sgd"), "nesterov=0,maximize=");
+  EXPECT_EQ(sgd.at("nesterov"), OptionValue(false));
+  EXPECT_EQ(sgd.at("maximize"), OptionValue(true));
+  EXPECT_EQ(parse_options(rule_or_throw("adam"), "amsgrad=1").at("amsgrad"), OptionValue(true));
+  EXPECT_EQ(parse_options(rule_or_throw("adam"), "amsgrad=false").at("amsgrad"), OptionValue(false));
+}
+
+TEST(OptionText, EveryMistakeIsOneLineNamingIt) {
+  const std::tuple<const char*, const char*, const char*> cases[] = {
+      {"adam", "lr", "optimizer options: 'lr' is not NAME=VALUE"},
+      {"adam", "=0.1", "optimizer options: '=0.1' is not NAME=VALUE"},
+      {"adam", "lr=0.1,lr=0.2", "optimizer options: lr is given twice"},
+      {"adam", "weight-decay=0,weight_decay=1", "optimizer options: weight_decay is given twice"},
+      {"adam", "momentum=0.9", "--momentum is not an option of optimizer adam"},
+      {"adam", "lr=fast", "--lr: 'fast' is not a finite number"},
+      {"adam", "lr=inf", "--lr: 'inf' is not a finite number"},
+      {"adam", "lr=0.1,", "--lr: '0.1,' is not a finite number"},
+      {"adam", "betas=0.9", "--betas: '0.9' is not a pair like 0.9,0.999"},
+      {"adam", "betas=0.9,x", "--betas: 'x' is not a finite number"},
+      {"adam", "amsgrad=maybe", "--amsgrad: 'maybe' is not true or false"},
+      {"muon", "ns_coefficients=1,2", "--ns-coefficients: '1,2' is not three numbers like 3.4445,-4.775,2.0315"},
+      {"muon", "ns_coefficients=1,2,3,4", "--ns-coefficients: '1,2,3,4' is not three numbers like"},
+      {"muon", "adjust_lr_fn=", "--adjust-lr-fn: '' is not one of the option's words"},
+  };
+  for (const auto& [rule, text, expected] : cases) {
+    try {
+      (void)parse_options(rule_or_throw(rule), text);
+      ADD_FAILURE() << text << " was accepted";
+    } catch (const InvalidInput& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(expected), std::string::npos) << text << ": " << m;
+      EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+    }
+  }
+}
+
+// The command line's form: one text per option, flags named with dashes.
+TEST(OptionText, ValuesByNameAndNumbers) {
+  const OptionMap o = parse_option_values(rule_or_throw("adamw"), {{"weight_decay", "0.5"}, {"betas", "0.8,0.9"}});
+  EXPECT_EQ(o.at("weight_decay"), OptionValue(0.5));
+  EXPECT_EQ(o.at("betas"), OptionValue(0.8, 0.9));
+  EXPECT_EQ(parse_number("clip-norm-type", "-2.5e1"), -25.0);
+  const auto message = [](auto fn) -> std::string {
+    try {
+      (void)fn();
+    } catch (const InvalidInput& e) {
+      return e.what();
+    }
+    return "(accepted)";
+  };
+  EXPECT_EQ(message([] { return parse_option_values(rule_or_throw("adamw"), {{"weight_decay", "x"}}); }),
+            "--weight-decay: 'x' is not a finite number");
+  EXPECT_EQ(message([] { return parse_number("clip-norm-type", "1e999"); }),
+            "--clip-norm-type: '1e999' is not a finite number");
+  EXPECT_EQ(message([] { return parse_number("clip-norm-type", "2 "); }), "--clip-norm-type: '2 ' is not a finite number");
+  EXPECT_EQ(message([] { return parse_number("clip-norm-type", ""); }), "--clip-norm-type: '' is not a finite number");
 }
 
 }  // namespace

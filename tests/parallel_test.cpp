@@ -22,7 +22,14 @@ using parallel::ShardLayout;
 
 namespace {
 
-constexpr const char* kSharded[] = {"ddp", "zero1", "zero2", "zero3"};
+// Every registered strategy whose ranks hold one model (ddp, zero1-3): a new
+// one joins every equivalence test below by registering.
+const std::vector<const char*> kSharded = [] {
+  std::vector<const char*> out;
+  for (const parallel::StrategyInfo* s : parallel::all_strategies())
+    if (!s->per_rank_models) out.push_back(s->name.data());  // string literals: null-terminated
+  return out;
+}();
 
 // A buffer of parameters with the given sizes, each in a 16-aligned slot,
 // grouped into units of `per_unit` parameters.
@@ -452,6 +459,54 @@ TEST(Setup, RanksThatDisagreeAreNamedBeforeTraining) {
   expect_named([](train::TrainConfig& c) { c.hidden = {24, 41, 8}; }, "model shapes");
   expect_named([](train::TrainConfig& c) { c.parallel.param_dtype = DType::bf16; }, "parameter dtype (bf16 vs f32)");
   expect_named([](train::TrainConfig& c) { c.parallel.bucket_elements = 7; }, "bucket size (7 vs 300)");
+}
+
+// What each strategy declares, against what it is (strategy.hpp's list):
+// the properties every caller reads instead of comparing names.
+TEST(Setup, StrategiesDeclareWhatTheyAre) {
+  struct Expected {
+    const char* name;
+    bool replicated, per_rank, gathers, gossip_flags;
+    double volume;
+  };
+  const Expected expected[] = {
+      {"ddp", true, false, false, false, 2},     {"zero1", false, false, true, false, 2},
+      {"zero2", false, false, true, false, 2},   {"zero3", false, false, true, false, 3},
+      {"sgp", true, true, false, true, 0},       {"osgp", true, true, false, true, 0},
+      {"dpsgd", true, true, false, true, 0},     {"adpsgd", true, true, false, true, 0},
+      {"slowmo", true, true, false, true, 0},
+  };
+  ASSERT_EQ(parallel::all_strategies().size(), std::size(expected));
+  for (std::size_t k = 0; k < std::size(expected); ++k) {
+    const parallel::StrategyInfo& s = *parallel::all_strategies()[k];
+    const Expected& e = expected[k];
+    EXPECT_EQ(s.name, e.name);
+    EXPECT_EQ(&parallel::strategy_or_throw(e.name), &s);
+    EXPECT_EQ(s.replicated_params, e.replicated) << e.name;
+    EXPECT_EQ(s.per_rank_models, e.per_rank) << e.name;
+    EXPECT_EQ(s.whole_tensor_needs_gather, e.gathers) << e.name;
+    EXPECT_EQ(s.option_misfit != nullptr, e.gossip_flags) << e.name;
+    EXPECT_EQ(s.volume_psi, e.volume) << e.name;
+    EXPECT_FALSE(s.help.empty()) << e.name;
+    ASSERT_NE(s.make, nullptr) << e.name;
+  }
+  // Which gossip flags apply where (the messages distopt train prints).
+  const parallel::GossipOptions local;  // slowmo_base localsgd
+  parallel::GossipOptions sgp_base;
+  sgp_base.slowmo_base = "sgp";
+  auto misfit = [](const char* s, const char* flag, const parallel::GossipOptions& o) {
+    const parallel::StrategyInfo& info = parallel::strategy_or_throw(s);
+    return info.option_misfit(info, flag, o);
+  };
+  EXPECT_EQ(misfit("osgp", "synch-freq", local), "");
+  EXPECT_EQ(misfit("adpsgd", "synch-freq", local), "");
+  EXPECT_EQ(misfit("sgp", "synch-freq", local), "--synch-freq applies to --strategy osgp and adpsgd, not sgp");
+  EXPECT_EQ(misfit("dpsgd", "slowmo-lr", local), "--slowmo-lr applies to --strategy slowmo, not dpsgd");
+  EXPECT_EQ(misfit("slowmo", "topology", local),
+            "--topology applies to slowmo with --slowmo-base sgp (local SGD averages exactly)");
+  EXPECT_EQ(misfit("slowmo", "topology", sgp_base), "");
+  EXPECT_EQ(misfit("slowmo", "localsgd-frequency", sgp_base), "--localsgd-frequency applies to --slowmo-base localsgd");
+  EXPECT_EQ(misfit("sgp", "topology", local), "");
 }
 
 TEST(Setup, UnknownOrInexactStrategiesAreRefused) {

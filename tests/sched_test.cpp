@@ -333,5 +333,79 @@ TEST(SchedulerReplay, MalformedSchedulerMembersAreNamed) {
   }
 }
 
+// The command line's --scheduler NAME --scheduler-option KEY=VALUE, and
+// the JSON form, through the library (one parser for the tool, replay and
+// the Python front end).
+TEST(SchedulerSpecText, KeyValueOptionsAreTyped) {
+  const std::vector<std::string> kv = {"milestones=2,5", "gamma=0.5", "three_phase=true", "cycle_momentum=false",
+                                       "anneal_strategy=linear", "eta_min=-1e-3", "x=.5", "y=+2", "mode=",
+                                       "max_lr=0.1"};
+  const SchedulerSpec s = scheduler_spec_from_options("multisteplr", kv);
+  EXPECT_EQ(s.name, "multisteplr");
+  EXPECT_TRUE(s.schedulers.empty());
+  EXPECT_EQ(s.options.size(), kv.size());
+  EXPECT_EQ(std::get<std::vector<double>>(s.options.at("milestones")), (std::vector<double>{2, 5}));
+  EXPECT_EQ(std::get<double>(s.options.at("gamma")), 0.5);
+  EXPECT_EQ(std::get<bool>(s.options.at("three_phase")), true);
+  EXPECT_EQ(std::get<bool>(s.options.at("cycle_momentum")), false);
+  EXPECT_EQ(std::get<std::string>(s.options.at("anneal_strategy")), "linear");
+  EXPECT_EQ(std::get<double>(s.options.at("eta_min")), -1e-3);
+  EXPECT_EQ(std::get<double>(s.options.at("x")), 0.5);
+  EXPECT_EQ(std::get<double>(s.options.at("y")), 2.0);
+  EXPECT_EQ(std::get<std::string>(s.options.at("mode")), "");
+  EXPECT_EQ(std::get<double>(s.options.at("max_lr")), 0.1);
+  EXPECT_TRUE(scheduler_spec_from_options("steplr", {}).options.empty());
+  for (const auto& [bad, expected] : std::vector<std::pair<std::string, std::string>>{
+           {"gamma", "--scheduler-option: 'gamma' is not KEY=VALUE"},
+           {"=3", "--scheduler-option: '=3' is not KEY=VALUE"},
+           {"gamma=1x", "--scheduler-option gamma: '1x' is not a finite number"},
+           {"gamma=-inf", "--scheduler-option gamma: '-inf' is not a finite number"},
+           {"milestones=2,,5", "--scheduler-option milestones: '' is not a finite number"},
+           {"milestones=2,1e999", "--scheduler-option milestones: '1e999' is not a finite number"}}) {
+    try {
+      (void)scheduler_spec_from_options("steplr", std::vector<std::string>{bad});
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const InvalidInput& e) {
+      EXPECT_EQ(std::string(e.what()), expected);
+    }
+  }
+}
+
+TEST(SchedulerSpecText, JsonTextBuildsTheScheduler) {
+  float p = 1, g = 0;
+  auto lrs = [&](auto make) {
+    Optimizer opt("sgd", {Param{"p", {&p, DType::f32, {1}}, {&g, DType::f32, {1}}, true}}, {{"lr", 0.1}});
+    auto sched = make(opt);
+    std::vector<double> out;
+    for (int k = 0; k < 6; ++k) {
+      sched->step();
+      out.push_back(opt.lr(0));
+    }
+    return out;
+  };
+  const auto from_json = lrs([](Optimizer& o) {
+    return make_scheduler(o, std::string_view(R"({"name": "steplr", "options": {"step_size": 2, "gamma": 0.5}})"));
+  });
+  EXPECT_EQ(from_json, (std::vector<double>{0.1, 0.05, 0.05, 0.025, 0.025, 0.0125}));
+  try {
+    (void)parse_scheduler_spec(R"({"name": "steplr", "option": {}})", "--scheduler");
+    ADD_FAILURE() << "an unknown member was accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("--scheduler: scheduler: unknown member 'option'"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(SchedulerSpecText, NestingIsBoundedBeforeTheStackIs) {
+  std::string spec = R"({"name": "constantlr"})";
+  for (int i = 0; i < 100; ++i) spec = R"({"name": "chainedscheduler", "schedulers": [)" + spec + "]}";
+  try {
+    (void)parse_scheduler_spec(spec, "--scheduler");
+    ADD_FAILURE() << "100 levels of schedulers were accepted";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("schedulers nested deeper than 64 levels"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace distopt

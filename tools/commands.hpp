@@ -1,4 +1,4 @@
-// The verbs of the `distopt` command-line tool (spec/cli-contract.md).
+// The verbs of the `distopt` command-line tool (docs/formats.md).
 #pragma once
 
 #include <CLI/CLI.hpp>

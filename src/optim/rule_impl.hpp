@@ -73,6 +73,39 @@ inline void store(T* __restrict lp, std::size_t i, float v) {
 
 inline float sign(float x) { return static_cast<float>((x > 0.0f) - (x < 0.0f)); }
 
+// Decoupled (AdamW) weight decay's factor for p <- p*(1 - lr*wd), computed in
+// double and rounded to float once per step.
+inline float decoupled_decay(double lr, double weight_decay) {
+  return static_cast<float>(1.0 - lr * weight_decay);
+}
+
+// The prologue of torch's pointwise rules (docs/optimizers.md, "Pointwise
+// rules"): g <- -g if maximize; then L2 decay g <- g + wd*p, or decoupled
+// decay p <- p*(1 - lr*wd), never both. Made on the host once per step by
+// l2_decay (torch's SGD, Adamax, Adadelta, Adagrad, RMSprop, ASGD; Rprop
+// with wd 0) or l2_or_decoupled (Adam/AdamW, NAdam, RAdam; Lion, always
+// decoupled). Per element, in this order, with l2 from dispatch_bools:
+//   pi = p[i] * decay;                  (rules with decoupled decay only)
+//   gi = grad(l2, to_float(g[i]), pi);  (g*grad_sign) + wd*pi, in float
+// or gi = grad(to_float(g[i])) where there is no L2 (rprop, lion).
+struct GradPrologue {
+  float grad_sign, wd, decay;
+  bool l2;
+  static GradPrologue l2_or_decoupled(bool maximize, double weight_decay, bool decoupled, double lr) {
+    return {maximize ? -1.0f : 1.0f, static_cast<float>(weight_decay),
+            decoupled ? decoupled_decay(lr, weight_decay) : 1.0f, !decoupled && weight_decay != 0.0};
+  }
+  static GradPrologue l2_decay(bool maximize, double weight_decay) {
+    return l2_or_decoupled(maximize, weight_decay, false, 0.0);
+  }
+  float grad(float g) const { return g * grad_sign; }
+  template <bool kL2>
+  float grad(std::bool_constant<kL2>, float g, float p) const {
+    if constexpr (kL2) return grad(g) + wd * p;
+    else return grad(g);
+  }
+};
+
 // torch SGD's momentum on one element (sgd, lars): b <- g on the
 // parameter's first step, else b*mu + (1 - dampening)*g; returns the step's
 // direction, g + mu*b (Nesterov) or b.
@@ -201,6 +234,14 @@ RuleInfo make_rule_info() {
   }
   static_assert(std::is_trivially_copyable_v<typename R::Options>);
   static_assert(std::is_trivially_copyable_v<typename R::Coeffs>);
+  return info;
+}
+
+// The one table of rule struct R, built on first use: a rule's file ends
+// with `const RuleInfo& NAME_rule() { return rule_info_of<NameRule>(); }`.
+template <class R>
+const RuleInfo& rule_info_of() {
+  static const RuleInfo info = make_rule_info<R>();
   return info;
 }
 

@@ -12,9 +12,7 @@ namespace {
 
 class Ddp final : public Engine {
  public:
-  Ddp(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-      const OptimizerSpec& spec, const StrategyOptions& options)
-      : Engine(info, {false, false, false}, comm, flat, initial, spec, options) {}
+  explicit Ddp(const StrategyArgs& a) : Engine(a, {false, false, false}) {}
 
   std::span<const float> own_params() override {
     if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(params_.bytes()), layout_.padded_elements()};
@@ -41,16 +39,8 @@ class Ddp final : public Engine {
 }  // namespace
 
 extern const StrategyInfo kDdp{
-    "ddp",
-    "every rank holds all parameters, gradients and optimizer state; gradients all-reduced per bucket",
-    /*replicated_params=*/true,
-    /*per_rank_models=*/false,
-    /*whole_tensor_needs_gather=*/false,
-    /*option_misfit=*/nullptr,
-    [](const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-       const OptimizerSpec& spec, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
-      return std::make_unique<Ddp>(info, comm, flat, initial, spec, options);
-    },
-    /*volume_psi=*/2};
+    .name = "ddp",
+    .help = "every rank holds all parameters, gradients and optimizer state; gradients all-reduced per bucket",
+    .make = make_engine<Ddp>, .volume_psi = 2};
 
 }  // namespace distopt::parallel::detail

@@ -80,17 +80,18 @@ void finish_quietly(std::unique_ptr<Request>& r) noexcept {
   }
 }
 
-Engine::Engine(const StrategyInfo& info, Holding holding, Communicator& comm, const FlatLayout& flat,
-               std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options)
-    : info_(info),
-      comm_(comm),
-      layout_(flat.params, flat.elements, flat.units, comm.size(), options.bucket_elements),
-      dtype_(options.param_dtype),
-      type_(elem_type_of(options.param_dtype)),
-      es_(size_of(options.param_dtype)),
-      rank_(static_cast<std::size_t>(comm.rank())) {
+Engine::Engine(const StrategyArgs& a, Holding holding)
+    : StrategyCore(a),
+      dtype_(a.options.param_dtype),
+      type_(elem_type_of(a.options.param_dtype)),
+      es_(size_of(a.options.param_dtype)),
+      rank_(static_cast<std::size_t>(a.comm.rank())) {
+  const FlatLayout& flat = a.layout;
+  const std::span<const float> initial = a.initial;
+  const OptimizerSpec& spec = a.optimizer;
+  Communicator& comm = a.comm;
   DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
-  check_agreement(comm, info.name, layout_, spec, options);
+  check_agreement(comm, info_.name, layout_, spec, a.options);
   const std::vector<ShardLayout::Piece> pieces = layout_.pieces(comm.rank());
   const std::size_t padded = layout_.padded_elements(), shard = layout_.shard_elements();
   if (holding.params) {

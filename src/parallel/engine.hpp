@@ -122,18 +122,11 @@ struct Holding {
   bool params = false;  // parameters: the own shard, units in flight (zero3)
 };
 
-class Engine : public Strategy, public models::UnitAccess {
+class Engine : public StrategyCore {
  public:
-  Engine(const StrategyInfo& info, Holding holding, Communicator& comm, const FlatLayout& flat,
-         std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options);
+  Engine(const StrategyArgs& a, Holding holding);
   ~Engine() override;
 
-  const StrategyInfo& info() const override { return info_; }
-  const ShardLayout& layout() const override { return layout_; }
-  models::UnitAccess& access() override { return *this; }
-  Optimizer& optimizer() override { return *optimizer_; }
-  std::uint64_t bytes_sent() const override { return comm_.bytes_sent(); }
-  double exposed_seconds() const override { return exposed_s_; }
   MemoryUse memory() const override;
   std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) override;
   std::vector<float> gather(std::span<const float> own) override;
@@ -165,16 +158,8 @@ class Engine : public Strategy, public models::UnitAccess {
   // Starts the reduction of bucket b, which backward has just finished.
   virtual void reduce_bucket(std::size_t b) = 0;
 
-  // Runs fn, counting its time as communication the rank waited for.
-  template <class F>
-  void blocked(F&& fn) {
-    add_seconds(exposed_s_, std::forward<F>(fn));
-  }
   void finish_oldest();
 
-  const StrategyInfo& info_;
-  Communicator& comm_;
-  ShardLayout layout_;
   DType dtype_;
   ElemType type_;
   std::size_t es_, rank_;
@@ -182,14 +167,12 @@ class Engine : public Strategy, public models::UnitAccess {
   Pool param_pool_{meter_, Meter::params}, grad_pool_{meter_, Meter::grads};  // outlive every lease below
   Held params_, grads_;
   std::vector<TensorView> owned_;
-  std::unique_ptr<Optimizer> optimizer_;
   std::map<std::string, std::vector<std::size_t>> piece_counts_;  // per parameter name: each rank's piece
   std::map<std::size_t, Held> compute_;                           // bf16/f16: fp32 copies of held units
   Held grad_compute_;                                             // bf16/f16: fp32 gradient of the unit in backward
   char* grad_target_ = nullptr;
   std::deque<InFlight> in_flight_;
   std::vector<float> own_;
-  double exposed_s_ = 0;
 };
 
 // zero1: the state sharded; each unit's gradient reduce-scattered in place
@@ -197,15 +180,12 @@ class Engine : public Strategy, public models::UnitAccess {
 // zero2 and zero3 build on it.
 class Zero1 : public Engine {
  public:
-  Zero1(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-        const OptimizerSpec& spec, const StrategyOptions& options)
-      : Zero1(info, {true, false, false}, comm, flat, initial, spec, options) {}
+  explicit Zero1(const StrategyArgs& a) : Zero1(a, {true, false, false}) {}
   ~Zero1() override;
   std::span<const float> own_params() override;
 
  protected:
-  Zero1(const StrategyInfo& info, Holding holding, Communicator& comm, const FlatLayout& flat,
-        std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options);
+  Zero1(const StrategyArgs& a, Holding holding);
   const char* values_of(std::size_t u, models::Pass pass) override;
   void finish_param_reads() override;
   void after_update() override;
@@ -219,16 +199,18 @@ class Zero1 : public Engine {
 // bucket into a scratch buffer freed once it is reduce-scattered.
 class Zero2 : public Zero1 {
  public:
-  Zero2(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-        const OptimizerSpec& spec, const StrategyOptions& options)
-      : Zero2(info, {true, true, false}, comm, flat, initial, spec, options) {}
+  explicit Zero2(const StrategyArgs& a) : Zero2(a, {true, true, false}) {}
 
  protected:
-  Zero2(const StrategyInfo& info, Holding holding, Communicator& comm, const FlatLayout& flat,
-        std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options)
-      : Zero1(info, holding, comm, flat, initial, spec, options) {}
+  Zero2(const StrategyArgs& a, Holding holding) : Zero1(a, holding) {}
   char* grad_target(std::size_t u) override;
   void reduce_bucket(std::size_t b) override;
 };
+
+// A registry entry's make for an engine strategy.
+template <class S>
+std::unique_ptr<Strategy> make_engine(const StrategyArgs& args) {
+  return std::make_unique<S>(args);
+}
 
 }  // namespace distopt::parallel::detail

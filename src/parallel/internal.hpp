@@ -53,15 +53,41 @@ class ValuesAccess final : public models::UnitAccess {
   std::map<std::size_t, Buffer> held_;
 };
 
+// What every strategy holds and answers alike: its registry entry, its
+// communicator, the layout, the optimizer and the time it spent waiting on
+// communication. The engine core (engine.hpp) and the gossip core
+// (gossip/core.hpp) derive from it.
+class StrategyCore : public Strategy, public models::UnitAccess {
+ public:
+  const StrategyInfo& info() const override { return info_; }
+  const ShardLayout& layout() const override { return layout_; }
+  models::UnitAccess& access() override { return *this; }
+  Optimizer& optimizer() override { return *optimizer_; }
+  std::uint64_t bytes_sent() const override { return comm_.bytes_sent(); }
+  double exposed_seconds() const override { return exposed_s_; }
+
+ protected:
+  explicit StrategyCore(const StrategyArgs& a)
+      : info_(a.info),
+        comm_(a.comm),
+        layout_(a.layout.params, a.layout.elements, a.layout.units, a.comm.size(), a.options.bucket_elements) {}
+  // Runs fn, counting its time as communication the rank waited for.
+  template <class F>
+  void blocked(F&& fn) {
+    add_seconds(exposed_s_, std::forward<F>(fn));
+  }
+
+  const StrategyInfo& info_;
+  Communicator& comm_;
+  ShardLayout layout_;
+  std::unique_ptr<Optimizer> optimizer_;  // views into the derived class's buffers; frees only its own state
+  double exposed_s_ = 0;
+};
+
 // The optimizer's groups for a strategy's parameter views: one group, or
 // with spec.fallback the parameters the rule refuses in a second group of
 // the fallback rule.
 std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vector<Param> views);
-
-// The registry's entries (registry.cpp): ddp.cpp, zero1.cpp, zero2.cpp,
-// zero3.cpp, and the gossip strategies in gossip/.
-extern const StrategyInfo kDdp, kZero1, kZero2, kZero3;
-extern const StrategyInfo kSgp, kOsgp, kDpsgd, kAdpsgd, kSlowmo;
 
 // Setup check: every rank must agree on what it is about to train; a
 // mismatch names the first rank that differs from rank 0 and the item.

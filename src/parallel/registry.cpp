@@ -11,11 +11,17 @@
 
 namespace distopt::parallel {
 
+namespace detail {
+// Each defined at the end of its strategy's file.
+extern const StrategyInfo kDdp, kZero1, kZero2, kZero3;           // ddp.cpp, zero1.cpp, ...
+extern const StrategyInfo kSgp, kOsgp, kDpsgd, kAdpsgd, kSlowmo;  // gossip/sgp.cpp, ...
+}  // namespace detail
+
 namespace {
 
 constexpr const StrategyInfo* kStrategies[] = {
-    &detail::kDdp, &detail::kZero1, &detail::kZero2, &detail::kZero3,   // engine.hpp
-    &detail::kSgp, &detail::kOsgp,  &detail::kDpsgd, &detail::kAdpsgd,  // gossip/
+    &detail::kDdp, &detail::kZero1, &detail::kZero2, &detail::kZero3,  // over the engine core
+    &detail::kSgp, &detail::kOsgp,  &detail::kDpsgd, &detail::kAdpsgd,  // over the gossip core
     &detail::kSlowmo,
 };
 
@@ -51,7 +57,7 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& com
   require_exact(name, rule_or_throw(optimizer.name));
   if (!optimizer.fallback.empty()) require_exact(name, rule_or_throw(optimizer.fallback));
   const StrategyInfo& info = strategy_or_throw(name);
-  return info.make(info, comm, layout, initial, optimizer, options);
+  return info.make({info, comm, layout, initial, optimizer, options});
 }
 
 }  // namespace distopt::parallel

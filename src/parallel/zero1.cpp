@@ -9,9 +9,7 @@
 
 namespace distopt::parallel::detail {
 
-Zero1::Zero1(const StrategyInfo& info, Holding holding, Communicator& comm, const FlatLayout& flat,
-             std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options)
-    : Engine(info, holding, comm, flat, initial, spec, options) {
+Zero1::Zero1(const StrategyArgs& a, Holding holding) : Engine(a, holding) {
   param_requests_.resize(layout_.units().size());
 }
 
@@ -65,16 +63,9 @@ void Zero1::reduce_bucket(std::size_t b) {
 }
 
 extern const StrategyInfo kZero1{
-    "zero1",
-    "optimizer state (and fp32 master weights) sharded; gradients reduce-scattered, parameters all-gathered",
-    /*replicated_params=*/false,
-    /*per_rank_models=*/false,
-    /*whole_tensor_needs_gather=*/true,
-    /*option_misfit=*/nullptr,
-    [](const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-       const OptimizerSpec& spec, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
-      return std::make_unique<Zero1>(info, comm, flat, initial, spec, options);
-    },
-    /*volume_psi=*/2};
+    .name = "zero1",
+    .help = "optimizer state (and fp32 master weights) sharded; gradients reduce-scattered, parameters all-gathered",
+    .replicated_params = false, .whole_tensor_needs_gather = true,
+    .make = make_engine<Zero1>, .volume_psi = 2};
 
 }  // namespace distopt::parallel::detail

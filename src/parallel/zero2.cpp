@@ -45,16 +45,9 @@ void Zero2::reduce_bucket(std::size_t b) {
 }
 
 extern const StrategyInfo kZero2{
-    "zero2",
-    "as zero1, and only the own gradient shard kept (buckets reduce-scattered while backward runs)",
-    /*replicated_params=*/false,
-    /*per_rank_models=*/false,
-    /*whole_tensor_needs_gather=*/true,
-    /*option_misfit=*/nullptr,
-    [](const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-       const OptimizerSpec& spec, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
-      return std::make_unique<Zero2>(info, comm, flat, initial, spec, options);
-    },
-    /*volume_psi=*/2};
+    .name = "zero2",
+    .help = "as zero1, and only the own gradient shard kept (buckets reduce-scattered while backward runs)",
+    .replicated_params = false, .whole_tensor_needs_gather = true,
+    .make = make_engine<Zero2>, .volume_psi = 2};
 
 }  // namespace distopt::parallel::detail

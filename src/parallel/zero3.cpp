@@ -13,9 +13,7 @@ namespace {
 
 class Zero3 final : public Zero2 {
  public:
-  Zero3(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-        const OptimizerSpec& spec, const StrategyOptions& options)
-      : Zero2(info, {true, true, true}, comm, flat, initial, spec, options) {}
+  explicit Zero3(const StrategyArgs& a) : Zero2(a, {true, true, true}) {}
   ~Zero3() override {
     for (auto& [u, g] : gathered_) finish_quietly(g.request);
   }
@@ -79,16 +77,9 @@ class Zero3 final : public Zero2 {
 }  // namespace
 
 extern const StrategyInfo kZero3{
-    "zero3",
-    "as zero2, and parameters sharded: each unit all-gathered before use (the next prefetched) and freed after",
-    /*replicated_params=*/false,
-    /*per_rank_models=*/false,
-    /*whole_tensor_needs_gather=*/true,
-    /*option_misfit=*/nullptr,
-    [](const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-       const OptimizerSpec& spec, const StrategyOptions& options) -> std::unique_ptr<Strategy> {
-      return std::make_unique<Zero3>(info, comm, flat, initial, spec, options);
-    },
-    /*volume_psi=*/3};
+    .name = "zero3",
+    .help = "as zero2, and parameters sharded: each unit all-gathered before use (the next prefetched) and freed after",
+    .replicated_params = false, .whole_tensor_needs_gather = true,
+    .make = make_engine<Zero3>, .volume_psi = 3};
 
 }  // namespace distopt::parallel::detail

@@ -1,13 +1,15 @@
+// Replay cases (include/distopt/replay/replay.hpp; docs/formats.md,
+// "distopt replay"): reading and checking a case, running it, comparing
+// with its expected result, and writing a result as JSON.
 #include "distopt/replay/replay.hpp"
 
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <limits>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "../optim/schedulers/json_reader.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/optim/optimizer.hpp"
 
@@ -17,31 +19,12 @@ using nlohmann::json;
 
 namespace {
 
-class Reader {
+// The case format's reader: JsonReader's members and numbers (shared with
+// the optim library's scheduler specs), and the case's arrays, indices and
+// optimizer options.
+class Reader : public JsonReader {
  public:
-  explicit Reader(const std::string& source) : source_(source) {}
-
-  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
-    throw InvalidInput(str(source_, ": ", where, ": ", what));
-  }
-
-  const json& member(const json& obj, const char* key, const std::string& where) const {
-    if (!obj.is_object()) fail(where, "must be an object");
-    auto it = obj.find(key);
-    if (it == obj.end()) fail(where, str("missing member '", key, "'"));
-    return *it;
-  }
-
-  double number(const json& v, const std::string& where) const {
-    if (v.is_number()) return v.get<double>();
-    if (v.is_string()) {  // JSON has no NaN/Infinity literals
-      const auto& s = v.get_ref<const std::string&>();
-      if (s == "NaN" || s == "nan") return std::numeric_limits<double>::quiet_NaN();
-      if (s == "Infinity" || s == "inf") return std::numeric_limits<double>::infinity();
-      if (s == "-Infinity" || s == "-inf") return -std::numeric_limits<double>::infinity();
-    }
-    fail(where, str("expected a number, got ", v.dump()));
-  }
+  using JsonReader::JsonReader;
 
   std::vector<float> floats(const json& v, const std::string& where) const {
     if (!v.is_array()) fail(where, "must be an array of numbers");
@@ -50,51 +33,6 @@ class Reader {
     for (std::size_t i = 0; i < v.size(); ++i)
       out.push_back(static_cast<float>(number(v[i], str(where, "[", i, "]"))));
     return out;
-  }
-
-  // {"name": ..., "options": {...}, "schedulers": [...]} (options and
-  // schedulers optional); option values are numbers, booleans, strings or
-  // lists of numbers. The children may also sit inside the options, as
-  // torch's constructor argument: {"options": {"schedulers": [...], ...}}.
-  SchedulerSpec scheduler(const json& v, const std::string& where) const {
-    SchedulerSpec s;
-    const json& name = member(v, "name", where);
-    if (!name.is_string()) fail(where + ".name", "must be a string");
-    s.name = name.get<std::string>();
-    for (const auto& [key, value] : v.items())
-      if (key != "name" && key != "options" && key != "schedulers") fail(where, str("unknown member '", key, "'"));
-    if (v.contains("options")) {
-      const json& o = v["options"];
-      if (!o.is_object()) fail(where + ".options", "must be an object");
-      for (const auto& [key, value] : o.items()) {
-        const std::string at = str(where, ".options.", key);
-        if (value.is_null()) continue;  // torch's None: the default
-        if (key == "schedulers" && value.is_array() && (value.empty() || value[0].is_object())) {
-          if (v.contains("schedulers")) fail(at, "schedulers given twice (in options and beside them)");
-          for (std::size_t i = 0; i < value.size(); ++i)
-            s.schedulers.push_back(scheduler(value[i], str(at, "[", i, "]")));
-          continue;
-        }
-        if (value.is_boolean()) {
-          s.options[key] = value.get<bool>();
-        } else if (value.is_string()) {
-          s.options[key] = value.get<std::string>();
-        } else if (value.is_array()) {
-          std::vector<double> list;
-          for (std::size_t i = 0; i < value.size(); ++i) list.push_back(number(value[i], str(at, "[", i, "]")));
-          s.options[key] = std::move(list);
-        } else {
-          s.options[key] = number(value, at);
-        }
-      }
-    }
-    if (v.contains("schedulers")) {
-      const json& list = v["schedulers"];
-      if (!list.is_array()) fail(where + ".schedulers", "must be an array");
-      for (std::size_t i = 0; i < list.size(); ++i)
-        s.schedulers.push_back(scheduler(list[i], str(where, ".schedulers[", i, "]")));
-    }
-    return s;
   }
 
   std::size_t index(const json& v, const std::string& where) const {
@@ -121,9 +59,6 @@ class Reader {
     }
     return out;
   }
-
- private:
-  const std::string& source_;
 };
 
 }  // namespace
@@ -224,7 +159,7 @@ Case parse_case(const std::string& text, const std::string& source) {
   }
 
   if (doc.contains("scheduler") && !doc["scheduler"].is_null()) {
-    c.scheduler = r.scheduler(doc["scheduler"], "scheduler");
+    c.scheduler = read_scheduler_spec(r, doc["scheduler"], "scheduler");
     if (c.scheduler->name == "reducelronplateau")
       for (std::size_t k = 0; k < c.steps.size(); ++k)
         if (!c.steps[k].metric) r.fail(str("steps[", k, "]"), "needs a 'metric' for scheduler reducelronplateau");
@@ -275,16 +210,6 @@ Case load_case(const std::string& path) {
   if (in.bad()) throw IoError(str(path, ": read error"));
   if (text.size() > kMaxCaseBytes) throw InvalidInput(str(path, ": larger than 256 MiB, too large for a replay case"));
   return parse_case(text, path);
-}
-
-SchedulerSpec parse_scheduler_spec(const std::string& json_text, const std::string& source) {
-  json doc;
-  try {
-    doc = json::parse(json_text);
-  } catch (const json::exception& e) {  // parse errors, and numbers beyond double's range (1e999)
-    throw InvalidInput(str(source, ": not valid JSON (", e.what(), ")"));
-  }
-  return Reader(source).scheduler(doc, "scheduler");
 }
 
 Result run(const Case& c, ThreadPool* pool, const SchedulerFactory& make) {

@@ -1,4 +1,4 @@
-// Parameters packed into one flat buffer (DESIGN.md, data layout): each
+// Parameters packed into one flat buffer (docs/architecture.md, "Data layout"): each
 // parameter is a view {name, offset, shape} into it. Gradients mirror it.
 #pragma once
 

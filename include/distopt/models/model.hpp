@@ -1,6 +1,6 @@
 // The built-in models. A model owns no parameters: they live in one flat,
-// aligned float32 buffer that the parallel strategy owns (DESIGN.md, data
-// layout), and the model describes where each parameter sits in it. Units
+// aligned float32 buffer that the parallel strategy owns (docs/architecture.md,
+// "Data layout"), and the model describes where each parameter sits in it. Units
 // (layers) are contiguous ranges of that buffer, and a model reaches them
 // through a UnitAccess one at a time, so ZeRO-3 can gather one unit at a
 // time and every strategy can reduce a unit's gradient as soon as backward

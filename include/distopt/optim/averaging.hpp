@@ -1,5 +1,5 @@
 // Weight averaging: torch.optim.swa_utils.AveragedModel over flat fp32
-// parameters (spec/optimizers.md §5).
+// parameters (docs/optimizers.md, "Weight averaging (SWA, EMA)").
 //
 // AveragedParams keeps a running average of a parameter vector -- a model's
 // flat buffer, or the shard of it that one rank owns: every formula here is

@@ -1,5 +1,5 @@
 // Gradient clipping: torch.nn.utils.clip_grad_norm_ and clip_grad_value_
-// (torch 1.13; spec/optimizers.md §6.1).
+// (torch 1.13; docs/optimizers.md, "Gradient clipping").
 //
 // clip_grad_norm is built as a tensor statistic in three parts, so that a
 // sharded engine can use it unchanged on the shard each rank holds:

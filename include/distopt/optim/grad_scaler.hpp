@@ -1,5 +1,6 @@
 // Dynamic loss scaling: torch.cuda.amp.GradScaler (torch 1.13; the same
-// logic as torch.amp.GradScaler in 2.x; spec/optimizers.md §6.2).
+// logic as torch.amp.GradScaler in 2.x; docs/optimizers.md, "Dynamic loss
+// scaling (GradScaler)").
 //
 // The loss is multiplied by the scale before backward, so small gradients
 // survive f16; unscale() multiplies the gradients by the float32 reciprocal

@@ -4,10 +4,11 @@
 // like the parameter plus a few fp32 scalars such as `step`) and a kernel
 // that updates a contiguous slice of one parameter given per-step scalars
 // computed once on the host. Kernels allocate nothing and communicate
-// nothing. Every rule declares its locality (DESIGN.md): a pointwise rule's
-// update of element i reads only element i of the parameter, gradient and
-// state, so any slicing of a tensor -- across threads or across ranks --
-// gives bitwise the same result as one call over the whole tensor.
+// nothing. Every rule declares its locality (docs/optimizers.md,
+// "Locality"): a pointwise rule's update of element i reads only element i
+// of the parameter, gradient and state, so any slicing of a tensor --
+// across threads or across ranks -- gives bitwise the same result as one
+// call over the whole tensor.
 //
 // A tensor_stats rule (LAMB, LARS) also needs statistics of whole tensors
 // (norms). It declares stat passes: pass k may first transform each slice

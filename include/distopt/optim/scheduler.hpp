@@ -1,5 +1,5 @@
 // Learning-rate schedulers: torch.optim.lr_scheduler (torch 1.13), same
-// names, options, defaults and numbers (spec/optimizers.md §4).
+// names, options, defaults and numbers (docs/schedulers.md).
 //
 // Torch's stepping semantics hold exactly: constructing a scheduler already
 // takes its initial step (last_epoch -1 -> 0, which may write an lr);
@@ -371,5 +371,15 @@ std::span<const std::string_view> scheduler_names();
 // Builds a scheduler with torch's checks; unknown names or options, missing
 // required options and invalid values throw InvalidInput naming them.
 std::unique_ptr<Scheduler> make_scheduler(Optimizer& opt, const SchedulerSpec& spec);
+
+// A spec from its JSON text, {"name": ..., "options": {...}, "schedulers":
+// [...]} (the replay format's, --scheduler's and a configuration file's);
+// errors are one line starting with `source`.
+SchedulerSpec parse_scheduler_spec(std::string_view json_text, std::string_view source);
+// make_scheduler(opt, parse_scheduler_spec(json_text, "scheduler")).
+std::unique_ptr<Scheduler> make_scheduler(Optimizer& opt, std::string_view json_text);
+// A spec from a name and the command line's KEY=VALUE options: a number,
+// true/false, a comma list of numbers, or a word.
+SchedulerSpec scheduler_spec_from_options(std::string name, std::span<const std::string> key_values);
 
 }  // namespace distopt

@@ -1,4 +1,4 @@
-// Sharding arithmetic, in one place (DESIGN.md, data layout).
+// Sharding arithmetic, in one place (docs/architecture.md, "Data layout").
 //
 // A model's flat buffer is a sequence of units (layers), each a contiguous
 // range. For a world of W ranks every unit is padded to a multiple of

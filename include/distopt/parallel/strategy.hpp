@@ -163,18 +163,27 @@ struct StrategyInfo {
   // The GossipOptions this strategy reads, by their flag names without the
   // dashes ("topology", "synch-freq", ...), given the options it is
   // configured with (slowmo's depend on its base): why `flag` does not
-  // apply, or "" when it does. Null: it reads none.
-  std::string (*option_misfit)(std::string_view flag, const GossipOptions& options) = nullptr;
+  // apply to `self` (this entry), or "" when it does. Null: it reads none.
+  std::string (*option_misfit)(const StrategyInfo& self, std::string_view flag, const GossipOptions& options) = nullptr;
   // Builds the strategy (every rank alike; see make_strategy).
-  std::unique_ptr<Strategy> (*make)(const StrategyInfo& info, Communicator& comm, const FlatLayout& layout,
-                                    std::span<const float> initial, const OptimizerSpec& optimizer,
-                                    const StrategyOptions& options) = nullptr;
+  std::unique_ptr<Strategy> (*make)(const struct StrategyArgs& args) = nullptr;
   // The bytes a rank sends per step by the ZeRO paper's model, in units of
   // the parameters' bytes times (n - 1) / n: 2 where gradients are reduced
   // and parameters gathered once (ddp, zero1, zero2), 3 where parameters
   // are gathered twice (zero3); 0 where the model does not apply (gossip).
   // `distopt bench strategies` compares its measurement with it.
   double volume_psi = 0;
+};
+
+// What make_strategy hands a registry entry's make (and so a strategy's
+// constructor).
+struct StrategyArgs {
+  const StrategyInfo& info;
+  Communicator& comm;
+  const FlatLayout& layout;
+  std::span<const float> initial;  // the unsharded parameters, the model's layout
+  const OptimizerSpec& optimizer;
+  const StrategyOptions& options;
 };
 
 // The registry: every strategy this build runs, in the command-line

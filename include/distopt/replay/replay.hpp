@@ -1,4 +1,4 @@
-// Replay cases (format distopt-replay/1, spec/cli-contract.md): an optimizer
+// Replay cases (format distopt-replay/1, docs/formats.md): an optimizer
 // trajectory -- initial parameters, per-step gradients (or none) -- and,
 // for golden files produced by PyTorch, the expected result. `distopt
 // replay` runs them; `distopt replay --check` compares with `expected`.
@@ -45,12 +45,10 @@ struct Case {
 };
 
 // Parses and validates a case; every inconsistency throws InvalidInput with
-// a one-line message naming the file and the JSON member.
+// a one-line message naming the file and the JSON member. Its "scheduler"
+// is read as parse_scheduler_spec (distopt/optim/scheduler.hpp) reads one.
 Case parse_case(const std::string& json_text, const std::string& source);
 Case load_case(const std::string& path);
-// A scheduler spec as the case format writes it: {"name": ..., "options":
-// {...}, "schedulers": [...]} (also `distopt train --scheduler '{...}'`).
-SchedulerSpec parse_scheduler_spec(const std::string& json_text, const std::string& source);
 
 // Builds a case's scheduler (make_scheduler by default; tests pass their own
 // to provide lambdalr/multiplicativelr with C++ callables).

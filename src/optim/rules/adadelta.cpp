@@ -1,4 +1,5 @@
-// Adadelta (Zeiler 2012; torch.optim.Adadelta, spec/optimizers.md §2):
+// Adadelta (Zeiler 2012; torch.optim.Adadelta; docs/optimizers.md,
+// "Pointwise rules"):
 //   g <- -g if maximize;  g <- g + wd*p
 //   v <- v*rho + (1-rho)*g*g
 //   d <- sqrt(u + eps) / sqrt(v + eps) * g
@@ -40,15 +41,13 @@ struct AdadeltaRule {
     scalars[0] = 0.0f;
   }
   struct Coeffs {
-    float grad_sign, wd, rho, one_minus_rho, eps, neg_lr;
-    bool l2;
+    GradPrologue pro;
+    float rho, one_minus_rho, eps, neg_lr;
   };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     scalars[0] += 1.0f;
     Coeffs c{};
-    c.grad_sign = o.maximize ? -1.0f : 1.0f;
-    c.l2 = o.weight_decay != 0.0;
-    c.wd = static_cast<float>(o.weight_decay);
+    c.pro = GradPrologue::l2_decay(o.maximize, o.weight_decay);
     c.rho = static_cast<float>(o.rho);
     c.one_minus_rho = static_cast<float>(1.0 - o.rho);
     c.eps = static_cast<float>(o.eps);
@@ -66,8 +65,7 @@ struct AdadeltaRule {
           float* __restrict u = s.s[1];
           for (std::size_t i = 0; i < s.n; ++i) {
             float pi = p[i];
-            float gi = to_float(g[i]) * c.grad_sign;
-            if constexpr (l2) gi = gi + c.wd * pi;
+            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
             const float vi = v[i] * c.rho + c.one_minus_rho * gi * gi;
             const float std_i = std::sqrt(vi + c.eps);
             const float d = std::sqrt(u[i] + c.eps) / std_i * gi;
@@ -78,15 +76,12 @@ struct AdadeltaRule {
             store(lp, i, pi);
           }
         },
-        c.l2);
+        c.pro.l2);
   }
 };
 
 }  // namespace
 
-const RuleInfo& adadelta_rule() {
-  static const RuleInfo info = make_rule_info<AdadeltaRule>();
-  return info;
-}
+const RuleInfo& adadelta_rule() { return rule_info_of<AdadeltaRule>(); }
 
 }  // namespace distopt::rules

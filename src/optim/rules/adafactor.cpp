@@ -1,6 +1,6 @@
 // Adafactor (Shazeer & Stern 2018) as transformers' Adafactor computes it
 // (src/transformers/optimization.py, the same math as fairseq's;
-// spec/optimizers.md §3.4), in float32 like torch:
+// docs/optimizers.md, "Non-pointwise rules"), in float32 like torch:
 //   t <- t + 1;  RMS = ||p|| / sqrt(n)  (before the update)
 //   rho = lr, or min(1e-6 t if warmup_init else 1e-2, 1/sqrt(t)) with
 //         relative_step;  lr_t = max(eps2, RMS) * rho with scale_parameter
@@ -12,6 +12,8 @@
 //   U <- U / max(RMS(U) / clip_threshold, 1) * lr_t
 //   beta1: m <- m*beta1 + (1-beta1)*U;  U = m
 //   weight_decay: p <- p + (-weight_decay*lr_t)*p;  p <- p - U
+//     (transformers' add_ with alpha, which rounds differently from
+//     decoupled_decay's p*(1 - lr*wd) in rule_impl.hpp, so it stays here)
 // lr and beta1 are None by default (NaN here): relative steps, no first
 // moment. tensor_stats: pass 0 gathers sum p^2 and, factored, the row and
 // column sums of q (all-reduced as vectors; every rank keeps the whole row
@@ -279,9 +281,6 @@ struct AdafactorRule {
 
 }  // namespace
 
-const RuleInfo& adafactor_rule() {
-  static const RuleInfo info = make_rule_info<AdafactorRule>();
-  return info;
-}
+const RuleInfo& adafactor_rule() { return rule_info_of<AdafactorRule>(); }
 
 }  // namespace distopt::rules

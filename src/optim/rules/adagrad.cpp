@@ -1,5 +1,5 @@
-// Adagrad, diagonal (Duchi et al. 2011; torch.optim.Adagrad,
-// spec/optimizers.md §2):
+// Adagrad, diagonal (Duchi et al. 2011; torch.optim.Adagrad;
+// docs/optimizers.md, "Pointwise rules"):
 //   g <- -g if maximize;  g <- g + wd*p
 //   clr = lr / (1 + (t-1)*lr_decay)
 //   S <- S + g*g;   p <- p - clr * g / (sqrt(S) + eps)
@@ -44,15 +44,13 @@ struct AdagradRule {
     scalars[0] = 0.0f;
   }
   struct Coeffs {
-    float grad_sign, wd, eps, neg_clr;
-    bool l2;
+    GradPrologue pro;
+    float eps, neg_clr;
   };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     Coeffs c{};
-    c.grad_sign = o.maximize ? -1.0f : 1.0f;
-    c.l2 = o.weight_decay != 0.0;
-    c.wd = static_cast<float>(o.weight_decay);
+    c.pro = GradPrologue::l2_decay(o.maximize, o.weight_decay);
     c.eps = static_cast<float>(o.eps);
     c.neg_clr = static_cast<float>(-(o.lr / (1.0 + (t - 1.0) * o.lr_decay)));
     return c;
@@ -67,8 +65,7 @@ struct AdagradRule {
           float* __restrict sum = s.s[0];
           for (std::size_t i = 0; i < s.n; ++i) {
             float pi = p[i];
-            float gi = to_float(g[i]) * c.grad_sign;
-            if constexpr (l2) gi = gi + c.wd * pi;
+            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
             const float si = sum[i] + 1.0f * gi * gi;
             sum[i] = si;
             pi = pi + c.neg_clr * gi / (std::sqrt(si) + c.eps);
@@ -76,15 +73,12 @@ struct AdagradRule {
             store(lp, i, pi);
           }
         },
-        c.l2);
+        c.pro.l2);
   }
 };
 
 }  // namespace
 
-const RuleInfo& adagrad_rule() {
-  static const RuleInfo info = make_rule_info<AdagradRule>();
-  return info;
-}
+const RuleInfo& adagrad_rule() { return rule_info_of<AdagradRule>(); }
 
 }  // namespace distopt::rules

@@ -1,5 +1,5 @@
-// Full-matrix Adagrad (Duchi, Hazan & Singer 2011; spec/optimizers.md
-// §3.5), in the paper's form, with torch Adagrad's options:
+// Full-matrix Adagrad (Duchi, Hazan & Singer 2011; docs/optimizers.md,
+// "Non-pointwise rules"), in the paper's form, with torch Adagrad's options:
 //   t <- t + 1;  clr = lr / (1 + (t - 1) * lr_decay)
 //   g <- g + weight_decay * p                         (in float)
 //   per block b of the flattened tensor (block_size elements; 0: one block):
@@ -172,9 +172,6 @@ struct AdagradFullRule : WholeTensorRule {
 
 }  // namespace
 
-const RuleInfo& adagrad_full_rule() {
-  static const RuleInfo info = make_rule_info<AdagradFullRule>();
-  return info;
-}
+const RuleInfo& adagrad_full_rule() { return rule_info_of<AdagradFullRule>(); }
 
 }  // namespace distopt::rules

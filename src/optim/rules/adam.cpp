@@ -1,6 +1,7 @@
 // Adam and AdamW (Kingma & Ba 2015; Loshchilov & Hutter 2019), as
 // torch.optim.Adam / AdamW compute them on the CPU single-tensor path
-// (spec/optimizers.md §2; torch 1.13 rounding: m = m*b1 + (1-b1)*g).
+// (docs/optimizers.md, "Pointwise rules"; torch 1.13's rounding,
+// m = m*b1 + (1-b1)*g: "Where torch 1.13 and torch 2.x differ").
 //   g  <- -g if maximize;  L2: g <- g + wd*p   |  decoupled: p <- p*(1 - lr*wd)
 //   m  <- m*b1 + (1-b1)*g;  v <- v*b2 + (1-b2)*g*g;  amsgrad: vmax <- max(vmax, v)
 //   p  <- p - (lr/bc1) * m / (sqrt(v)/sqrt(bc2) + eps),  bc_k = 1 - b_k^t
@@ -52,19 +53,16 @@ struct AdamRule {
     scalars[0] = 0.0f;
   }
   struct Coeffs {
-    float grad_sign, wd, decay, beta1, one_minus_beta1, beta2, one_minus_beta2;
-    float bc2_sqrt, eps, neg_step_size;
-    bool l2, amsgrad;
+    GradPrologue pro;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+    bool amsgrad;
   };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     const double bc1 = 1.0 - std::pow(o.beta1, t);
     const double bc2 = 1.0 - std::pow(o.beta2, t);
     Coeffs c{};
-    c.grad_sign = o.maximize ? -1.0f : 1.0f;
-    c.l2 = !o.decoupled && o.weight_decay != 0.0;
-    c.wd = static_cast<float>(o.weight_decay);
-    c.decay = static_cast<float>(o.decoupled ? 1.0 - o.lr * o.weight_decay : 1.0);
+    c.pro = GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, o.decoupled, o.lr);
     c.beta1 = static_cast<float>(o.beta1);
     c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
     c.beta2 = static_cast<float>(o.beta2);
@@ -86,9 +84,8 @@ struct AdamRule {
           float* __restrict v = s.s[1];
           float* __restrict vmax = s.s[2];
           for (std::size_t i = 0; i < s.n; ++i) {
-            float gi = to_float(g[i]) * c.grad_sign;
-            float pi = p[i] * c.decay;
-            if constexpr (l2) gi = gi + c.wd * pi;
+            float pi = p[i] * c.pro.decay;
+            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
             const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
             float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
             m[i] = mi;
@@ -103,19 +100,13 @@ struct AdamRule {
             store(lp, i, pi);
           }
         },
-        c.l2, c.amsgrad);
+        c.pro.l2, c.amsgrad);
   }
 };
 
 }  // namespace
 
-const RuleInfo& adam_rule() {
-  static const RuleInfo info = make_rule_info<AdamRule<false>>();
-  return info;
-}
-const RuleInfo& adamw_rule() {
-  static const RuleInfo info = make_rule_info<AdamRule<true>>();
-  return info;
-}
+const RuleInfo& adam_rule() { return rule_info_of<AdamRule<false>>(); }
+const RuleInfo& adamw_rule() { return rule_info_of<AdamRule<true>>(); }
 
 }  // namespace distopt::rules

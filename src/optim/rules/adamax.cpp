@@ -1,4 +1,5 @@
-// Adamax (Kingma & Ba 2015, §7; torch.optim.Adamax, spec/optimizers.md §2):
+// Adamax (Kingma & Ba 2015, §7; torch.optim.Adamax; docs/optimizers.md,
+// "Pointwise rules"):
 //   g <- -g if maximize;  g <- g + wd*p
 //   m <- m*b1 + (1-b1)*g;  u <- max(u*b2, |g| + eps)
 //   p <- p - (lr / (1 - b1^t)) * m / u
@@ -41,15 +42,13 @@ struct AdamaxRule {
     scalars[0] = 0.0f;
   }
   struct Coeffs {
-    float grad_sign, wd, beta1, one_minus_beta1, beta2, eps, neg_clr;
-    bool l2;
+    GradPrologue pro;
+    float beta1, one_minus_beta1, beta2, eps, neg_clr;
   };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     Coeffs c{};
-    c.grad_sign = o.maximize ? -1.0f : 1.0f;
-    c.l2 = o.weight_decay != 0.0;
-    c.wd = static_cast<float>(o.weight_decay);
+    c.pro = GradPrologue::l2_decay(o.maximize, o.weight_decay);
     c.beta1 = static_cast<float>(o.beta1);
     c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
     c.beta2 = static_cast<float>(o.beta2);
@@ -68,8 +67,7 @@ struct AdamaxRule {
           float* __restrict u = s.s[1];
           for (std::size_t i = 0; i < s.n; ++i) {
             float pi = p[i];
-            float gi = to_float(g[i]) * c.grad_sign;
-            if constexpr (l2) gi = gi + c.wd * pi;
+            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
             const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
             const float ui = std::max(u[i] * c.beta2, std::fabs(gi) + c.eps);
             m[i] = mi;
@@ -79,15 +77,12 @@ struct AdamaxRule {
             store(lp, i, pi);
           }
         },
-        c.l2);
+        c.pro.l2);
   }
 };
 
 }  // namespace
 
-const RuleInfo& adamax_rule() {
-  static const RuleInfo info = make_rule_info<AdamaxRule>();
-  return info;
-}
+const RuleInfo& adamax_rule() { return rule_info_of<AdamaxRule>(); }
 
 }  // namespace distopt::rules

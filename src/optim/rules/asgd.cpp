@@ -1,5 +1,5 @@
-// Averaged SGD (Polyak & Juditsky 1992; torch.optim.ASGD,
-// spec/optimizers.md §2):
+// Averaged SGD (Polyak & Juditsky 1992; torch.optim.ASGD;
+// docs/optimizers.md, "Pointwise rules"):
 //   g <- -g if maximize;  g <- g + wd*p
 //   p <- p*(1 - lambd*eta);  p <- p - eta*g
 //   ax <- ax + (p - ax)*mu if mu != 1, else ax <- p
@@ -45,17 +45,16 @@ struct AsgdRule {
     scalars[2] = 1.0f;
   }
   struct Coeffs {
-    float grad_sign, wd, decay, neg_eta, mu;
-    bool l2, average;
+    GradPrologue pro;
+    float decay, neg_eta, mu;  // decay: ASGD's 1 - lambd*eta, after the L2 term
+    bool average;
   };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     const double eta = scalars[1];
     const double mu = scalars[2];
     Coeffs c{};
-    c.grad_sign = o.maximize ? -1.0f : 1.0f;
-    c.l2 = o.weight_decay != 0.0;
-    c.wd = static_cast<float>(o.weight_decay);
+    c.pro = GradPrologue::l2_decay(o.maximize, o.weight_decay);
     c.decay = static_cast<float>(1.0 - o.lambd * eta);
     c.neg_eta = static_cast<float>(-eta);
     c.mu = static_cast<float>(mu);
@@ -74,8 +73,7 @@ struct AsgdRule {
           float* __restrict ax = s.s[0];
           for (std::size_t i = 0; i < s.n; ++i) {
             float pi = p[i];
-            float gi = to_float(g[i]) * c.grad_sign;
-            if constexpr (l2) gi = gi + c.wd * pi;
+            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
             pi = pi * c.decay;
             pi = pi + c.neg_eta * gi;
             if constexpr (average) ax[i] = ax[i] + (pi - ax[i]) * c.mu;
@@ -84,15 +82,12 @@ struct AsgdRule {
             store(lp, i, pi);
           }
         },
-        c.l2, c.average);
+        c.pro.l2, c.average);
   }
 };
 
 }  // namespace
 
-const RuleInfo& asgd_rule() {
-  static const RuleInfo info = make_rule_info<AsgdRule>();
-  return info;
-}
+const RuleInfo& asgd_rule() { return rule_info_of<AsgdRule>(); }
 
 }  // namespace distopt::rules

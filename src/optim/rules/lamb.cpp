@@ -1,6 +1,6 @@
 // LAMB (You et al. 2020) as NVIDIA apex's FusedLAMB computes it
 // (apex/optimizers/fused_lamb.py, csrc/multi_tensor_lamb.cu;
-// spec/optimizers.md §3.1), in float32:
+// docs/optimizers.md, "Non-pointwise rules"), in float32:
 //   G = ||all gradients of all groups||  (max_grad_norm: the optimizer's own
 //       option, not a group's, as apex reads self.defaults)
 //   c = G / max_grad_norm if G > max_grad_norm else 1;  g <- g / c
@@ -16,6 +16,9 @@
 // parameter had a gradient (RuleInfo::group_step).
 // tensor_stats: pass 0 is global (sum g^2 over every tensor); pass 1 writes
 // u into the scratch and gathers sum p^2 and sum u^2 per tensor.
+// Weight decay is apex's, not GradPrologue's: no maximize, L2 on the clipped
+// gradient with p read as 0 when wd is 0, and in adam_w_mode wd*p added to
+// u rather than p scaled by 1 - lr*wd.
 #include "../rule_impl.hpp"
 
 namespace distopt::rules {
@@ -162,9 +165,6 @@ struct LambRule {
 
 }  // namespace
 
-const RuleInfo& lamb_rule() {
-  static const RuleInfo info = make_rule_info<LambRule>();
-  return info;
-}
+const RuleInfo& lamb_rule() { return rule_info_of<LambRule>(); }
 
 }  // namespace distopt::rules

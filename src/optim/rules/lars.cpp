@@ -1,5 +1,5 @@
 // LARS (You et al. 2017) as timm's Lars computes it (timm/optim/lars.py;
-// spec/optimizers.md §3.3), in float32 like torch:
+// docs/optimizers.md, "Non-pointwise rules"), in float32 like torch:
 //   adapt iff weight_decay != 0 or always_adapt:
 //     w = ||p||, n = ||g||   (whole tensors, before the update)
 //     trust = trust_coeff * w / (n + w*wd + eps), or 1 if w or n is 0
@@ -8,6 +8,8 @@
 //   then torch SGD: b <- g on the first step, else b <- b*mu + (1-damp)*g;
 //   g <- g + mu*b (nesterov) or b;  p <- p - lr*g
 // tensor_stats: one pass of two statistics per tensor, sum p^2 and sum g^2.
+// The L2 term is timm's, scaled by trust and only when adapting, and there
+// is no maximize: not GradPrologue's.
 #include "../rule_impl.hpp"
 
 namespace distopt::rules {
@@ -124,9 +126,6 @@ struct LarsRule {
 
 }  // namespace
 
-const RuleInfo& lars_rule() {
-  static const RuleInfo info = make_rule_info<LarsRule>();
-  return info;
-}
+const RuleInfo& lars_rule() { return rule_info_of<LarsRule>(); }
 
 }  // namespace distopt::rules

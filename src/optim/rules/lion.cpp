@@ -38,11 +38,11 @@ struct LionRule {
   static StateLayout layout(const Options&) { return {{"exp_avg"}, {}}; }
   static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
   struct Coeffs {
-    float grad_sign, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
+    GradPrologue pro;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
   };
   static Coeffs prepare(const Options& o, float*, bool) {
-    return {o.maximize ? -1.0f : 1.0f,
-            static_cast<float>(1.0 - o.lr * o.weight_decay),
+    return {GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, /*decoupled=*/true, o.lr),
             static_cast<float>(o.beta1),
             static_cast<float>(1.0 - o.beta1),
             static_cast<float>(o.beta2),
@@ -56,10 +56,10 @@ struct LionRule {
     const T* __restrict g = s.g;
     float* __restrict m = s.s[0];
     for (std::size_t i = 0; i < s.n; ++i) {
-      const float gi = to_float(g[i]) * c.grad_sign;
+      const float gi = c.pro.grad(to_float(g[i]));
       const float mi = m[i];
       const float update = sign(mi * c.beta1 + c.one_minus_beta1 * gi);
-      const float pi = p[i] * c.decay + c.neg_lr * update;
+      const float pi = p[i] * c.pro.decay + c.neg_lr * update;
       m[i] = mi * c.beta2 + c.one_minus_beta2 * gi;
       p[i] = pi;
       store(lp, i, pi);
@@ -69,9 +69,6 @@ struct LionRule {
 
 }  // namespace
 
-const RuleInfo& lion_rule() {
-  static const RuleInfo info = make_rule_info<LionRule>();
-  return info;
-}
+const RuleInfo& lion_rule() { return rule_info_of<LionRule>(); }
 
 }  // namespace distopt::rules

@@ -1,5 +1,6 @@
 // Muon (Jordan et al. 2024) as torch.optim.Muon computes it
-// (torch/optim/_muon.py; spec/optimizers.md §3), for 2-D parameters:
+// (torch/optim/_muon.py; docs/optimizers.md, "Non-pointwise rules"), for
+// 2-D parameters:
 //   b <- lerp(b, g, 1 - momentum)                  (torch's lerp, in float)
 //   u = lerp(g, b, momentum) if nesterov else b
 //   O = NS(u): X = u (transposed if rows > cols), X /= max(||X||, eps), then
@@ -109,7 +110,7 @@ struct MuonRule : WholeTensorRule {
     c.b = static_cast<float>(o.b);
     c.c = static_cast<float>(o.c);
     c.eps = static_cast<float>(o.eps);
-    c.decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+    c.decay = decoupled_decay(o.lr, o.weight_decay);
     c.lr = o.lr;
     c.ns_steps = static_cast<int>(o.ns_steps);
     c.nesterov = o.nesterov;
@@ -196,9 +197,6 @@ struct MuonRule : WholeTensorRule {
 
 }  // namespace
 
-const RuleInfo& muon_rule() {
-  static const RuleInfo info = make_rule_info<MuonRule>();
-  return info;
-}
+const RuleInfo& muon_rule() { return rule_info_of<MuonRule>(); }
 
 }  // namespace distopt::rules

@@ -1,4 +1,5 @@
-// NAdam (Dozat 2016; torch.optim.NAdam, spec/optimizers.md §2):
+// NAdam (Dozat 2016; torch.optim.NAdam; docs/optimizers.md, "Pointwise
+// rules"):
 //   g <- -g if maximize;  L2: g <- g + wd*p  |  decoupled: p <- p*(1 - lr*wd)
 //   mu_t = b1*(1 - 0.5*0.96^(t*psi)),  mu_t+1 likewise
 //   P_t <- P_{t-1}*mu_t            (mu_product, a float32 re-rounded every step)
@@ -6,8 +7,9 @@
 //   p <- p - lr*(1-mu_t)/(1-P_t) * g/denom
 //   p <- p - lr*mu_t+1/(1-Pn) * m/denom
 // Pn is torch 1.13's `mu_product * mu * mu_next` (float32 products). torch
-// 2.x computes P_t * mu_t+1 instead; spec/optimizers.md lets the golden files
-// (torch 1.13) decide, and docs/optimizers.md records the difference.
+// 2.x computes P_t * mu_t+1 instead; where the two differ the golden files
+// (torch 1.13) decide (docs/optimizers.md, "Where torch 1.13 and torch 2.x
+// differ", which records this difference).
 // decoupled_weight_decay and maximize follow torch 2.x (1.13 lacks them).
 // Pointwise.
 #include "../rule_impl.hpp"
@@ -51,9 +53,8 @@ struct NadamRule {
     scalars[1] = 1.0f;
   }
   struct Coeffs {
-    float grad_sign, wd, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc2, eps;
-    float coef_grad, coef_avg;
-    bool l2;
+    GradPrologue pro;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, bc2, eps, coef_grad, coef_avg;
   };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
@@ -64,10 +65,7 @@ struct NadamRule {
     scalars[1] = mu_product;
     const float mu_product_next = mu_product * static_cast<float>(mu) * static_cast<float>(mu_next);
     Coeffs c{};
-    c.grad_sign = o.maximize ? -1.0f : 1.0f;
-    c.l2 = !o.decoupled && o.weight_decay != 0.0;
-    c.wd = static_cast<float>(o.weight_decay);
-    c.decay = static_cast<float>(o.decoupled ? 1.0 - o.lr * o.weight_decay : 1.0);
+    c.pro = GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, o.decoupled, o.lr);
     c.beta1 = static_cast<float>(o.beta1);
     c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
     c.beta2 = static_cast<float>(o.beta2);
@@ -88,9 +86,8 @@ struct NadamRule {
           float* __restrict m = s.s[0];
           float* __restrict v = s.s[1];
           for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i] * c.decay;
-            float gi = to_float(g[i]) * c.grad_sign;
-            if constexpr (l2) gi = gi + c.wd * pi;
+            float pi = p[i] * c.pro.decay;
+            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
             const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
             const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
             m[i] = mi;
@@ -102,15 +99,12 @@ struct NadamRule {
             store(lp, i, pi);
           }
         },
-        c.l2);
+        c.pro.l2);
   }
 };
 
 }  // namespace
 
-const RuleInfo& nadam_rule() {
-  static const RuleInfo info = make_rule_info<NadamRule>();
-  return info;
-}
+const RuleInfo& nadam_rule() { return rule_info_of<NadamRule>(); }
 
 }  // namespace distopt::rules

@@ -1,4 +1,5 @@
-// RAdam (Liu et al. 2020; torch.optim.RAdam, spec/optimizers.md §2):
+// RAdam (Liu et al. 2020; torch.optim.RAdam; docs/optimizers.md, "Pointwise
+// rules"):
 //   g <- -g if maximize;  L2: g <- g + wd*p  |  decoupled: p <- p*(1 - lr*wd)
 //   m <- m*b1 + (1-b1)*g;  v <- v*b2 + (1-b2)*g*g;  mhat = m/bc1
 //   rho_inf = 2/(1-b2) - 1;  rho_t = rho_inf - 2t*b2^t/bc2
@@ -45,9 +46,9 @@ struct RadamRule {
     scalars[0] = 0.0f;
   }
   struct Coeffs {
-    float grad_sign, wd, decay, beta1, one_minus_beta1, beta2, one_minus_beta2, bc1, lr, eps;
-    float bc2_sqrt, rect;
-    bool l2, rectified;
+    GradPrologue pro;
+    float beta1, one_minus_beta1, beta2, one_minus_beta2, bc1, lr, eps, bc2_sqrt, rect;
+    bool rectified;
   };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
@@ -56,10 +57,7 @@ struct RadamRule {
     const double rho_inf = 2.0 / (1.0 - o.beta2) - 1.0;
     const double rho_t = rho_inf - 2.0 * t * std::pow(o.beta2, t) / bc2;
     Coeffs c{};
-    c.grad_sign = o.maximize ? -1.0f : 1.0f;
-    c.l2 = !o.decoupled && o.weight_decay != 0.0;
-    c.wd = static_cast<float>(o.weight_decay);
-    c.decay = static_cast<float>(o.decoupled ? 1.0 - o.lr * o.weight_decay : 1.0);
+    c.pro = GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, o.decoupled, o.lr);
     c.beta1 = static_cast<float>(o.beta1);
     c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
     c.beta2 = static_cast<float>(o.beta2);
@@ -85,9 +83,8 @@ struct RadamRule {
           float* __restrict m = s.s[0];
           float* __restrict v = s.s[1];
           for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i] * c.decay;
-            float gi = to_float(g[i]) * c.grad_sign;
-            if constexpr (l2) gi = gi + c.wd * pi;
+            float pi = p[i] * c.pro.decay;
+            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
             const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
             const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
             m[i] = mi;
@@ -103,15 +100,12 @@ struct RadamRule {
             store(lp, i, pi);
           }
         },
-        c.l2, c.rectified);
+        c.pro.l2, c.rectified);
   }
 };
 
 }  // namespace
 
-const RuleInfo& radam_rule() {
-  static const RuleInfo info = make_rule_info<RadamRule>();
-  return info;
-}
+const RuleInfo& radam_rule() { return rule_info_of<RadamRule>(); }
 
 }  // namespace distopt::rules

@@ -1,5 +1,5 @@
 // RMSprop (Hinton's lecture 6e; centered form of Graves 2013;
-// torch.optim.RMSprop, spec/optimizers.md §2):
+// torch.optim.RMSprop; docs/optimizers.md, "Pointwise rules"):
 //   g <- -g if maximize;  g <- g + wd*p
 //   v <- v*a + (1-a)*g*g
 //   centered: gbar <- gbar*a + (1-a)*g;  avg = sqrt(v - gbar*gbar)   else avg = sqrt(v)
@@ -50,15 +50,14 @@ struct RmspropRule {
     scalars[0] = 0.0f;
   }
   struct Coeffs {
-    float grad_sign, wd, alpha, one_minus_alpha, eps, momentum, neg_lr;
-    bool l2, centered, has_momentum;
+    GradPrologue pro;
+    float alpha, one_minus_alpha, eps, momentum, neg_lr;
+    bool centered, has_momentum;
   };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     scalars[0] += 1.0f;
     Coeffs c{};
-    c.grad_sign = o.maximize ? -1.0f : 1.0f;
-    c.l2 = o.weight_decay != 0.0;
-    c.wd = static_cast<float>(o.weight_decay);
+    c.pro = GradPrologue::l2_decay(o.maximize, o.weight_decay);
     c.alpha = static_cast<float>(o.alpha);
     c.one_minus_alpha = static_cast<float>(1.0 - o.alpha);
     c.eps = static_cast<float>(o.eps);
@@ -81,8 +80,7 @@ struct RmspropRule {
           float* __restrict gbar = has_momentum ? s.s[2] : s.s[1];
           for (std::size_t i = 0; i < s.n; ++i) {
             float pi = p[i];
-            float gi = to_float(g[i]) * c.grad_sign;
-            if constexpr (l2) gi = gi + c.wd * pi;
+            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
             const float vi = v[i] * c.alpha + c.one_minus_alpha * gi * gi;
             v[i] = vi;
             float avg;
@@ -105,15 +103,12 @@ struct RmspropRule {
             store(lp, i, pi);
           }
         },
-        c.l2, c.centered, c.has_momentum);
+        c.pro.l2, c.centered, c.has_momentum);
   }
 };
 
 }  // namespace
 
-const RuleInfo& rmsprop_rule() {
-  static const RuleInfo info = make_rule_info<RmspropRule>();
-  return info;
-}
+const RuleInfo& rmsprop_rule() { return rule_info_of<RmspropRule>(); }
 
 }  // namespace distopt::rules

@@ -1,4 +1,5 @@
-// Rprop (Riedmiller & Braun 1993; torch.optim.Rprop, spec/optimizers.md §2):
+// Rprop (Riedmiller & Braun 1993; torch.optim.Rprop; docs/optimizers.md,
+// "Pointwise rules"):
 //   g <- -g if maximize
 //   s = sign(g*prev) mapped to eta+ (s>0), eta- (s<0), 1 (s=0)
 //   step_size <- clamp(step_size*s, step_min, step_max)
@@ -43,11 +44,12 @@ struct RpropRule {
     scalars[0] = 0.0f;
   }
   struct Coeffs {
-    float grad_sign, eta_minus, eta_plus, step_min, step_max;
+    GradPrologue pro;
+    float eta_minus, eta_plus, step_min, step_max;
   };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     scalars[0] += 1.0f;
-    return {o.maximize ? -1.0f : 1.0f, static_cast<float>(o.eta_minus), static_cast<float>(o.eta_plus),
+    return {GradPrologue::l2_decay(o.maximize, 0.0), static_cast<float>(o.eta_minus), static_cast<float>(o.eta_plus),
             static_cast<float>(o.step_min), static_cast<float>(o.step_max)};
   }
   template <class T>
@@ -58,7 +60,7 @@ struct RpropRule {
     float* __restrict prev = s.s[0];
     float* __restrict step_size = s.s[1];
     for (std::size_t i = 0; i < s.n; ++i) {
-      const float gi = to_float(g[i]) * c.grad_sign;
+      const float gi = c.pro.grad(to_float(g[i]));
       const float prod = gi * prev[i];
       // Written as selects so the loop vectorizes. The factor is eta- exactly
       // when prod < 0 (eta- < 1 < eta+), which is torch's sign.eq(etaminus).
@@ -77,9 +79,6 @@ struct RpropRule {
 
 }  // namespace
 
-const RuleInfo& rprop_rule() {
-  static const RuleInfo info = make_rule_info<RpropRule>();
-  return info;
-}
+const RuleInfo& rprop_rule() { return rule_info_of<RpropRule>(); }
 
 }  // namespace distopt::rules

@@ -1,5 +1,5 @@
 // SGD with momentum, dampening, Nesterov momentum and L2 weight decay
-// (torch.optim.SGD, spec/optimizers.md §2):
+// (torch.optim.SGD; docs/optimizers.md, "Pointwise rules"):
 //   g <- -g if maximize;  g <- g + wd*p
 //   momentum != 0:  b <- g on the parameter's first step, else b <- b*mu + (1-damp)*g
 //                   g <- g + mu*b (nesterov) or g <- b
@@ -44,14 +44,13 @@ struct SgdRule {
   }
   static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
   struct Coeffs {
-    float grad_sign, wd, momentum, one_minus_dampening, neg_lr;
-    bool l2, has_momentum, first, nesterov;
+    GradPrologue pro;
+    float momentum, one_minus_dampening, neg_lr;
+    bool has_momentum, first, nesterov;
   };
   static Coeffs prepare(const Options& o, float*, bool fresh) {
     Coeffs c{};
-    c.grad_sign = o.maximize ? -1.0f : 1.0f;
-    c.l2 = o.weight_decay != 0.0;
-    c.wd = static_cast<float>(o.weight_decay);
+    c.pro = GradPrologue::l2_decay(o.maximize, o.weight_decay);
     c.has_momentum = o.momentum != 0.0;
     c.momentum = static_cast<float>(o.momentum);
     c.one_minus_dampening = static_cast<float>(1.0 - o.dampening);
@@ -71,8 +70,7 @@ struct SgdRule {
           const bool first = c.first;
           for (std::size_t i = 0; i < s.n; ++i) {
             float pi = p[i];
-            float gi = to_float(g[i]) * c.grad_sign;
-            if constexpr (l2) gi = gi + c.wd * pi;
+            float gi = c.pro.grad(l2, to_float(g[i]), pi);
             if constexpr (has_momentum)
               gi = sgd_momentum<nesterov>(gi, b[i], first, c.momentum, c.one_minus_dampening);
             pi = pi + c.neg_lr * gi;
@@ -80,15 +78,12 @@ struct SgdRule {
             store(lp, i, pi);
           }
         },
-        c.l2, c.has_momentum, c.nesterov);
+        c.pro.l2, c.has_momentum, c.nesterov);
   }
 };
 
 }  // namespace
 
-const RuleInfo& sgd_rule() {
-  static const RuleInfo info = make_rule_info<SgdRule>();
-  return info;
-}
+const RuleInfo& sgd_rule() { return rule_info_of<SgdRule>(); }
 
 }  // namespace distopt::rules

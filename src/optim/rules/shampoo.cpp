@@ -1,5 +1,5 @@
-// Shampoo (Gupta, Koren & Singer 2018, Algorithm 2; spec/optimizers.md
-// §3.6) for a tensor of order k with dimensions d_1 .. d_k:
+// Shampoo (Gupta, Koren & Singer 2018, Algorithm 2; docs/optimizers.md,
+// "Non-pointwise rules") for a tensor of order k with dimensions d_1 .. d_k:
 //   g <- g + weight_decay * p                       (L2, in float)
 //   H_i <- H_i + G_(i) G_(i)^T  for every mode i    (H_i = epsilon*I at first)
 //   every update_freq steps (the first included): P_i = H_i^(-1/(2k)), by
@@ -207,9 +207,6 @@ struct ShampooRule : WholeTensorRule {
 
 }  // namespace
 
-const RuleInfo& shampoo_rule() {
-  static const RuleInfo info = make_rule_info<ShampooRule>();
-  return info;
-}
+const RuleInfo& shampoo_rule() { return rule_info_of<ShampooRule>(); }
 
 }  // namespace distopt::rules

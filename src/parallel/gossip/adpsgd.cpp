@@ -14,12 +14,10 @@ namespace {
 
 class Adpsgd final : public GossipCore {
  public:
-  Adpsgd(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-         const OptimizerSpec& spec, const StrategyOptions& options)
-      : GossipCore(info, comm, flat, initial, spec, options, /*default_topology=*/{}) {
+  explicit Adpsgd(const StrategyArgs& a) : GossipCore(a, /*default_topology=*/{}) {
     z_ = x_;
-    if (comm.size() > 1) {
-      pair_comm_ = comm.split(0, comm.rank());
+    if (comm_.size() > 1) {
+      pair_comm_ = comm_.split(0, comm_.rank());
       pairwise_ = std::make_unique<gossip::AsyncPairwise>(*pair_comm_, x_, x_mutex_);
     }
   }
@@ -76,20 +74,11 @@ class Adpsgd final : public GossipCore {
   std::unique_ptr<gossip::AsyncPairwise> pairwise_;
 };
 
-std::string misfit(std::string_view flag, const GossipOptions&) {
-  return gossip_misfit(kAdpsgd.name, flag, /*synch_freq=*/true, /*slowmo=*/false);
-}
-
 }  // namespace
 
 extern const StrategyInfo kAdpsgd{
-    "adpsgd",
-    "a whole model per rank; asynchronous pairwise averaging on a communication thread",
-    /*replicated_params=*/true,
-    /*per_rank_models=*/true,
-    /*whole_tensor_needs_gather=*/false,
-    misfit,
-    make_gossip<Adpsgd>,
-    /*volume_psi=*/0};
+    .name = "adpsgd",
+    .help = "a whole model per rank; asynchronous pairwise averaging on a communication thread",
+    .per_rank_models = true, .option_misfit = topology_flags<true>, .make = make_gossip<Adpsgd>};
 
 }  // namespace distopt::parallel::detail

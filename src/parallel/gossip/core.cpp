@@ -39,18 +39,18 @@ std::string gossip_misfit(std::string_view strategy, std::string_view flag, bool
   return {};
 }
 
-GossipCore::GossipCore(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat,
-                       std::span<const float> initial, const OptimizerSpec& spec, const StrategyOptions& options,
-                       std::string_view default_topology)
-    : info_(info),
-      comm_(comm),
-      layout_(flat.params, flat.elements, flat.units, comm.size(), options.bucket_elements),
-      options_(options.gossip) {
+GossipCore::GossipCore(const StrategyArgs& a, std::string_view default_topology)
+    : StrategyCore(a), options_(a.options.gossip) {
+  Communicator& comm = a.comm;
+  const FlatLayout& flat = a.layout;
+  const std::span<const float> initial = a.initial;
+  const OptimizerSpec& spec = a.optimizer;
+  const StrategyOptions& options = a.options;
   if (!default_topology.empty())
     topology_.emplace(options_.topology.empty() ? default_topology : std::string_view(options_.topology),
                       comm.size(), options_.peers_per_iteration);
   DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
-  check_agreement(comm, info.name, layout_, spec, options);
+  check_agreement(comm, info_.name, layout_, spec, options);
   const std::size_t padded = layout_.padded_elements();
   x_.assign(padded, 0.0f);
   grads_.assign(padded, 0.0f);

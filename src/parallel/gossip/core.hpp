@@ -37,16 +37,10 @@
 
 namespace distopt::parallel::detail {
 
-class GossipCore : public Strategy, public models::UnitAccess {
+class GossipCore : public StrategyCore {
  public:
   ~GossipCore() override;
 
-  const StrategyInfo& info() const override { return info_; }
-  const ShardLayout& layout() const override { return layout_; }
-  models::UnitAccess& access() override { return *this; }
-  Optimizer& optimizer() override { return *optimizer_; }
-  std::uint64_t bytes_sent() const override { return comm_.bytes_sent(); }
-  double exposed_seconds() const override { return exposed_s_; }
   MemoryUse memory() const final;
 
   // ---- UnitAccess: the model runs on model_values() ----
@@ -71,8 +65,7 @@ class GossipCore : public Strategy, public models::UnitAccess {
  protected:
   // `default_topology` is the graph without --topology; empty: the policy
   // has none (adpsgd pairs ranks by gossip::pairwise_partner).
-  GossipCore(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-             const OptimizerSpec& spec, const StrategyOptions& options, std::string_view default_topology);
+  GossipCore(const StrategyArgs& a, std::string_view default_topology);
 
   // ---- the policy's hooks ----
   // Before the update, after the gradient is the rank's own (dpsgd: x <- W x).
@@ -105,27 +98,17 @@ class GossipCore : public Strategy, public models::UnitAccess {
   // A saved tensor of `st` by name (model-sized unless a push-sum share);
   // InvalidInput naming the strategy and rank otherwise.
   const std::vector<float>& saved_tensor(const LocalState& st, const std::string& name) const;
-  // Runs fn, counting its time as exposed communication.
-  template <class F>
-  void blocked(F&& fn) {
-    add_seconds(exposed_s_, std::forward<F>(fn));
-  }
 
-  const StrategyInfo& info_;
-  Communicator& comm_;
-  ShardLayout layout_;
   GossipOptions options_;
   std::optional<gossip::Topology> topology_;  // none for adpsgd
   std::vector<float> x_, grads_, z_, eval_values_;
   std::vector<TensorView> owned_;
-  std::unique_ptr<Optimizer> optimizer_;
   std::optional<gossip::PushSum> push_sum_;
   std::vector<std::unique_ptr<gossip::PushSum>> pipeline_;  // osgp: the other synch_freq rounds in flight
   std::unique_ptr<ValuesAccess> eval_;
   double w_ = 1.0;
   bool z_valid_ = false;
   std::uint64_t steps_ = 0;
-  double exposed_s_ = 0;
   // adpsgd's gossip thread adds its averages to x under this lock.
   std::mutex x_mutex_;
 
@@ -145,15 +128,19 @@ void check_gossip_options(std::string_view strategy, const StrategyOptions& opti
 // --synch-freq when `synch_freq`, slowmo's flags when `slowmo`; "" when it
 // applies (slowmo adds what its base decides).
 std::string gossip_misfit(std::string_view strategy, std::string_view flag, bool synch_freq, bool slowmo);
+// A registry entry's option_misfit for a strategy that reads --topology and
+// --peers-per-iteration, and --synch-freq when kSynchFreq.
+template <bool kSynchFreq>
+std::string topology_flags(const StrategyInfo& self, std::string_view flag, const GossipOptions&) {
+  return gossip_misfit(self.name, flag, kSynchFreq, /*slowmo=*/false);
+}
 
 // A registry entry's make: the options checked, then the policy built.
 template <class Policy>
-std::unique_ptr<Strategy> make_gossip(const StrategyInfo& info, Communicator& comm, const FlatLayout& layout,
-                                      std::span<const float> initial, const OptimizerSpec& optimizer,
-                                      const StrategyOptions& options) {
-  check_gossip_options(info.name, options);
-  Policy::check_policy_options(options.gossip);
-  return std::make_unique<Policy>(info, comm, layout, initial, optimizer, options);
+std::unique_ptr<Strategy> make_gossip(const StrategyArgs& args) {
+  check_gossip_options(args.info.name, args.options);
+  Policy::check_policy_options(args.options.gossip);
+  return std::make_unique<Policy>(args);
 }
 
 }  // namespace distopt::parallel::detail

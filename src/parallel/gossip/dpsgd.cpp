@@ -12,9 +12,7 @@ namespace {
 
 class Dpsgd final : public GossipCore {
  public:
-  Dpsgd(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-        const OptimizerSpec& spec, const StrategyOptions& options)
-      : GossipCore(info, comm, flat, initial, spec, options, "bipartite-exponential") {
+  explicit Dpsgd(const StrategyArgs& a) : GossipCore(a, "bipartite-exponential") {
     add_push_sum();
     start_exchange();  // of x^0, during the first forward and backward
   }
@@ -67,20 +65,11 @@ class Dpsgd final : public GossipCore {
   std::vector<float> send_;
 };
 
-std::string misfit(std::string_view flag, const GossipOptions&) {
-  return gossip_misfit(kDpsgd.name, flag, /*synch_freq=*/false, /*slowmo=*/false);
-}
-
 }  // namespace
 
 extern const StrategyInfo kDpsgd{
-    "dpsgd",
-    "a whole model per rank; x <- W x - lr g(x), the exchange of x overlapping forward and backward",
-    /*replicated_params=*/true,
-    /*per_rank_models=*/true,
-    /*whole_tensor_needs_gather=*/false,
-    misfit,
-    make_gossip<Dpsgd>,
-    /*volume_psi=*/0};
+    .name = "dpsgd",
+    .help = "a whole model per rank; x <- W x - lr g(x), the exchange of x overlapping forward and backward",
+    .per_rank_models = true, .option_misfit = topology_flags<false>, .make = make_gossip<Dpsgd>};
 
 }  // namespace distopt::parallel::detail

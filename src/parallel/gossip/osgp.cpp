@@ -12,9 +12,7 @@ namespace {
 
 class Osgp final : public GossipCore {
  public:
-  Osgp(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-       const OptimizerSpec& spec, const StrategyOptions& options)
-      : GossipCore(info, comm, flat, initial, spec, options, "exponential") {
+  explicit Osgp(const StrategyArgs& a) : GossipCore(a, "exponential") {
     add_push_sum();
     for (int j = 1; j <= options_.synch_freq; ++j) add_push_sum(gossip::PushSum::kTag + j);
   }
@@ -32,20 +30,11 @@ class Osgp final : public GossipCore {
   }
 };
 
-std::string misfit(std::string_view flag, const GossipOptions&) {
-  return gossip_misfit(kOsgp.name, flag, /*synch_freq=*/true, /*slowmo=*/false);
-}
-
 }  // namespace
 
 extern const StrategyInfo kOsgp{
-    "osgp",
-    "sgp overlapped: a push-sum round sent after every step is added synch_freq + 1 steps later",
-    /*replicated_params=*/true,
-    /*per_rank_models=*/true,
-    /*whole_tensor_needs_gather=*/false,
-    misfit,
-    make_gossip<Osgp>,
-    /*volume_psi=*/0};
+    .name = "osgp",
+    .help = "sgp overlapped: a push-sum round sent after every step is added synch_freq + 1 steps later",
+    .per_rank_models = true, .option_misfit = topology_flags<true>, .make = make_gossip<Osgp>};
 
 }  // namespace distopt::parallel::detail

@@ -10,9 +10,7 @@ namespace {
 
 class Sgp final : public GossipCore {
  public:
-  Sgp(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-      const OptimizerSpec& spec, const StrategyOptions& options)
-      : GossipCore(info, comm, flat, initial, spec, options, "exponential") {
+  explicit Sgp(const StrategyArgs& a) : GossipCore(a, "exponential") {
     add_push_sum();
   }
 
@@ -20,20 +18,11 @@ class Sgp final : public GossipCore {
   void mix() override { mix_push_sum(); }
 };
 
-std::string misfit(std::string_view flag, const GossipOptions&) {
-  return gossip_misfit(kSgp.name, flag, /*synch_freq=*/false, /*slowmo=*/false);
-}
-
 }  // namespace
 
 extern const StrategyInfo kSgp{
-    "sgp",
-    "a whole model per rank; a push-sum round on the topology after every step",
-    /*replicated_params=*/true,
-    /*per_rank_models=*/true,
-    /*whole_tensor_needs_gather=*/false,
-    misfit,
-    make_gossip<Sgp>,
-    /*volume_psi=*/0};
+    .name = "sgp",
+    .help = "a whole model per rank; a push-sum round on the topology after every step",
+    .per_rank_models = true, .option_misfit = topology_flags<false>, .make = make_gossip<Sgp>};
 
 }  // namespace distopt::parallel::detail

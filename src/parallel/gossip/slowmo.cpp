@@ -13,10 +13,9 @@ namespace {
 
 class Slowmo final : public GossipCore {
  public:
-  Slowmo(const StrategyInfo& info, Communicator& comm, const FlatLayout& flat, std::span<const float> initial,
-         const OptimizerSpec& spec, const StrategyOptions& options)
-      : GossipCore(info, comm, flat, initial, spec, options, "exponential"),
-        sgp_base_(options.gossip.slowmo_base == "sgp") {
+  explicit Slowmo(const StrategyArgs& a)
+      : GossipCore(a, "exponential"),
+        sgp_base_(a.options.gossip.slowmo_base == "sgp") {
     if (sgp_base_) add_push_sum();
     slow_x_ = x_;
     slow_u_.assign(x_.size(), 0.0f);
@@ -72,8 +71,8 @@ class Slowmo final : public GossipCore {
 };
 
 // The topology flags follow the base: local SGD averages exactly.
-std::string misfit(std::string_view flag, const GossipOptions& options) {
-  if (std::string why = gossip_misfit(kSlowmo.name, flag, /*synch_freq=*/false, /*slowmo=*/true); !why.empty())
+std::string misfit(const StrategyInfo& self, std::string_view flag, const GossipOptions& options) {
+  if (std::string why = gossip_misfit(self.name, flag, /*synch_freq=*/false, /*slowmo=*/true); !why.empty())
     return why;
   if (flag == "localsgd-frequency" && options.slowmo_base != "localsgd")
     return "--localsgd-frequency applies to --slowmo-base localsgd";
@@ -85,13 +84,8 @@ std::string misfit(std::string_view flag, const GossipOptions& options) {
 }  // namespace
 
 extern const StrategyInfo kSlowmo{
-    "slowmo",
-    "local SGD or sgp, with SlowMo's outer momentum step on the exact average every slowmo_frequency steps",
-    /*replicated_params=*/true,
-    /*per_rank_models=*/true,
-    /*whole_tensor_needs_gather=*/false,
-    misfit,
-    make_gossip<Slowmo>,
-    /*volume_psi=*/0};
+    .name = "slowmo",
+    .help = "local SGD or sgp, with SlowMo's outer momentum step on the exact average every slowmo_frequency steps",
+    .per_rank_models = true, .option_misfit = misfit, .make = make_gossip<Slowmo>};
 
 }  // namespace distopt::parallel::detail

@@ -1,0 +1,82 @@
+// `distopt train` (tools/train/): what its files share. The verb is split by
+// job: flags.cpp (the flag table), preflight.cpp (checks and preparation
+// before any work), data.cpp (data sets and the warm-up schedule),
+// observers.cpp (progress and metrics), report.cpp (summary and exports),
+// run.cpp (one run for both backends), resume.cpp (--resume). The command
+// line contract is docs/formats.md's.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstddef>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "distopt/data/dataset.hpp"
+#include "distopt/optim/grad_scaler.hpp"
+#include "distopt/train/trainer.hpp"
+
+namespace distopt::cli {
+
+struct TrainArgs {
+  train::TrainConfig config;
+  std::string data = "fashion-mnist", data_dir, data_file, backend = "threads", metrics, export_path, progress = "auto";
+  std::string config_file;  // --config
+  std::size_t train_size = 8192, test_size = 2048;
+  int world = 1;
+  bool json = false, print_config = false, resume = false;
+  double resume_load_seconds = 0;                  // --resume: reading, verifying and assembling the checkpoint
+  std::map<std::string, std::string> option_text;  // optimizer options as given, torch names
+  std::string scheduler, scheduler_interval = "step";
+  std::size_t warmup_steps = 0;                // --warmup-steps: linear warm-up, then cosine decay over the run
+  std::vector<std::string> scheduler_options;  // KEY=VALUE
+  std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
+  std::string param_dtype = "f32";
+  std::string matmul_precision = "f32";
+  std::string on_nonfinite = "error", comm_timeout;
+  std::set<std::string> gossip_flags;  // gossip options given on the command line
+  std::string link_bandwidth = "none";
+  double link_latency = 0;
+  std::set<std::string> given_outputs;  // output flags given on the command line, even as ''
+  bool world_given = false, backend_given = false, data_given = false;
+
+  double bucket_cap_mb = 0.125;
+  GradScalerOptions scaler;  // --init-scale, --growth-factor, ... (torch's names)
+  bool scaler_option_given = false;
+};
+
+// preflight.cpp: everything checked and prepared before a launcher starts
+// (options, scheduler, dtypes, gossip flags, data and model, outputs).
+void prepare(TrainArgs& a);
+// Sizes asked for against this machine's memory, for `ranks` ranks in this
+// process, before anything is allocated.
+void check_memory(const TrainArgs& a, int ranks);
+// Why gossip flag `flag` ("--topology") does not apply to strategy `s`
+// (with that slowmo base), or "" when it does; the gossip flags.
+std::string gossip_flag_misfit(const std::string& flag, const std::string& s, const std::string& slowmo_base);
+extern const std::set<std::string> kGossipFlags;
+
+// data.cpp
+data::Split load_data(const TrainArgs& a);
+// --warmup-steps: linear warm-up then cosine decay, once the run's length is known.
+void warmup_cosine(TrainArgs& a, const data::Split& d);
+// Features and outputs of the data set a run asks for.
+struct DataDims {
+  std::size_t features, outputs;
+};
+DataDims dims_of(const TrainArgs& a);
+bool is_text(const std::string& data);
+
+// report.cpp
+void print_result(const train::TrainResult& r, const TrainArgs& a, int world);
+void report_stop(const train::TrainResult& r);
+void export_params(const train::TrainResult& r, const TrainArgs& a);
+
+// run.cpp
+int run_train(TrainArgs& a);
+
+// resume.cpp
+void load_resume(CLI::App& command, TrainArgs& a);
+
+}  // namespace distopt::cli

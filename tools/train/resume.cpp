@@ -1,0 +1,56 @@
+// `distopt train --resume` (args.hpp): the latest complete checkpoint in
+// --checkpoint-dir, read and verified by checkpoint::load_latest; the run's
+// flags from its manifest where the command line (or --config) did not
+// give them; the flags that would make it meaningless refused, the ones
+// that change the run reported (docs/formats.md, "Checkpoints").
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "../run_config.hpp"
+#include "args.hpp"
+#include "distopt/checkpoint/run.hpp"
+#include "distopt/core/error.hpp"
+
+namespace distopt::cli {
+
+void load_resume(CLI::App& command, TrainArgs& a) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (a.config.checkpoint_dir.empty()) throw InvalidInput("--resume needs --checkpoint-dir");
+  auto loaded = std::make_shared<checkpoint::Loaded>(checkpoint::load_latest(a.config.checkpoint_dir));
+  const std::filesystem::path* latest = &loaded->dir;
+  const nlohmann::json saved = nlohmann::json::parse(loaded->config);
+  const nlohmann::json given = nlohmann::json::parse(effective_config(command));
+  for (const auto& [key, value] : given.items()) {
+    const CLI::Option* opt = command.get_option_no_throw("--" + key);
+    if (opt == nullptr || opt->count() == 0 || (saved.contains(key) && saved[key] == value)) continue;
+    static const std::set<std::string> kMeaning = {"model", "hidden", "data",  "train-size", "test-size", "optimizer",
+                                                   "seed",  "layers", "heads", "dim",        "context",   "data-file"};
+    const std::string had = saved.contains(key) ? "--" + key + " " + saved[key].dump() : "the default --" + key;
+    if (kMeaning.count(key))
+      throw InvalidInput(str("--resume: the checkpoint in ", latest->string(), " is of ", had, "; --", key, " ",
+                             value.dump(), " would make it meaningless"));
+    if (!saved.contains(key)) continue;  // a flag the saved run left at its default: nothing to report against
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (rank == nullptr || std::string(rank) == "0")
+      std::fprintf(stderr, "distopt: resuming with --%s %s (the checkpoint's run had %s)\n", key.c_str(),
+                   value.dump().c_str(), saved[key].dump().c_str());
+  }
+  // Resumed under another strategy: the saved gossip flags that do not
+  // apply to it are left behind (the run starts from the ranks' mean).
+  nlohmann::json carried = saved;
+  const CLI::Option* strategy = command.get_option_no_throw("--strategy");
+  if (strategy != nullptr && strategy->count() > 0) {
+    const std::string base = given.value("slowmo-base", saved.value("slowmo-base", std::string("localsgd")));
+    for (const auto& [key, value] : saved.items())
+      if (kGossipFlags.count("--" + key) && !gossip_flag_misfit("--" + key, a.config.strategy, base).empty())
+        carried.erase(key);
+  }
+  apply_config_text(command, carried.dump(), (*latest / "manifest.json").string());
+  a.config.resume = std::move(loaded);
+  a.resume_load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace distopt::cli

@@ -1,0 +1,199 @@
+// `distopt train`'s run (args.hpp): one path for both backends. A launcher
+// gives the ranks their communicators -- threads of this process (spawn),
+// or this process as one rank of an MPI job -- and checks the command line
+// and the memory against them; everything else is the same: the data, the
+// observers, train::train, the outputs (written by the process that holds
+// rank 0), errors and exit statuses (docs/formats.md).
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "../backends.hpp"
+#include "../commands.hpp"
+#include "../signals.hpp"
+#include "args.hpp"
+#include "distopt/comm/threads.hpp"
+#include "distopt/core/error.hpp"
+#include "observers.hpp"
+
+namespace distopt::cli {
+
+namespace {
+
+// How a run's ranks start.
+class Launcher {
+ public:
+  virtual ~Launcher() = default;
+  virtual int world() const = 0;
+  // Whether this process holds rank 0: it reports, writes the outputs and
+  // announces signals.
+  virtual bool reports() const = 0;
+  // Whether this process holds one rank only (its result is its own, not
+  // rank 0's).
+  virtual bool one_rank_here() const = 0;
+  // Before any data is read: the command line against the launch, and the
+  // memory the ranks of this process will need.
+  virtual void check(const TrainArgs& a) const = 0;
+  // Runs fn on every rank this process holds, each with its communicator.
+  virtual void run(const std::function<void(Communicator&)>& fn) = 0;
+  // After the outputs are written: the ranks finish together.
+  virtual void finish() {}
+  // An error on this process, after `cleanup`: the threads rethrow it
+  // (distopt's one line, status 2); an MPI rank names itself and ends the
+  // whole job. Called from a catch block.
+  [[noreturn]] virtual void fail(const std::exception& e, const std::function<void()>& cleanup) = 0;
+};
+
+class ThreadsLauncher final : public Launcher {
+ public:
+  ThreadsLauncher(int world, std::chrono::milliseconds timeout, LinkModel link)
+      : world_(world), timeout_(timeout), link_(link) {
+    if (world < 1) throw InvalidInput(str("--world must be at least 1 (got ", world, ")"));
+  }
+  int world() const override { return world_; }
+  bool reports() const override { return true; }
+  bool one_rank_here() const override { return world_ == 1; }
+  void check(const TrainArgs& a) const override {
+    check_memory(a, world_);
+    if (a.config.batch_size < static_cast<std::size_t>(world_))
+      throw InvalidInput(str("batch size ", a.config.batch_size, " is smaller than the world size ", world_,
+                             ": every rank needs at least one sample per step"));
+  }
+  void run(const std::function<void(Communicator&)>& fn) override {
+    spawn(
+        world_,
+        [&](Communicator& comm) {
+          comm.set_link_model(link_);
+          fn(comm);
+        },
+        timeout_);
+  }
+  [[noreturn]] void fail(const std::exception&, const std::function<void()>& cleanup) override {
+    cleanup();
+    throw;
+  }
+
+ private:
+  int world_;
+  std::chrono::milliseconds timeout_;
+  LinkModel link_;
+};
+
+class MpiLauncher final : public Launcher {
+ public:
+  MpiLauncher(std::chrono::milliseconds timeout, LinkModel link) : world_(open_mpi_world()) {
+    world_->comm().set_timeout(timeout);
+    world_->comm().set_link_model(link);
+  }
+  int world() const override { return world_->comm().size(); }
+  bool reports() const override { return world_->comm().rank() == 0; }
+  bool one_rank_here() const override { return true; }
+  void check(const TrainArgs& a) const override {
+    if (a.world_given && a.world != world())
+      throw InvalidInput(str("--world ", a.world, " disagrees with the ", world(),
+                             " processes mpirun started (under --backend mpi the world is mpirun's -np)"));
+    check_memory(a, 1);
+  }
+  void run(const std::function<void(Communicator&)>& fn) override { fn(world_->comm()); }
+  void finish() override { world_->comm().barrier(); }
+  [[noreturn]] void fail(const std::exception& e, const std::function<void()>& cleanup) override {
+    std::fprintf(stderr, "distopt: error (rank %d): %s\n", world_->comm().rank(), printable(e.what()).c_str());
+    std::fflush(stderr);
+    cleanup();  // MPI_Abort skips destructors
+    world_->abort(2);
+    std::_Exit(2);  // not reached: abort ends the job
+  }
+
+ private:
+  std::unique_ptr<MpiWorld> world_;
+};
+
+// Started by Open MPI's mpirun: the MPI backend, whatever was (not) said.
+// Without it every process would train its own copy and exit 0.
+std::unique_ptr<Launcher> launch(TrainArgs& a, std::chrono::milliseconds timeout, LinkModel link) {
+  if (const char* launched = std::getenv("OMPI_COMM_WORLD_SIZE"); launched != nullptr) {
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (!a.backend_given) {
+      a.backend = "mpi";
+      if (rank != nullptr && std::string(rank) == "0")
+        std::fprintf(stderr, "distopt: started by mpirun with %s processes: using --backend mpi\n", launched);
+    } else if (a.backend == "threads" && std::atoi(launched) > 1) {
+      throw InvalidInput(str("--backend threads under mpirun (", launched,
+                             " processes): each process would train its own copy; use --backend mpi, or run "
+                             "without mpirun"));
+    }
+  }
+  if (a.backend == "mpi") return std::make_unique<MpiLauncher>(timeout, link);
+  return std::make_unique<ThreadsLauncher>(a.world, timeout, link);
+}
+
+}  // namespace
+
+int run_train(TrainArgs& a) {
+  prepare(a);
+  const std::chrono::milliseconds timeout = a.comm_timeout.empty()
+                                                ? Communicator::default_timeout()
+                                                : Communicator::parse_timeout(a.comm_timeout, "--comm-timeout");
+  LinkModel link;
+  link.bandwidth_bps = parse_bandwidth("--link-bandwidth", a.link_bandwidth);
+  link.latency_s = a.link_latency;
+  if (!(link.latency_s >= 0 && std::isfinite(link.latency_s)))
+    throw InvalidInput(str("--link-latency must be a non-negative number of seconds (got ", a.link_latency, ")"));
+  const bool tty = ::isatty(2) != 0;
+  const bool bar = a.progress == "bar" || (a.progress == "auto" && tty);
+  const bool lines = a.progress == "lines" || (a.progress == "auto" && !tty);
+
+  const std::unique_ptr<Launcher> launcher = launch(a, timeout, link);
+  const StopOnSignal stop(launcher->reports());
+  a.config.stop_flag = &stop.flag();
+  std::optional<MetricsFile> metrics;
+  train::TrainResult result;  // this process's: rank 0's where it holds every rank
+  try {
+    launcher->check(a);
+    const data::Split data = load_data(a);
+    warmup_cosine(a, data);
+    Progress progress(bar, lines);
+    if (launcher->reports() && !a.metrics.empty()) metrics.emplace(a.metrics);
+    Both both(&progress, metrics ? &*metrics : nullptr);
+    const std::function<void(Communicator&)> each_rank = [&](Communicator& comm) {
+      train::TrainResult r = train::train(comm, data, a.config, &both);
+      if (comm.rank() == 0 || launcher->one_rank_here()) result = std::move(r);
+    };
+    try {
+      launcher->run(each_rank);
+    } catch (const RanksAbandoned& e) {
+      // Here, where the data and the observers a stuck rank may still use
+      // are alive: the process ends without unwinding.
+      exit_abandoned(e, [&] {
+        if (metrics) metrics->discard();
+      });
+    }
+    if (launcher->reports()) {
+      if (metrics) metrics->finish();
+      export_params(result, a);
+      print_result(result, a, launcher->world());
+      report_stop(result);
+    }
+    launcher->finish();
+  } catch (const NonFiniteError& e) {
+    // Every rank stopped at the same step with the same finding: one line,
+    // the metrics up to that step kept, status 4: the line distopt.cpp
+    // prints for it.
+    if (launcher->reports()) {
+      if (metrics) metrics->finish();
+      std::fprintf(stderr, "distopt: error: %s\n", printable(e.what()).c_str());
+    }
+    return 4;
+  } catch (const std::exception& e) {
+    launcher->fail(e, [&] { metrics.reset(); });
+  }
+  return result.interrupted ? StopOnSignal::exit_code(result.stop_signal) : 0;
+}
+
+}  // namespace distopt::cli
