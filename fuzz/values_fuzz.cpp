@@ -2,16 +2,23 @@
 // time-out (--comm-timeout, DISTOPT_COMM_TIMEOUT), a bandwidth
 // (--link-bandwidth, bench gossip --bandwidths) -- and gossip topologies
 // built from a fuzzed name, world size and peer count, whose peers are then
-// asked for. Only distopt::Error may escape as an answer.
+// asked for; optimizer options from one string (parse_options, for the rule
+// the first byte picks) and the command line's --scheduler-option
+// KEY=VALUE items (split at ';'). Only distopt::Error may escape as an
+// answer.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "../tools/commands.hpp"
 #include "distopt/comm/communicator.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/gossip/topology.hpp"
+#include "distopt/optim/option_text.hpp"
+#include "distopt/optim/rule.hpp"
+#include "distopt/optim/scheduler.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 3) return 0;
@@ -32,6 +39,22 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::uint64_t k = data[2];
     for (int r = 0; r < world; r += 1 + world / 8) (void)t.peers(r, k);
     (void)t.predicted_rate();
+  } catch (const distopt::Error&) {
+  }
+  try {
+    const auto rules = distopt::all_rules();
+    (void)distopt::parse_options(*rules[data[0] % rules.size()], text);
+  } catch (const distopt::Error&) {
+  }
+  try {
+    std::vector<std::string> items;
+    for (std::size_t at = 0;;) {
+      const std::size_t end = text.find(';', at);
+      items.push_back(text.substr(at, end == std::string::npos ? std::string::npos : end - at));
+      if (end == std::string::npos) break;
+      at = end + 1;
+    }
+    (void)distopt::scheduler_spec_from_options("steplr", items);
   } catch (const distopt::Error&) {
   }
   return 0;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The command-line contract (spec/cli-contract.md), checked from outside:
+# The command-line contract (docs/formats.md), checked from outside:
 # exit codes, one-line errors on stderr, --json as the last line of stdout.
 set -u
 bin=$1

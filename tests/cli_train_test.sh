@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `distopt train` from outside (spec/cli-contract.md): the --json summary,
+# `distopt train` from outside (docs/formats.md): the --json summary,
 # metrics and export files, and one-line errors for bad input.
 set -u
 bin=$1

@@ -1,5 +1,5 @@
 // Shampoo and full-matrix Adagrad against an independent double-precision
-// reference: the formulas of spec/optimizers.md §3.5-3.6 written out on
+// reference: the formulas of docs/optimizers.md ("Non-pointwise rules") written out on
 // plain vectors, every matrix function by the cyclic Jacobi eigenvalue
 // method (distopt uses Eigen's tridiagonal QR), the unfoldings by index
 // arithmetic (distopt uses blocked products). No torch reference exists for

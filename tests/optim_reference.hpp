@@ -1,5 +1,5 @@
 // Scalar double-precision references of the update rules, written from the
-// formulas of spec/optimizers.md §2 (torch 1.13 for NAdam's momentum
+// formulas of docs/optimizers.md, "Pointwise rules" (torch 1.13 for NAdam's momentum
 // product) independently of src/optim: one element at a time, plain math.
 #pragma once
 

@@ -21,6 +21,12 @@
 // number of threads -- products by fixed blocks of rows, attention by
 // (sample, head), reductions over rows by fixed blocks of columns, each
 // summing its rows in order -- so the bits are the same at any count.
+//
+// One file of ~860 lines on purpose: forward and backward of each layer
+// sit together so a reader checks one against the other (and against
+// scripts/gpt_torch.py) on adjacent screens, and the activations they share
+// stay private to it; splitting forward from backward would spread one
+// layer's math over two files.
 #include <oneapi/dnnl/dnnl.h>
 
 #include <oneapi/dnnl/dnnl.hpp>

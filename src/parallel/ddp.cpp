@@ -38,9 +38,8 @@ class Ddp final : public Engine {
 
 }  // namespace
 
-extern const StrategyInfo kDdp{
-    .name = "ddp",
-    .help = "every rank holds all parameters, gradients and optimizer state; gradients all-reduced per bucket",
-    .make = make_engine<Ddp>, .volume_psi = 2};
+constexpr const char* kHelp =
+    "every rank holds all parameters, gradients and optimizer state; gradients all-reduced per bucket";
+extern const StrategyInfo kDdp{.name = "ddp", .help = kHelp, .make = make_engine<Ddp>, .volume_psi = 2};
 
 }  // namespace distopt::parallel::detail

@@ -62,10 +62,9 @@ void Zero1::reduce_bucket(std::size_t b) {
   in_flight_.push_back(std::move(f));
 }
 
-extern const StrategyInfo kZero1{
-    .name = "zero1",
-    .help = "optimizer state (and fp32 master weights) sharded; gradients reduce-scattered, parameters all-gathered",
-    .replicated_params = false, .whole_tensor_needs_gather = true,
-    .make = make_engine<Zero1>, .volume_psi = 2};
+constexpr const char* kHelp =
+    "optimizer state (and fp32 master weights) sharded; gradients reduce-scattered, parameters all-gathered";
+extern const StrategyInfo kZero1{.name = "zero1", .help = kHelp, .replicated_params = false,
+                                 .whole_tensor_needs_gather = true, .make = make_engine<Zero1>, .volume_psi = 2};
 
 }  // namespace distopt::parallel::detail

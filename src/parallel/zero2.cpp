@@ -44,10 +44,9 @@ void Zero2::reduce_bucket(std::size_t b) {
   }
 }
 
-extern const StrategyInfo kZero2{
-    .name = "zero2",
-    .help = "as zero1, and only the own gradient shard kept (buckets reduce-scattered while backward runs)",
-    .replicated_params = false, .whole_tensor_needs_gather = true,
-    .make = make_engine<Zero2>, .volume_psi = 2};
+constexpr const char* kHelp =
+    "as zero1, and only the own gradient shard kept (buckets reduce-scattered while backward runs)";
+extern const StrategyInfo kZero2{.name = "zero2", .help = kHelp, .replicated_params = false,
+                                 .whole_tensor_needs_gather = true, .make = make_engine<Zero2>, .volume_psi = 2};
 
 }  // namespace distopt::parallel::detail

@@ -76,10 +76,9 @@ class Zero3 final : public Zero2 {
 
 }  // namespace
 
-extern const StrategyInfo kZero3{
-    .name = "zero3",
-    .help = "as zero2, and parameters sharded: each unit all-gathered before use (the next prefetched) and freed after",
-    .replicated_params = false, .whole_tensor_needs_gather = true,
-    .make = make_engine<Zero3>, .volume_psi = 3};
+constexpr const char* kHelp =
+    "as zero2, and parameters sharded: each unit all-gathered before use (the next prefetched) and freed after";
+extern const StrategyInfo kZero3{.name = "zero3", .help = kHelp, .replicated_params = false,
+                                 .whole_tensor_needs_gather = true, .make = make_engine<Zero3>, .volume_psi = 3};
 
 }  // namespace distopt::parallel::detail

@@ -76,9 +76,8 @@ class Adpsgd final : public GossipCore {
 
 }  // namespace
 
-extern const StrategyInfo kAdpsgd{
-    .name = "adpsgd",
-    .help = "a whole model per rank; asynchronous pairwise averaging on a communication thread",
-    .per_rank_models = true, .option_misfit = topology_flags<true>, .make = make_gossip<Adpsgd>};
+constexpr const char* kHelp = "a whole model per rank; asynchronous pairwise averaging on a communication thread";
+extern const StrategyInfo kAdpsgd{.name = "adpsgd", .help = kHelp, .per_rank_models = true,
+                                  .option_misfit = topology_flags<true>, .make = make_gossip<Adpsgd>};
 
 }  // namespace distopt::parallel::detail

@@ -67,9 +67,9 @@ class Dpsgd final : public GossipCore {
 
 }  // namespace
 
-extern const StrategyInfo kDpsgd{
-    .name = "dpsgd",
-    .help = "a whole model per rank; x <- W x - lr g(x), the exchange of x overlapping forward and backward",
-    .per_rank_models = true, .option_misfit = topology_flags<false>, .make = make_gossip<Dpsgd>};
+constexpr const char* kHelp =
+    "a whole model per rank; x <- W x - lr g(x), the exchange of x overlapping forward and backward";
+extern const StrategyInfo kDpsgd{.name = "dpsgd", .help = kHelp, .per_rank_models = true,
+                                 .option_misfit = topology_flags<false>, .make = make_gossip<Dpsgd>};
 
 }  // namespace distopt::parallel::detail

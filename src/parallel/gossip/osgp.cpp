@@ -32,9 +32,9 @@ class Osgp final : public GossipCore {
 
 }  // namespace
 
-extern const StrategyInfo kOsgp{
-    .name = "osgp",
-    .help = "sgp overlapped: a push-sum round sent after every step is added synch_freq + 1 steps later",
-    .per_rank_models = true, .option_misfit = topology_flags<true>, .make = make_gossip<Osgp>};
+constexpr const char* kHelp =
+    "sgp overlapped: a push-sum round sent after every step is added synch_freq + 1 steps later";
+extern const StrategyInfo kOsgp{.name = "osgp", .help = kHelp, .per_rank_models = true,
+                                .option_misfit = topology_flags<true>, .make = make_gossip<Osgp>};
 
 }  // namespace distopt::parallel::detail

@@ -83,9 +83,9 @@ std::string misfit(const StrategyInfo& self, std::string_view flag, const Gossip
 
 }  // namespace
 
-extern const StrategyInfo kSlowmo{
-    .name = "slowmo",
-    .help = "local SGD or sgp, with SlowMo's outer momentum step on the exact average every slowmo_frequency steps",
-    .per_rank_models = true, .option_misfit = misfit, .make = make_gossip<Slowmo>};
+constexpr const char* kHelp =
+    "local SGD or sgp, with SlowMo's outer momentum step on the exact average every slowmo_frequency steps";
+extern const StrategyInfo kSlowmo{.name = "slowmo", .help = kHelp, .per_rank_models = true, .option_misfit = misfit,
+                                  .make = make_gossip<Slowmo>};
 
 }  // namespace distopt::parallel::detail
