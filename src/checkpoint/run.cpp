@@ -55,13 +55,7 @@ RunState state_of(const RunParts& parts) {
 
 // Whether a gossip checkpoint's ranks go on one by one in this run.
 bool same_gossip_run(const RunState::Gossip& saved, const RunInfo& run, int world) {
-  return saved.strategy == run.strategy && saved.world == world && saved.options &&
-         saved.options->topology == run.gossip.topology &&
-         saved.options->peers_per_iteration == run.gossip.peers_per_iteration &&
-         saved.options->synch_freq == run.gossip.synch_freq && saved.options->slowmo_base == run.gossip.slowmo_base &&
-         saved.options->localsgd_frequency == run.gossip.localsgd_frequency &&
-         saved.options->slowmo_frequency == run.gossip.slowmo_frequency &&
-         saved.options->slowmo_momentum == run.gossip.slowmo_momentum && saved.options->slowmo_lr == run.gossip.slowmo_lr;
+  return saved.strategy == run.strategy && saved.world == world && saved.options == run.gossip;
 }
 
 }  // namespace

@@ -91,6 +91,10 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
   const OptimizerSpec& spec = a.optimizer;
   Communicator& comm = a.comm;
   DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
+  // What the strategy declares (checkpoints and require_exact read it) is
+  // what it holds.
+  DISTOPT_CHECK(info_.replicated_params == !holding.state && info_.whole_tensor_needs_gather == holding.state,
+                info_.name, " declares what it does not hold");
   check_agreement(comm, info_.name, layout_, spec, a.options);
   const std::vector<ShardLayout::Piece> pieces = layout_.pieces(comm.rank());
   const std::size_t padded = layout_.padded_elements(), shard = layout_.shard_elements();

@@ -103,6 +103,7 @@ struct GossipOptions {
   int slowmo_frequency = 48;    // tau
   double slowmo_momentum = 0.5;  // beta
   double slowmo_lr = 1.0;        // alpha
+  friend bool operator==(const GossipOptions&, const GossipOptions&) = default;
 };
 
 struct StrategyOptions {
