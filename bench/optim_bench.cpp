@@ -8,6 +8,12 @@
 // for both, so fraction = rule GB/s / roofline GB/s. Measurements alternate
 // (roofline, rule, roofline, rule, ...) and report medians, which keeps slow
 // drifts of a shared machine out of the ratio.
+//
+// On a CUDA device (--device cuda, docs/gpu.md) the roofline is a
+// device-to-device copy measured in the same run (the figure torch's fused
+// optimizers are compared with), and the cases are 256M, 100x10M and
+// 1000x256K elements; --dtype bf16/f16 gives the parameters and gradients
+// that type (fp32 master weights and state).
 #include "distopt/bench/optim_bench.hpp"
 
 #include <algorithm>
@@ -19,6 +25,7 @@
 #include <string>
 
 #include "distopt/core/buffer.hpp"
+#include "distopt/core/device.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/thread_pool.hpp"
 #include "distopt/optim/optimizer.hpp"
@@ -62,7 +69,10 @@ struct Shape2 {
 Shape2 parse_case(const std::string& s) {
   if (s == "16M") return {s, 1, std::size_t{16} << 20};
   if (s == "1000x16K") return {s, 1000, std::size_t{16} << 10};
-  throw InvalidInput(str("unknown benchmark case '", s, "' (known: 16M, 1000x16K)"));
+  if (s == "256M") return {s, 1, std::size_t{256} << 20};
+  if (s == "100x10M") return {s, 100, std::size_t{10} << 20};
+  if (s == "1000x256K") return {s, 1000, std::size_t{256} << 10};
+  throw InvalidInput(str("unknown benchmark case '", s, "' (known: 16M, 1000x16K; on cuda 256M, 100x10M, 1000x256K)"));
 }
 
 // The streaming roofline over R arrays: array 0 (the parameter) and arrays
@@ -175,6 +185,58 @@ Measurement measure(const RuleCase& rc, const Shape2& shape, int threads, int re
   return {rc.label, shape.label, threads, bytes / median(t_rule) / 1e9, bytes / median(t_roof) / 1e9};
 }
 
+// One rule on the device against a device-to-device copy of the same
+// number of bytes, alternating, medians of `repeats`.
+Measurement measure_device(const RuleCase& rc, const Shape2& shape, DType dtype, int repeats) {
+  const std::size_t total = shape.tensors * shape.elements;
+  const std::size_t es = size_of(dtype);
+  Buffer params(total * es, 0, Device::cuda, "benchmark parameters"), grads(total * es, 1, Device::cuda, "benchmark gradients");
+  {
+    // 0.5 and 0.01 in the parameters' type, widened on the device from f32 staging.
+    Buffer staging(total * sizeof(float), 2, Device::cuda, "benchmark staging");
+    std::vector<unsigned char> host(total * es);
+    for (auto [buffer, value] : {std::pair{&params, 0.5f}, std::pair{&grads, 0.01f}}) {
+      dispatch_dtype(dtype, [&]<class T>() {
+        T* h = reinterpret_cast<T*>(host.data());
+        for (std::size_t i = 0; i < total; ++i) h[i] = from_float<T>(value);
+      });
+      copy_bytes(buffer->data(), Device::cuda, host.data(), Device::cpu, host.size());
+    }
+  }
+  std::vector<Param> list(shape.tensors);
+  const Shape one{static_cast<std::int64_t>(shape.elements)};
+  for (std::size_t t = 0; t < shape.tensors; ++t) {
+    list[t].value = {static_cast<char*>(params.data()) + t * shape.elements * es, dtype, one, Device::cuda};
+    list[t].grad = {static_cast<char*>(grads.data()) + t * shape.elements * es, dtype, one, Device::cuda};
+    list[t].has_grad = true;
+  }
+  Optimizer opt(rc.rule, std::move(list), rc.options);
+  opt.step();  // creates the state
+  const StateLayout layout = opt.rule().layout(opt.group(0).options);
+  const double k = static_cast<double>(layout.tensors.size());
+  // Per element: the gradient and the fp32 value (parameter or master) and
+  // state read; the fp32 value and state written, and a bf16/f16 parameter.
+  const double per_element = static_cast<double>(es) + 4.0 + 4.0 * k + 4.0 + 4.0 * k + (dtype == DType::f32 ? 0.0 : es);
+  const double bytes = per_element * static_cast<double>(total);
+  // The copy moves the same bytes: half read, half written.
+  const std::size_t copy_bytes_each = static_cast<std::size_t>(bytes / 2);
+  Buffer from(copy_bytes_each, 0, Device::cuda, "roofline source"), to(copy_bytes_each, 0, Device::cuda, "roofline target");
+  copy_bytes(to.data(), Device::cuda, from.data(), Device::cuda, copy_bytes_each);
+  std::vector<double> t_rule, t_roof;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = Clock::now();
+    copy_bytes(to.data(), Device::cuda, from.data(), Device::cuda, copy_bytes_each);
+    auto t1 = Clock::now();
+    opt.step();
+    auto t2 = Clock::now();
+    t_roof.push_back(std::chrono::duration<double>(t1 - t0).count());
+    t_rule.push_back(std::chrono::duration<double>(t2 - t1).count());
+  }
+  const std::string label = dtype == DType::f32 ? rc.label : str(rc.label, "-", name_of(dtype));
+  return {label, shape.label, 0,
+          bytes / median(t_rule) / 1e9, bytes / median(t_roof) / 1e9};
+}
+
 // Adam's kernel at 16M elements, 1 thread, over four placements of its
 // arrays: what chose the allocator's staggering (docs/performance.md).
 void placement_study(int repeats) {
@@ -239,10 +301,42 @@ int run_optim_bench(const OptimBenchOptions& o) {
     }
     selected.push_back(*it);
   }
+  Device device = Device::cpu;
+  if (!parse_device(o.device, &device)) throw InvalidInput(str("--device: '", o.device, "' is not cpu or cuda"));
+  DType dtype = DType::f32;
+  if (!parse_dtype(o.dtype, &dtype)) throw InvalidInput(str("--dtype: '", o.dtype, "' is not f32, bf16 or f16"));
+  if (device == Device::cpu && dtype != DType::f32) throw InvalidInput("--dtype other than f32 needs --device cuda");
+  require_device(device);
+  for (const RuleCase& rc : selected)
+    if (!rule_runs_on(rc.rule, device)) throw InvalidInput(str(rc.rule, " has no CUDA kernel yet"));
   std::vector<Shape2> shapes;
-  for (const std::string& c : o.cases.empty() ? std::vector<std::string>{"16M", "1000x16K"} : o.cases)
-    shapes.push_back(parse_case(c));
-  if (o.placement) placement_study(o.repeats);
+  const std::vector<std::string> defaults = device == Device::cuda
+                                                ? std::vector<std::string>{"256M", "100x10M", "1000x256K"}
+                                                : std::vector<std::string>{"16M", "1000x16K"};
+  for (const std::string& c : o.cases.empty() ? defaults : o.cases) shapes.push_back(parse_case(c));
+  if (o.placement && device == Device::cpu) placement_study(o.repeats);
+  if (device == Device::cuda) {
+    std::vector<Measurement> results;
+    std::fprintf(stderr, "%-14s %-10s %10s %12s %9s   (roofline: device-to-device copy)\n", "rule", "case", "GB/s",
+                 "roofline", "fraction");
+    for (const Shape2& shape : shapes)
+      for (const RuleCase& rc : selected) {
+        Measurement m = measure_device(rc, shape, dtype, o.repeats);
+        std::fprintf(stderr, "%-14s %-10s %10.1f %12.1f %9.3f\n", m.rule.c_str(), m.kase.c_str(), m.gbps,
+                     m.roofline_gbps, m.gbps / m.roofline_gbps);
+        results.push_back(std::move(m));
+      }
+    if (o.json) {
+      std::string out = "{\"device\": \"cuda\", \"results\": [";
+      for (std::size_t i = 0; i < results.size(); ++i) {
+        const Measurement& m = results[i];
+        out += str(i ? ", " : "", "{\"rule\": \"", m.rule, "\", \"case\": \"", m.kase, "\", \"gbps\": ", m.gbps,
+                   ", \"roofline_gbps\": ", m.roofline_gbps, ", \"fraction\": ", m.gbps / m.roofline_gbps, "}");
+      }
+      std::printf("%s]}\n", out.c_str());
+    }
+    return 0;
+  }
 
   std::vector<Measurement> results;
   std::fprintf(stderr, "%-14s %-9s %7s %10s %12s %9s\n", "rule", "case", "threads", "GB/s", "roofline", "fraction");

@@ -388,13 +388,15 @@ TEST(LinkEmulator, AMessageArrivesAfterItsBytesCrossedTheLinkAndTheLatency) {
     const auto t0 = std::chrono::steady_clock::now();
     if (c.rank() == 0) {
       c.send(buf.data(), buf.size(), ElemType::u8, 1, 3);
+      // The lower bounds are the model's; the upper ones only say "not the
+      // model's time twice over", loose enough for a loaded 2-core runner.
       EXPECT_GE(since(t0), 0.1);  // the sender's link was busy
-      EXPECT_LT(since(t0), 0.2);
+      EXPECT_LT(since(t0), 0.4);
     } else {
       std::vector<unsigned char> got(buf.size());
       c.recv(got.data(), got.size(), ElemType::u8, 0, 3);
       EXPECT_GE(since(t0), 0.145);  // (the ranks leave the barrier up to a few ms apart)
-      EXPECT_LT(since(t0), 0.3);
+      EXPECT_LT(since(t0), 0.6);
       EXPECT_EQ(got, buf);
     }
     // Two messages in a row queue on the link: the second leaves 0.2 s in.

@@ -12,10 +12,12 @@
 
 #include "distopt/core/buffer.hpp"
 #include "distopt/core/copy.hpp"
+#include "distopt/core/device.hpp"
 #include "distopt/core/dtype.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/tensor.hpp"
 #include "distopt/core/thread_pool.hpp"
+#include "distopt/optim/optimizer.hpp"
 
 namespace distopt {
 namespace {
@@ -259,6 +261,41 @@ TEST(Errors, PreconditionNamesFileLineAndValues) {
   }
   EXPECT_TRUE((std::is_base_of_v<Error, InvalidInput>));
   EXPECT_TRUE((std::is_base_of_v<Error, IoError>));
+}
+
+TEST(Device, NamesParse) {
+  Device d = Device::cpu;
+  EXPECT_TRUE(parse_device("cuda", &d));
+  EXPECT_EQ(d, Device::cuda);
+  EXPECT_TRUE(parse_device("cpu", &d));
+  EXPECT_EQ(d, Device::cpu);
+  EXPECT_FALSE(parse_device("gpu", &d));
+  EXPECT_EQ(name_of(Device::cuda), "cuda");
+}
+
+// Where CUDA cannot be used (no CUDA build, or no device: CI), every way in
+// is refused in one line that says which, and nothing is touched.
+TEST(Device, WithoutADeviceCudaIsRefusedInOneLine) {
+  if (cuda_device_count() > 0) GTEST_SKIP() << "this machine has a CUDA device (tests/gpu_test.cpp runs there)";
+  const std::string why = cuda_unavailable_reason();
+  EXPECT_TRUE(why.rfind(cuda_built() ? "no CUDA device" : "this build has no CUDA", 0) == 0) << why;
+  try {
+    require_device(Device::cuda);
+    FAIL() << "require_device(cuda) passed without a device";
+  } catch (const InvalidInput& e) {
+    EXPECT_EQ(std::string(e.what()), "--device cuda: " + why);
+  }
+  EXPECT_NO_THROW(require_device(Device::cpu));
+  EXPECT_THROW(Buffer(64, 0, Device::cuda, "x"), Error);
+  // An optimizer handed a device view refuses it before touching its memory.
+  float fake[4] = {};
+  Param p{"w", {fake, DType::f32, {4}, Device::cuda}, {fake, DType::f32, {4}, Device::cuda}, true};
+  try {
+    Optimizer o("adam", {p});
+    FAIL() << "an optimizer accepted device parameters without a device";
+  } catch (const InvalidInput& e) {
+    EXPECT_EQ(std::string(e.what()), "optimizer on cuda: " + why);
+  }
 }
 
 }  // namespace

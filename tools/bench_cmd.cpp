@@ -24,12 +24,15 @@ Runner add_bench(CLI::App& app) {
 
   CLI::App* optim = sub->add_subcommand("optim", "optimizer step throughput against a memory-bandwidth roofline");
   optim->add_option("--rules", o->rules, "rules to measure (default: all)")->delimiter(',');
-  optim->add_option("--cases", o->cases, "16M and/or 1000x16K (default: both)")->delimiter(',');
+  optim->add_option("--cases", o->cases, "16M and/or 1000x16K (default: both; on cuda 256M, 100x10M, 1000x256K)")->delimiter(',');
   optim->add_option("--threads", o->threads, "thread counts (default: 1,2)")->delimiter(',')->check(CLI::Range(1, 256));
   optim->add_option("--repeats", o->repeats, "timed steps per measurement; the median is reported")
       ->check(CLI::Range(1, 1000));
   optim->add_flag("--json", o->json, "print {\"results\": [...]} as the last line of stdout");
   optim->add_flag("--placement", o->placement, "also compare buffer placements for the adam kernel");
+  optim->add_option("--device", o->device,
+                    "cpu (default) or cuda: on the GPU, against a device-to-device copy (cases 256M, 100x10M, 1000x256K)");
+  optim->add_option("--dtype", o->dtype, "with --device cuda: the parameters' type, f32 (default), bf16 or f16");
 
   CLI::App* comm = sub->add_subcommand("comm", "collectives (nccl-tests style) against the backend's raw primitive");
   comm->add_option("--backend", c->backend, "threads (default) or mpi (start with mpirun)")

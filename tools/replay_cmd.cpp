@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "distopt/core/device.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/optim/optimizer.hpp"
 #include "distopt/replay/replay.hpp"
 
 namespace distopt::cli {
@@ -18,6 +20,7 @@ struct ReplayArgs {
   bool json = false;
   bool verbose = false;
   int threads = 1;
+  std::string device = "cpu";
   replay::Tolerance tol;
 };
 
@@ -32,11 +35,14 @@ std::string json_escape(const std::string& s) {
 }
 
 int run_replay(const ReplayArgs& a) {
+  Device device = Device::cpu;
+  if (!parse_device(a.device, &device)) throw InvalidInput(str("--device: '", a.device, "' is not cpu or cuda"));
+  require_device(device);
   ThreadPool pool(a.threads);
   if (!a.check) {
     if (a.files.size() != 1) throw InvalidInput("replay takes one case file (use --check for several)");
     const replay::Case c = replay::load_case(a.files[0]);
-    const replay::Result r = replay::run(c, &pool);
+    const replay::Result r = replay::run(c, &pool, {}, device);
     if (!a.json) std::fprintf(stderr, "%s: %s, %zu steps, %zu parameters\n", c.source.c_str(),
                               c.optimizer.c_str(), c.steps.size(), c.params.size());
     std::printf("%s\n", replay::to_json(r).c_str());
@@ -45,7 +51,8 @@ int run_replay(const ReplayArgs& a) {
   // --check: every file is judged; a file that cannot be read as a case
   // counts as a failure with its error, and makes the status 2 (bad input)
   // rather than 1 (a mismatch).
-  std::size_t passed = 0, failed = 0, unreadable = 0;
+  // On the device, a case whose rule has no kernel there is skipped, not failed.
+  std::size_t passed = 0, failed = 0, unreadable = 0, skipped = 0;
   std::string failures;
   for (const std::string& f : a.files) {
     std::string verdict;
@@ -54,7 +61,12 @@ int run_replay(const ReplayArgs& a) {
       const replay::Case c = replay::load_case(f);
       loaded = true;
       if (!c.expected) throw InvalidInput(str(f, ": no 'expected' member to check against"));
-      const replay::Comparison cmp = replay::compare(replay::run(c, &pool), *c.expected, a.tol);
+      if (device == Device::cuda && !rule_runs_on(c.optimizer, device)) {
+        ++skipped;
+        if (a.verbose) std::fprintf(stderr, "SKIP %s: %s has no CUDA kernel yet\n", f.c_str(), c.optimizer.c_str());
+        continue;
+      }
+      const replay::Comparison cmp = replay::compare(replay::run(c, &pool, {}, device), *c.expected, a.tol);
       if (cmp.ok()) {
         ++passed;
         if (a.verbose) std::fprintf(stderr, "PASS %s (%zu values, max |diff| %.3g)\n", f.c_str(), cmp.compared,
@@ -72,12 +84,17 @@ int run_replay(const ReplayArgs& a) {
                     json_escape(verdict), "\"}");
   }
   if (a.json)
-    std::printf("{\"passed\": %zu, \"failed\": %zu, \"unreadable\": %zu, \"failures\": [%s]}\n", passed, failed,
-                unreadable, failures.c_str());
-  else if (unreadable > 0)
-    std::printf("replay --check: %zu passed, %zu failed (%zu of them unreadable)\n", passed, failed, unreadable);
-  else
-    std::printf("replay --check: %zu passed, %zu failed\n", passed, failed);
+    std::printf("{\"passed\": %zu, \"failed\": %zu, \"unreadable\": %zu, \"skipped\": %zu, \"device\": \"%s\", "
+                "\"failures\": [%s]}\n",
+                passed, failed, unreadable, skipped, a.device.c_str(), failures.c_str());
+  else {
+    const std::string skip = skipped > 0 ? str(", ", skipped, " skipped (no CUDA kernel for their rule)") : "";
+    if (unreadable > 0)
+      std::printf("replay --check: %zu passed, %zu failed (%zu of them unreadable)%s\n", passed, failed, unreadable,
+                  skip.c_str());
+    else
+      std::printf("replay --check: %zu passed, %zu failed%s\n", passed, failed, skip.c_str());
+  }
   return unreadable > 0 ? 2 : failed == 0 ? 0 : 1;
 }
 }  // namespace
@@ -91,6 +108,8 @@ Runner add_replay(CLI::App& app) {
   sub->add_flag("-v,--verbose", args->verbose, "with --check, also list the cases that pass");
   sub->add_flag("--json", args->json, "print one JSON object as the last line of stdout");
   sub->add_option("--threads", args->threads, "threads for the optimizer step")->check(CLI::Range(1, 256));
+  sub->add_option("--device", args->device,
+                  "cpu (default) or cuda: parameters, gradients and state on the GPU (docs/gpu.md)");
   sub->add_option("--atol", args->tol.atol, "absolute tolerance of --check")->check(non_negative("number"));
   sub->add_option("--rtol", args->tol.rtol, "relative tolerance of --check")->check(non_negative("number"));
   return [args] {

@@ -36,8 +36,21 @@ Buffer::Buffer(std::size_t bytes, int stagger_slot) : bytes_(bytes) {
 #endif
 }
 
+Buffer::Buffer(std::size_t bytes, int stagger_slot, Device device, std::string_view what) {
+  if (device == Device::cpu) {
+    Buffer host(bytes, stagger_slot);
+    swap(host);
+    return;
+  }
+  if (bytes == 0) return;
+  data_ = device_alloc(bytes, what);
+  bytes_ = bytes;
+  device_ = device;
+}
+
 Buffer::~Buffer() {
-  if (map_base_ != nullptr) ::munmap(map_base_, map_bytes_);
+  if (device_ == Device::cuda) device_free(data_);
+  else if (map_base_ != nullptr) ::munmap(map_base_, map_bytes_);
   else std::free(data_);
 }
 

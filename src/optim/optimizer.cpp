@@ -6,7 +6,9 @@
 #include <cstring>
 #include <set>
 
+#include "../core/cuda_backend.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/core/fp_mode.hpp"
 
 namespace distopt {
 
@@ -20,6 +22,7 @@ struct Optimizer::ParamState {
   Buffer master;  // fp32 copy of a bf16/f16 parameter
   Buffer work;    // fp32 scratch of tensor_stats rules (RuleInfo::workspace)
   Buffer aux;     // small per-tensor state (RuleInfo::aux_size), whole
+  mutable std::vector<float> host_copy;  // state_tensor() of device state
 };
 
 namespace {
@@ -43,6 +46,10 @@ std::string param_label(const Param& p, std::size_t i) {
 }
 
 }  // namespace
+
+bool rule_runs_on(std::string_view rule, Device device) {
+  return device == Device::cpu ? find_rule(rule) != nullptr : cuda::has_kernel(rule);
+}
 
 Optimizer::Optimizer(std::string_view rule, std::vector<ParamGroupSpec> groups, OptionMap defaults,
                      OptimizerConfig config)
@@ -89,6 +96,21 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
     if (p.value.numel() > 0 && p.value.data == nullptr)
       throw InvalidInput(str(param_label(p, i), " has no data"));
   }
+  // Every parameter and gradient of an optimizer lives on one device; on a
+  // CUDA device the rule must have a kernel there.
+  const Device device = params_.empty() && !spec.params.empty() ? spec.params.front().value.device : device_;
+  for (std::size_t k = 0; k < spec.params.size(); ++k) {
+    const Param& p = spec.params[k];
+    if (p.value.device != device)
+      throw InvalidInput(str(param_label(p, params_.size() + k), " is on ", name_of(p.value.device),
+                             ", the optimizer's parameters are on ", name_of(device), " (one device per optimizer)"));
+  }
+  if (device == Device::cuda) {
+    require_device(device, "optimizer on cuda");
+    if (!rule_runs_on(rule.name, device))
+      throw InvalidInput(str(rule.name, " has no CUDA kernel yet (the device runs ", cuda::kernel_rules(), ")"));
+  }
+  device_ = device;
   ParamGroup group;
   group.options = std::move(options);
   for (Param& p : spec.params) {
@@ -176,8 +198,9 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
       continue;
     }
     const bool needed = rule.tensor_needed == nullptr || rule.tensor_needed(groups_[g].options, k, tensor_shape_of(i));
-    Buffer b(needed ? n * sizeof(float) : 0, kFirstStateSlot + static_cast<int>(k));
-    if (needed && fill[k] != 0.0f) std::fill_n(b.as<float>(), n, fill[k]);
+    Buffer b(needed ? n * sizeof(float) : 0, kFirstStateSlot + static_cast<int>(k), device_,
+             str("state '", gl.layout.tensors[k], "' of ", param_label(p, i)));
+    if (needed && fill[k] != 0.0f) fill_floats(b.as<float>(), n, fill[k], device_);
     tensors.push_back(std::move(b));
     created = true;
   }
@@ -199,12 +222,8 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
   st.tensor_names = gl.layout.tensors;
   st.scalar_names = gl.layout.scalars;
   if (!st.initialized && p.value.dtype != DType::f32) {
-    st.master = Buffer(n * sizeof(float), kMasterSlot);
-    float* m = st.master.as<float>();
-    dispatch_dtype(p.value.dtype, [&]<class T>() {
-      const T* src = p.value.as<T>();
-      for (std::size_t e = 0; e < n; ++e) m[e] = to_float(src[e]);
-    });
+    st.master = Buffer(n * sizeof(float), kMasterSlot, device_, str("master weights of ", param_label(p, i)));
+    widen_to_floats(st.master.as<float>(), p.value.data, p.value.dtype, n, device_);
   }
   st.initialized = true;
   st.layout_version = gl.version;
@@ -219,6 +238,9 @@ void Optimizer::check_grad(std::size_t i) const {
     throw InvalidInput(str("gradient of ", param_label(p, i), " has ", p.grad.numel(), " elements (shape ",
                            to_string(p.grad.shape), "), the parameter has ", p.value.numel(), " (shape ",
                            to_string(p.value.shape), ")"));
+  if (p.grad.device != p.value.device && p.value.numel() > 0)
+    throw InvalidInput(str("gradient of ", param_label(p, i), " is on ", name_of(p.grad.device),
+                           ", the parameter is on ", name_of(p.value.device)));
   if (p.grad.dtype != p.value.dtype)
     throw InvalidInput(str("gradient of ", param_label(p, i), " is ", name_of(p.grad.dtype),
                            ", the parameter is ", name_of(p.value.dtype)));
@@ -371,6 +393,7 @@ void Optimizer::step() {
       for (std::size_t b = 0; b < n; b += std::min(chunk, n - b)) work_.push_back({i, b, b + std::min(chunk, n - b)});
     }
   }
+  if (device_ == Device::cuda) return step_on_device();
   run_stat_passes(threaded);
   auto run = [&](std::size_t k) {
     const WorkItem& w = work_[k];
@@ -381,10 +404,29 @@ void Optimizer::step() {
     for (std::size_t k = 0; k < work_.size(); ++k) run(k);
 }
 
+void Optimizer::step_on_device() {
+  // One call per group: every active tensor of it, whole, in few launches.
+  // The kernels are built twice, so that they flush denormals exactly when
+  // this thread's CPU would (DenormalMode).
+  const bool flush = flushing_denormals();
+  std::vector<const RuleBlob*> coeffs;
+  std::vector<Slice> slices;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    coeffs.clear();
+    slices.clear();
+    for (std::size_t i : active_)
+      if (group_of_[i] == g) {
+        coeffs.push_back(&coeffs_[i]);
+        slices.push_back(slice_of(i, 0, static_cast<std::size_t>(params_[i].value.numel())));
+      }
+    if (!slices.empty()) cuda::pointwise_step(group_rules_[g]->name, coeffs, slices, flush);
+  }
+}
+
 void Optimizer::zero_grad(bool set_to_none) {
   for (Param& p : params_) {
     if (set_to_none) p.has_grad = false;
-    else if (p.grad.data != nullptr) std::memset(p.grad.data, 0, p.grad.size_bytes());
+    else if (p.grad.data != nullptr) zero_bytes(p.grad.data, p.grad.size_bytes(), p.grad.device);
   }
 }
 
@@ -397,9 +439,16 @@ std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view k
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
   const ParamState& st = *state_[i];
   const auto n = static_cast<std::size_t>(params_[i].value.numel());
-  if (key == "master_param" && !st.master.empty()) return {st.master.as<float>(), n};
+  // Device state is copied to the host (valid until the next call for this parameter).
+  auto readable = [&](const Buffer& b) -> std::span<const float> {
+    if (b.device() == Device::cpu) return {b.as<float>(), n};
+    st.host_copy.resize(n);
+    copy_bytes(st.host_copy.data(), Device::cpu, b.data(), b.device(), n * sizeof(float));
+    return st.host_copy;
+  };
+  if (key == "master_param" && !st.master.empty()) return readable(st.master);
   for (std::size_t k = 0; k < st.tensor_names.size(); ++k)
-    if (st.tensor_names[k] == key && (!st.tensors[k].empty() || n == 0)) return {st.tensors[k].as<float>(), n};
+    if (st.tensor_names[k] == key && (!st.tensors[k].empty() || n == 0)) return readable(st.tensors[k]);
   const RuleInfo& rule = *group_rules_[group_of_[i]];
   if (rule.aux_parts != nullptr && st.initialized)
     for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
@@ -515,7 +564,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
       if (st.tensors[k].empty()) continue;  // not kept for this shape
       const auto& t = std::get<StateTensor>(entry.at(std::string(st.tensor_names[k])));
-      std::copy(t.data.begin(), t.data.end(), st.tensors[k].as<float>());
+      copy_bytes(st.tensors[k].data(), device_, t.data.data(), Device::cpu, t.data.size() * sizeof(float));
     }
     if (group_rules_[g]->aux_parts != nullptr)
       for (const AuxPart& part : group_rules_[g]->aux_parts(groups_[g].options, tensor_shape_of(i))) {
@@ -526,7 +575,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       st.scalars[k] = static_cast<float>(std::get<double>(entry.at(std::string(st.scalar_names[k]))));
     if (!st.master.empty()) {
       const auto& t = std::get<StateTensor>(entry.at("master_param"));
-      std::copy(t.data.begin(), t.data.end(), st.master.as<float>());
+      copy_bytes(st.master.data(), device_, t.data.data(), Device::cpu, t.data.size() * sizeof(float));
     }
   }
   // Eager-state rules (Adagrad) have state for every parameter.

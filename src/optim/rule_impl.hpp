@@ -6,6 +6,7 @@
 
 #include "distopt/core/error.hpp"
 #include "distopt/optim/rule.hpp"
+#include "rules/element.hpp"
 
 namespace distopt::rules {
 
@@ -52,69 +53,6 @@ inline void check_weight_decay(double wd) { require(wd >= 0.0, "Invalid weight_d
 inline void check_betas(std::array<double, 2> b) {
   require(0.0 <= b[0] && b[0] < 1.0, "Invalid beta parameter at index 0: ", b[0]);
   require(0.0 <= b[1] && b[1] < 1.0, "Invalid beta parameter at index 1: ", b[1]);
-}
-
-// A slice with its element type resolved. `p` is the fp32 value being
-// updated (the parameter itself, or its fp32 master copy); for bf16/f16
-// parameters `lp` receives the rounded result.
-template <class T>
-struct Typed {
-  float* p;
-  T* lp;
-  const T* g;
-  float* const* s;
-  std::size_t n;
-};
-
-template <class T>
-inline void store(T* __restrict lp, std::size_t i, float v) {
-  if constexpr (!std::is_same_v<T, float>) lp[i] = from_float<T>(v);
-}
-
-inline float sign(float x) { return static_cast<float>((x > 0.0f) - (x < 0.0f)); }
-
-// Decoupled (AdamW) weight decay's factor for p <- p*(1 - lr*wd), computed in
-// double and rounded to float once per step.
-inline float decoupled_decay(double lr, double weight_decay) {
-  return static_cast<float>(1.0 - lr * weight_decay);
-}
-
-// The prologue of torch's pointwise rules (docs/optimizers.md, "Pointwise
-// rules"): g <- -g if maximize; then L2 decay g <- g + wd*p, or decoupled
-// decay p <- p*(1 - lr*wd), never both. Made on the host once per step by
-// l2_decay (torch's SGD, Adamax, Adadelta, Adagrad, RMSprop, ASGD; Rprop
-// with wd 0) or l2_or_decoupled (Adam/AdamW, NAdam, RAdam; Lion, always
-// decoupled). Per element, in this order, with l2 from dispatch_bools:
-//   pi = p[i] * decay;                  (rules with decoupled decay only)
-//   gi = grad(l2, to_float(g[i]), pi);  (g*grad_sign) + wd*pi, in float
-// or gi = grad(to_float(g[i])) where there is no L2 (rprop, lion).
-struct GradPrologue {
-  float grad_sign, wd, decay;
-  bool l2;
-  static GradPrologue l2_or_decoupled(bool maximize, double weight_decay, bool decoupled, double lr) {
-    return {maximize ? -1.0f : 1.0f, static_cast<float>(weight_decay),
-            decoupled ? decoupled_decay(lr, weight_decay) : 1.0f, !decoupled && weight_decay != 0.0};
-  }
-  static GradPrologue l2_decay(bool maximize, double weight_decay) {
-    return l2_or_decoupled(maximize, weight_decay, false, 0.0);
-  }
-  float grad(float g) const { return g * grad_sign; }
-  template <bool kL2>
-  float grad(std::bool_constant<kL2>, float g, float p) const {
-    if constexpr (kL2) return grad(g) + wd * p;
-    else return grad(g);
-  }
-};
-
-// torch SGD's momentum on one element (sgd, lars): b <- g on the
-// parameter's first step, else b*mu + (1 - dampening)*g; returns the step's
-// direction, g + mu*b (Nesterov) or b.
-template <bool kNesterov>
-inline float sgd_momentum(float g, float& b, bool first, float momentum, float one_minus_dampening) {
-  const float bi = first ? g : b * momentum + one_minus_dampening * g;
-  b = bi;
-  if constexpr (kNesterov) return g + momentum * bi;
-  else return bi;
 }
 
 // A slice with its element type resolved (see Typed).
@@ -169,6 +107,20 @@ struct WholeTensorRule {
   static void partial(const C&, int, const Typed<T>&, const Slice&, double*) {}
 };
 
+// The CPU loop of a pointwise rule M (element.hpp): element(c, s, i) for
+// every i, one branch-free loop per combination of M's flags. The elements
+// are independent (locality), which `ivdep` tells the vectorizer; the
+// coefficients and pointers are copied to locals so they stay in registers.
+template <class M, class T>
+void cpu_loop(const typename M::Coeffs& coeffs, const Typed<T>& slice) {
+  dispatch_mask<M::kFlags>(M::flags(coeffs), [&](auto... f) {
+    const typename M::Coeffs c = coeffs;
+    const Typed<T> s = slice;
+#pragma GCC ivdep
+    for (std::size_t i = 0; i < s.n; ++i) M::template element<decltype(f)::value...>(c, s, i);
+  });
+}
+
 // Builds the type-erased table from a rule struct R (see adam.cpp for the
 // shape every rule has).
 template <class R>
@@ -190,6 +142,8 @@ RuleInfo make_rule_info() {
     dispatch_dtype(s.dtype, [&]<class T>() {
       if constexpr (requires { R::kStatPasses; })
         R::template apply_update<T>(c, typed<T>(s), s.work);
+      else if constexpr (requires { R::kFlags; })
+        cpu_loop<R, T>(c, typed<T>(s));
       else
         R::template kernel<T>(c, typed<T>(s));
     });

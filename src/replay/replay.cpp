@@ -212,8 +212,9 @@ Case load_case(const std::string& path) {
   return parse_case(text, path);
 }
 
-Result run(const Case& c, ThreadPool* pool, const SchedulerFactory& make) {
-  // Parameters and gradients live in buffers the replay owns, as a model's would.
+Result run(const Case& c, ThreadPool* pool, const SchedulerFactory& make, Device device) {
+  // Parameters and gradients live in buffers the replay owns, as a model's
+  // would: on the CPU, or on the device (copied there and back).
   std::vector<Buffer> values, grads;
   std::vector<ParamGroupSpec> groups(c.groups.size());
   std::vector<std::size_t> position(c.params.size());  // param index -> optimizer index
@@ -221,17 +222,17 @@ Result run(const Case& c, ThreadPool* pool, const SchedulerFactory& make) {
   values.reserve(c.params.size());
   grads.reserve(c.params.size());
   for (std::size_t i = 0; i < c.params.size(); ++i) {
-    values.emplace_back(c.params[i].size() * sizeof(float), 0);
-    grads.emplace_back(c.params[i].size() * sizeof(float), 1);
-    std::copy(c.params[i].begin(), c.params[i].end(), values[i].as<float>());
+    values.emplace_back(c.params[i].size() * sizeof(float), 0, device, str("params[", i, "]"));
+    grads.emplace_back(c.params[i].size() * sizeof(float), 1, device, str("the gradient of params[", i, "]"));
+    copy_bytes(values[i].data(), device, c.params[i].data(), Device::cpu, c.params[i].size() * sizeof(float));
   }
   for (std::size_t g = 0; g < c.groups.size(); ++g) {
     groups[g].options = c.groups[g].options;
     for (std::size_t i : c.groups[g].params) {
       Param p;
       p.name = str("params[", i, "]");
-      p.value = {values[i].data(), DType::f32, c.shapes[i]};
-      p.grad = {grads[i].data(), DType::f32, c.shapes[i]};
+      p.value = {values[i].data(), DType::f32, c.shapes[i], device};
+      p.grad = {grads[i].data(), DType::f32, c.shapes[i], device};
       groups[g].params.push_back(std::move(p));
       position[i] = next++;
     }
@@ -253,7 +254,8 @@ Result run(const Case& c, ThreadPool* pool, const SchedulerFactory& make) {
     for (std::size_t i = 0; i < c.params.size(); ++i) {
       Param& p = opt.param(position[i]);
       p.has_grad = s.grads[i].has_value();
-      if (p.has_grad) std::copy(s.grads[i]->begin(), s.grads[i]->end(), grads[i].as<float>());
+      if (p.has_grad)
+        copy_bytes(grads[i].data(), device, s.grads[i]->data(), Device::cpu, s.grads[i]->size() * sizeof(float));
     }
     opt.step();
     if (scheduler) {
@@ -264,8 +266,10 @@ Result run(const Case& c, ThreadPool* pool, const SchedulerFactory& make) {
     }
     for (std::size_t g = 0; g < c.groups.size(); ++g) r.lr[g].push_back(opt.lr(g));
   }
-  for (std::size_t i = 0; i < c.params.size(); ++i)
-    r.params.emplace_back(values[i].as<float>(), values[i].as<float>() + c.params[i].size());
+  for (std::size_t i = 0; i < c.params.size(); ++i) {
+    r.params.emplace_back(c.params[i].size());
+    copy_bytes(r.params.back().data(), Device::cpu, values[i].data(), device, c.params[i].size() * sizeof(float));
+  }
   return r;
 }
 

@@ -33,6 +33,7 @@ struct TrainArgs {
   std::vector<std::string> scheduler_options;  // KEY=VALUE
   std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
   std::string param_dtype = "f32";
+  std::string device = "cpu";
   std::string matmul_precision = "f32";
   std::string on_nonfinite = "error", comm_timeout;
   std::set<std::string> gossip_flags;  // gossip options given on the command line

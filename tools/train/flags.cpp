@@ -89,6 +89,7 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--link-bandwidth", a->link_bandwidth,
                   "emulate a network link per rank of this many bits per second (e.g. 100M, 1G; default none)");
   sub->add_option("--link-latency", a->link_latency, "emulated link latency in seconds (default 0)");
+  sub->add_option("--device", a->device, "cpu (default) or cuda (docs/gpu.md: training on the GPU is not built yet)");
   sub->add_option("--param-dtype", a->param_dtype,
                   "parameters and gradients in f32 (default), bf16 or f16, with fp32 master weights and state");
   sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,

@@ -16,6 +16,7 @@
 
 #include "../commands.hpp"
 #include "args.hpp"
+#include "distopt/core/device.hpp"
 #include "distopt/core/dtype.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/gossip/topology.hpp"
@@ -215,6 +216,17 @@ void prepare(TrainArgs& a) {
       std::fprintf(stderr,
                    "distopt: --matmul-precision bf16: this CPU has no bfloat16 matrix instructions "
                    "(AVX512-BF16 or AMX); oneDNN emulates them, slower than f32\n");
+  }
+  // --device cuda: refused in one line before anything is written, saying
+  // what is missing (a CUDA build, a device) or, where both are there, that
+  // training on the device is still to come (docs/gpu.md).
+  Device device = Device::cpu;
+  if (!parse_device(a.device, &device)) throw InvalidInput(str("--device: '", a.device, "' is not cpu or cuda"));
+  if (device == Device::cuda) {
+    require_device(device);
+    throw InvalidInput(
+        "--device cuda: training on the GPU is not built yet; the optimizer, `distopt replay --device cuda` and "
+        "`distopt bench optim --device cuda` run there (docs/gpu.md)");
   }
   // core's names and aliases (bfloat16, float16, half, ...); the summary
   // reports the short name.

@@ -14,6 +14,8 @@ struct OptimBenchOptions {
   int repeats = 9;                   // timed steps per measurement (median)
   bool json = false;
   bool placement = false;            // also compare buffer placements
+  std::string device = "cpu";        // "cuda": on the GPU against a device copy (docs/gpu.md)
+  std::string dtype = "f32";         // parameters' type on cuda: f32, bf16, f16
 };
 
 int run_optim_bench(const OptimBenchOptions& options);

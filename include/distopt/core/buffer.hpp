@@ -10,11 +10,16 @@
 // the same L1/L2 sets and 4 KiB-aliasing stalls loads behind stores. Give each
 // array a kernel reads together a different slot (docs/performance.md has the
 // measurement that chose kStaggerStep).
+//
+// A buffer on Device::cuda holds device memory from the caching pool
+// (core/device.hpp), zeroed; stagger slots do not apply there.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+
+#include "distopt/core/device.hpp"
 
 namespace distopt {
 
@@ -30,6 +35,9 @@ class Buffer {
   // `bytes` of zeroed memory. `stagger_slot` (any int, taken modulo
   // kStaggerSlots) matters only for large buffers.
   explicit Buffer(std::size_t bytes, int stagger_slot = 0);
+  // `bytes` of zeroed memory on `device`; `what` names it in the one-line
+  // error of a failed device allocation.
+  Buffer(std::size_t bytes, int stagger_slot, Device device, std::string_view what = "a buffer");
   ~Buffer();
   Buffer(Buffer&& o) noexcept { swap(o); }
   Buffer& operator=(Buffer&& o) noexcept {
@@ -52,6 +60,7 @@ class Buffer {
   }
   std::size_t size_bytes() const { return bytes_; }
   bool empty() const { return bytes_ == 0; }
+  Device device() const { return device_; }
 
  private:
   void swap(Buffer& o) noexcept {
@@ -59,11 +68,13 @@ class Buffer {
     std::swap(bytes_, o.bytes_);
     std::swap(map_base_, o.map_base_);
     std::swap(map_bytes_, o.map_bytes_);
+    std::swap(device_, o.device_);
   }
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
   void* map_base_ = nullptr;  // non-null when the buffer is an mmap
   std::size_t map_bytes_ = 0;
+  Device device_ = Device::cpu;
 };
 
 }  // namespace distopt

@@ -4,14 +4,16 @@
 // binary16. Conversions to the narrow types round to nearest, ties to even,
 // overflow to infinity, keep the sign of zero and turn any NaN into a quiet
 // NaN of the same sign. Widening is exact. Everything here is branch-light,
-// header-only and constexpr-free so that kernels can inline it.
+// header-only and constexpr-free so that kernels can inline it, on the CPU
+// and (DISTOPT_HD) in CUDA kernels.
 #pragma once
 
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+
+#include "distopt/core/hd.hpp"
 
 namespace distopt {
 
@@ -48,19 +50,19 @@ constexpr DType dtype_of() {
   }
 }
 
-inline std::uint16_t float_to_bf16_bits(float f) {
-  std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+DISTOPT_HD std::uint16_t float_to_bf16_bits(float f) {
+  std::uint32_t x = hd::bits_of(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x0040u);
   x += 0x7fffu + ((x >> 16) & 1u);
   return static_cast<std::uint16_t>(x >> 16);
 }
 
-inline float bf16_bits_to_float(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+DISTOPT_HD float bf16_bits_to_float(std::uint16_t b) {
+  return hd::float_of(static_cast<std::uint32_t>(b) << 16);
 }
 
-inline std::uint16_t float_to_f16_bits(float f) {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
+DISTOPT_HD std::uint16_t float_to_f16_bits(float f) {
+  const std::uint32_t x = hd::bits_of(f);
   const std::uint32_t sign = (x >> 16) & 0x8000u;
   std::uint32_t ax = x & 0x7fffffffu;
   if (ax >= 0x7f800000u)  // inf or NaN (NaN stays quiet, keeps the top payload bits)
@@ -69,29 +71,29 @@ inline std::uint16_t float_to_f16_bits(float f) {
   if (ax < 0x38800000u) {  // below 2^-14: f16 subnormal or zero
     // Adding 0.5 puts the value in a binade whose ulp is 2^-24 (the f16
     // subnormal step), so the FPU's own round-to-nearest-even does the work.
-    const float v = std::bit_cast<float>(ax) + 0.5f;
-    return static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(v) - 0x3f000000u));
+    const float v = hd::float_of(ax) + 0.5f;
+    return static_cast<std::uint16_t>(sign | (hd::bits_of(v) - 0x3f000000u));
   }
   const std::uint32_t odd = (ax >> 13) & 1u;
   ax += 0xc8000fffu + odd;  // re-bias the exponent (-112 << 23) and round to nearest even
   return static_cast<std::uint16_t>(sign | (ax >> 13));
 }
 
-inline float f16_bits_to_float(std::uint16_t h) {
+DISTOPT_HD float f16_bits_to_float(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t em = h & 0x7fffu;
-  if (em >= 0x7c00u) return std::bit_cast<float>(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
-  if (em >= 0x0400u) return std::bit_cast<float>(sign | ((em << 13) + 0x38000000u));
+  if (em >= 0x7c00u) return hd::float_of(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+  if (em >= 0x0400u) return hd::float_of(sign | ((em << 13) + 0x38000000u));
   const float v = static_cast<float>(em) * 0x1p-24f;  // subnormal: exact
-  return std::bit_cast<float>(sign | std::bit_cast<std::uint32_t>(v));
+  return hd::float_of(sign | hd::bits_of(v));
 }
 
-inline float to_float(float v) { return v; }
-inline float to_float(bf16 v) { return bf16_bits_to_float(v.bits); }
-inline float to_float(f16 v) { return f16_bits_to_float(v.bits); }
+DISTOPT_HD float to_float(float v) { return v; }
+DISTOPT_HD float to_float(bf16 v) { return bf16_bits_to_float(v.bits); }
+DISTOPT_HD float to_float(f16 v) { return f16_bits_to_float(v.bits); }
 
 template <class T>
-inline T from_float(float v) {
+DISTOPT_HD T from_float(float v) {
   if constexpr (std::is_same_v<T, float>) return v;
   else if constexpr (std::is_same_v<T, bf16>) return bf16{float_to_bf16_bits(v)};
   else return f16{float_to_f16_bits(v)};

@@ -40,6 +40,13 @@ class NonFiniteError : public Error {
   using Error::Error;
 };
 
+// A CUDA failure: out of device memory, a kernel error, a lost device. The
+// message names what was being done and, for memory, the tensor and size.
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A violated precondition: a bug in the caller.
 class PreconditionError : public std::logic_error {
  public:

@@ -39,6 +39,16 @@ class DenormalMode {
   unsigned saved_ = 0;
 };
 
+// Whether the calling thread flushes denormals (FTZ or DAZ set): the CUDA
+// kernels then run their -ftz=true build, to keep the CPU's bits.
+inline bool flushing_denormals() {
+#if defined(__SSE3__)
+  return (_mm_getcsr() & (_MM_FLUSH_ZERO_ON | _MM_DENORMALS_ZERO_ON)) != 0;
+#else
+  return false;
+#endif
+}
+
 // The calling thread's floating-point control word (MXCSR on x86, 0
 // elsewhere), so that a worker thread can run a task in its caller's mode.
 inline unsigned fp_control() {

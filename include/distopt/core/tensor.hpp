@@ -1,4 +1,4 @@
-// Tensor views: a pointer, an element type and a shape. Views never own
+// Tensor views: a pointer, an element type, a shape and a memory space. Views never own
 // memory; flat buffers (core/buffer.hpp) do.
 #pragma once
 
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "distopt/core/device.hpp"
 #include "distopt/core/dtype.hpp"
 
 namespace distopt {
@@ -21,6 +22,7 @@ struct TensorView {
   void* data = nullptr;
   DType dtype = DType::f32;
   Shape shape;
+  Device device = Device::cpu;  // where `data` lives
 
   std::int64_t numel() const { return distopt::numel(shape); }
   std::size_t size_bytes() const { return static_cast<std::size_t>(numel()) * size_of(dtype); }

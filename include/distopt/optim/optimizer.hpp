@@ -11,6 +11,13 @@
 //
 // step() runs one fused pass per parameter over the rule's kernel, spread
 // over the thread pool in chunks; after the first step it allocates nothing.
+//
+// Parameters on a CUDA device (TensorView::device; docs/gpu.md): all of an
+// optimizer's parameters and gradients are on one device, its state is
+// made there, and step() runs the rule's CUDA kernel over every tensor of a
+// group in one multi-tensor launch, with the CPU's bits. The pointwise
+// rules have kernels; the others are refused in one line when the group is
+// added. state_tensor() and state_dict() copy device state to the host.
 #pragma once
 
 #include <cstddef>
@@ -97,6 +104,10 @@ struct OptimizerConfig {
   ThreadPool* pool = nullptr;              // nullptr: run on the calling thread
   std::size_t chunk_elements = 1u << 16;  // work item size for the pool
 };
+
+// Whether an Optimizer of rule `rule` can step parameters on `device`
+// (every rule on the CPU; the pointwise ones, which have kernels, on CUDA).
+bool rule_runs_on(std::string_view rule, Device device);
 
 class Optimizer {
  public:
@@ -189,9 +200,11 @@ class Optimizer {
   // The tensor_stats passes of a step over active_ (work_ holds their chunks).
   void run_stat_passes(bool threaded);
   void run_stat_passes(const RuleInfo& rule, bool threaded);
+  void step_on_device();
   const Shape& tensor_shape_of(std::size_t i) const;
 
   const RuleInfo* rule_;
+  Device device_ = Device::cpu;  // of every parameter (add_param_group checks)
   OptionMap defaults_;
   OptimizerConfig config_;
   std::vector<Param> params_;

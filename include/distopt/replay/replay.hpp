@@ -4,6 +4,7 @@
 // replay` runs them; `distopt replay --check` compares with `expected`.
 #pragma once
 
+#include "distopt/core/device.hpp"
 #include <functional>
 #include <memory>
 #include <optional>
@@ -54,8 +55,9 @@ Case load_case(const std::string& path);
 // to provide lambdalr/multiplicativelr with C++ callables).
 using SchedulerFactory = std::function<std::unique_ptr<Scheduler>(Optimizer&, const SchedulerSpec&)>;
 
-// Runs the optimizer (and the scheduler, if any) over the case's steps.
-Result run(const Case& c, ThreadPool* pool = nullptr, const SchedulerFactory& make = {});
+// Runs the optimizer (and the scheduler, if any) over the case's steps, with
+// the parameters on `device` (docs/gpu.md).
+Result run(const Case& c, ThreadPool* pool = nullptr, const SchedulerFactory& make = {}, Device device = Device::cpu);
 
 struct Tolerance {
   double atol = 1e-6;

@@ -7,11 +7,12 @@
 //   p <- p - lr*d
 // Pointwise. eps sits inside both square roots.
 #include "../rule_impl.hpp"
+#include "adadelta.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct AdadeltaRule {
+struct AdadeltaRule : AdadeltaMath {
   static constexpr std::string_view kName = "adadelta";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -40,10 +41,6 @@ struct AdadeltaRule {
     fill[0] = fill[1] = 0.0f;
     scalars[0] = 0.0f;
   }
-  struct Coeffs {
-    GradPrologue pro;
-    float rho, one_minus_rho, eps, neg_lr;
-  };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     scalars[0] += 1.0f;
     Coeffs c{};
@@ -53,30 +50,6 @@ struct AdadeltaRule {
     c.eps = static_cast<float>(o.eps);
     c.neg_lr = static_cast<float>(-o.lr);
     return c;
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    dispatch_bools(
-        [&](auto l2) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict v = s.s[0];
-          float* __restrict u = s.s[1];
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i];
-            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
-            const float vi = v[i] * c.rho + c.one_minus_rho * gi * gi;
-            const float std_i = std::sqrt(vi + c.eps);
-            const float d = std::sqrt(u[i] + c.eps) / std_i * gi;
-            v[i] = vi;
-            u[i] = u[i] * c.rho + c.one_minus_rho * d * d;
-            pi = pi + c.neg_lr * d;
-            p[i] = pi;
-            store(lp, i, pi);
-          }
-        },
-        c.pro.l2);
   }
 };
 

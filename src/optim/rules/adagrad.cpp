@@ -6,11 +6,12 @@
 // Pointwise (element i reads only its own accumulator). Like torch, the
 // state exists from construction: sum = initial_accumulator_value, step = 0.
 #include "../rule_impl.hpp"
+#include "adagrad.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct AdagradRule {
+struct AdagradRule : AdagradMath {
   static constexpr std::string_view kName = "adagrad";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = true;
@@ -43,10 +44,6 @@ struct AdagradRule {
     fill[0] = static_cast<float>(o.initial_accumulator_value);
     scalars[0] = 0.0f;
   }
-  struct Coeffs {
-    GradPrologue pro;
-    float eps, neg_clr;
-  };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     Coeffs c{};
@@ -54,26 +51,6 @@ struct AdagradRule {
     c.eps = static_cast<float>(o.eps);
     c.neg_clr = static_cast<float>(-(o.lr / (1.0 + (t - 1.0) * o.lr_decay)));
     return c;
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    dispatch_bools(
-        [&](auto l2) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict sum = s.s[0];
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i];
-            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
-            const float si = sum[i] + 1.0f * gi * gi;
-            sum[i] = si;
-            pi = pi + c.neg_clr * gi / (std::sqrt(si) + c.eps);
-            p[i] = pi;
-            store(lp, i, pi);
-          }
-        },
-        c.pro.l2);
   }
 };
 

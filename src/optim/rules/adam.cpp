@@ -10,12 +10,13 @@
 #include <algorithm>
 
 #include "../rule_impl.hpp"
+#include "adam.hpp"
 
 namespace distopt::rules {
 namespace {
 
 template <bool kAdamW>
-struct AdamRule {
+struct AdamRule : AdamMath {
   static constexpr std::string_view kName = kAdamW ? "adamw" : "adam";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -52,11 +53,6 @@ struct AdamRule {
     fill[0] = fill[1] = fill[2] = 0.0f;
     scalars[0] = 0.0f;
   }
-  struct Coeffs {
-    GradPrologue pro;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
-    bool amsgrad;
-  };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     const double bc1 = 1.0 - std::pow(o.beta1, t);
@@ -72,35 +68,6 @@ struct AdamRule {
     c.neg_step_size = static_cast<float>(-(o.lr / bc1));
     c.amsgrad = o.amsgrad;
     return c;
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    dispatch_bools(
-        [&](auto l2, auto amsgrad) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict m = s.s[0];
-          float* __restrict v = s.s[1];
-          float* __restrict vmax = s.s[2];
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i] * c.pro.decay;
-            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
-            const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
-            float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
-            m[i] = mi;
-            v[i] = vi;
-            if constexpr (amsgrad) {
-              vi = std::max(vmax[i], vi);
-              vmax[i] = vi;
-            }
-            const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
-            pi = pi + c.neg_step_size * mi / denom;
-            p[i] = pi;
-            store(lp, i, pi);
-          }
-        },
-        c.pro.l2, c.amsgrad);
   }
 };
 

@@ -7,11 +7,12 @@
 #include <algorithm>
 
 #include "../rule_impl.hpp"
+#include "adamax.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct AdamaxRule {
+struct AdamaxRule : AdamaxMath {
   static constexpr std::string_view kName = "adamax";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -41,10 +42,6 @@ struct AdamaxRule {
     fill[0] = fill[1] = 0.0f;
     scalars[0] = 0.0f;
   }
-  struct Coeffs {
-    GradPrologue pro;
-    float beta1, one_minus_beta1, beta2, eps, neg_clr;
-  };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     Coeffs c{};
@@ -55,29 +52,6 @@ struct AdamaxRule {
     c.eps = static_cast<float>(o.eps);
     c.neg_clr = static_cast<float>(-(o.lr / (1.0 - std::pow(o.beta1, t))));
     return c;
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    dispatch_bools(
-        [&](auto l2) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict m = s.s[0];
-          float* __restrict u = s.s[1];
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i];
-            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
-            const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
-            const float ui = std::max(u[i] * c.beta2, std::fabs(gi) + c.eps);
-            m[i] = mi;
-            u[i] = ui;
-            pi = pi + c.neg_clr * mi / ui;
-            p[i] = pi;
-            store(lp, i, pi);
-          }
-        },
-        c.pro.l2);
   }
 };
 

@@ -9,11 +9,12 @@
 #include <algorithm>
 
 #include "../rule_impl.hpp"
+#include "asgd.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct AsgdRule {
+struct AsgdRule : AsgdMath {
   static constexpr std::string_view kName = "asgd";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -44,11 +45,6 @@ struct AsgdRule {
     scalars[1] = static_cast<float>(o.lr);
     scalars[2] = 1.0f;
   }
-  struct Coeffs {
-    GradPrologue pro;
-    float decay, neg_eta, mu;  // decay: ASGD's 1 - lambd*eta, after the L2 term
-    bool average;
-  };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     const double eta = scalars[1];
@@ -62,27 +58,6 @@ struct AsgdRule {
     scalars[1] = static_cast<float>(o.lr / std::pow(1.0 + o.lambd * o.lr * t, o.alpha));
     scalars[2] = static_cast<float>(1.0 / std::max(1.0, t - o.t0));
     return c;
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    dispatch_bools(
-        [&](auto l2, auto average) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict ax = s.s[0];
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i];
-            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
-            pi = pi * c.decay;
-            pi = pi + c.neg_eta * gi;
-            if constexpr (average) ax[i] = ax[i] + (pi - ax[i]) * c.mu;
-            else ax[i] = pi;
-            p[i] = pi;
-            store(lp, i, pi);
-          }
-        },
-        c.pro.l2, c.average);
   }
 };
 

@@ -8,11 +8,12 @@
 // Defaults of the paper's reference code: lr 1e-4, betas (0.9, 0.99), wd 0.
 // Pointwise. No `step` state.
 #include "../rule_impl.hpp"
+#include "lion.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct LionRule {
+struct LionRule : LionMath {
   static constexpr std::string_view kName = "lion";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -37,10 +38,6 @@ struct LionRule {
   }
   static StateLayout layout(const Options&) { return {{"exp_avg"}, {}}; }
   static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
-  struct Coeffs {
-    GradPrologue pro;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2, neg_lr;
-  };
   static Coeffs prepare(const Options& o, float*, bool) {
     return {GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, /*decoupled=*/true, o.lr),
             static_cast<float>(o.beta1),
@@ -48,22 +45,6 @@ struct LionRule {
             static_cast<float>(o.beta2),
             static_cast<float>(1.0 - o.beta2),
             static_cast<float>(-o.lr)};
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    float* __restrict p = s.p;
-    T* __restrict lp = s.lp;
-    const T* __restrict g = s.g;
-    float* __restrict m = s.s[0];
-    for (std::size_t i = 0; i < s.n; ++i) {
-      const float gi = c.pro.grad(to_float(g[i]));
-      const float mi = m[i];
-      const float update = sign(mi * c.beta1 + c.one_minus_beta1 * gi);
-      const float pi = p[i] * c.pro.decay + c.neg_lr * update;
-      m[i] = mi * c.beta2 + c.one_minus_beta2 * gi;
-      p[i] = pi;
-      store(lp, i, pi);
-    }
   }
 };
 

@@ -13,11 +13,12 @@
 // decoupled_weight_decay and maximize follow torch 2.x (1.13 lacks them).
 // Pointwise.
 #include "../rule_impl.hpp"
+#include "nadam.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct NadamRule {
+struct NadamRule : NadamMath {
   static constexpr std::string_view kName = "nadam";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -52,10 +53,6 @@ struct NadamRule {
     scalars[0] = 0.0f;
     scalars[1] = 1.0f;
   }
-  struct Coeffs {
-    GradPrologue pro;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2, bc2, eps, coef_grad, coef_avg;
-  };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     const double bc2 = 1.0 - std::pow(o.beta2, t);
@@ -75,31 +72,6 @@ struct NadamRule {
     c.coef_grad = static_cast<float>(-o.lr * (1.0 - mu) / (1.0 - static_cast<double>(mu_product)));
     c.coef_avg = static_cast<float>(-o.lr * mu_next / (1.0 - static_cast<double>(mu_product_next)));
     return c;
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    dispatch_bools(
-        [&](auto l2) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict m = s.s[0];
-          float* __restrict v = s.s[1];
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i] * c.pro.decay;
-            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
-            const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
-            const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
-            m[i] = mi;
-            v[i] = vi;
-            const float denom = std::sqrt(vi / c.bc2) + c.eps;
-            pi = pi + c.coef_grad * gi / denom;
-            pi = pi + c.coef_avg * mi / denom;
-            p[i] = pi;
-            store(lp, i, pi);
-          }
-        },
-        c.pro.l2);
   }
 };
 

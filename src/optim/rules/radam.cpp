@@ -9,11 +9,12 @@
 // The rectification is per step (host), so the rule is pointwise.
 // decoupled_weight_decay and maximize follow torch 2.x (1.13 lacks them).
 #include "../rule_impl.hpp"
+#include "radam.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct RadamRule {
+struct RadamRule : RadamMath {
   static constexpr std::string_view kName = "radam";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -45,11 +46,6 @@ struct RadamRule {
     fill[0] = fill[1] = 0.0f;
     scalars[0] = 0.0f;
   }
-  struct Coeffs {
-    GradPrologue pro;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2, bc1, lr, eps, bc2_sqrt, rect;
-    bool rectified;
-  };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     const double bc1 = 1.0 - std::pow(o.beta1, t);
@@ -72,35 +68,6 @@ struct RadamRule {
       c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     }
     return c;
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    dispatch_bools(
-        [&](auto l2, auto rectified) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict m = s.s[0];
-          float* __restrict v = s.s[1];
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i] * c.pro.decay;
-            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
-            const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
-            const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
-            m[i] = mi;
-            v[i] = vi;
-            const float mhat = mi / c.bc1;
-            if constexpr (rectified) {
-              const float adaptive = 1.0f / (std::sqrt(vi) + c.eps) * c.bc2_sqrt;
-              pi = pi - mhat * c.lr * adaptive * c.rect;
-            } else {
-              pi = pi - mhat * c.lr;
-            }
-            p[i] = pi;
-            store(lp, i, pi);
-          }
-        },
-        c.pro.l2, c.rectified);
   }
 };
 

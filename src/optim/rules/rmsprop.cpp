@@ -7,11 +7,12 @@
 //   momentum > 0: b <- b*mom + g/avg;  p <- p - lr*b     else p <- p - lr*g/avg
 // Pointwise. Buffers start at zero.
 #include "../rule_impl.hpp"
+#include "rmsprop.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct RmspropRule {
+struct RmspropRule : RmspropMath {
   static constexpr std::string_view kName = "rmsprop";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -49,11 +50,6 @@ struct RmspropRule {
     fill[0] = fill[1] = fill[2] = 0.0f;
     scalars[0] = 0.0f;
   }
-  struct Coeffs {
-    GradPrologue pro;
-    float alpha, one_minus_alpha, eps, momentum, neg_lr;
-    bool centered, has_momentum;
-  };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     scalars[0] += 1.0f;
     Coeffs c{};
@@ -66,44 +62,6 @@ struct RmspropRule {
     c.centered = o.centered;
     c.has_momentum = o.momentum > 0.0;
     return c;
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    dispatch_bools(
-        [&](auto l2, auto centered, auto has_momentum) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict v = s.s[0];
-          // The layout puts momentum_buffer before grad_avg when both exist.
-          float* __restrict b = s.s[1];
-          float* __restrict gbar = has_momentum ? s.s[2] : s.s[1];
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i];
-            const float gi = c.pro.grad(l2, to_float(g[i]), pi);
-            const float vi = v[i] * c.alpha + c.one_minus_alpha * gi * gi;
-            v[i] = vi;
-            float avg;
-            if constexpr (centered) {
-              const float ga = gbar[i] * c.alpha + c.one_minus_alpha * gi;
-              gbar[i] = ga;
-              avg = std::sqrt(vi + -1.0f * ga * ga);
-            } else {
-              avg = std::sqrt(vi);
-            }
-            avg = avg + c.eps;
-            if constexpr (has_momentum) {
-              const float bi = b[i] * c.momentum + 1.0f * gi / avg;
-              b[i] = bi;
-              pi = pi + c.neg_lr * bi;
-            } else {
-              pi = pi + c.neg_lr * gi / avg;
-            }
-            p[i] = pi;
-            store(lp, i, pi);
-          }
-        },
-        c.pro.l2, c.centered, c.has_momentum);
   }
 };
 

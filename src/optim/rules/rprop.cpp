@@ -9,11 +9,12 @@
 #include <algorithm>
 
 #include "../rule_impl.hpp"
+#include "rprop.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct RpropRule {
+struct RpropRule : RpropMath {
   static constexpr std::string_view kName = "rprop";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -43,37 +44,10 @@ struct RpropRule {
     fill[1] = static_cast<float>(o.lr);
     scalars[0] = 0.0f;
   }
-  struct Coeffs {
-    GradPrologue pro;
-    float eta_minus, eta_plus, step_min, step_max;
-  };
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     scalars[0] += 1.0f;
     return {GradPrologue::l2_decay(o.maximize, 0.0), static_cast<float>(o.eta_minus), static_cast<float>(o.eta_plus),
             static_cast<float>(o.step_min), static_cast<float>(o.step_max)};
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    float* __restrict p = s.p;
-    T* __restrict lp = s.lp;
-    const T* __restrict g = s.g;
-    float* __restrict prev = s.s[0];
-    float* __restrict step_size = s.s[1];
-    for (std::size_t i = 0; i < s.n; ++i) {
-      const float gi = c.pro.grad(to_float(g[i]));
-      const float prod = gi * prev[i];
-      // Written as selects so the loop vectorizes. The factor is eta- exactly
-      // when prod < 0 (eta- < 1 < eta+), which is torch's sign.eq(etaminus).
-      const float factor = prod > 0.0f ? c.eta_plus : (prod < 0.0f ? c.eta_minus : 1.0f);
-      const float ss = std::min(std::max(step_size[i] * factor, c.step_min), c.step_max);
-      const float gz = prod < 0.0f ? 0.0f : gi;
-      const float direction = gz > 0.0f ? 1.0f : (gz < 0.0f ? -1.0f : 0.0f);
-      const float pi = p[i] + -1.0f * direction * ss;
-      step_size[i] = ss;
-      prev[i] = gz;
-      p[i] = pi;
-      store(lp, i, pi);
-    }
   }
 };
 

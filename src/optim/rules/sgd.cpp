@@ -6,11 +6,12 @@
 //   p <- p - lr*g
 // Pointwise. No `step` state, as in torch.
 #include "../rule_impl.hpp"
+#include "sgd.hpp"
 
 namespace distopt::rules {
 namespace {
 
-struct SgdRule {
+struct SgdRule : SgdMath {
   static constexpr std::string_view kName = "sgd";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = false;
@@ -43,11 +44,6 @@ struct SgdRule {
     return l;
   }
   static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
-  struct Coeffs {
-    GradPrologue pro;
-    float momentum, one_minus_dampening, neg_lr;
-    bool has_momentum, first, nesterov;
-  };
   static Coeffs prepare(const Options& o, float*, bool fresh) {
     Coeffs c{};
     c.pro = GradPrologue::l2_decay(o.maximize, o.weight_decay);
@@ -58,27 +54,6 @@ struct SgdRule {
     c.first = fresh;
     c.nesterov = o.nesterov;
     return c;
-  }
-  template <class T>
-  static void kernel(const Coeffs& c, const Typed<T>& s) {
-    dispatch_bools(
-        [&](auto l2, auto has_momentum, auto nesterov) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict b = s.s[0];
-          const bool first = c.first;
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i];
-            float gi = c.pro.grad(l2, to_float(g[i]), pi);
-            if constexpr (has_momentum)
-              gi = sgd_momentum<nesterov>(gi, b[i], first, c.momentum, c.one_minus_dampening);
-            pi = pi + c.neg_lr * gi;
-            p[i] = pi;
-            store(lp, i, pi);
-          }
-        },
-        c.pro.l2, c.has_momentum, c.nesterov);
   }
 };
 

@@ -1,0 +1,160 @@
+// The multi-tensor launcher of the pointwise rules (docs/gpu.md), included
+// by pointwise_ieee.cu and pointwise_ftz.cu, which build it with and
+// without -ftz=true inside namespace DISTOPT_FP_NS.
+//
+// One step of a rule over K tensors is one launch per combination of the
+// rule's compile-time flags and element type (usually one): the tensors'
+// pointers, sizes and coefficient indices, and the distinct coefficient
+// blocks, go to the device in one copy; block b of the grid finds its
+// tensor by binary search over the tensors' first chunk and updates that
+// chunk with the rule's element() -- the function the CPU loop runs.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "../core/cuda_backend.hpp"
+#include "../optim/rules/adadelta.hpp"
+#include "../optim/rules/adagrad.hpp"
+#include "../optim/rules/adam.hpp"
+#include "../optim/rules/adamax.hpp"
+#include "../optim/rules/asgd.hpp"
+#include "../optim/rules/lion.hpp"
+#include "../optim/rules/nadam.hpp"
+#include "../optim/rules/radam.hpp"
+#include "../optim/rules/rmsprop.hpp"
+#include "../optim/rules/rprop.hpp"
+#include "../optim/rules/sgd.hpp"
+#include "check.cuh"
+
+namespace distopt::cuda::DISTOPT_FP_NS {
+namespace {
+
+using rules::Typed;
+
+constexpr int kThreads = 512;
+constexpr std::size_t kChunk = 16384;  // elements per block
+
+struct Entry {
+  float* p;
+  void* lp;
+  const void* g;
+  float* s[kMaxStateTensors];
+  std::size_t n;
+  std::size_t first_chunk;
+  unsigned coeffs;
+};
+
+template <class M, class T, bool... F>
+__global__ void __launch_bounds__(kThreads)
+    pointwise_kernel(const RuleBlob* __restrict__ coeffs, const Entry* __restrict__ entries, unsigned count) {
+  // The tensor holding chunk blockIdx.x: the last entry whose first chunk is <= it.
+  unsigned lo = 0, hi = count;
+  while (hi - lo > 1) {
+    const unsigned mid = (lo + hi) / 2;
+    if (entries[mid].first_chunk <= blockIdx.x) lo = mid;
+    else hi = mid;
+  }
+  const Entry e = entries[lo];
+  const typename M::Coeffs c = *reinterpret_cast<const typename M::Coeffs*>(coeffs[e.coeffs].bytes);
+  float* const state[kMaxStateTensors] = {e.s[0], e.s[1], e.s[2], e.s[3]};
+  const Typed<T> s{e.p, static_cast<T*>(e.lp), static_cast<const T*>(e.g), state, e.n};
+  const std::size_t begin = (blockIdx.x - e.first_chunk) * kChunk;
+  const std::size_t end = begin + kChunk < e.n ? begin + kChunk : e.n;
+  for (std::size_t i = begin + threadIdx.x; i < end; i += kThreads) M::template element<F...>(c, s, i);
+}
+
+template <class M>
+void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices) {
+  // Order the tensors by (flags, dtype): one launch per run of equal keys.
+  const std::size_t k = slices.size();
+  std::vector<unsigned> key(k);
+  for (std::size_t j = 0; j < k; ++j)
+    key[j] = M::flags(coeffs[j]->as<typename M::Coeffs>()) * 4u + static_cast<unsigned>(slices[j].dtype);
+  std::vector<std::size_t> order(k);
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key[a] < key[b]; });
+
+  // Distinct coefficient blocks (neighbours usually share theirs), then entries.
+  std::vector<RuleBlob> blobs;
+  std::vector<unsigned> blob_of(k);
+  for (std::size_t j = 0; j < k; ++j) {
+    if (blobs.empty() || std::memcmp(&blobs.back(), coeffs[j], sizeof(RuleBlob)) != 0) blobs.push_back(*coeffs[j]);
+    blob_of[j] = static_cast<unsigned>(blobs.size() - 1);
+  }
+  std::vector<Entry> entries;
+  entries.reserve(k);
+  // Launch r covers entries [run_begin[r], run_begin[r+1]) of key key[run_src[r]].
+  std::vector<std::size_t> run_begin, run_chunks, run_src;
+  for (std::size_t r = 0; r < k; ++r) {
+    const std::size_t j = order[r];
+    const Slice& sl = slices[j];
+    if (sl.n == 0) continue;
+    if (run_src.empty() || key[j] != key[run_src.back()]) {
+      run_begin.push_back(entries.size());
+      run_chunks.push_back(0);
+      run_src.push_back(j);
+    }
+    Entry e{};
+    e.p = sl.dtype == DType::f32 ? static_cast<float*>(sl.param) : sl.master;
+    e.lp = sl.dtype == DType::f32 ? nullptr : sl.param;
+    e.g = sl.grad;
+    for (int t = 0; t < kMaxStateTensors; ++t) e.s[t] = sl.state[t];
+    e.n = sl.n;
+    e.first_chunk = run_chunks.back();
+    e.coeffs = blob_of[j];
+    run_chunks.back() += (sl.n + kChunk - 1) / kChunk;
+    entries.push_back(e);
+  }
+  if (entries.empty()) return;
+
+  const std::size_t blob_bytes = blobs.size() * sizeof(RuleBlob);
+  const std::size_t bytes = blob_bytes + entries.size() * sizeof(Entry);
+  const Staging area = staging(bytes);
+  std::memcpy(area.host, blobs.data(), blob_bytes);
+  std::memcpy(area.host + blob_bytes, entries.data(), entries.size() * sizeof(Entry));
+  check(cudaMemcpyAsync(area.device, area.host, bytes, cudaMemcpyHostToDevice, 0), str(rule, " step: metadata"));
+  const auto* dev_blobs = reinterpret_cast<const RuleBlob*>(area.device);
+  const auto* dev_entries = reinterpret_cast<const Entry*>(area.device + blob_bytes);
+
+  for (std::size_t r = 0; r < run_begin.size(); ++r) {
+    const std::size_t first = run_begin[r];
+    const std::size_t last = r + 1 < run_begin.size() ? run_begin[r + 1] : entries.size();
+    const std::size_t src = run_src[r];
+    const unsigned flags = key[src] / 4u;
+    const unsigned chunks = static_cast<unsigned>(run_chunks[r]);
+    const unsigned count = static_cast<unsigned>(last - first);
+    rules::dispatch_mask<M::kFlags>(flags, [&](auto... f) {
+      dispatch_dtype(slices[src].dtype, [&]<class T>() {
+        pointwise_kernel<M, T, decltype(f)::value...>
+            <<<chunks, kThreads>>>(dev_blobs, dev_entries + first, count);
+      });
+    });
+    check(cudaGetLastError(), str(rule, " step: kernel launch over ", count, " tensors"));
+  }
+  // The staging area is reused by the next step; the step is also complete
+  // when it returns, as on the CPU.
+  check(cudaStreamSynchronize(0), str(rule, " step"));
+}
+
+}  // namespace
+
+bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices) {
+  if (rule == "sgd") launch<rules::SgdMath>(rule, coeffs, slices);
+  else if (rule == "adam" || rule == "adamw") launch<rules::AdamMath>(rule, coeffs, slices);
+  else if (rule == "adamax") launch<rules::AdamaxMath>(rule, coeffs, slices);
+  else if (rule == "adadelta") launch<rules::AdadeltaMath>(rule, coeffs, slices);
+  else if (rule == "adagrad") launch<rules::AdagradMath>(rule, coeffs, slices);
+  else if (rule == "rmsprop") launch<rules::RmspropMath>(rule, coeffs, slices);
+  else if (rule == "nadam") launch<rules::NadamMath>(rule, coeffs, slices);
+  else if (rule == "radam") launch<rules::RadamMath>(rule, coeffs, slices);
+  else if (rule == "rprop") launch<rules::RpropMath>(rule, coeffs, slices);
+  else if (rule == "asgd") launch<rules::AsgdMath>(rule, coeffs, slices);
+  else if (rule == "lion") launch<rules::LionMath>(rule, coeffs, slices);
+  else return false;
+  return true;
+}
+
+}  // namespace distopt::cuda::DISTOPT_FP_NS

@@ -1,0 +1,212 @@
+// The optimizer on a CUDA device (docs/gpu.md): every pointwise rule gives
+// the CPU's bits, in IEEE and in flush-denormals mode, for f32, bf16 and
+// f16 parameters; device state reads back and reloads; failures are one
+// line. Every test here needs a device and says "skipped: no CUDA device"
+// where there is none (CTest label `gpu`).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "distopt/core/buffer.hpp"
+#include "distopt/core/device.hpp"
+#include "distopt/core/error.hpp"
+#include "distopt/core/fp_mode.hpp"
+#include "distopt/optim/optimizer.hpp"
+
+namespace distopt {
+namespace {
+
+#define NEED_DEVICE()                                                                  \
+  do {                                                                                 \
+    if (cuda_device_count() == 0) GTEST_SKIP() << "skipped: " << cuda_unavailable_reason(); \
+  } while (0)
+
+// Deterministic values in about [-2, 2], with exact zeros and tiny ones
+// (denormal after a few steps' products) among them.
+float value_at(std::uint64_t seed, std::size_t i) {
+  std::uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  const float u = static_cast<float>(x >> 40) / static_cast<float>(1ull << 24) * 4.0f - 2.0f;
+  if (x % 17 == 0) return 0.0f;
+  if (x % 23 == 0) return u * 1e-38f;
+  return u;
+}
+
+// A set of parameters with gradients, on one device.
+struct Tensors {
+  Device device;
+  DType dtype;
+  std::vector<std::size_t> sizes;
+  std::vector<Buffer> values, grads;
+
+  Tensors(Device d, DType t, std::vector<std::size_t> n) : device(d), dtype(t), sizes(std::move(n)) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      values.emplace_back(sizes[k] * size_of(t), 0, d, "test parameter");
+      grads.emplace_back(sizes[k] * size_of(t), 1, d, "test gradient");
+      set(values[k], k, 1000);
+    }
+  }
+  // Fills b with element type `dtype` from value_at(seed + k, i).
+  void set(Buffer& b, std::size_t k, std::uint64_t seed) {
+    std::vector<unsigned char> host(sizes[k] * size_of(dtype));
+    dispatch_dtype(dtype, [&]<class T>() {
+      T* h = reinterpret_cast<T*>(host.data());
+      for (std::size_t i = 0; i < sizes[k]; ++i) h[i] = from_float<T>(value_at(seed + k, i));
+    });
+    copy_bytes(b.data(), device, host.data(), Device::cpu, host.size());
+  }
+  std::vector<Param> params() {
+    std::vector<Param> ps;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      const Shape shape{static_cast<std::int64_t>(sizes[k])};
+      ps.push_back({str("p", k), {values[k].data(), dtype, shape, device},
+                    {grads[k].data(), dtype, shape, device}, true});
+    }
+    return ps;
+  }
+  std::vector<unsigned char> bytes(std::size_t k) const {
+    std::vector<unsigned char> host(values[k].size_bytes());
+    copy_bytes(host.data(), Device::cpu, values[k].data(), device, host.size());
+    return host;
+  }
+};
+
+struct Case {
+  std::string rule;
+  OptionMap options;
+};
+
+std::vector<Case> cases() {
+  return {
+      {"sgd", {{"lr", 0.1}}},
+      {"sgd", {{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.1}, {"weight_decay", 0.01}}},
+      {"sgd", {{"lr", 0.1}, {"momentum", 0.9}, {"nesterov", true}, {"maximize", true}}},
+      {"adam", {}},
+      {"adam", {{"amsgrad", true}, {"weight_decay", 0.1}, {"maximize", true}}},
+      {"adamw", {{"lr", 1e-2}}},
+      {"adamw", {{"amsgrad", true}}},
+      {"adamax", {{"weight_decay", 0.01}}},
+      {"adadelta", {{"weight_decay", 0.01}}},
+      {"adagrad", {{"lr_decay", 0.01}, {"initial_accumulator_value", 0.1}}},
+      {"rmsprop", {}},
+      {"rmsprop", {{"centered", true}, {"momentum", 0.9}, {"weight_decay", 0.01}}},
+      {"nadam", {{"weight_decay", 0.01}}},
+      {"nadam", {{"decoupled_weight_decay", true}, {"weight_decay", 0.1}}},
+      {"radam", {}},
+      {"radam", {{"decoupled_weight_decay", true}, {"weight_decay", 0.1}}},
+      {"rprop", {}},
+      {"asgd", {{"t0", 2.0}, {"weight_decay", 0.01}}},
+      {"lion", {{"weight_decay", 0.1}}},
+  };
+}
+
+// Runs `steps` steps of the case on the CPU and on the device, with new
+// gradients each step (and one parameter without a gradient at step 2),
+// and compares parameters and state bit for bit after every step.
+void expect_same_bits(const Case& c, DType dtype, bool flush, int steps = 6) {
+  SCOPED_TRACE(c.rule + " " + std::string(name_of(dtype)) + (flush ? " flush" : " ieee"));
+  const DenormalMode mode(flush ? DenormalMode::flush : DenormalMode::ieee);
+  // Sizes around the launcher's chunk (16384) and block (512), and an empty tensor.
+  const std::vector<std::size_t> sizes{1, 511, 16384, 16385, 70001, 0, 3};
+  Tensors cpu(Device::cpu, dtype, sizes), gpu(Device::cuda, dtype, sizes);
+  Optimizer a(c.rule, cpu.params(), c.options), b(c.rule, gpu.params(), c.options);
+  for (int step = 0; step < steps; ++step) {
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      cpu.set(cpu.grads[k], k, 7 * step + 1);
+      gpu.set(gpu.grads[k], k, 7 * step + 1);
+      const bool has = !(step == 2 && k == 1);
+      a.param(k).has_grad = has;
+      b.param(k).has_grad = has;
+    }
+    a.step();
+    b.step();
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      ASSERT_EQ(cpu.bytes(k), gpu.bytes(k)) << "parameter " << k << " after step " << step;
+      ASSERT_EQ(a.has_state(k), b.has_state(k));
+    }
+  }
+  const StateDict da = a.state_dict(), db = b.state_dict();
+  ASSERT_EQ(da.state.size(), db.state.size());
+  for (const auto& [i, entry] : da.state)
+    for (const auto& [key, value] : entry) {
+      const auto& other = db.state.at(i).at(key);
+      if (std::holds_alternative<double>(value)) {
+        EXPECT_EQ(std::get<double>(value), std::get<double>(other)) << key;
+      } else {
+        const auto& x = std::get<StateTensor>(value).data;
+        const auto& y = std::get<StateTensor>(other).data;
+        ASSERT_EQ(x.size(), y.size());
+        EXPECT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * sizeof(float))) << "state '" << key << "' of " << i;
+      }
+    }
+}
+
+TEST(Gpu, EveryPointwiseRuleHasTheCpuBits) {
+  NEED_DEVICE();
+  for (const Case& c : cases())
+    for (DType t : {DType::f32, DType::bf16, DType::f16})
+      for (bool flush : {false, true}) expect_same_bits(c, t, flush);
+}
+
+TEST(Gpu, StateLoadedOnTheDeviceContinuesAsOnTheCpu) {
+  NEED_DEVICE();
+  const std::vector<std::size_t> sizes{1000, 33};
+  Tensors cpu(Device::cpu, DType::bf16, sizes), gpu(Device::cuda, DType::bf16, sizes);
+  Optimizer a("adamw", cpu.params()), b("adamw", gpu.params());
+  for (std::size_t k = 0; k < sizes.size(); ++k) cpu.set(cpu.grads[k], k, 3), gpu.set(gpu.grads[k], k, 3);
+  a.step();
+  b.load_state_dict(a.state_dict());  // CPU state onto the device
+  for (std::size_t k = 0; k < sizes.size(); ++k) cpu.set(cpu.grads[k], k, 4), gpu.set(gpu.grads[k], k, 4);
+  // The parameters themselves are the caller's: copy the CPU's over.
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const auto host = cpu.bytes(k);
+    copy_bytes(gpu.values[k].data(), Device::cuda, host.data(), Device::cpu, host.size());
+  }
+  a.step();
+  b.step();
+  for (std::size_t k = 0; k < sizes.size(); ++k) EXPECT_EQ(cpu.bytes(k), gpu.bytes(k));
+  const auto sa = a.state_tensor(0, "exp_avg_sq");
+  const std::vector<float> x(sa.begin(), sa.end());
+  const auto sb = b.state_tensor(0, "exp_avg_sq");
+  EXPECT_EQ(0, std::memcmp(x.data(), sb.data(), x.size() * sizeof(float)));
+}
+
+TEST(Gpu, OutOfMemoryIsOneLineNamingTheSize) {
+  NEED_DEVICE();
+  try {
+    Buffer b(std::size_t{1} << 50, 0, Device::cuda, "state 'exp_avg' of parameter 0 ('w')");
+    FAIL() << "a 1 PiB allocation succeeded";
+  } catch (const DeviceError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("out of CUDA memory allocating 1048576.00 GiB for state 'exp_avg' of parameter 0 ('w')"),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos);
+  }
+  Buffer after(1024, 0, Device::cuda, "after");  // the device still works
+  EXPECT_FALSE(after.empty());
+}
+
+TEST(Gpu, ARuleWithoutAKernelAndMixedDevicesAreRefused) {
+  NEED_DEVICE();
+  Tensors gpu(Device::cuda, DType::f32, {8});
+  try {
+    Optimizer o("lamb", gpu.params());
+    FAIL() << "lamb accepted device parameters";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("lamb has no CUDA kernel yet"), std::string::npos) << e.what();
+  }
+  Tensors cpu(Device::cpu, DType::f32, {8});
+  std::vector<Param> mixed = gpu.params();
+  mixed.push_back(cpu.params()[0]);
+  mixed.back().name = "host";
+  EXPECT_THROW(Optimizer("adam", mixed), InvalidInput);
+}
+
+}  // namespace
+}  // namespace distopt
