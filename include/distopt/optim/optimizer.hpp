@@ -169,6 +169,21 @@ class Optimizer {
   std::span<const float> state_tensor(std::size_t i, std::string_view key) const;
   double state_scalar(std::size_t i, std::string_view key) const;
 
+  // The state of parameter i in place (CPU memory the optimizer owns), by
+  // torch key: tensors with their shapes, scalars (such as "step") as
+  // 0-dim views. The Python front end hands them to torch zero-copy. Valid
+  // until load_state_dict or a layout change re-creates them; empty before
+  // the parameter's first step (see init_state).
+  struct StateView {
+    std::string key;
+    float* data;
+    Shape shape;  // {} for a scalar
+  };
+  std::vector<StateView> state_views(std::size_t i);
+  // Creates parameter i's state now, as its first step would (what torch's
+  // load_state_dict needs before it copies saved values in).
+  void init_state(std::size_t i);
+
   StateDict state_dict() const;
   // Validates the dict against this optimizer (group count and sizes, state
   // keys and shapes) before changing anything; throws InvalidInput.

@@ -1,0 +1,197 @@
+// distopt._core: the C++ optimizer for the Python front end
+// (python/distopt/torch/optim.py; docs/python.md).
+//
+// Parameters and gradients are torch tensors' own memory, passed as
+// addresses: the C++ rules update the parameters in place. The state lives
+// in the C++ Optimizer and reaches Python as zero-copy numpy arrays whose
+// base keeps the optimizer alive, which torch.from_numpy turns into the
+// tensors of torch's `optimizer.state`.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distopt/core/error.hpp"
+#include "distopt/core/thread_pool.hpp"
+#include "distopt/optim/optimizer.hpp"
+#include "distopt/version.hpp"
+
+namespace py = pybind11;
+
+namespace distopt::python {
+namespace {
+
+// A Python value as an option: bool, number (None: NaN, the rules' "unset"),
+// a pair or triple of numbers, or a word.
+OptionValue to_option(std::string_view key, py::handle v) {
+  if (v.is_none()) return std::nan("");
+  if (py::isinstance<py::bool_>(v)) return v.cast<bool>();
+  if (py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v)) return v.cast<double>();
+  if (py::isinstance<py::str>(v)) {
+    const std::string w = v.cast<std::string>();
+    if (w.size() > OptionValue::kMaxWord) throw InvalidInput(str("option ", key, ": '", w, "' is too long"));
+    return OptionValue(std::string_view(w));
+  }
+  if (py::isinstance<py::tuple>(v) || py::isinstance<py::list>(v)) {
+    const auto seq = v.cast<py::sequence>();
+    std::vector<double> x;
+    for (py::handle item : seq) {
+      if (!(py::isinstance<py::int_>(item) || py::isinstance<py::float_>(item)) || py::isinstance<py::bool_>(item))
+        throw InvalidInput(str("option ", key, ": expected numbers in the tuple"));
+      x.push_back(item.cast<double>());
+    }
+    if (x.size() == 2) return OptionValue(x[0], x[1]);
+    if (x.size() == 3) return OptionValue(x[0], x[1], x[2]);
+    throw InvalidInput(str("option ", key, ": a tuple of ", x.size(), " numbers (2 or 3 expected)"));
+  }
+  throw InvalidInput(str("option ", key, ": unsupported value of type ", std::string(py::str(v.get_type().attr("__name__")))));
+}
+
+py::object from_option(const OptionValue& v) {
+  switch (v.kind()) {
+    case OptionValue::Kind::flag: return py::bool_(v.flag());
+    case OptionValue::Kind::number: return std::isnan(v.number()) ? py::none() : py::object(py::float_(v.number()));
+    case OptionValue::Kind::pair: return py::make_tuple(v.pair()[0], v.pair()[1]);
+    case OptionValue::Kind::triple: return py::make_tuple(v.triple()[0], v.triple()[1], v.triple()[2]);
+    case OptionValue::Kind::word: return py::str(std::string(v.word()));
+  }
+  return py::none();
+}
+
+OptionMap to_options(const py::dict& d) {
+  OptionMap m;
+  for (auto [k, v] : d) {
+    const std::string key = k.cast<std::string>();
+    m[key] = to_option(key, v);
+  }
+  return m;
+}
+
+DType to_dtype(const std::string& s) {
+  DType t;
+  if (!parse_dtype(s, &t)) throw InvalidInput(str("unsupported dtype '", s, "'"));
+  return t;
+}
+
+// One parameter as Python describes it: (name, address, dtype, shape).
+using ParamTuple = std::tuple<std::string, std::uintptr_t, std::string, std::vector<std::int64_t>>;
+
+std::vector<Param> to_params(const std::vector<ParamTuple>& list) {
+  std::vector<Param> ps;
+  for (const auto& [name, address, dtype, shape] : list) {
+    Param p;
+    p.name = name;
+    p.value = {reinterpret_cast<void*>(address), to_dtype(dtype), Shape(shape.begin(), shape.end())};
+    p.grad = {nullptr, p.value.dtype, p.value.shape};
+    ps.push_back(std::move(p));
+  }
+  return ps;
+}
+
+class PyOptimizer {
+ public:
+  PyOptimizer(const std::string& rule, const std::vector<ParamTuple>& params, const py::dict& options, int threads)
+      : pool_(threads > 1 ? std::make_unique<ThreadPool>(threads) : nullptr),
+        opt_(rule, to_params(params), to_options(options), OptimizerConfig{pool_.get()}) {}
+
+  void add_group(const std::vector<ParamTuple>& params, const py::dict& options, const std::string& rule) {
+    opt_.add_param_group({to_params(params), to_options(options), rule});
+  }
+  void set_option(std::size_t g, const std::string& key, py::handle value) {
+    if (g >= opt_.num_groups()) throw InvalidInput(str("no parameter group ", g));
+    if (key == "lr") opt_.set_lr(g, value.cast<double>());  // schedulers may take it anywhere, as torch's do
+    else opt_.set_option(g, key, to_option(key, value));
+  }
+  py::dict group_options(std::size_t g) const {
+    py::dict d;
+    for (const auto& [k, v] : opt_.group(g).options) d[py::str(k)] = from_option(v);
+    return d;
+  }
+  // One step: `params[i]` and `grads[i]` are parameter i's and its
+  // gradient's addresses now (grad 0: no gradient this step).
+  void step(const std::vector<std::uintptr_t>& params, const std::vector<std::uintptr_t>& grads) {
+    if (params.size() != opt_.num_params() || grads.size() != opt_.num_params())
+      throw InvalidInput(str("step: ", params.size(), " parameters and ", grads.size(), " gradients for an optimizer of ",
+                             opt_.num_params()));
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      Param& p = opt_.param(i);
+      p.value.data = reinterpret_cast<void*>(params[i]);
+      p.has_grad = grads[i] != 0;
+      p.grad.data = reinterpret_cast<void*>(grads[i]);
+    }
+    py::gil_scoped_release release;
+    opt_.step();
+  }
+  // Parameter i's state as {key: numpy array viewing the optimizer's memory}.
+  py::dict state(py::object self, std::size_t i) {
+    if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
+    py::dict d;
+    for (const auto& v : opt_.state_views(i)) {
+      std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
+      d[py::str(v.key)] = py::array_t<float>(shape, v.data, self);
+    }
+    return d;
+  }
+  void init_state(std::size_t i) {
+    if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
+    opt_.init_state(i);
+  }
+  bool has_state(std::size_t i) const { return opt_.has_state(i); }
+  std::size_t num_params() const { return opt_.num_params(); }
+  std::string rule_of_group(std::size_t g) const { return std::string(opt_.rule_of_group(g).name); }
+
+ private:
+  std::unique_ptr<ThreadPool> pool_;
+  Optimizer opt_;
+};
+
+py::list rule_options(const std::string& rule) {
+  py::list out;
+  for (const OptionSpec& o : rule_or_throw(rule).options)
+    out.append(py::make_tuple(std::string(o.name), from_option(o.default_value), std::string(o.help)));
+  return out;
+}
+
+}  // namespace
+}  // namespace distopt::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace distopt;
+  using namespace distopt::python;
+  m.doc() = "distopt's C++ optimizers (see distopt.torch.optim)";
+  m.attr("__version__") = DISTOPT_VERSION_STRING;
+  // distopt's one-line errors: bad input is a ValueError, the rest RuntimeError.
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidInput& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const NonFiniteError& e) {
+      PyErr_SetString(PyExc_FloatingPointError, e.what());
+    }
+  });
+  m.def("rule_options", &rule_options, "(name, default, help) of every option of a rule");
+  m.def("rules", [] {
+    std::vector<std::string> names;
+    for (const RuleInfo* r : all_rules()) names.emplace_back(r->name);
+    return names;
+  });
+  m.def("locality", [](const std::string& rule) { return std::string(name_of(rule_or_throw(rule).locality)); });
+  py::class_<PyOptimizer>(m, "Optimizer")
+      .def(py::init<const std::string&, const std::vector<ParamTuple>&, const py::dict&, int>(), py::arg("rule"),
+           py::arg("params"), py::arg("options"), py::arg("threads") = 1)
+      .def("add_group", &PyOptimizer::add_group, py::arg("params"), py::arg("options"), py::arg("rule") = "")
+      .def("set_option", &PyOptimizer::set_option)
+      .def("group_options", &PyOptimizer::group_options)
+      .def("step", &PyOptimizer::step)
+      .def("state", [](py::object self, std::size_t i) { return self.cast<PyOptimizer&>().state(self, i); })
+      .def("init_state", &PyOptimizer::init_state)
+      .def("has_state", &PyOptimizer::has_state)
+      .def("rule_of_group", &PyOptimizer::rule_of_group)
+      .def_property_readonly("num_params", &PyOptimizer::num_params);
+}
