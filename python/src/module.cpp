@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "distopt/core/error.hpp"
+#include "distopt/data/dataset.hpp"
 #include "distopt/core/thread_pool.hpp"
 #include "distopt/optim/optimizer.hpp"
 #include "distopt/version.hpp"
@@ -157,6 +158,21 @@ py::list rule_options(const std::string& rule) {
   return out;
 }
 
+// Fashion-MNIST as numpy arrays: images (n, 784) float32 in [0, 1], labels int64.
+py::dict fashion_mnist(const std::string& dir) {
+  const data::Split split = data::load_fashion_mnist(dir.empty() ? data::default_fashion_mnist_dir() : dir);
+  py::dict out;
+  for (const auto& [name, set] : {std::pair{"train", &split.train}, std::pair{"test", &split.test}}) {
+    const auto n = static_cast<py::ssize_t>(set->size());
+    py::array_t<float> x({n, static_cast<py::ssize_t>(set->features)});
+    std::copy(set->x.begin(), set->x.end(), x.mutable_data());
+    py::array_t<std::int64_t> y(n);
+    for (py::ssize_t i = 0; i < n; ++i) y.mutable_data()[i] = static_cast<std::int64_t>(set->y[static_cast<std::size_t>(i)]);
+    out[name] = py::make_tuple(x, y);
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace distopt::python
 
@@ -173,6 +189,15 @@ PYBIND11_MODULE(_core, m) {
       PyErr_SetString(PyExc_ValueError, e.what());
     } catch (const NonFiniteError& e) {
       PyErr_SetString(PyExc_FloatingPointError, e.what());
+    }
+  });
+  m.def("fashion_mnist", &fashion_mnist, py::arg("dir") = "",
+        "Fashion-MNIST through distopt's reader: {'train': (x, y), 'test': (x, y)}");
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const IoError& e) {
+      PyErr_SetString(PyExc_OSError, e.what());
     }
   });
   m.def("rule_options", &rule_options, "(name, default, help) of every option of a rule");
