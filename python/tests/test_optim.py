@@ -267,6 +267,17 @@ def test_bad_parameters_are_one_line_errors():
         opt.step()
 
 
+def test_a_parameter_changed_under_the_optimizer_is_refused():
+    model = torch.nn.Linear(3, 2)
+    opt = dopt.Adam(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    opt.step()
+    model.double()  # the parameters' storage is now float64
+    model(torch.randn(4, 3, dtype=torch.float64)).sum().backward()
+    with pytest.raises(ValueError, match="changed dtype, size or layout since the optimizer took it"):
+        opt.step()
+
+
 def test_bf16_parameters_keep_fp32_master_weights():
     model = mlp(dtype=torch.bfloat16)
     opt = dopt.AdamW(model.parameters(), lr=1e-2)

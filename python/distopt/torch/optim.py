@@ -41,6 +41,7 @@ class _DistoptOptimizer(torch.optim.Optimizer):
     def __init__(self, params, defaults):
         self._cpp = None  # the C++ optimizer, made at the first step
         self._params = []  # parameters in the C++ optimizer's order
+        self._shapes = []  # (dtype, numel) of each, as the C++ optimizer has them
         self._synced = []  # per group: the option values the C++ side has
         self._unaliased = set()  # parameter indices whose state has no torch view yet
         known = {name for name, _, _ in _core.rule_options(self._rule)}
@@ -80,6 +81,7 @@ class _DistoptOptimizer(torch.optim.Optimizer):
         if self._cpp is not None:
             self._cpp.add_group(self._tuples(group["params"], first), self._options(group))
             self._params.extend(group["params"])
+            self._shapes.extend((p.dtype, p.numel()) for p in group["params"])
             self._synced.append(self._options(group))
 
     # ---- the C++ side ----
@@ -100,6 +102,7 @@ class _DistoptOptimizer(torch.optim.Optimizer):
                 self._params.extend(group["params"])
                 self._synced.append(self._options(group))
             self._unaliased = set(range(len(self._params)))
+            self._shapes = [(p.dtype, p.numel()) for p in self._params]
         return self._cpp
 
     def _sync_options(self):
@@ -132,6 +135,10 @@ class _DistoptOptimizer(torch.optim.Optimizer):
         self._sync_options()
         addresses, grads, keep = [], [], []
         for i, p in enumerate(self._params):
+            if (p.dtype, p.numel()) != self._shapes[i] or not p.is_contiguous():
+                raise ValueError(f"{self._label(p, i)} changed dtype, size or layout since the optimizer took it "
+                                 f"(it has {self._shapes[i][1]} elements of {self._shapes[i][0]}); make the optimizer "
+                                 "after model.to(...)")
             addresses.append(p.data_ptr())
             g = p.grad
             if g is None:
