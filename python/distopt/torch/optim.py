@@ -184,16 +184,12 @@ class _DistoptOptimizer(torch.optim.Optimizer):
             self._unaliased.discard(i)
 
 
-def _group(**kw):
-    return kw
-
-
 class SGD(_DistoptOptimizer):
     _rule = "sgd"
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *, maximize=False,
                  foreach=None, differentiable=False, fused=None):
-        super().__init__(params, _group(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                         nesterov=nesterov, maximize=maximize, foreach=foreach,
                                         differentiable=differentiable, fused=fused))
 
@@ -204,7 +200,7 @@ class Adam(_DistoptOptimizer):
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
                  decoupled_weight_decay=False):
-        super().__init__(params, _group(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                         maximize=maximize, foreach=foreach, capturable=capturable,
                                         differentiable=differentiable, fused=fused,
                                         decoupled_weight_decay=decoupled_weight_decay))
@@ -215,7 +211,7 @@ class AdamW(_DistoptOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
                  maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
-        super().__init__(params, _group(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                         maximize=maximize, foreach=foreach, capturable=capturable,
                                         differentiable=differentiable, fused=fused))
 
@@ -225,7 +221,7 @@ class Adamax(_DistoptOptimizer):
 
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, foreach=None, *,
                  maximize=False, differentiable=False, capturable=False):
-        super().__init__(params, _group(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
                                         maximize=maximize, differentiable=differentiable, capturable=capturable))
 
 
@@ -234,7 +230,7 @@ class Adadelta(_DistoptOptimizer):
 
     def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, foreach=None, *, maximize=False,
                  differentiable=False, capturable=False):
-        super().__init__(params, _group(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, foreach=foreach,
+        super().__init__(params, dict(lr=lr, rho=rho, eps=eps, weight_decay=weight_decay, foreach=foreach,
                                         maximize=maximize, differentiable=differentiable, capturable=capturable))
 
 
@@ -243,7 +239,7 @@ class Adagrad(_DistoptOptimizer):
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
                  foreach=None, *, maximize=False, differentiable=False, fused=None):
-        super().__init__(params, _group(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                         initial_accumulator_value=initial_accumulator_value, eps=eps,
                                         foreach=foreach, maximize=maximize, differentiable=differentiable,
                                         fused=fused))
@@ -254,7 +250,7 @@ class RMSprop(_DistoptOptimizer):
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
                  foreach=None, maximize=False, differentiable=False, capturable=False):
-        super().__init__(params, _group(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
+        super().__init__(params, dict(lr=lr, alpha=alpha, eps=eps, weight_decay=weight_decay, momentum=momentum,
                                         centered=centered, foreach=foreach, maximize=maximize,
                                         differentiable=differentiable, capturable=capturable))
 
@@ -265,7 +261,7 @@ class NAdam(_DistoptOptimizer):
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, momentum_decay=4e-3,
                  foreach=None, *, decoupled_weight_decay=False, maximize=False, capturable=False,
                  differentiable=False):
-        super().__init__(params, _group(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                         momentum_decay=momentum_decay, foreach=foreach,
                                         decoupled_weight_decay=decoupled_weight_decay, maximize=maximize,
                                         capturable=capturable, differentiable=differentiable))
@@ -276,7 +272,7 @@ class RAdam(_DistoptOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, foreach=None, *,
                  decoupled_weight_decay=False, maximize=False, capturable=False, differentiable=False):
-        super().__init__(params, _group(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=foreach,
                                         decoupled_weight_decay=decoupled_weight_decay, maximize=maximize,
                                         capturable=capturable, differentiable=differentiable))
 
@@ -286,7 +282,7 @@ class Rprop(_DistoptOptimizer):
 
     def __init__(self, params, lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50), foreach=None, maximize=False, *,
                  capturable=False, differentiable=False):
-        super().__init__(params, _group(lr=lr, etas=etas, step_sizes=step_sizes, foreach=foreach, maximize=maximize,
+        super().__init__(params, dict(lr=lr, etas=etas, step_sizes=step_sizes, foreach=foreach, maximize=maximize,
                                         capturable=capturable, differentiable=differentiable))
 
 
@@ -295,7 +291,7 @@ class ASGD(_DistoptOptimizer):
 
     def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0, foreach=None,
                  maximize=False, differentiable=False, capturable=False):
-        super().__init__(params, _group(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
+        super().__init__(params, dict(lr=lr, lambd=lambd, alpha=alpha, t0=t0, weight_decay=weight_decay,
                                         foreach=foreach, maximize=maximize, differentiable=differentiable,
                                         capturable=capturable))
 
@@ -306,7 +302,7 @@ class Lion(_DistoptOptimizer):
     _rule = "lion"
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, maximize=False):
-        super().__init__(params, _group(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize))
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize))
 
 
 class LAMB(_DistoptOptimizer):
@@ -320,7 +316,7 @@ class LAMB(_DistoptOptimizer):
         if amsgrad:
             raise RuntimeError("FusedLAMB does not support the AMSGrad variant.")
         self.set_grad_none = set_grad_none
-        super().__init__(params, _group(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
+        super().__init__(params, dict(lr=lr, bias_correction=bias_correction, betas=betas, eps=eps,
                                         weight_decay=weight_decay, grad_averaging=grad_averaging,
                                         max_grad_norm=max_grad_norm, adam_w_mode=adam_w_mode,
                                         use_nvlamb=use_nvlamb))
@@ -341,7 +337,7 @@ class LARS(_DistoptOptimizer):
 
     def __init__(self, params, lr=1.0, momentum=0, dampening=0, weight_decay=0, nesterov=False, trust_coeff=0.001,
                  eps=1e-8, trust_clip=False, always_adapt=False):
-        super().__init__(params, _group(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                         nesterov=nesterov, trust_coeff=trust_coeff, eps=eps, trust_clip=trust_clip,
                                         always_adapt=always_adapt))
 
@@ -353,7 +349,7 @@ class Adafactor(_DistoptOptimizer):
 
     def __init__(self, params, lr=None, eps=(1e-30, 1e-3), clip_threshold=1.0, decay_rate=-0.8, beta1=None,
                  weight_decay=0.0, scale_parameter=True, relative_step=True, warmup_init=False):
-        super().__init__(params, _group(lr=lr, eps=eps, clip_threshold=clip_threshold, decay_rate=decay_rate,
+        super().__init__(params, dict(lr=lr, eps=eps, clip_threshold=clip_threshold, decay_rate=decay_rate,
                                         beta1=beta1, weight_decay=weight_decay, scale_parameter=scale_parameter,
                                         relative_step=relative_step, warmup_init=warmup_init))
 
@@ -367,7 +363,7 @@ class Muon(_DistoptOptimizer):
     def __init__(self, params, lr=1e-3, weight_decay=0.1, momentum=0.95, nesterov=True,
                  ns_coefficients=(3.4445, -4.775, 2.0315), eps=1e-7, ns_steps=5, adjust_lr_fn=None,
                  ns_dtype="float32"):
-        super().__init__(params, _group(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps,
                                         adjust_lr_fn=adjust_lr_fn or "original", ns_dtype=ns_dtype))
 
@@ -379,7 +375,7 @@ class Shampoo(_DistoptOptimizer):
 
     def __init__(self, params, lr=1e-1, momentum=0.0, weight_decay=0.0, epsilon=1e-4, update_freq=1,
                  max_precond_dim=4096):
-        super().__init__(params, _group(lr=lr, momentum=momentum, weight_decay=weight_decay, epsilon=epsilon,
+        super().__init__(params, dict(lr=lr, momentum=momentum, weight_decay=weight_decay, epsilon=epsilon,
                                         update_freq=update_freq, max_precond_dim=max_precond_dim))
 
 
