@@ -21,11 +21,11 @@
 #include "distopt/core/thread_pool.hpp"
 #include "distopt/optim/optimizer.hpp"
 #include "distopt/version.hpp"
+#include "bindings.hpp"
 
 namespace py = pybind11;
 
 namespace distopt::python {
-namespace {
 
 // A Python value as an option: bool, number (None: NaN, the rules' "unset"),
 // a pair or triple of numbers, or a word.
@@ -72,6 +72,8 @@ OptionMap to_options(const py::dict& d) {
   }
   return m;
 }
+
+namespace {
 
 DType to_dtype(const std::string& s) {
   DType t;
@@ -200,6 +202,7 @@ PYBIND11_MODULE(_core, m) {
       PyErr_SetString(PyExc_OSError, e.what());
     }
   });
+  bind_sharded(m);
   m.def("rule_options", &rule_options, "(name, default, help) of every option of a rule");
   m.def("rules", [] {
     std::vector<std::string> names;

@@ -27,3 +27,22 @@ def test_example_trains_to_the_accuracy_torch_reaches():
                          capture_output=True, text=True, check=True, env=os.environ)
     acc = float(out.stdout.split("test accuracy ")[1].split()[0])
     assert acc > 0.83, out.stdout
+
+
+def test_sharded_example_under_mpirun():
+    """The README's second example: the same loop on 2 processes with ShardedOptimizer (zero2)."""
+    import shutil
+
+    from distopt import _core
+
+    mpirun = shutil.which("mpirun")
+    if mpirun is None or not _core.mpi_built():
+        pytest.skip("no mpirun or a build without MPI")
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
+    out = subprocess.run([mpirun, "-np", "2", sys.executable, str(ROOT / "examples/python/fashion_mnist_sharded.py")],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    line = [s for s in out.stdout.splitlines() if "test accuracy" in s]
+    assert len(line) == 1 and "2 ranks over mpi, adamw zero2" in line[0], out.stdout
+    assert float(line[0].split("test accuracy ")[1].split()[0]) > 0.83, out.stdout

@@ -147,6 +147,11 @@ class MpiComm final : public Communicator {
   }
   ~MpiComm() override {
     stop_progress();
+    // A communicator that outlives MPI (a Python object collected after
+    // the interpreter's atexit finalized it) has nothing left to free.
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
     MPI_Comm_free(&coll_);
     MPI_Comm_free(&p2p_);
   }

@@ -1,3 +1,5 @@
-"""distopt for PyTorch: ``distopt.torch.optim`` (torch.optim drop-ins)."""
+"""distopt for PyTorch: ``distopt.torch.optim`` (torch.optim drop-ins),
+``distopt.torch.distributed`` (the sharded optimizer) and
+``distopt.torch.comm`` (communicators on torch tensors)."""
 
-from . import optim  # noqa: F401
+from . import comm, distributed, optim  # noqa: F401

@@ -1,0 +1,200 @@
+"""distopt's communicators on torch tensors (docs/python.md, "Communicators").
+
+Three transports, one contract: every reduction sums the ranks in order
+0, 1, ..., n-1, so the same program gives the same bits over each of them.
+
+- ``mpi_world()``: distopt's MPI communicator, for ``mpirun -np N python3 ...``.
+- ``from_process_group(group=None)``: over a torch.distributed process group
+  (gloo), built from its point-to-point messages: for ``torchrun``.
+- ``single()``: one rank, no communication.
+
+``world()`` picks one: the process group when torch.distributed is
+initialized, MPI under mpirun, else a single rank.
+
+The collectives (``all_reduce``, ``reduce_scatter``, ``all_gather``,
+``broadcast``, ``barrier``) take contiguous CPU tensors of float32, float64,
+bfloat16, float16, int32, int64 or uint8 and work in place where torch's
+do; ``PushSum`` is distopt's gossip averager (push-sum, Kempe et al. 2003;
+docs/gossip.md) over a topology.
+"""
+
+import atexit
+import datetime
+
+import torch
+
+from .. import _core
+
+_TYPES = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
+          torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
+
+
+def _address(t, what):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _TYPES:
+        raise TypeError(f"{what}: {t.dtype} is not a type distopt communicates")
+    if t.device.type != "cpu":
+        raise ValueError(f"{what}: a tensor on {t.device}; distopt.torch.comm takes CPU tensors")
+    if not t.is_contiguous():
+        raise ValueError(f"{what}: the tensor is not contiguous")
+    return t.data_ptr()
+
+
+class Communicator:
+    """A distopt communicator: ``rank``, ``size``, ``backend`` and the
+    collectives on torch tensors."""
+
+    def __init__(self, core):
+        self._c = core
+
+    rank = property(lambda self: self._c.rank)
+    size = property(lambda self: self._c.size)
+    backend = property(lambda self: self._c.backend)
+    bytes_sent = property(lambda self: self._c.bytes_sent, doc="bytes this rank has sent")
+
+    def set_timeout(self, seconds):
+        """Every wait fails with TimeoutError naming the operation after this long."""
+        self._c.set_timeout(float(seconds))
+
+    def all_reduce(self, tensor, op="sum"):
+        """In place: the reduction over the ranks in rank order (sum, avg, max, min)."""
+        self._c.all_reduce(_address(tensor, "all_reduce"), tensor.numel(), _TYPES[tensor.dtype], op)
+        return tensor
+
+    def reduce_scatter(self, output, input, op="sum"):
+        """``output`` (n elements) = the reduction of piece ``rank`` of ``input`` (size * n elements)."""
+        self._check_pair(output, input, "reduce_scatter", input.numel() == output.numel() * self.size)
+        self._c.reduce_scatter(_address(input, "reduce_scatter input"), _address(output, "reduce_scatter output"),
+                               output.numel(), _TYPES[output.dtype], op)
+        return output
+
+    def all_gather(self, output, input):
+        """``output`` (size * n elements) = every rank's ``input`` (n elements) in rank order."""
+        self._check_pair(output, input, "all_gather", output.numel() == input.numel() * self.size)
+        self._c.all_gather(_address(input, "all_gather input"), _address(output, "all_gather output"), input.numel(),
+                           _TYPES[input.dtype])
+        return output
+
+    def broadcast(self, tensor, src=0):
+        self._c.broadcast(_address(tensor, "broadcast"), tensor.numel(), _TYPES[tensor.dtype], int(src))
+        return tensor
+
+    def barrier(self):
+        self._c.barrier()
+
+    def _check_pair(self, output, input, what, sizes_fit):
+        if output.dtype != input.dtype:
+            raise TypeError(f"{what}: input is {input.dtype}, output {output.dtype}")
+        if not sizes_fit:
+            raise ValueError(f"{what}: input of {input.numel()} and output of {output.numel()} elements do not fit "
+                             f"a world of {self.size}")
+
+
+class _TorchOps:
+    """What distopt's C++ communicator calls to move bytes over a
+    torch.distributed process group (with the GIL taken)."""
+
+    def __init__(self, group):
+        import torch.distributed as dist
+
+        self._dist = dist
+        self._group = group
+        self._ranks = None
+        if group is not None:
+            from torch.distributed import distributed_c10d as c10d
+
+            self._ranks = [c10d._get_global_rank(group, r) for r in range(dist.get_world_size(group))]
+
+    def _peer(self, r):
+        return r if self._ranks is None else self._ranks[r]
+
+    def isend(self, view, peer, tag):
+        t = torch.frombuffer(view, dtype=torch.uint8)
+        return (self._dist.isend(t, self._peer(peer), group=self._group, tag=tag), t)
+
+    def irecv(self, view, peer, tag):
+        t = torch.frombuffer(view, dtype=torch.uint8)
+        return (self._dist.irecv(t, self._peer(peer), group=self._group, tag=tag), t)
+
+    @staticmethod
+    def test(work):
+        return work[0].is_completed()
+
+    @staticmethod
+    def wait(work, seconds):
+        work[0].wait(datetime.timedelta(seconds=seconds))
+
+    def barrier(self, seconds):
+        self._dist.barrier(group=self._group)
+
+
+def from_process_group(group=None):
+    """A communicator over a torch.distributed process group (the default
+    one when None). Its collectives are distopt's, built from the group's
+    point-to-point messages: the same bits as over MPI."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized (call torch.distributed.init_process_group first)")
+    return Communicator(_core.torch_comm(dist.get_rank(group), dist.get_world_size(group), _TorchOps(group)))
+
+
+_mpi = None
+
+
+def mpi_world():
+    """distopt's MPI communicator over MPI_COMM_WORLD (the process must run
+    under mpirun). MPI is initialized once and finalized at exit."""
+    global _mpi
+    if _mpi is None:
+        if not _core.mpi_built():
+            raise RuntimeError("this build of distopt has no MPI (install libopenmpi-dev and rebuild)")
+        # Open MPI's plugins resolve libmpi's symbols globally.
+        import ctypes
+
+        for name in ("libmpi.so.40", "libmpi.so"):
+            try:
+                ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+                break
+            except OSError:
+                continue
+        _mpi = Communicator(_core.mpi_world())
+        atexit.register(_core.mpi_finalize)
+    return _mpi
+
+
+def single():
+    """A communicator of one rank."""
+    return Communicator(_core.single())
+
+
+def world():
+    """The process group's communicator when torch.distributed is
+    initialized; MPI's under mpirun; otherwise a single rank."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return from_process_group()
+    if _core.launched_by_mpirun():
+        return mpi_world()
+    return single()
+
+
+class PushSum:
+    """Push-sum gossip averaging of a float32 tensor over a topology
+    (exponential, ring, ...; docs/gossip.md): each ``mix(x)`` sends shares of
+    (x, w) to this round's peers and adds what arrives; ``x / weight``
+    approaches the ranks' average."""
+
+    def __init__(self, comm, numel, topology="exponential", peers_per_iteration=1):
+        self._comm = comm
+        self._numel = int(numel)
+        self._c = _core.PushSum(comm._c, topology, self._numel, int(peers_per_iteration))
+        self.weight = 1.0
+
+    def mix(self, x):
+        if x.dtype != torch.float32 or x.numel() != self._numel:
+            raise ValueError(f"PushSum.mix: expected {self._numel} float32 elements, got {x.numel()} of {x.dtype}")
+        self.weight = self._c.mix(_address(x, "PushSum.mix"), self._numel, self.weight)
+        return x

@@ -1,0 +1,227 @@
+"""The sharded optimizer: ddp, zero1 and zero2 for a torch model, exact for
+every rule (docs/python.md, "The sharded optimizer").
+
+``ShardedOptimizer(model.parameters(), optimizer="lamb", strategy="zero2")``
+runs distopt's C++ strategy over the model's parameters, one unit per
+parameter:
+
+- the parameters' values move into the strategy's buffer (each parameter
+  becomes a view of it) and every rank starts from rank 0's values;
+- their gradients live in one flat buffer that each ``.grad`` views (as
+  DDP's ``gradient_as_bucket_view``); ``zero_grad`` zeroes it in place;
+- ``step()`` hands the gradients, divided by the world size as DDP divides
+  them, to the strategy: they are reduced in distopt's fixed rank order,
+  each rank steps its shard with the exact rule (LAMB/LARS/Adafactor's
+  statistics reduced, Muon's and Shampoo's matrices gathered), and the
+  parameters are all-gathered back into their views.
+
+So ddp, zero1 and zero2 give the same bits at a world size, over MPI and
+over a torch.distributed (gloo) process group alike. Use it in place of both
+DistributedDataParallel and the optimizer: the model is not wrapped, and
+the backward pass is not overlapped with communication (the reductions run
+in ``step``).
+
+``state_dict()`` is consolidated (collective: every rank calls it) and
+loads into torch's optimizer of the same rule; ``save(dir)`` writes distopt's
+reshardable checkpoint, which ``load(dir)`` reads at any world size and
+strategy.
+"""
+
+import math
+
+import torch
+
+from .. import _core
+from . import comm as _comm
+
+STRATEGIES = ("ddp", "zero1", "zero2")
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """``ShardedOptimizer(params, optimizer="adamw", strategy="zero2", *,
+    comm=None, bucket_elements=32768, max_grad_norm=None, **options)``
+
+    ``optimizer`` is a distopt rule (``distopt._core.rules()``: adamw, lamb,
+    lars, adafactor, muon, ...) and ``options`` its torch-named options (lr,
+    betas, weight_decay, ...); the rule's defaults fill the rest. ``comm``:
+    a ``distopt.torch.comm.Communicator`` (default ``comm.world()``).
+    ``max_grad_norm`` clips the gradients' global norm before each update
+    (the reduced gradient's; ``last_grad_norm`` holds the norm). Muon's
+    1-D parameters take AdamW, as distopt's command line does.
+    """
+
+    def __init__(self, params, optimizer="adamw", strategy="zero2", *, comm=None, bucket_elements=1 << 15,
+                 max_grad_norm=None, norm_type=2.0, **options):
+        params = list(params)
+        if any(isinstance(p, dict) for p in params):
+            raise TypeError("ShardedOptimizer takes one list of parameters (one group)")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy '{strategy}': the sharded optimizer runs {', '.join(STRATEGIES)}")
+        rule_options = _core.rule_options(optimizer)  # ValueError for an unknown rule
+        known = {name: default for name, default, _ in rule_options}
+        for k in options:
+            if k not in known:
+                raise TypeError(f"ShardedOptimizer: {optimizer} has no option '{k}' (it has {', '.join(sorted(known))})")
+        if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
+            raise ValueError(f"max_grad_norm must be a positive number (got {max_grad_norm})")
+        defaults = dict(known)
+        defaults.update(options)
+        super().__init__(params, defaults)
+        for i, p in enumerate(self._all()):
+            self._check_param(p, i)
+        self.comm = comm if comm is not None else _comm.world()
+        self.rule = optimizer
+        self.strategy = strategy
+        self.max_grad_norm = max_grad_norm
+        self.norm_type = float(norm_type)
+        self.last_grad_norm = None
+        self._known = known
+        ps = self._all()
+        with torch.no_grad():
+            initial = torch.cat([p.detach().reshape(-1) for p in ps]).numpy()
+        group = self.param_groups[0]
+        self._synced = {k: group[k] for k in known}
+        self._core = _core.Sharded(self.comm._c, strategy, optimizer,
+                                   [(f"params[{i}]", list(p.shape)) for i, p in enumerate(ps)], initial,
+                                   dict(self._synced), int(bucket_elements))
+        self._attach()
+
+    # ---- parameters and gradients ----
+    def _all(self):
+        return self.param_groups[0]["params"]
+
+    def _check_param(self, p, i):
+        label = f"ShardedOptimizer: parameter {i} (shape {tuple(p.shape)})"
+        if p.is_sparse or p.is_complex() or p.dtype != torch.float32:
+            raise TypeError(f"{label} is {p.dtype}{' sparse' if p.is_sparse else ''}; the sharded optimizer steps "
+                            "dense float32 parameters")
+        if p.device.type != "cpu":
+            raise ValueError(f"{label} is on {p.device}; distopt.torch steps CPU tensors")
+        if p.numel() == 0:
+            raise ValueError(f"{label} has no elements")
+
+    def _attach(self):
+        """Each parameter becomes a view of the strategy's buffer and its
+        gradient a view of the flat gradient buffer."""
+        self._grads = []
+        with torch.no_grad():
+            for i, p in enumerate(self._all()):
+                p.data = torch.from_numpy(self._core.param(i))
+                g = torch.from_numpy(self._core.grad(i))
+                p.grad = g
+                self._grads.append(g)
+
+    def add_param_group(self, param_group):
+        if self.param_groups:
+            raise ValueError("ShardedOptimizer has one parameter group (its layout is fixed when it is made)")
+        super().add_param_group(param_group)
+
+    def zero_grad(self, set_to_none=False):
+        """Zeroes the flat gradient buffer in place; each ``.grad`` stays its
+        view (``set_to_none`` is accepted and has no effect, as with DDP's
+        ``gradient_as_bucket_view``)."""
+        self._core.zero_grads()
+        for p, g in zip(self._all(), self._grads):
+            if p.grad is not g:
+                p.grad = g
+
+    def _gather_grads(self):
+        # A .grad replaced by the user (or set to None) goes back into the buffer.
+        with torch.no_grad():
+            for i, (p, g) in enumerate(zip(self._all(), self._grads)):
+                if p.grad is g:
+                    continue
+                if p.grad is None:
+                    g.zero_()
+                else:
+                    if p.grad.is_sparse:
+                        raise ValueError(f"ShardedOptimizer: parameter {i} has a sparse gradient")
+                    g.copy_(p.grad)
+                p.grad = g
+
+    def _sync_options(self):
+        group = self.param_groups[0]
+        for k, old in self._synced.items():
+            v = group[k]
+            if v != old:
+                self._core.set_option(k, v)
+                self._synced[k] = v
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._sync_options()
+        self._gather_grads()
+        norm = self._core.step(self.max_grad_norm or 0.0, self.norm_type)
+        self.last_grad_norm = None if math.isnan(norm) else norm
+        return loss
+
+    # ---- state ----
+    def state_dict(self):
+        """torch's format, consolidated (collective): every parameter's whole
+        state, loadable by torch's optimizer of the same rule."""
+        wholes = self._core.consolidated()
+        state = {}
+        prefix = "state."
+        for name, array in wholes.items():
+            if not name.startswith(prefix):
+                continue
+            index, key = name[len(prefix):].split(".", 1)
+            t = torch.from_numpy(array)
+            state.setdefault(int(index), {})[key] = t
+        group = {k: v for k, v in self.param_groups[0].items() if k != "params"}
+        group["params"] = list(range(len(self._all())))
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state_dict):
+        """A state_dict of this class or of torch's optimizer of the same rule
+        (collective): each rank takes its shard."""
+        groups = state_dict["param_groups"]
+        n = len(self._all())
+        indices = [i for g in groups for i in g["params"]]
+        if len(indices) != n:
+            raise ValueError(f"the state_dict has {len(indices)} parameters, this optimizer {n}")
+        order = {saved: k for k, saved in enumerate(indices)}
+        wholes = {}
+        for saved, entries in state_dict["state"].items():
+            i = order.get(saved)
+            if i is None:
+                raise ValueError(f"the state_dict's state names parameter {saved}, which no group holds")
+            for key, value in entries.items():
+                wholes[f"state.{i}.{key}"] = torch.as_tensor(value).detach().to(torch.float32).contiguous().numpy()
+        group = self.param_groups[0]
+        for k, v in groups[0].items():
+            if k != "params" and k in group:
+                group[k] = v
+        self._sync_options()
+        self._core.load_consolidated(wholes)
+
+    def save(self, root, step, keep=3):
+        """distopt's reshardable checkpoint of the parameters and the
+        optimizer state under ``root/step-<step>`` (collective; crash-safe:
+        complete once its manifest is written). Returns the bytes written."""
+        return self._core.save(str(root), int(step), int(keep))
+
+    def load(self, root):
+        """The latest checkpoint under ``root``, saved at any world size and
+        by any of ddp/zero1/zero2 (collective): the parameters take its
+        values, the optimizer its state and options. Returns its step."""
+        step = self._core.load(str(root))
+        self._attach()
+        group = self.param_groups[0]
+        for k, v in self._core.group_options().items():
+            if k in group:
+                group[k] = v
+        self._synced = {k: group[k] for k in self._known}
+        return step
+
+    def memory(self):
+        """Bytes this rank holds: params, grads, master_params, optimizer_state."""
+        return self._core.memory()
+
+    @property
+    def bytes_sent(self):
+        return self._core.bytes_sent
