@@ -7,8 +7,9 @@ global batch cut over the ranks, AdamW. Each configuration runs in its own
 launch so that its peak RSS is its own:
 
   torch    DistributedDataParallel + ZeroRedundancyOptimizer(AdamW), gloo
-  gloo     distopt ShardedOptimizer zero2 over the same gloo process group
-  mpi      distopt ShardedOptimizer zero2 over distopt's MPI communicator
+  gloo:S   distopt ShardedOptimizer, strategy S (zero2, zero1), over the
+           same gloo process group
+  mpi:S    the same over distopt's MPI communicator
 
 Reports the median time of a training step (forward, backward, optimizer)
 and of the optimizer's part, and each rank's peak RSS, rank 0's line per
@@ -52,7 +53,8 @@ def worker(mode, steps, batch):
     from distopt.torch.distributed import ShardedOptimizer
 
     torch.set_num_threads(1)
-    if mode != "mpi":
+    transport, _, strategy = mode.partition(":")
+    if transport != "mpi":
         dist.init_process_group("gloo")
     c = dcomm.world()
     rank, world = c.rank, c.size
@@ -65,7 +67,7 @@ def worker(mode, steps, batch):
         opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-3)
     else:
         net = model
-        opt = ShardedOptimizer(model.parameters(), "adamw", "zero2", comm=c, lr=1e-3)
+        opt = ShardedOptimizer(model.parameters(), "adamw", strategy, comm=c, lr=1e-3)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(batch, 784, generator=g)
     y = torch.randint(0, 10, (batch,), generator=g)
@@ -96,7 +98,7 @@ def launch(mode, world, steps, batch):
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
     args = [HERE, "--worker", mode, "--steps", str(steps), "--batch", str(batch)]
-    if mode == "mpi":
+    if mode.startswith("mpi"):
         cmd = [shutil.which("mpirun"), "-n", str(world), sys.executable, *args]
     else:
         with socket.socket() as s:
@@ -105,7 +107,8 @@ def launch(mode, world, steps, batch):
         cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--nnodes", "1", "--nproc_per_node", str(world),
                "--master_addr", "127.0.0.1", "--master_port", str(port), *args]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
-    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+    # torchrun's --tee prefixes the lines with "[default0]:".
+    return json.loads([line[line.index("{"):] for line in out.splitlines() if '{"mode"' in line][-1])
 
 
 def main():
@@ -118,12 +121,15 @@ def main():
     if a.worker:
         worker(a.worker, a.steps, a.batch)
         return
-    rows = [launch(m, a.world, a.steps, a.batch) for m in ("torch", "gloo", "mpi")]
+    modes = ("torch", "gloo:zero2", "mpi:zero2", "gloo:zero1", "mpi:zero1")
+    rows = [launch(m, a.world, a.steps, a.batch) for m in modes]
     base = rows[0]
     print(f"MLP 784-2048-2048-2048-10, AdamW, global batch {a.batch}, world {a.world}, one thread per rank")
     print(f"{'configuration':<44} {'step ms':>8} {'opt ms':>8} {'vs torch':>9} {'peak RSS MiB per rank':>24}")
-    names = {"torch": "torch DDP + ZeroRedundancyOptimizer (gloo)", "gloo": "distopt ShardedOptimizer zero2 (gloo)",
-             "mpi": "distopt ShardedOptimizer zero2 (MPI)"}
+    names = {"torch": "torch DDP + ZeroRedundancyOptimizer (gloo)"}
+    for m in modes[1:]:
+        transport, _, strategy = m.partition(":")
+        names[m] = f"distopt ShardedOptimizer {strategy} ({'MPI' if transport == 'mpi' else 'gloo'})"
     for r in rows:
         print(f"{names[r['mode']]:<44} {r['step_ms']:8.1f} {r['optimizer_ms']:8.1f} "
               f"{base['step_ms'] / r['step_ms']:8.2f}x {', '.join(str(v) for v in r['peak_rss_mib']):>24}")

@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--batch-size", type=int, default=128, help="the global batch, cut over the ranks")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--optimizer", default="adamw", help="a distopt rule: adamw, lamb, lars, adafactor, muon, ...")
-    ap.add_argument("--strategy", default="zero2", choices=("ddp", "zero1", "zero2"))
+    ap.add_argument("--strategy", default="zero1", choices=("ddp", "zero1", "zero2"))
     ap.add_argument("--gloo", action="store_true", help="a torch.distributed gloo process group (torchrun)")
     args = ap.parse_args()
     if args.gloo:

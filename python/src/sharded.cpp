@@ -12,12 +12,15 @@
 // The sharded optimizer runs a C++ strategy (ddp, zero1, zero2) over a
 // FlatLayout with one unit per torch parameter. The parameters' values
 // live in the strategy's own buffer (torch's parameters become views of
-// it); their gradients in a flat buffer of this class, in the model's
-// layout, which torch's `.grad` views. A step hands each unit's gradient,
-// divided by the world size as torch's DDP divides it, to the strategy in
-// backward order (its buckets reduce in distopt's fixed rank order), runs
-// the strategy's step (statistics reduced, matrices gathered, parameters
-// all-gathered into the same buffer) and waits for every unit.
+// it). Their gradients: where the strategy keeps the whole gradient in one
+// persistent buffer (ddp, zero1: !StrategyInfo::sharded_grads) torch's
+// `.grad` views that buffer, as DDP's gradient_as_bucket_view does; zero2
+// writes each bucket into a transient buffer, so there `.grad` views a flat
+// buffer of this class that a step copies from. A step divides each unit's
+// gradient by the world size (as torch's DDP does) and hands it to the
+// strategy in backward order (its buckets reduce in distopt's fixed rank
+// order), runs the strategy's step (statistics reduced, matrices gathered,
+// parameters all-gathered into the same buffer) and waits for every unit.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -293,12 +296,14 @@ class PySharded {
     spec_.options = to_options(options);
     spec_.fallback = std::string(rule_or_throw(rule).companion);
     options_.bucket_elements = bucket_elements;
+    direct_grads_ = !info.sharded_grads;
     if (static_cast<std::size_t>(initial.size()) != layout_.elements)
       throw InvalidInput(str("initial values: ", initial.size(), " elements for parameters of ", layout_.elements));
-    std::vector<float> init(initial.data(), initial.data() + initial.size());
-    grads_.assign(layout_.elements, 0.0f);
+    if (!direct_grads_) grads_.assign(layout_.elements, 0.0f);
+    // Every rank starts from rank 0's parameters, as torch's DDP does (in
+    // the caller's array: no copy of the model in flight).
+    const std::span<float> init(initial.mutable_data(), layout_.elements);
     py::gil_scoped_release release;
-    // Every rank starts from rank 0's parameters, as torch's DDP does.
     comm_->broadcast(init.data(), init.size(), ElemType::f32, 0);
     build(init);
   }
@@ -321,10 +326,11 @@ class PySharded {
   }
   py::array grad(py::object self, std::size_t i) {
     const ParamSlot& s = slot(i);
-    return py::array_t<float>(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()), grads_.data() + s.offset,
-                              self);
+    return py::array_t<float>(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()), grad_of(i), self);
   }
-  void zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+  void zero_grads() {
+    for (std::size_t i = 0; i < layout_.params.size(); ++i) std::fill_n(grad_of(i), layout_.params[i].numel(), 0.0f);
+  }
 
   // One step from the gradients in the flat buffer; clips to max_norm
   // first when it is positive. Returns the gradients' total norm (NaN
@@ -337,10 +343,12 @@ class PySharded {
       const auto& unit = layout_.units[u];
       const std::span<float> g = access.grads(u);
       DISTOPT_CHECK(g.size() == unit.end - unit.begin, g.size(), " vs ", unit.end - unit.begin);
-      const float* src = grads_.data() + unit.begin;
-      if (comm_->size() == 1) std::memcpy(g.data(), src, g.size_bytes());
-      else
+      const float* src = grad_of(u);
+      DISTOPT_CHECK(!direct_grads_ || src == g.data(), "unit ", u, "'s gradient moved");
+      if (comm_->size() > 1)
         for (std::size_t k = 0; k < g.size(); ++k) g[k] = src[k] / world;  // torch's DDP divides by the world
+      else if (src != g.data())
+        std::memcpy(g.data(), src, g.size_bytes());
       access.grads_done(u);
     }
     double norm = std::nan("");
@@ -427,7 +435,7 @@ class PySharded {
     const parallel::MemoryUse m = strategy_->memory();
     py::dict d;
     d["params"] = m.params;
-    d["grads"] = m.grads + grads_.size() * sizeof(float);
+    d["grads"] = m.grads + grads_.size() * sizeof(float);  // the flat buffer .grad views, where it is ours
     d["master_params"] = m.master_params;
     d["optimizer_state"] = m.optimizer_state;
     return d;
@@ -436,6 +444,8 @@ class PySharded {
 
  private:
   using StrategyInfo_ = parallel::StrategyInfo;
+
+  float* grad_of(std::size_t i) { return direct_grads_ ? grad_at_[i] : grads_.data() + layout_.params[i].offset; }
 
   const ParamSlot& slot(std::size_t i) const {
     if (i >= layout_.params.size()) throw InvalidInput(str("no parameter ", i));
@@ -457,6 +467,15 @@ class PySharded {
     for (std::size_t u = 0; u < layout_.units.size(); ++u) {
       values_[u] = const_cast<float*>(access.acquire(u, models::Pass::forward).data());
       access.release(u, models::Pass::forward);
+    }
+    // ddp, zero1: where backward writes unit u's gradient, in every step.
+    grad_at_.assign(layout_.units.size(), nullptr);
+    if (direct_grads_) {
+      for (std::size_t u = 0; u < layout_.units.size(); ++u) {
+        const std::span<float> g = access.grads(u);
+        std::fill(g.begin(), g.end(), 0.0f);
+        grad_at_[u] = g.data();
+      }
     }
   }
 
@@ -499,8 +518,10 @@ class PySharded {
   parallel::OptimizerSpec spec_;
   parallel::StrategyOptions options_;
   std::unique_ptr<parallel::Strategy> strategy_;
-  std::vector<float*> values_;  // unit u's parameters in the strategy's buffer
-  std::vector<float> grads_;    // the model's layout
+  std::vector<float*> values_;   // unit u's parameters in the strategy's buffer
+  bool direct_grads_ = false;    // .grad views the strategy's own gradient buffer (grad_at_)
+  std::vector<float*> grad_at_;  // unit u's gradient in the strategy's buffer
+  std::vector<float> grads_;     // zero2: the flat buffer .grad views, the model's layout
 };
 
 // Push-sum gossip averaging of one vector (docs/gossip.md): each mix()

@@ -30,7 +30,7 @@ def test_example_trains_to_the_accuracy_torch_reaches():
 
 
 def test_sharded_example_under_mpirun():
-    """The README's second example: the same loop on 2 processes with ShardedOptimizer (zero2)."""
+    """The README's second example: the same loop on 2 processes with ShardedOptimizer (zero1)."""
     import shutil
 
     from distopt import _core
@@ -44,5 +44,5 @@ def test_sharded_example_under_mpirun():
                          capture_output=True, text=True, env=env, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     line = [s for s in out.stdout.splitlines() if "test accuracy" in s]
-    assert len(line) == 1 and "2 ranks over mpi, adamw zero2" in line[0], out.stdout
+    assert len(line) == 1 and "2 ranks over mpi, adamw zero1" in line[0], out.stdout
     assert float(line[0].split("test accuracy ")[1].split()[0]) > 0.83, out.stdout

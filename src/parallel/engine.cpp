@@ -93,7 +93,8 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
   DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
   // What the strategy declares (checkpoints and require_exact read it) is
   // what it holds.
-  DISTOPT_CHECK(info_.replicated_params == !holding.state && info_.whole_tensor_needs_gather == holding.state,
+  DISTOPT_CHECK(info_.replicated_params == !holding.state && info_.whole_tensor_needs_gather == holding.state &&
+                    info_.sharded_grads == holding.grads,
                 info_.name, " declares what it does not hold");
   check_agreement(comm, info_.name, layout_, spec, a.options);
   const std::vector<ShardLayout::Piece> pieces = layout_.pieces(comm.rank());

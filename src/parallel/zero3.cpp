@@ -79,6 +79,6 @@ class Zero3 final : public Zero2 {
 constexpr const char* kHelp =
     "as zero2, and parameters sharded: each unit all-gathered before use (the next prefetched) and freed after";
 extern const StrategyInfo kZero3{.name = "zero3", .help = kHelp, .replicated_params = false,
-                                 .whole_tensor_needs_gather = true, .make = make_engine<Zero3>, .volume_psi = 3};
+                                 .whole_tensor_needs_gather = true, .sharded_grads = true, .make = make_engine<Zero3>, .volume_psi = 3};
 
 }  // namespace distopt::parallel::detail

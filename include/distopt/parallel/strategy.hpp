@@ -161,6 +161,12 @@ struct StrategyInfo {
   // Runs whole_tensor rules exactly only through RuleInfo::whole (gathering
   // each tensor's pieces); false: every rule's tensors are whole on the rank.
   bool whole_tensor_needs_gather = false;
+  // Keeps only its shard of the gradient (zero2, zero3): backward writes
+  // each bucket into a transient buffer, so access().grads(u) moves from
+  // step to step. Otherwise (ddp, zero1) it is the same span of one
+  // persistent buffer in every step, which a front end may hand to the
+  // model as the gradient's own storage (python/src/sharded.cpp).
+  bool sharded_grads = false;
   // The GossipOptions this strategy reads, by their flag names without the
   // dashes ("topology", "synch-freq", ...), given the options it is
   // configured with (slowmo's depend on its base): why `flag` does not

@@ -8,7 +8,12 @@ parameter:
 - the parameters' values move into the strategy's buffer (each parameter
   becomes a view of it) and every rank starts from rank 0's values;
 - their gradients live in one flat buffer that each ``.grad`` views (as
-  DDP's ``gradient_as_bucket_view``); ``zero_grad`` zeroes it in place;
+  DDP's ``gradient_as_bucket_view``): under ddp and zero1 the strategy's own
+  gradient buffer, under zero2 (whose strategy keeps only its shard) one of
+  this class that ``step`` reads; ``zero_grad`` zeroes it in place. After a
+  step ``.grad`` holds what the reduction left there (ddp: the averaged
+  gradient; zero1: only this rank's shard is the reduced one), so call
+  ``zero_grad`` before each backward;
 - ``step()`` hands the gradients, divided by the world size as DDP divides
   them, to the strategy: they are reduced in distopt's fixed rank order,
   each rank steps its shard with the exact rule (LAMB/LARS/Adafactor's
@@ -38,7 +43,7 @@ STRATEGIES = ("ddp", "zero1", "zero2")
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
-    """``ShardedOptimizer(params, optimizer="adamw", strategy="zero2", *,
+    """``ShardedOptimizer(params, optimizer="adamw", strategy="zero1", *
     comm=None, bucket_elements=32768, max_grad_norm=None, **options)``
 
     ``optimizer`` is a distopt rule (``distopt._core.rules()``: adamw, lamb,
@@ -50,7 +55,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     1-D parameters take AdamW, as distopt's command line does.
     """
 
-    def __init__(self, params, optimizer="adamw", strategy="zero2", *, comm=None, bucket_elements=1 << 15,
+    def __init__(self, params, optimizer="adamw", strategy="zero1", *, comm=None, bucket_elements=1 << 15,
                  max_grad_norm=None, norm_type=2.0, **options):
         params = list(params)
         if any(isinstance(p, dict) for p in params):
