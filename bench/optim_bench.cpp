@@ -308,7 +308,7 @@ int run_optim_bench(const OptimBenchOptions& o) {
   if (device == Device::cpu && dtype != DType::f32) throw InvalidInput("--dtype other than f32 needs --device cuda");
   require_device(device);
   for (const RuleCase& rc : selected)
-    if (!rule_runs_on(rc.rule, device)) throw InvalidInput(str(rc.rule, " has no CUDA kernel yet"));
+    if (std::string why = why_rule_cannot_run(rc.rule, device); !why.empty()) throw InvalidInput(why);
   std::vector<Shape2> shapes;
   const std::vector<std::string> defaults = device == Device::cuda
                                                 ? std::vector<std::string>{"256M", "100x10M", "1000x256K"}

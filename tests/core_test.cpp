@@ -17,6 +17,8 @@
 #include "distopt/core/error.hpp"
 #include "distopt/core/tensor.hpp"
 #include "distopt/core/thread_pool.hpp"
+#include "distopt/optim/clip.hpp"
+#include "distopt/optim/grad_scaler.hpp"
 #include "distopt/optim/optimizer.hpp"
 
 namespace distopt {
@@ -296,6 +298,31 @@ TEST(Device, WithoutADeviceCudaIsRefusedInOneLine) {
   } catch (const InvalidInput& e) {
     EXPECT_EQ(std::string(e.what()), "optimizer on cuda: " + why);
   }
+}
+
+// Clipping and the loss scaler read gradients on the CPU: a device
+// gradient is refused in one line before anything reads it (a host read
+// of device memory would crash). The same for every machine.
+TEST(Device, ClippingAndTheLossScalerRefuseDeviceGradients) {
+  float fake[4] = {1, 2, 3, 4};
+  const TensorView g{fake, DType::f32, {4}, Device::cuda};
+  const std::vector<TensorView> grads{g};
+  const auto refused = [](const auto& fn, const std::string& what) {
+    try {
+      fn();
+      ADD_FAILURE() << what << " read a device tensor";
+    } catch (const InvalidInput& e) {
+      EXPECT_EQ(std::string(e.what()), what + " reads tensors on the CPU; this one is on cuda (docs/gpu.md)");
+    }
+  };
+  refused([&] { clip_grad_norm(grads, 1.0); }, "clipping");
+  refused([&] { clip_grad_value(grads, 1.0); }, "clipping");
+  refused([&] { unscale_grads(grads, 0.5f, false); }, "the loss scaler");
+  EXPECT_EQ(fake[0], 1.0f);
+  // The one wording of a rule the device cannot run.
+  EXPECT_EQ(why_rule_cannot_run("adam", Device::cpu), "");
+  EXPECT_EQ(why_rule_cannot_run("nosuchrule", Device::cpu), "unknown update rule 'nosuchrule'");
+  EXPECT_EQ(why_rule_cannot_run("lamb", Device::cuda).rfind("lamb has no CUDA kernel yet (the device runs ", 0), 0u);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // where there is none (CTest label `gpu`).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -24,8 +25,10 @@ namespace {
     if (cuda_device_count() == 0) GTEST_SKIP() << "skipped: " << cuda_unavailable_reason(); \
   } while (0)
 
-// Deterministic values in about [-2, 2], with exact zeros and tiny ones
-// (denormal after a few steps' products) among them.
+// Deterministic values in about [-2, 2], with exact zeros, tiny ones
+// (denormal after a few steps' products) and denormals among them. The
+// denormals are made from bits, not by arithmetic, so that they exist under
+// the flush-denormals mode too (a product would be flushed to zero).
 float value_at(std::uint64_t seed, std::size_t i) {
   std::uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
   x ^= x >> 31;
@@ -33,7 +36,9 @@ float value_at(std::uint64_t seed, std::size_t i) {
   x ^= x >> 29;
   const float u = static_cast<float>(x >> 40) / static_cast<float>(1ull << 24) * 4.0f - 2.0f;
   if (x % 17 == 0) return 0.0f;
-  if (x % 23 == 0) return u * 1e-38f;
+  if (x % 23 == 0) return u * 1e-30f;
+  if (x % 29 == 0)
+    return std::bit_cast<float>(static_cast<std::uint32_t>((x >> 8) & 0x807FFFFFull) | 1u);  // denormal, either sign
   return u;
 }
 

@@ -63,7 +63,8 @@ int run_replay(const ReplayArgs& a) {
       if (!c.expected) throw InvalidInput(str(f, ": no 'expected' member to check against"));
       if (device == Device::cuda && !rule_runs_on(c.optimizer, device)) {
         ++skipped;
-        if (a.verbose) std::fprintf(stderr, "SKIP %s: %s has no CUDA kernel yet\n", f.c_str(), c.optimizer.c_str());
+        if (a.verbose)
+          std::fprintf(stderr, "SKIP %s: %s\n", f.c_str(), why_rule_cannot_run(c.optimizer, device).c_str());
         continue;
       }
       const replay::Comparison cmp = replay::compare(replay::run(c, &pool, {}, device), *c.expected, a.tol);

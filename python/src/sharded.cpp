@@ -67,20 +67,23 @@ class TorchRequest final : public Request {
     work_ = py::object();
     ops_ = py::object();
   }
+  // torch 1.x's gloo send and receive work cannot be polled (is_completed
+  // is always true there): test() waits for it.
   bool test() override {
-    py::gil_scoped_acquire gil;
-    try {
-      return ops_.attr("test")(work_).cast<bool>();
-    } catch (py::error_already_set& e) {
-      throw CommError(str(what_, ": ", e.what()));
-    }
+    wait();
+    return true;
   }
   void wait() override {
+    if (done_) return;
     py::gil_scoped_acquire gil;
     try {
       ops_.attr("wait")(work_, seconds_);
+      done_ = true;
     } catch (py::error_already_set& e) {
-      throw CommError(str(what_, ": ", e.what()));
+      const std::string why = e.what();
+      if (why.find("imed out") != std::string::npos || why.find("imeout") != std::string::npos)
+        throw CommTimeout(str(what_, ": no answer within ", seconds_, " s (torch: ", why, ")"));
+      throw CommError(str(what_, ": ", why));
     }
   }
 
@@ -88,6 +91,7 @@ class TorchRequest final : public Request {
   py::object ops_, work_;
   std::string what_;
   double seconds_;
+  bool done_ = false;
 };
 
 class DoneRequest final : public Request {
@@ -116,19 +120,24 @@ class TorchComm final : public Communicator {
   std::string_view backend() const override { return "torch"; }
 
  protected:
-  // Tags of the collectives' messages, above those point-to-point users may take.
-  static constexpr int kTagRs = kMaxTag + 1, kTagAg = kMaxTag + 2, kTagBc = kMaxTag + 3;
+  // Tags of the collectives' messages, above those point-to-point users may
+  // take (below kMaxTag) and those an emulated link adds (tag + kMaxTag).
+  static constexpr int kTagRs = 2 * kMaxTag + 1, kTagAg = 2 * kMaxTag + 2, kTagBc = 2 * kMaxTag + 3,
+                       kTagBarrier = 2 * kMaxTag + 4;
 
   void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
                            ReduceOp op) override {
     const std::size_t es = size_of(type);
     const auto offsets = offsets_of(counts);
     const std::size_t mine = counts[rank_] * es;
-    std::vector<char> scratch(mine * size_);
+    // A member, as the MPI backend's: a receive abandoned after a failure
+    // must not land in freed memory.
+    if (scratch_.size() < mine * size_) scratch_.resize(mine * size_);
+    char* scratch = scratch_.data();
     std::vector<std::unique_ptr<Request>> reqs;
     for (int j = 1; j < size_; ++j) {  // start with the next rank: spreads the load, as the MPI backend does
       const int peer = (rank_ + j) % size_;
-      reqs.push_back(post("irecv", scratch.data() + peer * mine, mine, peer, kTagRs, "reduce_scatter"));
+      reqs.push_back(post("irecv", scratch + peer * mine, mine, peer, kTagRs, "reduce_scatter"));
     }
     for (int j = 1; j < size_; ++j) {
       const int peer = (rank_ + j) % size_;
@@ -140,7 +149,7 @@ class TorchComm final : public Communicator {
     for (auto& r : reqs) r->wait();
     std::vector<const void*> inputs(size_);
     for (int r = 0; r < size_; ++r)
-      inputs[r] = r == rank_ ? static_cast<const char*>(send) + offsets[rank_] * es : scratch.data() + r * mine;
+      inputs[r] = r == rank_ ? static_cast<const char*>(send) + offsets[rank_] * es : scratch + r * mine;
     reduce_ordered(inputs.data(), size_, recv, counts[rank_], type, op);
   }
 
@@ -176,20 +185,31 @@ class TorchComm final : public Communicator {
     for (auto& r : reqs) r->wait();
   }
 
+  // Every rank tells rank 0 it has arrived; rank 0 answers all once each
+  // has (messages, so the communicator's timeout holds).
   void do_barrier() override {
-    py::gil_scoped_acquire gil;
-    try {
-      ops_.attr("barrier")(seconds());
-    } catch (py::error_already_set& e) {
-      throw CommError(str("barrier: ", e.what()));
+    char token = 0;
+    std::vector<char> tokens(size_);
+    std::vector<std::unique_ptr<Request>> reqs;
+    if (rank_ == 0) {
+      for (int peer = 1; peer < size_; ++peer) reqs.push_back(post("irecv", &tokens[peer], 1, peer, kTagBarrier, "barrier"));
+      for (auto& r : reqs) r->wait();
+      reqs.clear();
+      for (int peer = 1; peer < size_; ++peer) reqs.push_back(post("isend", &token, 1, peer, kTagBarrier, "barrier"));
+    } else {
+      reqs.push_back(post("isend", &token, 1, 0, kTagBarrier, "barrier"));
+      reqs.push_back(post("irecv", &tokens[0], 1, 0, kTagBarrier, "barrier"));
     }
+    for (auto& r : reqs) r->wait();
   }
 
   std::unique_ptr<Request> do_isend(const void* buf, std::size_t bytes, int peer, int tag) override {
+    check_tag(tag);
     count_sent(bytes);
     return post("isend", buf, bytes, peer, tag, "send");
   }
   std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) override {
+    check_tag(tag);
     return post("irecv", buf, bytes, peer, tag, "recv");
   }
   std::unique_ptr<Communicator> do_split(int, int) override {
@@ -198,6 +218,11 @@ class TorchComm final : public Communicator {
 
  private:
   double seconds() const { return std::chrono::duration<double>(timeout()).count(); }
+  static void check_tag(int tag) {
+    if (tag < 0 || tag >= 2 * kMaxTag)
+      throw InvalidInput(str("tag ", tag, " is negative or one of the torch transport's own (", 2 * kMaxTag,
+                             " and above)"));
+  }
 
   std::unique_ptr<Request> post(const char* fn, const void* buf, std::size_t bytes, int peer, int tag,
                                 const char* what) {
@@ -214,6 +239,7 @@ class TorchComm final : public Communicator {
 
   int rank_, size_;
   py::object ops_;
+  std::vector<char> scratch_;  // reduce_scatter's receives
 };
 
 // ---- the MPI environment (one per process) --------------------------------
@@ -305,12 +331,15 @@ class PySharded {
     const std::span<float> init(initial.mutable_data(), layout_.elements);
     py::gil_scoped_release release;
     comm_->broadcast(init.data(), init.size(), ElemType::f32, 0);
-    build(init);
+    adopt(make(init));
+    const Optimizer& opt = strategy_->optimizer();
+    for (std::size_t g = 0; g < opt.num_groups(); ++g) base_lr_.push_back(opt.lr(g));
   }
 
   ~PySharded() {
     py::gil_scoped_release release;  // a torch transport's requests take it
     strategy_.reset();
+    retired_.clear();
   }
 
   std::size_t num_params() const { return layout_.params.size(); }
@@ -363,10 +392,20 @@ class PySharded {
     return norm;
   }
 
+  // Sets an option of the group torch sees (param_groups[0]). A learning
+  // rate scales every group alike (Muon's AdamW group for its 1-D
+  // parameters keeps its ratio to the main one), as distopt's schedulers
+  // scale every group.
   void set_option(const std::string& key, py::handle value) {
     Optimizer& opt = strategy_->optimizer();
-    if (key == "lr") opt.set_lr(0, value.cast<double>());
-    else opt.set_option(0, key, to_option(key, value));
+    if (key != "lr") {
+      opt.set_option(0, key, to_option(key, value));
+      return;
+    }
+    const double lr = value.cast<double>();
+    opt.set_lr(0, lr);
+    for (std::size_t g = 1; g < opt.num_groups(); ++g)
+      if (base_lr_[0] != 0) opt.set_lr(g, lr * (base_lr_[g] / base_lr_[0]));
   }
   py::dict group_options() {
     py::dict d;
@@ -417,17 +456,20 @@ class PySharded {
     return checkpoint::save(*comm_, *strategy_, run_info(), {&strategy_->optimizer()}, o, step, 0);
   }
 
-  // The latest checkpoint under `root`: the strategy is rebuilt from it
-  // (the parameters' addresses change: the caller views them again).
-  // Returns the step it was saved at.
+  // The latest checkpoint under `root`: a strategy is built from it and,
+  // once it has taken the saved state, replaces the current one (the
+  // parameters' addresses change: the caller views them again; on an error
+  // nothing changes). The old strategy's buffers stay allocated until this
+  // object goes, so that tensors still viewing them read stale values, not
+  // freed memory. Returns the step it was saved at.
   std::uint64_t load(const std::string& root) {
     py::gil_scoped_release release;
     const checkpoint::Loaded loaded = checkpoint::load_latest(root);
     const std::vector<float> initial = checkpoint::initial_params(layout_, loaded.wholes);
-    strategy_.reset();
-    build(initial);
-    checkpoint::resume(*comm_, *strategy_, loaded, run_info(), {&strategy_->optimizer()},
+    std::unique_ptr<parallel::Strategy> s = make(initial);
+    checkpoint::resume(*comm_, *s, loaded, run_info(), {&s->optimizer()},
                        []() -> Scheduler& { throw InvalidInput("the checkpoint holds an SWA run"); });
+    adopt(std::move(s));
     return loaded.step;
   }
 
@@ -460,8 +502,14 @@ class PySharded {
     return r;
   }
 
-  void build(std::span<const float> initial) {
-    strategy_ = parallel::make_strategy(strategy_name_, *comm_, layout_, initial, spec_, options_);
+  std::unique_ptr<parallel::Strategy> make(std::span<const float> initial) const {
+    return parallel::make_strategy(strategy_name_, *comm_, layout_, initial, spec_, options_);
+  }
+
+  // `s` becomes the strategy; the parameters' and gradients' addresses are its.
+  void adopt(std::unique_ptr<parallel::Strategy> s) {
+    if (strategy_) retired_.push_back(std::move(strategy_));
+    strategy_ = std::move(s);
     values_.assign(layout_.units.size(), nullptr);
     models::UnitAccess& access = strategy_->access();
     for (std::size_t u = 0; u < layout_.units.size(); ++u) {
@@ -518,6 +566,8 @@ class PySharded {
   parallel::OptimizerSpec spec_;
   parallel::StrategyOptions options_;
   std::unique_ptr<parallel::Strategy> strategy_;
+  std::vector<std::unique_ptr<parallel::Strategy>> retired_;  // replaced by load(), still viewed perhaps
+  std::vector<double> base_lr_;                               // each group's lr as made
   std::vector<float*> values_;   // unit u's parameters in the strategy's buffer
   bool direct_grads_ = false;    // .grad views the strategy's own gradient buffer (grad_at_)
   std::vector<float*> grad_at_;  // unit u's gradient in the strategy's buffer
@@ -567,7 +617,8 @@ void bind_sharded(py::module_& m) {
       .def_property_readonly("bytes_sent", &Communicator::bytes_sent)
       .def("set_timeout",
            [](Communicator& c, double s) {
-             c.set_timeout(Communicator::parse_timeout(std::to_string(s), "timeout"));
+             if (!(s > 0 && s <= 365.0 * 86400)) throw InvalidInput(str("timeout: ", s, " s is not in (0, a year]"));
+             c.set_timeout(std::chrono::ceil<std::chrono::milliseconds>(std::chrono::duration<double>(s)));
            })
       .def("all_reduce",
            [](Communicator& c, std::uintptr_t buf, std::size_t n, const std::string& t, const std::string& op) {

@@ -79,10 +79,34 @@ def main():
                 run["saved_bytes"] = opt.save(os.path.join(a.save, f"{rule}-{strategy}"), a.steps)
             results["runs"][f"{rule}/{strategy}"] = run
             del opt
+    results["comm"] = collectives(comm)
     if a.zero_redundancy:
         results["zero_redundancy"] = zero_redundancy(data, rank, world, comm)
     if rank == 0:
         torch.save(results, a.out)
+
+
+def collectives(comm):
+    """distopt.torch.comm's collectives and PushSum at this world; rank 0's
+    results (and every rank's all-reduce, gathered)."""
+    rank, world = comm.rank, comm.size
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(1000, generator=g)
+    out = {"inputs": torch.empty(world * 1000)}
+    comm.all_gather(out["inputs"], x)
+    out["all_reduce"] = comm.all_reduce(x.clone())
+    out["max"] = comm.all_reduce(x.clone(), op="max")
+    out["reduce_scatter"] = comm.reduce_scatter(torch.empty(1000 // world), x[:1000 // world * world].clone())
+    b = torch.full((5,), float(rank))
+    out["broadcast"] = comm.broadcast(b, src=world - 1)
+    comm.barrier()
+    ps = dcomm.PushSum(comm, 1000)
+    y = x.clone()
+    out["push_sum"] = []
+    for _ in range(4):
+        ps.mix(y)
+        out["push_sum"].append(y / ps.weight)
+    return out
 
 
 def wide(seed=3):

@@ -79,6 +79,7 @@ def same_bits(a, b):
 
 
 def assert_same_run(a, b, what):
+    assert len(a["params"]) == len(b["params"]) == 5, what
     for k, (p, q) in enumerate(zip(a["params"], b["params"])):
         assert same_bits(p, q), f"{what}: parameter {k} differs"
     sa, sb = a["state"]["state"], b["state"]["state"]
@@ -95,6 +96,7 @@ def runs(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("sharded"))
     out = {("mpi", n): launch_mpi(tmp, n) for n in (1, 2, 3, 4)}
     out[("gloo", 2)] = launch_gloo(tmp, 2, "--zero-redundancy")
+    out[("gloo", 3)] = launch_gloo(tmp, 3, "--rules", "lamb")
     return out
 
 
@@ -115,11 +117,35 @@ def test_every_rank_holds_the_same_parameters(runs, world):
             assert same_bits(rows[r], rows[0]), f"{key}: rank {r} differs from rank 0"
 
 
-def test_gloo_gives_mpis_bits(runs):
-    g, m = runs[("gloo", 2)], runs[("mpi", 2)]
+@pytest.mark.parametrize("world", [2, 3])
+def test_gloo_gives_mpis_bits(runs, world):
+    g, m = runs[("gloo", world)], runs[("mpi", world)]
     assert g["backend"] == "torch" and m["backend"] == "mpi"
-    for key in m["runs"]:
+    assert g["runs"]
+    for key in g["runs"]:
         assert_same_run(g["runs"][key], m["runs"][key], f"{key}: gloo vs mpi")
+    for key, value in m["comm"].items():
+        values = value if isinstance(value, list) else [value]
+        others = g["comm"][key] if isinstance(value, list) else [g["comm"][key]]
+        for v, o in zip(values, others):
+            assert same_bits(v, o), f"comm {key}: gloo vs mpi at world {world}"
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_collectives_sum_in_rank_order_and_push_sum_averages(runs, world):
+    c = runs[("mpi", world)]["comm"]
+    rows = c["inputs"].reshape(world, -1)
+    total = rows[0].clone()
+    for r in range(1, world):
+        total += rows[r]  # rank order, in float32
+    assert same_bits(c["all_reduce"], total)
+    assert same_bits(c["max"], rows.max(0).values)
+    n = 1000 // world
+    assert same_bits(c["reduce_scatter"], total[:n])  # rank 0's piece
+    assert torch.equal(c["broadcast"], torch.full((5,), float(world - 1)))
+    mean = rows.double().mean(0)
+    errors = [(z.double() - mean).norm().item() for z in c["push_sum"]]
+    assert errors[-1] < 1e-5 * mean.norm().item() or errors[-1] < errors[0] * 0.5, errors
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -155,7 +181,9 @@ def test_world_one_equals_the_drop_in_and_torch_loads_its_state(runs):
         for k, (p, q) in enumerate(zip(model.parameters(), got["params"])):
             assert same_bits(p.detach(), q), f"{rule}: parameter {k}"
         mine = opt.state_dict()["state"]
+        assert len(got["state"]["state"]) == 5 and got["state"]["state"].keys() == mine.keys(), rule
         for i, entries in got["state"]["state"].items():
+            assert entries.keys() == mine[i].keys(), f"{rule} {i}"
             for key, value in entries.items():
                 assert same_bits(value.reshape(mine[i][key].shape).float(), mine[i][key].float()), f"{rule} {i}.{key}"
     # torch's AdamW takes the consolidated state and steps on.
@@ -193,6 +221,10 @@ def test_checkpoint_saved_at_world_4_loads_at_world_2(tmp_path):
             assert run["loaded_step"] == 6
             assert_same_run({"params": run["loaded_params"], "state": run["loaded_state"]},
                             saved["runs"][f"{rule}/zero2"], f"{rule}: world 4 zero2 -> world 2 {strategy}")
+            # and it trains on from there: the step after the load moves every parameter
+            for p, q in zip(run["loaded_params"], run["params"]):
+                assert not torch.equal(p, q), f"{rule} {strategy}: a parameter did not move after the load"
+            assert int(run["state"]["state"][0]["step"]) == 7
 
 
 # ---- one process ----
@@ -218,6 +250,47 @@ def test_single_rank_trains_with_a_scheduler_and_clipping():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+def _train(model, opt, data, set_to_none=False):
+    for x, y in data:
+        (model.zero_grad(set_to_none=True) if set_to_none else opt.zero_grad())
+        loss_of(model, x, y).backward()
+        opt.step()
+
+
+def test_state_dict_round_trips_and_takes_torchs():
+    single = dcomm.single()
+    data = batches(8, seed=4)
+    # ShardedOptimizer -> state_dict -> a new ShardedOptimizer: the same bits on.
+    a = mlp(seed=3)
+    oa = ShardedOptimizer(a.parameters(), "lamb", "zero2", comm=single, lr=1e-2)
+    _train(a, oa, data[:4])
+    b = mlp(seed=5)
+    ob = ShardedOptimizer(b.parameters(), "lamb", "zero1", comm=single, lr=3e-2)
+    with torch.no_grad():
+        for p, q in zip(b.parameters(), a.parameters()):
+            p.copy_(q)
+    ob.load_state_dict(oa.state_dict())
+    assert ob.param_groups[0]["lr"] == 1e-2
+    _train(a, oa, data[4:])
+    _train(b, ob, data[4:], set_to_none=True)  # model.zero_grad(set_to_none=True): fresh .grad tensors, copied
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert same_bits(p.detach(), q.detach())
+    # torch's AdamW state_dict -> ShardedOptimizer: goes on as torch's.
+    t = mlp(seed=3)
+    ot = torch.optim.AdamW(t.parameters(), lr=1e-2)
+    _train(t, ot, data[:4])
+    s = mlp(seed=6)
+    with torch.no_grad():
+        for p, q in zip(s.parameters(), t.parameters()):
+            p.copy_(q)
+    os_ = ShardedOptimizer(s.parameters(), "adamw", "ddp", comm=single)
+    os_.load_state_dict(ot.state_dict())
+    _train(t, ot, data[4:])
+    _train(s, os_, data[4:])
+    for p, q in zip(s.parameters(), t.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
 def test_bad_input_is_one_line():
     model = mlp(seed=3)
     single = dcomm.single()
@@ -231,9 +304,20 @@ def test_bad_input_is_one_line():
         ShardedOptimizer(mlp(seed=3, dtype=torch.float64).parameters(), "adamw", "ddp", comm=single)
     with pytest.raises(ValueError, match="max_grad_norm"):
         ShardedOptimizer(model.parameters(), "adamw", "ddp", comm=single, max_grad_norm=float("nan"))
+    frozen = mlp(seed=3)
+    frozen[0].bias.requires_grad_(False)
+    with pytest.raises(ValueError, match="parameter 1 .* does not require a gradient"):
+        ShardedOptimizer(frozen.parameters(), "adamw", "ddp", comm=single)
+    with pytest.warns(UserWarning, match="duplicate"), pytest.raises(ValueError, match="parameter 1 appears twice"):
+        ShardedOptimizer([model[0].weight, model[0].weight], "adamw", "ddp", comm=single)
     opt = ShardedOptimizer(model.parameters(), "adamw", "ddp", comm=single)
     with pytest.raises(ValueError, match="2 parameters, this optimizer 5"):
         opt.load_state_dict({"state": {}, "param_groups": [{"params": [0, 1]}]})
+    model[0].weight.data = model[0].weight.data.clone()
+    with pytest.raises(ValueError, match="parameter 0's storage was replaced"):
+        opt.step()
+    with pytest.raises(ValueError, match="timeout"):
+        single.set_timeout(0)
     with pytest.raises(ValueError, match="do not fit a world of 1"):
         single.all_gather(torch.zeros(3), torch.zeros(1))
 

@@ -91,7 +91,9 @@ class MpiRequest final : public Request {
              std::chrono::milliseconds timeout)
       : req_(r), op_(op), rank_(rank), peer_(peer), tag_(tag), expect_(expect_bytes), timeout_(timeout) {}
   ~MpiRequest() override {
-    if (req_ != MPI_REQUEST_NULL && !done_) {  // abandoned: let MPI finish it
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (req_ != MPI_REQUEST_NULL && !done_ && !finalized) {  // abandoned: let MPI finish it
       if (std::string_view(op_) == "recv") MPI_Cancel(&req_);
       MPI_Request_free(&req_);
     }

@@ -4,6 +4,11 @@
 
 namespace distopt {
 
+void require_on_cpu(const TensorView& t, std::string_view what) {
+  if (t.device != Device::cpu)
+    throw InvalidInput(str(what, " reads tensors on the CPU; this one is on ", name_of(t.device), " (docs/gpu.md)"));
+}
+
 std::int64_t numel(const Shape& shape) {
   std::int64_t n = 1;
   for (auto d : shape) {

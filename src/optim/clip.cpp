@@ -15,6 +15,7 @@ namespace {
 // Calls fn(float) for every element of a gradient, whatever its dtype.
 template <class Fn>
 void for_each_value(const TensorView& g, Fn&& fn) {
+  require_on_cpu(g, "clipping");
   const auto n = static_cast<std::size_t>(g.numel());
   dispatch_dtype(g.dtype, [&]<class T>() {
     const T* p = g.as<const T>();
@@ -26,6 +27,7 @@ void for_each_value(const TensorView& g, Fn&& fn) {
 // stored back rounded to the gradient's dtype).
 template <class Fn>
 void transform(const TensorView& g, Fn&& fn) {
+  require_on_cpu(g, "clipping");
   const auto n = static_cast<std::size_t>(g.numel());
   dispatch_dtype(g.dtype, [&]<class T>() {
     T* p = g.as<T>();

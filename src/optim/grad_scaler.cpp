@@ -33,6 +33,7 @@ void check_factors(double growth_factor, double backoff_factor, std::int64_t gro
 }  // namespace
 
 bool unscale_grads(std::span<const TensorView> grads, float inv_scale, bool allow_fp16) {
+  for (const TensorView& g : grads) require_on_cpu(g, "the loss scaler");
   if (!allow_fp16)
     for (const TensorView& g : grads)
       if (g.dtype == DType::f16) throw InvalidInput("Attempting to unscale FP16 gradients.");

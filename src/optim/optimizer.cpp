@@ -51,6 +51,12 @@ bool rule_runs_on(std::string_view rule, Device device) {
   return device == Device::cpu ? find_rule(rule) != nullptr : cuda::has_kernel(rule);
 }
 
+std::string why_rule_cannot_run(std::string_view rule, Device device) {
+  if (rule_runs_on(rule, device)) return "";
+  if (device == Device::cpu) return str("unknown update rule '", rule, "'");
+  return str(rule, " has no CUDA kernel yet (the device runs ", cuda::kernel_rules(), ")");
+}
+
 Optimizer::Optimizer(std::string_view rule, std::vector<ParamGroupSpec> groups, OptionMap defaults,
                      OptimizerConfig config)
     : rule_(&rule_or_throw(rule)), config_(config) {
@@ -107,8 +113,7 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
   }
   if (device == Device::cuda) {
     require_device(device, "optimizer on cuda");
-    if (!rule_runs_on(rule.name, device))
-      throw InvalidInput(str(rule.name, " has no CUDA kernel yet (the device runs ", cuda::kernel_rules(), ")"));
+    if (std::string why = why_rule_cannot_run(rule.name, device); !why.empty()) throw InvalidInput(why);
   }
   device_ = device;
   ParamGroup group;
@@ -389,6 +394,7 @@ void Optimizer::step() {
       if (rule.group_step) state_[i]->scalars[0] = static_cast<float>(group_steps_[g] - 1);
       rule.prepare(parsed_[g], state_[i]->scalars, fresh, coeffs_[i]);
       active_.push_back(i);
+      if (device_ != Device::cpu) continue;  // the device steps whole tensors (step_on_device)
       const auto n = static_cast<std::size_t>(params_[i].value.numel());
       for (std::size_t b = 0; b < n; b += std::min(chunk, n - b)) work_.push_back({i, b, b + std::min(chunk, n - b)});
     }

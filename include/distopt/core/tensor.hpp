@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "distopt/core/device.hpp"
@@ -31,5 +32,9 @@ struct TensorView {
     return static_cast<T*>(data);
   }
 };
+
+// InvalidInput unless `t` lives in host memory: for code that reads
+// tensors on the CPU (`what` names it: "clipping", "the loss scaler").
+void require_on_cpu(const TensorView& t, std::string_view what);
 
 }  // namespace distopt

@@ -108,6 +108,9 @@ struct OptimizerConfig {
 // Whether an Optimizer of rule `rule` can step parameters on `device`
 // (every rule on the CPU; the pointwise ones, which have kernels, on CUDA).
 bool rule_runs_on(std::string_view rule, Device device);
+// Why rule `rule` cannot step parameters on `device` (one line naming the
+// rules that can), or "" when it can: the one wording of that refusal.
+std::string why_rule_cannot_run(std::string_view rule, Device device);
 
 class Optimizer {
  public:

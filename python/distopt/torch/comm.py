@@ -104,7 +104,8 @@ class _TorchOps:
         if group is not None:
             from torch.distributed import distributed_c10d as c10d
 
-            self._ranks = [c10d._get_global_rank(group, r) for r in range(dist.get_world_size(group))]
+            global_rank = getattr(dist, "get_global_rank", None) or c10d._get_global_rank  # public from torch 2.0
+            self._ranks = [global_rank(group, r) for r in range(dist.get_world_size(group))]
 
     def _peer(self, r):
         return r if self._ranks is None else self._ranks[r]
@@ -118,26 +119,33 @@ class _TorchOps:
         return (self._dist.irecv(t, self._peer(peer), group=self._group, tag=tag), t)
 
     @staticmethod
-    def test(work):
-        return work[0].is_completed()
-
-    @staticmethod
     def wait(work, seconds):
         work[0].wait(datetime.timedelta(seconds=seconds))
 
-    def barrier(self, seconds):
-        self._dist.barrier(group=self._group)
+
+_groups = {}
 
 
 def from_process_group(group=None):
     """A communicator over a torch.distributed process group (the default
-    one when None). Its collectives are distopt's, built from the group's
-    point-to-point messages: the same bits as over MPI."""
+    one when None; one communicator per group, made once). Its collectives
+    are distopt's, built from the group's point-to-point messages: the same
+    bits as over MPI. The group must carry CPU tensors (gloo or mpi)."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialized (call torch.distributed.init_process_group first)")
-    return Communicator(_core.torch_comm(dist.get_rank(group), dist.get_world_size(group), _TorchOps(group)))
+    key = id(group) if group is not None else None
+    if key not in _groups:
+        backend = dist.get_backend(group)
+        if backend not in ("gloo", "mpi"):
+            raise ValueError(f"the process group's backend is {backend}; distopt.torch.comm moves CPU tensors, "
+                             "so it needs gloo (init_process_group('gloo'), or a gloo group from new_group)")
+        rank = dist.get_rank(group)
+        if rank < 0:
+            raise ValueError("this process is not a member of the process group")
+        _groups[key] = (group, Communicator(_core.torch_comm(rank, dist.get_world_size(group), _TorchOps(group))))
+    return _groups[key][1]
 
 
 _mpi = None
@@ -160,8 +168,12 @@ def mpi_world():
             except OSError:
                 continue
         _mpi = Communicator(_core.mpi_world())
-        atexit.register(_core.mpi_finalize)
     return _mpi
+
+
+# Registered at import, so it runs after the exit handlers registered later
+# (which may still communicate); a no-op when MPI was never started.
+atexit.register(_core.mpi_finalize)
 
 
 def single():

@@ -72,8 +72,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         defaults = dict(known)
         defaults.update(options)
         super().__init__(params, defaults)
+        seen = set()
         for i, p in enumerate(self._all()):
             self._check_param(p, i)
+            if id(p) in seen:
+                raise ValueError(f"ShardedOptimizer: parameter {i} appears twice (pass each tensor once)")
+            seen.add(id(p))
         self.comm = comm if comm is not None else _comm.world()
         self.rule = optimizer
         self.strategy = strategy
@@ -104,17 +108,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"{label} is on {p.device}; distopt.torch steps CPU tensors")
         if p.numel() == 0:
             raise ValueError(f"{label} has no elements")
+        if not p.requires_grad:
+            raise ValueError(f"{label} does not require a gradient; pass only the trained parameters "
+                             "([p for p in model.parameters() if p.requires_grad])")
 
     def _attach(self):
         """Each parameter becomes a view of the strategy's buffer and its
         gradient a view of the flat gradient buffer."""
-        self._grads = []
+        self._grads, self._values = [], []
         with torch.no_grad():
             for i, p in enumerate(self._all()):
                 p.data = torch.from_numpy(self._core.param(i))
                 g = torch.from_numpy(self._core.grad(i))
                 p.grad = g
                 self._grads.append(g)
+                self._values.append(p.data_ptr())
 
     def add_param_group(self, param_group):
         if self.param_groups:
@@ -134,6 +142,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # A .grad replaced by the user (or set to None) goes back into the buffer.
         with torch.no_grad():
             for i, (p, g) in enumerate(zip(self._all(), self._grads)):
+                if p.data_ptr() != self._values[i]:
+                    raise ValueError(f"ShardedOptimizer: parameter {i}'s storage was replaced (model.to(...), "
+                                     "p.data = ..., load_state_dict(assign=True)); the optimizer steps its own "
+                                     "buffer, so make the optimizer after moving the model and load values with "
+                                     "p.copy_(...)")
                 if p.grad is g:
                     continue
                 if p.grad is None:
@@ -197,12 +210,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"the state_dict's state names parameter {saved}, which no group holds")
             for key, value in entries.items():
                 wholes[f"state.{i}.{key}"] = torch.as_tensor(value).detach().to(torch.float32).contiguous().numpy()
+        self._core.load_consolidated(wholes)
         group = self.param_groups[0]
         for k, v in groups[0].items():
             if k != "params" and k in group:
                 group[k] = v
         self._sync_options()
-        self._core.load_consolidated(wholes)
 
     def save(self, root, step, keep=3):
         """distopt's reshardable checkpoint of the parameters and the
