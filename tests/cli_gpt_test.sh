@@ -54,7 +54,7 @@ for o in sgd lamb adafactor muon shampoo; do
       || fail "gpt $o: $s $(hash_of "$tmp/o_$s") vs ddp $(hash_of "$tmp/o_ddp")"
   done
 done
-for s in sgp osgp dpsgd adpsgd slowmo; do
+for s in sgp osgp dpsgd adpsgd slowmo diloco; do
   "$bin" "${tiny[@]}" --max-steps 4 --world 2 --strategy $s --clip-grad-norm 1 --ema-decay 0.9 >/dev/null 2>"$tmp/err" \
     || fail "gpt under $s exited $?: $(cat "$tmp/err")"
 done

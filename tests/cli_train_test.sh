@@ -118,10 +118,18 @@ if ! sanitized; then
   grep -q "cannot start 400 ranks as threads" "$tmp/err" || fail "train --world 400: $(cat "$tmp/err")"
 fi
 # Gossip options: with the strategies that use them only, and checked.
-expect_error 2 "\-\-topology applies to the gossip strategies (sgp, osgp, dpsgd, adpsgd, slowmo), not \-\-strategy ddp" -- \
+expect_error 2 "\-\-topology applies to the gossip strategies (sgp, osgp, dpsgd, adpsgd, slowmo, diloco), not \-\-strategy ddp" -- \
   train --data synthetic --topology ring
 expect_error 2 "\-\-synch-freq applies to \-\-strategy osgp and adpsgd, not sgp" -- train --data synthetic --strategy sgp --synch-freq 1
 expect_error 2 "\-\-slowmo-lr applies to \-\-strategy slowmo, not sgp" -- train --data synthetic --strategy sgp --slowmo-lr 2
+expect_error 2 "\-\-sync-every applies to \-\-strategy diloco, not slowmo" -- train --data synthetic --strategy slowmo --sync-every 5
+expect_error 2 "\-\-sync-every must be at least 1 (got 0)" -- train --data synthetic --strategy diloco --sync-every 0
+expect_error 2 "\-\-outer-optimizer: 'foo' is not an optimizer of the library" -- train --data synthetic --strategy diloco \
+  --outer-optimizer foo
+expect_error 2 "\-\-outer-momentum must be in \[0, 1) (got 1)" -- train --data synthetic --strategy diloco --outer-momentum 1
+expect_error 2 "\-\-outer-lr must be a positive number (got 0)" -- train --data synthetic --strategy diloco --outer-lr 0
+expect_error 2 "\-\-topology applies to the push-sum strategies, not diloco" -- train --data synthetic --strategy diloco \
+  --topology ring
 expect_error 2 "unknown topology 'hypercube' (known: exponential," -- train --data synthetic --strategy sgp --topology hypercube
 expect_error 2 "bipartite-exponential needs an even world size (got 3)" -- train --data synthetic --strategy dpsgd --world 3
 expect_error 2 "\-\-peers-per-iteration 2 needs a world of more than 2 ranks (world 2)" -- train --data synthetic \
@@ -325,7 +333,8 @@ expect_error 2 "--resume: no complete checkpoint in $tmp/empty_ck" -- train --da
 gs=(train --data synthetic --train-size 512 --test-size 128 --epochs 2 --batch-size 64 --world 4 --progress none --json)
 for g in "--strategy sgp" "--strategy osgp --synch-freq 1" "--strategy dpsgd" \
          "--strategy slowmo --slowmo-frequency 4 --localsgd-frequency 3" \
-         "--strategy slowmo --slowmo-base sgp --slowmo-frequency 5 --topology ring"; do
+         "--strategy slowmo --slowmo-base sgp --slowmo-frequency 5 --topology ring" \
+         "--strategy diloco --sync-every 3 --outer-optimizer sgd"; do
   rm -rf "$tmp/ckg"
   # shellcheck disable=SC2086
   "$bin" "${gs[@]}" $g >"$tmp/g_straight" 2>/dev/null || fail "$g: uninterrupted run exited $?"
@@ -341,7 +350,7 @@ for g in "--strategy sgp" "--strategy osgp --synch-freq 1" "--strategy dpsgd" \
 done
 "$bin" train --resume --checkpoint-dir "$tmp/ckg" --max-steps 0 --world 2 --strategy zero2 >/dev/null 2>"$tmp/err" \
   || fail "a gossip checkpoint resumed as zero2@2 exited $?: $(cat "$tmp/err")"
-grep -q "resuming the slowmo checkpoint of 4 ranks as zero2 at 2 .*every rank starts from the ranks' mean model and optimizer state" \
+grep -q "resuming the diloco checkpoint of 4 ranks as zero2 at 2 .*every rank starts from the ranks' mean model and optimizer state" \
   "$tmp/err" || fail "consensus start not reported: $(cat "$tmp/err")"
 "$bin" checkpoint inspect "$tmp/ckg" >"$tmp/inspect" 2>&1 || fail "inspect of a gossip checkpoint exited $?"
 grep -q "gossip.3.x" "$tmp/inspect" || fail "inspect lists no rank's own state: $(cat "$tmp/inspect")"

@@ -48,6 +48,17 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
+// |a - b| / |b| over the whole vectors (2-norms).
+double norm_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double d = 0, n = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    d += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    n += double(b[i]) * b[i];
+  }
+  return std::sqrt(d / n);
+}
+
 }  // namespace
 
 TEST(GossipTraining, SlowMoWithTauOneIsSgdWithTheOuterLrAndMomentum) {
@@ -109,6 +120,68 @@ TEST(GossipTraining, LocalSgdIsAManualAverageEveryFSteps) {
   std::vector<float> want;
   for (const ParamSlot& s : model->params()) want.insert(want.end(), p[0].begin() + s.offset, p[0].begin() + s.offset + s.numel());
   EXPECT_LT(max_rel_diff(got.params, want), 1e-4);
+}
+
+// DiLoCo (src/parallel/gossip/diloco.cpp). The outer step subtracts the
+// averaged pseudo-gradient: theta - mean_r(theta - theta_r) equals the
+// plain average mean_r(theta_r) in exact arithmetic, not in float (a - (a
+// - b) need not be b), so these equivalences hold to rounding, not to the
+// bit.
+train::TrainConfig diloco(int sync_every, double outer_lr, double outer_momentum) {
+  train::TrainConfig c = base("diloco", {{"lr", 0.1}});
+  c.parallel.gossip.sync_every = sync_every;
+  c.parallel.gossip.outer_optimizer = "sgd";
+  c.parallel.gossip.outer_lr = outer_lr;
+  c.parallel.gossip.outer_momentum = outer_momentum;
+  return c;
+}
+
+TEST(GossipTraining, DilocoSyncingEveryStepWithOuterLrOneIsDdp) {
+  // H = 1, inner SGD without momentum, outer SGD lr 1 without momentum:
+  // each step every rank moves by its own gradient, the moves are averaged
+  // and applied to the common model -- ddp's step.
+  const train::TrainConfig ddp = base("ddp", {{"lr", 0.1}});
+  for (int n : {2, 3, 4}) {
+    const train::TrainResult a = run(n, diloco(1, 1.0, 0.0)), b = run(n, ddp);
+    EXPECT_LT(norm_rel_diff(a.params, b.params), 1e-6) << n;
+    EXPECT_LT(max_rel_diff(a.params, b.params), 1e-5) << n;
+    EXPECT_LT(a.consensus_distance, 1e-12) << n;
+  }
+  // ... and the test can tell: an outer lr of 0.9 is far off.
+  EXPECT_GT(norm_rel_diff(run(2, diloco(1, 0.9, 0.0)).params, run(2, ddp).params), 1e-4);
+}
+
+TEST(GossipTraining, DilocoWithOuterLrOneIsLocalSgd) {
+  // Outer SGD lr 1 without momentum at H = 3: local SGD averaging every 3
+  // steps (slowmo's localsgd base with SlowMo off), to rounding.
+  train::TrainConfig local = base("slowmo", {{"lr", 0.1}});
+  local.parallel.gossip.localsgd_frequency = 3;
+  local.parallel.gossip.slowmo_frequency = 1000;
+  local.parallel.gossip.slowmo_momentum = 0.0;
+  local.parallel.gossip.slowmo_lr = 1.0;
+  for (int n : {2, 4}) {
+    const train::TrainResult a = run(n, diloco(3, 1.0, 0.0)), b = run(n, local);
+    EXPECT_LT(norm_rel_diff(a.params, b.params), 1e-6) << n;
+    EXPECT_LT(max_rel_diff(a.params, b.params), 1e-5) << n;
+  }
+  // The paper's outer Nesterov SGD (lr 0.7, momentum 0.9) is another method.
+  EXPECT_GT(norm_rel_diff(run(2, diloco(3, 0.7, 0.9)).params, run(2, local).params), 1e-4);
+}
+
+TEST(GossipTraining, DilocoCommunicatesOncePerSync) {
+  // One all-reduce of the model per H steps and nothing between: over 20
+  // steps, H = 1, 5 and 10 sync 20, 4 and 2 times, so beyond the run's
+  // fixed bytes (setup, evaluation) the differences are 18 and 2 syncs.
+  train::TrainConfig c = diloco(1, 0.7, 0.9);
+  c.max_steps = 20;
+  std::uint64_t bytes[3];
+  int k = 0;
+  for (int h : {1, 5, 10}) {
+    c.parallel.gossip.sync_every = h;
+    bytes[k++] = run(2, c).bytes_sent;
+  }
+  ASSERT_GT(bytes[1], bytes[2]);
+  EXPECT_EQ(bytes[0] - bytes[2], 9 * (bytes[1] - bytes[2]));
 }
 
 TEST(GossipTraining, SgpOnTheCompleteGraphIsAllReduceSgd) {

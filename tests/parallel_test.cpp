@@ -474,7 +474,7 @@ TEST(Setup, StrategiesDeclareWhatTheyAre) {
       {"zero2", false, false, true, false, 2},   {"zero3", false, false, true, false, 3},
       {"sgp", true, true, false, true, 0},       {"osgp", true, true, false, true, 0},
       {"dpsgd", true, true, false, true, 0},     {"adpsgd", true, true, false, true, 0},
-      {"slowmo", true, true, false, true, 0},
+      {"slowmo", true, true, false, true, 0},    {"diloco", true, true, false, true, 0},
   };
   ASSERT_EQ(parallel::all_strategies().size(), std::size(expected));
   for (std::size_t k = 0; k < std::size(expected); ++k) {
@@ -507,11 +507,19 @@ TEST(Setup, StrategiesDeclareWhatTheyAre) {
   EXPECT_EQ(misfit("slowmo", "topology", sgp_base), "");
   EXPECT_EQ(misfit("slowmo", "localsgd-frequency", sgp_base), "--localsgd-frequency applies to --slowmo-base localsgd");
   EXPECT_EQ(misfit("sgp", "topology", local), "");
+  EXPECT_EQ(misfit("diloco", "sync-every", local), "");
+  EXPECT_EQ(misfit("diloco", "outer-lr", local), "");
+  EXPECT_EQ(misfit("slowmo", "sync-every", local), "--sync-every applies to --strategy diloco, not slowmo");
+  EXPECT_EQ(misfit("sgp", "outer-optimizer", local), "--outer-optimizer applies to --strategy diloco, not sgp");
+  EXPECT_EQ(misfit("diloco", "topology", local),
+            "--topology applies to the push-sum strategies, not diloco (it averages exactly)");
+  EXPECT_EQ(misfit("diloco", "slowmo-lr", local), "--slowmo-lr applies to --strategy slowmo, not diloco");
 }
 
 TEST(Setup, UnknownOrInexactStrategiesAreRefused) {
   EXPECT_THROW(parallel::require_strategy("zero4"), InvalidInput);
-  for (const char* s : {"sgp", "osgp", "dpsgd", "adpsgd", "slowmo"}) EXPECT_NO_THROW(parallel::require_strategy(s));
+  for (const char* s : {"sgp", "osgp", "dpsgd", "adpsgd", "slowmo", "diloco"})
+    EXPECT_NO_THROW(parallel::require_strategy(s));
   for (const char* s : kSharded) EXPECT_NO_THROW(parallel::require_strategy(s));
   // tensor_stats rules run under every strategy; whole_tensor ones (not
   // built yet) only where each rank has whole tensors.

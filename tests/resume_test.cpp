@@ -295,6 +295,12 @@ std::vector<GossipCase> gossip_cases() {
   cases.push_back({"slowmo-localsgd", "slowmo", g});
   g.slowmo_base = "sgp";
   cases.push_back({"slowmo-sgp", "slowmo", g});
+  g = {};
+  g.sync_every = 5;  // saved at 8, mid-cycle, after the outer step of 5 (momentum)
+  cases.push_back({"diloco", "diloco", g});
+  g.outer_optimizer = "adam";
+  g.outer_lr = 0.01;
+  cases.push_back({"diloco-outer-adam", "diloco", g});
   return cases;
 }
 

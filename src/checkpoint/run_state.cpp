@@ -92,7 +92,11 @@ OJson gossip_options_json(const parallel::GossipOptions& g) {
           {"localsgd_frequency", g.localsgd_frequency},
           {"slowmo_frequency", g.slowmo_frequency},
           {"slowmo_momentum", g.slowmo_momentum},
-          {"slowmo_lr", g.slowmo_lr}};
+          {"slowmo_lr", g.slowmo_lr},
+          {"sync_every", g.sync_every},
+          {"outer_optimizer", g.outer_optimizer},
+          {"outer_lr", g.outer_lr},
+          {"outer_momentum", g.outer_momentum}};
 }
 // The options as written by gossip_options_json, or none where a member is
 // missing or of another type (then no run is the same as the saved one).
@@ -105,11 +109,22 @@ std::optional<parallel::GossipOptions> gossip_options(const Json& j) {
     return v.is_number_integer() && v.get<std::int64_t>() >= INT32_MIN && v.get<std::int64_t>() <= INT32_MAX;
   };
   if (!topology.is_string() || !is_int(peers) || !is_int(synch) || !base.is_string() || !is_int(local) ||
-      !is_int(slow) || !momentum.is_number() || !lr.is_number() || j.size() != 8)
+      !is_int(slow) || !momentum.is_number() || !lr.is_number())
     return std::nullopt;
-  return parallel::GossipOptions{topology.get<std::string>(), peers.get<int>(),   synch.get<int>(),
-                                 base.get<std::string>(),     local.get<int>(),   slow.get<int>(),
-                                 momentum.get<double>(),      lr.get<double>()};
+  parallel::GossipOptions g{topology.get<std::string>(), peers.get<int>(),   synch.get<int>(),
+                            base.get<std::string>(),     local.get<int>(),   slow.get<int>(),
+                            momentum.get<double>(),      lr.get<double>()};
+  // diloco's members (checkpoints of 0.2 have none: the defaults).
+  if (j.size() == 8) return g;
+  const Json &every = member(j, "sync_every"), &outer = member(j, "outer_optimizer"),
+             &outer_lr = member(j, "outer_lr"), &outer_momentum = member(j, "outer_momentum");
+  if (j.size() != 12 || !is_int(every) || !outer.is_string() || !outer_lr.is_number() || !outer_momentum.is_number())
+    return std::nullopt;
+  g.sync_every = every.get<int>();
+  g.outer_optimizer = outer.get<std::string>();
+  g.outer_lr = outer_lr.get<double>();
+  g.outer_momentum = outer_momentum.get<double>();
+  return g;
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ namespace distopt::parallel {
 namespace detail {
 // Each defined at the end of its strategy's file.
 extern const StrategyInfo kDdp, kZero1, kZero2, kZero3;           // ddp.cpp, zero1.cpp, ...
-extern const StrategyInfo kSgp, kOsgp, kDpsgd, kAdpsgd, kSlowmo;  // gossip/sgp.cpp, ...
+extern const StrategyInfo kSgp, kOsgp, kDpsgd, kAdpsgd, kSlowmo, kDiloco;  // gossip/sgp.cpp, ...
 }  // namespace detail
 
 namespace {
@@ -22,7 +22,7 @@ namespace {
 constexpr const StrategyInfo* kStrategies[] = {
     &detail::kDdp, &detail::kZero1, &detail::kZero2, &detail::kZero3,  // over the engine core
     &detail::kSgp, &detail::kOsgp,  &detail::kDpsgd, &detail::kAdpsgd,  // over the gossip core
-    &detail::kSlowmo,
+    &detail::kSlowmo, &detail::kDiloco,
 };
 
 }  // namespace

@@ -77,9 +77,10 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
   mine[kBucket] = options.bucket_elements;
   const GossipOptions& g = options.gossip;
-  h = fnv(fnv(kFnvBasis, g.topology), g.slowmo_base);
+  h = fnv(fnv(fnv(kFnvBasis, g.topology), g.slowmo_base), g.outer_optimizer);
   for (double v : {double(g.peers_per_iteration), double(g.synch_freq), double(g.localsgd_frequency),
-                   double(g.slowmo_frequency), g.slowmo_momentum, g.slowmo_lr})
+                   double(g.slowmo_frequency), g.slowmo_momentum, g.slowmo_lr, double(g.sync_every), g.outer_lr,
+                   g.outer_momentum})
     h = fnv_value(h, v);
   mine[kGossip] = h;
   const auto n = static_cast<std::size_t>(comm.size());

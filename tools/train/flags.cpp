@@ -68,7 +68,7 @@ Runner add_train(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--strategy", c.strategy,
                   "ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded gradients), zero3 (+ sharded "
-                  "parameters), or gossip: sgp, osgp, dpsgd, adpsgd, slowmo (docs/gossip.md)")
+                  "parameters), or gossip: sgp, osgp, dpsgd, adpsgd, slowmo, diloco (docs/gossip.md)")
       ->capture_default_str();
   parallel::GossipOptions& g = c.parallel.gossip;
   auto gossip_flag = [&](const std::string& name, auto& field, const std::string& help) {
@@ -86,6 +86,12 @@ Runner add_train(CLI::App& app) {
   gossip_flag("--slowmo-frequency", g.slowmo_frequency, "slowmo: steps between outer updates, tau (default 48)");
   gossip_flag("--slowmo-momentum", g.slowmo_momentum, "slowmo: outer momentum beta (default 0.5)");
   gossip_flag("--slowmo-lr", g.slowmo_lr, "slowmo: outer lr alpha (default 1)");
+  gossip_flag("--sync-every", g.sync_every, "diloco: inner steps between outer steps, H (default 100)");
+  gossip_flag("--outer-optimizer", g.outer_optimizer,
+              "diloco: the outer optimizer, any of the library (default sgd with Nesterov momentum)");
+  gossip_flag("--outer-lr", g.outer_lr, "diloco: the outer learning rate (default 0.7)");
+  gossip_flag("--outer-momentum", g.outer_momentum,
+              "diloco with the outer sgd: its momentum, Nesterov's when positive (default 0.9)");
   sub->add_option("--link-bandwidth", a->link_bandwidth,
                   "emulate a network link per rank of this many bits per second (e.g. 100M, 1G; default none)");
   sub->add_option("--link-latency", a->link_latency, "emulated link latency in seconds (default 0)");

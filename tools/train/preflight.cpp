@@ -31,7 +31,8 @@ namespace distopt::cli {
 
 const std::set<std::string> kGossipFlags = {
     "--topology",           "--peers-per-iteration", "--synch-freq",      "--slowmo-base",
-    "--localsgd-frequency", "--slowmo-frequency",    "--slowmo-momentum", "--slowmo-lr"};
+    "--localsgd-frequency", "--slowmo-frequency",    "--slowmo-momentum", "--slowmo-lr",
+    "--sync-every",         "--outer-optimizer",     "--outer-lr",        "--outer-momentum"};
 
 // Why a gossip flag does not apply to strategy `s` (with that slowmo base),
 // or "" when it does.

@@ -44,6 +44,11 @@
 //   slowmo  local SGD (parameters averaged every localsgd_frequency steps)
 //           or sgp, with SlowMo's outer momentum every slowmo_frequency
 //           steps (Wang et al. 2020)
+//   diloco  each rank trains its replica sync_every steps with its own
+//           inner optimizer; then the pseudo-gradient (model at the last
+//           sync - own model) is averaged and an outer optimizer steps the
+//           synced model with it, from which every rank goes on
+//           (Douillard et al. 2023)
 #pragma once
 
 #include <cstddef>
@@ -103,6 +108,14 @@ struct GossipOptions {
   int slowmo_frequency = 48;    // tau
   double slowmo_momentum = 0.5;  // beta
   double slowmo_lr = 1.0;        // alpha
+  // diloco (Douillard et al. 2023): inner steps between outer steps (H),
+  // and the outer optimizer: a rule of the library with lr outer_lr; sgd
+  // takes outer_momentum, with Nesterov's form when it is positive (the
+  // paper's SGD, lr 0.7, Nesterov momentum 0.9).
+  int sync_every = 100;
+  std::string outer_optimizer = "sgd";
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
   friend bool operator==(const GossipOptions&, const GossipOptions&) = default;
 };
 

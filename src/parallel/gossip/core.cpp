@@ -27,11 +27,18 @@ void check_gossip_options(std::string_view strategy, const StrategyOptions& o) {
     throw InvalidInput(str("--slowmo-momentum must be in [0, 1) (got ", g.slowmo_momentum, ")"));
   if (!(g.slowmo_lr > 0 && std::isfinite(g.slowmo_lr)))
     throw InvalidInput(str("--slowmo-lr must be a positive number (got ", g.slowmo_lr, ")"));
+  if (g.sync_every < 1) throw InvalidInput(str("--sync-every must be at least 1 (got ", g.sync_every, ")"));
+  if (!(g.outer_lr > 0 && std::isfinite(g.outer_lr)))
+    throw InvalidInput(str("--outer-lr must be a positive number (got ", g.outer_lr, ")"));
+  if (!(g.outer_momentum >= 0 && g.outer_momentum < 1))
+    throw InvalidInput(str("--outer-momentum must be in [0, 1) (got ", g.outer_momentum, ")"));
   if (g.slowmo_base != "localsgd" && g.slowmo_base != "sgp")
     throw InvalidInput(str("--slowmo-base: '", g.slowmo_base, "' is not localsgd or sgp"));
 }
 
-std::string gossip_misfit(std::string_view strategy, std::string_view flag, bool synch_freq, bool slowmo) {
+std::string gossip_misfit(std::string_view strategy, std::string_view flag, bool synch_freq, bool slowmo, bool outer) {
+  if ((flag == "sync-every" || flag.starts_with("outer-")) && !outer)
+    return str("--", flag, " applies to --strategy diloco, not ", strategy);
   if (flag == "synch-freq" && !synch_freq)
     return str("--synch-freq applies to --strategy osgp and adpsgd, not ", strategy);
   if ((flag.starts_with("slowmo") || flag == "localsgd-frequency") && !slowmo)

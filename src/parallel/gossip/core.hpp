@@ -125,9 +125,11 @@ void check_gossip_options(std::string_view strategy, const StrategyOptions& opti
 
 // Why `flag` (without its dashes) does not apply to the gossip strategy
 // `strategy`, which reads --topology and --peers-per-iteration, and
-// --synch-freq when `synch_freq`, slowmo's flags when `slowmo`; "" when it
-// applies (slowmo adds what its base decides).
-std::string gossip_misfit(std::string_view strategy, std::string_view flag, bool synch_freq, bool slowmo);
+// --synch-freq when `synch_freq`, slowmo's flags when `slowmo`, diloco's
+// (--sync-every, --outer-*) when `outer`; "" when it applies (slowmo adds
+// what its base decides, diloco that it has no topology).
+std::string gossip_misfit(std::string_view strategy, std::string_view flag, bool synch_freq, bool slowmo,
+                          bool outer = false);
 // A registry entry's option_misfit for a strategy that reads --topology and
 // --peers-per-iteration, and --synch-freq when kSynchFreq.
 template <bool kSynchFreq>
