@@ -128,8 +128,10 @@ expect_error 2 "\-\-outer-optimizer: 'foo' is not an optimizer of the library" -
   --outer-optimizer foo
 expect_error 2 "\-\-outer-momentum must be in \[0, 1) (got 1)" -- train --data synthetic --strategy diloco --outer-momentum 1
 expect_error 2 "\-\-outer-lr must be a positive number (got 0)" -- train --data synthetic --strategy diloco --outer-lr 0
-expect_error 2 "\-\-topology applies to the push-sum strategies, not diloco" -- train --data synthetic --strategy diloco \
-  --topology ring
+expect_error 2 "\-\-topology applies to the strategies that gossip on a graph, not diloco" -- train --data synthetic \
+  --strategy diloco --topology ring
+expect_error 2 "\-\-outer-momentum applies to \-\-outer-optimizer sgd (adam keeps its own defaults)" -- train \
+  --data synthetic --strategy diloco --outer-optimizer adam --outer-momentum 0.5
 expect_error 2 "unknown topology 'hypercube' (known: exponential," -- train --data synthetic --strategy sgp --topology hypercube
 expect_error 2 "bipartite-exponential needs an even world size (got 3)" -- train --data synthetic --strategy dpsgd --world 3
 expect_error 2 "\-\-peers-per-iteration 2 needs a world of more than 2 ranks (world 2)" -- train --data synthetic \

@@ -512,7 +512,12 @@ TEST(Setup, StrategiesDeclareWhatTheyAre) {
   EXPECT_EQ(misfit("slowmo", "sync-every", local), "--sync-every applies to --strategy diloco, not slowmo");
   EXPECT_EQ(misfit("sgp", "outer-optimizer", local), "--outer-optimizer applies to --strategy diloco, not sgp");
   EXPECT_EQ(misfit("diloco", "topology", local),
-            "--topology applies to the push-sum strategies, not diloco (it averages exactly)");
+            "--topology applies to the strategies that gossip on a graph, not diloco (it averages exactly)");
+  EXPECT_EQ(misfit("diloco", "outer-momentum", local), "");
+  parallel::GossipOptions adam_outer;
+  adam_outer.outer_optimizer = "adam";
+  EXPECT_EQ(misfit("diloco", "outer-momentum", adam_outer),
+            "--outer-momentum applies to --outer-optimizer sgd (adam keeps its own defaults)");
   EXPECT_EQ(misfit("diloco", "slowmo-lr", local), "--slowmo-lr applies to --strategy slowmo, not diloco");
 }
 

@@ -301,6 +301,8 @@ std::vector<GossipCase> gossip_cases() {
   g.outer_optimizer = "adam";
   g.outer_lr = 0.01;
   cases.push_back({"diloco-outer-adam", "diloco", g});
+  g.outer_optimizer = "lamb";  // its bias corrections count the outer steps
+  cases.push_back({"diloco-outer-lamb", "diloco", g});
   return cases;
 }
 

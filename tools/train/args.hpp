@@ -54,8 +54,9 @@ void prepare(TrainArgs& a);
 // process, before anything is allocated.
 void check_memory(const TrainArgs& a, int ranks);
 // Why gossip flag `flag` ("--topology") does not apply to strategy `s`
-// (with that slowmo base), or "" when it does; the gossip flags.
-std::string gossip_flag_misfit(const std::string& flag, const std::string& s, const std::string& slowmo_base);
+// configured with `options` (slowmo's base, diloco's outer optimizer), or
+// "" when it does; the gossip flags.
+std::string gossip_flag_misfit(const std::string& flag, const std::string& s, const parallel::GossipOptions& options);
 extern const std::set<std::string> kGossipFlags;
 
 // data.cpp

@@ -38,7 +38,7 @@ const std::set<std::string> kGossipFlags = {
 // or "" when it does.
 // Each strategy says which gossip flags it reads (StrategyInfo::option_misfit);
 // one that reads none names the ones that do.
-std::string gossip_flag_misfit(const std::string& flag, const std::string& s, const std::string& slowmo_base) {
+std::string gossip_flag_misfit(const std::string& flag, const std::string& s, const parallel::GossipOptions& options) {
   const parallel::StrategyInfo* info = parallel::find_strategy(s);
   if (info == nullptr || info->option_misfit == nullptr) {
     std::string readers;
@@ -46,8 +46,6 @@ std::string gossip_flag_misfit(const std::string& flag, const std::string& s, co
       if (r->option_misfit != nullptr) readers += (readers.empty() ? "" : ", ") + std::string(r->name);
     return str(flag, " applies to the gossip strategies (", readers, "), not --strategy ", s);
   }
-  parallel::GossipOptions options;
-  options.slowmo_base = slowmo_base;
   return info->option_misfit(*info, std::string_view(flag).substr(2), options);
 }
 
@@ -104,7 +102,7 @@ void check_outputs(const TrainArgs& a) {
 void check_gossip_flags(const TrainArgs& a) {
   const std::string& s = a.config.strategy;
   for (const std::string& flag : a.gossip_flags)
-    if (const std::string why = gossip_flag_misfit(flag, s, a.config.parallel.gossip.slowmo_base); !why.empty())
+    if (const std::string why = gossip_flag_misfit(flag, s, a.config.parallel.gossip); !why.empty())
       throw InvalidInput(why);
   const std::string& topology = a.config.parallel.gossip.topology;
   const auto names = gossip::topology_names();

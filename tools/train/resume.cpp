@@ -43,9 +43,11 @@ void load_resume(CLI::App& command, TrainArgs& a) {
   nlohmann::json carried = saved;
   const CLI::Option* strategy = command.get_option_no_throw("--strategy");
   if (strategy != nullptr && strategy->count() > 0) {
-    const std::string base = given.value("slowmo-base", saved.value("slowmo-base", std::string("localsgd")));
+    parallel::GossipOptions options;
+    options.slowmo_base = given.value("slowmo-base", saved.value("slowmo-base", options.slowmo_base));
+    options.outer_optimizer = given.value("outer-optimizer", saved.value("outer-optimizer", options.outer_optimizer));
     for (const auto& [key, value] : saved.items())
-      if (kGossipFlags.count("--" + key) && !gossip_flag_misfit("--" + key, a.config.strategy, base).empty())
+      if (kGossipFlags.count("--" + key) && !gossip_flag_misfit("--" + key, a.config.strategy, options).empty())
         carried.erase(key);
   }
   apply_config_text(command, carried.dump(), (*latest / "manifest.json").string());

@@ -274,7 +274,8 @@ class Strategy {
   // same strategy, world size and gossip options, the strategy made with
   // that run's optimizer state for this rank) or, when null, from the
   // parameters and optimizer state it was made with, every rank alike
-  // (weight 1, nothing in flight, SlowMo's momentum zero). Others: nothing
+  // (weight 1, nothing in flight, SlowMo's momentum zero, DiLoCo's synced
+  // model the current one and its outer state fresh). Others: nothing
   // to do. InvalidInput when `saved` does not fit.
   virtual void resume(std::uint64_t /*steps*/, const LocalState* /*saved*/) {}
 };

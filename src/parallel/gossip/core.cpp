@@ -173,7 +173,8 @@ double GossipCore::consensus_distance() {
 // Scalars: w, then for each push-sum gossiper (the main one, then the
 // pipeline) its iteration, whether a round is in flight and, if one is, the
 // weight it sent and the in-peers' weight shares (count first). Tensors: x;
-// the policy's (dpsgd's "send", slowmo's "slow_x" and "slow_u"); the
+// the policy's (dpsgd's "send", slowmo's "slow_x" and "slow_u", diloco's
+// "diloco_start" and "outer.<i>.<key>"); the
 // in-peers' shares of each round in flight ("pushsum<p>.in<i>").
 std::optional<LocalState> GossipCore::local_state() {
   settle();

@@ -9,6 +9,8 @@
 // paper. One all-reduce of the model per H steps is all it communicates.
 // start_ is theta_sync (what the outer optimizer steps), delta_ the
 // averaged pseudo-gradient (its gradient).
+#include <algorithm>
+
 #include "core.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/optim/rule.hpp"
@@ -32,19 +34,45 @@ class Diloco final : public GossipCore {
       const std::size_t at = layout_.padded_offset(p);
       views.push_back({s.name, {start_.data() + at, DType::f32, s.shape}, {delta_.data() + at, DType::f32, s.shape}, true});
     }
-    OptimizerSpec outer{options_.outer_optimizer, {{"lr", options_.outer_lr}}, ""};
-    const RuleInfo& rule = rule_or_throw(outer.name);
-    outer.fallback = std::string(rule.companion);
-    if (rule.name == "sgd") {  // the paper's outer SGD: Nesterov momentum
-      outer.options["momentum"] = options_.outer_momentum;
-      outer.options["nesterov"] = options_.outer_momentum > 0;
+    const OptimizerSpec outer = outer_spec(options_);
+    try {
+      std::vector<ParamGroupSpec> groups = optimizer_groups(outer, std::move(views));
+      // The companion's group (muon's 1-D parameters) takes the outer lr too.
+      for (std::size_t g = 1; g < groups.size(); ++g) groups[g].options["lr"] = options_.outer_lr;
+      outer_ = std::make_unique<Optimizer>(outer.name, std::move(groups), outer.options);
+    } catch (const InvalidInput& e) {
+      throw InvalidInput(str("--outer-optimizer ", outer.name, ": ", e.what()));
     }
-    outer_ = std::make_unique<Optimizer>(outer.name, optimizer_groups(outer, std::move(views)), outer.options);
   }
 
-  static void check_policy_options(const GossipOptions& g) {
-    if (find_rule(g.outer_optimizer) == nullptr)
+  // The outer optimizer: `outer_optimizer` with lr outer_lr; sgd with the
+  // paper's Nesterov momentum; a rule that would choose its own step size
+  // (Adafactor's relative_step) is told to take the lr.
+  static OptimizerSpec outer_spec(const GossipOptions& g) {
+    const RuleInfo* rule = find_rule(g.outer_optimizer);
+    if (rule == nullptr)
       throw InvalidInput(str("--outer-optimizer: '", g.outer_optimizer, "' is not an optimizer of the library"));
+    OptimizerSpec outer{std::string(rule->name), {{"lr", g.outer_lr}}, std::string(rule->companion)};
+    auto has = [&](std::string_view option) {
+      return std::any_of(rule->options.begin(), rule->options.end(), [&](const OptionSpec& o) { return o.name == option; });
+    };
+    if (rule->name == "sgd") {
+      outer.options["momentum"] = g.outer_momentum;
+      outer.options["nesterov"] = g.outer_momentum > 0;
+    }
+    if (has("relative_step")) outer.options["relative_step"] = false;
+    return outer;
+  }
+
+  // Before anything is built: the outer optimizer and its options.
+  static void check_policy_options(const GossipOptions& g) {
+    const OptimizerSpec outer = outer_spec(g);
+    const RuleInfo& rule = rule_or_throw(outer.name);
+    try {
+      rule.validate(resolve_options(rule, outer.options));
+    } catch (const InvalidInput& e) {
+      throw InvalidInput(str("--outer-optimizer ", outer.name, ": ", e.what()));
+    }
   }
 
  private:
@@ -59,7 +87,8 @@ class Diloco final : public GossipCore {
     set_x(start_);
   }
 
-  void start_fresh() override { start_ = x_; }
+  // In place: the outer optimizer's views point into start_.
+  void start_fresh() override { std::copy(x_.begin(), x_.end(), start_.begin()); }
 
   // theta_sync, then the outer optimizer's state tensors ("outer.<i>.<key>").
   void save_tensors(LocalState& st) override {
@@ -83,10 +112,13 @@ class Diloco final : public GossipCore {
           if (name == prefix + v.key) saved = &values;
         if (saved == nullptr || saved->size() != elements(v))
           throw InvalidInput(str("diloco: the checkpoint's outer optimizer state '", prefix, v.key,
-                                 saved ? "' has another size" : "' is missing"));
+                                 saved ? "' has another size" : "' is missing", " (rank ", comm_.rank(), ")"));
         std::copy(saved->begin(), saved->end(), v.data);
       }
     }
+    // Through a state dict, so that the optimizer's own step counts (bias
+    // corrections of LAMB and the like) follow the loaded "step".
+    outer_->load_state_dict(outer_->state_dict());
   }
   void add_memory(MemoryUse& m) const override {
     m.params += start_.size() * sizeof(float);
@@ -98,9 +130,12 @@ class Diloco final : public GossipCore {
   std::unique_ptr<Optimizer> outer_;
 };
 
-std::string misfit(const StrategyInfo& self, std::string_view flag, const GossipOptions&) {
+std::string misfit(const StrategyInfo& self, std::string_view flag, const GossipOptions& options) {
   if (flag == "topology" || flag == "peers-per-iteration")
-    return str("--", flag, " applies to the push-sum strategies, not diloco (it averages exactly)");
+    return str("--", flag, " applies to the strategies that gossip on a graph, not diloco (it averages exactly)");
+  if (flag == "outer-momentum" && options.outer_optimizer != "sgd")
+    return str("--outer-momentum applies to --outer-optimizer sgd (", options.outer_optimizer,
+               " keeps its own defaults)");
   return gossip_misfit(self.name, flag, /*synch_freq=*/false, /*slowmo=*/false, /*outer=*/true);
 }
 
