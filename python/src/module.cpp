@@ -144,6 +144,7 @@ class PyOptimizer {
     if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
     opt_.init_state(i);
   }
+  void state_written() { opt_.state_written(); }
   bool has_state(std::size_t i) const { return opt_.has_state(i); }
   std::size_t num_params() const { return opt_.num_params(); }
   std::string rule_of_group(std::size_t g) const { return std::string(opt_.rule_of_group(g).name); }
@@ -219,6 +220,7 @@ PYBIND11_MODULE(_core, m) {
       .def("step", &PyOptimizer::step)
       .def("state", [](py::object self, std::size_t i) { return self.cast<PyOptimizer&>().state(self, i); })
       .def("init_state", &PyOptimizer::init_state)
+      .def("state_written", &PyOptimizer::state_written)
       .def("has_state", &PyOptimizer::has_state)
       .def("rule_of_group", &PyOptimizer::rule_of_group)
       .def_property_readonly("num_params", &PyOptimizer::num_params);

@@ -612,6 +612,10 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   // Eager-state rules (Adagrad) have state for every parameter.
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (group_rules_[group_of_[i]]->eager_state) ensure_state(i, group_of_[i]);
+  state_written();
+}
+
+void Optimizer::state_written() {
   // Group-counted steps (LAMB) continue from the largest saved step.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     group_steps_[g] = 0;

@@ -186,6 +186,10 @@ class Optimizer {
   // Creates parameter i's state now, as its first step would (what torch's
   // load_state_dict needs before it copies saved values in).
   void init_state(std::size_t i);
+  // After values were written into the state through state_views (a load):
+  // recomputes what the optimizer keeps beside the state from it -- the
+  // step count of group-counted rules (LAMB) -- as load_state_dict does.
+  void state_written();
 
   StateDict state_dict() const;
   // Validates the dict against this optimizer (group count and sizes, state

@@ -182,6 +182,7 @@ class _DistoptOptimizer(torch.optim.Optimizer):
                 torch.from_numpy(view).copy_(value.reshape(view.shape))
             self._alias(i)
             self._unaliased.discard(i)
+        cpp.state_written()  # LAMB's group step count follows the loaded "step"
 
 
 class SGD(_DistoptOptimizer):

@@ -116,9 +116,9 @@ class Diloco final : public GossipCore {
         std::copy(saved->begin(), saved->end(), v.data);
       }
     }
-    // Through a state dict, so that the optimizer's own step counts (bias
-    // corrections of LAMB and the like) follow the loaded "step".
-    outer_->load_state_dict(outer_->state_dict());
+    // The optimizer's own step counts (LAMB's bias corrections) follow the
+    // loaded "step".
+    outer_->state_written();
   }
   void add_memory(MemoryUse& m) const override {
     m.params += start_.size() * sizeof(float);
