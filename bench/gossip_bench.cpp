@@ -7,6 +7,10 @@
 // and may land in the window of the step before or after):
 //
 //   iter_s_median, iter_s_p90  wall time of a step
+//   iter_s_mean                its mean: what a step costs on average where
+//                              a few steps communicate (diloco, timed over
+//                              at least sync_every steps so that a sync
+//                              falls in the window)
 //   compute_s                  the simulated forward and backward (sleeps
 //                              and gradient writes)
 //   wait_s                     time the rank was blocked on communication
@@ -39,7 +43,7 @@ struct Row {
   std::string strategy;
   int world;
   double bandwidth, latency;
-  double iter_median, iter_p90, compute, comm, wait;
+  double iter_median, iter_p90, iter_mean, compute, comm, wait;
   double bytes_per_step;
 };
 
@@ -77,6 +81,13 @@ Row measure(Communicator& comm, const GossipBenchOptions& o, const std::string& 
   parallel::StrategyOptions so;
   so.bucket_elements = std::size_t{1} << 20;  // 4 MiB buckets
   if (strategy == "dpsgd" && comm.size() % 2 != 0) so.gossip.topology = "ring";
+  int steps = o.steps;
+  if (strategy == "diloco") {
+    so.gossip.sync_every = o.sync_every;
+    so.gossip.fragments = o.fragments;
+    so.gossip.outer_dtype = o.outer_dtype;
+    steps = std::max(steps, o.sync_every);
+  }
   auto s = parallel::make_strategy(strategy, comm, layout, initial, {"sgd", {{"lr", 1e-3}}}, so);
   const auto fwd = std::chrono::duration<double>(o.compute_s / 3 / kUnits);
   const auto bwd = std::chrono::duration<double>(o.compute_s * 2 / 3 / kUnits);
@@ -86,7 +97,7 @@ Row measure(Communicator& comm, const GossipBenchOptions& o, const std::string& 
   // absorb the communication still queued on the link.
   comm.barrier();
   auto t0 = Clock::now();
-  for (int k = 0; k < kWarmup + o.steps; ++k) {
+  for (int k = 0; k < kWarmup + steps; ++k) {
     if (k == kWarmup) {
       comm.barrier();
       t0 = Clock::now();
@@ -126,8 +137,9 @@ Row measure(Communicator& comm, const GossipBenchOptions& o, const std::string& 
   }
   comm.barrier();
   comm.set_link_model({});
-  return {strategy, comm.size(), bandwidth, o.latency_s, quantile(iter, 0.5), quantile(iter, 0.9),
-          quantile(compute, 0.5), mean(comm_s), quantile(wait, 0.5), mean(bytes)};
+  return {strategy,           comm.size(),           bandwidth,     o.latency_s,           quantile(iter, 0.5),
+          quantile(iter, 0.9), mean(iter),            quantile(compute, 0.5), mean(comm_s), quantile(wait, 0.5),
+          mean(bytes)};
 }
 
 std::string num(double v) {
@@ -143,18 +155,18 @@ void print(const std::vector<Row>& rows, const GossipBenchOptions& o) {
       out += str(out.empty() ? "" : ", ", "{\"strategy\": \"", r.strategy, "\", \"world\": ", r.world,
                  ", \"link_bandwidth_bps\": ", r.bandwidth > 0 ? num(r.bandwidth) : std::string("null"),
                  ", \"link_latency_s\": ", num(r.latency), ", \"iter_s_median\": ", num(r.iter_median),
-                 ", \"iter_s_p90\": ", num(r.iter_p90), ", \"compute_s\": ", num(r.compute), ", \"comm_s\": ",
+                 ", \"iter_s_p90\": ", num(r.iter_p90), ", \"iter_s_mean\": ", num(r.iter_mean), ", \"compute_s\": ", num(r.compute), ", \"comm_s\": ",
                  num(r.comm), ", \"wait_s\": ", num(r.wait), ", \"bytes_per_rank_per_step\": ", num(r.bytes_per_step),
                  "}");
     std::printf("{\"params\": %zu, \"compute_s\": %s, \"steps\": %d, \"results\": [%s]}\n", o.params,
                 num(o.compute_s).c_str(), o.steps, out.c_str());
   } else {
-    std::printf("%-7s %5s %10s %10s %10s %10s %10s %10s %14s\n", "strategy", "world", "link", "iter_med",
-                "iter_p90", "compute", "comm", "wait", "bytes/step");
+    std::printf("%-7s %5s %10s %10s %10s %10s %10s %10s %10s %14s\n", "strategy", "world", "link", "iter_med",
+                "iter_p90", "iter_mean", "compute", "comm", "wait", "bytes/step");
     for (const Row& r : rows)
-      std::printf("%-7s %5d %10s %10.4f %10.4f %10.4f %10.4f %10.4f %14.0f\n", r.strategy.c_str(), r.world,
+      std::printf("%-7s %5d %10s %10.4f %10.4f %10.4f %10.4f %10.4f %10.4f %14.0f\n", r.strategy.c_str(), r.world,
                   r.bandwidth > 0 ? (num(r.bandwidth / 1e6) + "M").c_str() : "unshaped", r.iter_median, r.iter_p90,
-                  r.compute, r.comm, r.wait, r.bytes_per_step);
+                  r.iter_mean, r.compute, r.comm, r.wait, r.bytes_per_step);
   }
   std::fflush(stdout);
 }
@@ -169,6 +181,10 @@ void validate(const GossipBenchOptions& o) {
   if (!(o.latency_s >= 0 && std::isfinite(o.latency_s)))
     throw InvalidInput(str("--link-latency must be a non-negative number of seconds (got ", o.latency_s, ")"));
   for (const std::string& s : o.strategies) parallel::require_strategy(s);
+  if (o.sync_every < 1) throw InvalidInput(str("--sync-every must be at least 1 (got ", o.sync_every, ")"));
+  if (o.fragments < 1 || o.fragments > kUnits)
+    throw InvalidInput(str("--fragments must be in [1, ", kUnits, "] (the bench's model has ", kUnits,
+                           " layers; got ", o.fragments, ")"));
 }
 
 }  // namespace

@@ -102,7 +102,7 @@ grep -q '"test_loss": null, "test_accuracy": null' "$tmp/nt.jsonl" || fail "--te
 grep -q "test_loss n/a  test_accuracy n/a" "$tmp/err" || fail "--test-size 0 progress: $(cat "$tmp/err")"
 "$bin" train --data synthetic --train-size 512 --test-size 0 --batch-size 64 --progress none \
   --metrics "$tmp/nt.csv" >/dev/null 2>&1 || fail "--test-size 0 with CSV metrics exited $?"
-grep -q '^epoch,1,8,[0-9.]*,,,[0-9.e+]*,[0-9.]*,,,,,,,,$' "$tmp/nt.csv" || fail "--test-size 0 CSV: $(tail -1 "$tmp/nt.csv")"
+grep -q '^epoch,1,8,[0-9.]*,,,[0-9.e+]*,[0-9.]*,,,,,,,,,$' "$tmp/nt.csv" || fail "--test-size 0 CSV: $(tail -1 "$tmp/nt.csv")"
 expect_error 2 "reducelronplateau steps on the test loss: it needs a test set" -- train --data synthetic \
   --test-size 0 --scheduler reducelronplateau
 

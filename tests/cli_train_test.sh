@@ -132,6 +132,23 @@ expect_error 2 "\-\-topology applies to the strategies that gossip on a graph, n
   --strategy diloco --topology ring
 expect_error 2 "\-\-outer-momentum applies to \-\-outer-optimizer sgd (adam keeps its own defaults)" -- train \
   --data synthetic --strategy diloco --outer-optimizer adam --outer-momentum 0.5
+# Streaming DiLoCo and compressed pseudo-gradients.
+expect_error 2 "\-\-fragments 4: the model has 3 units (a fragment is at least one; at most \-\-fragments 3)" -- train \
+  --data synthetic --strategy diloco --fragments 4
+expect_error 2 "\-\-fragments must be at least 1 (got 0)" -- train --data synthetic --strategy diloco --fragments 0
+expect_error 2 "\-\-sync-delay must be in \[0, \-\-sync-every) = \[0, 4) (got 4)" -- train --data synthetic \
+  --strategy diloco --sync-every 4 --sync-delay 4
+expect_error 2 "\-\-fragment-alpha must be in \[0, 1\] (got 1.5)" -- train --data synthetic --strategy diloco \
+  --fragment-alpha 1.5
+expect_error 2 "\-\-outer-dtype: 'int8' is not f32, bf16, fp8 or int4" -- train --data synthetic --strategy diloco \
+  --outer-dtype int8
+expect_error 2 "\-\-outer-error-feedback applies to a compressed \-\-outer-dtype (bf16, fp8, int4): f32 loses nothing" \
+  -- train --data synthetic --strategy diloco --outer-error-feedback
+expect_error 2 "\-\-fragments applies to \-\-strategy diloco, not sgp" -- train --data synthetic --strategy sgp --fragments 2
+expect_error 2 "\-\-sync-delay applies to \-\-strategy diloco, not slowmo" -- train --data synthetic --strategy slowmo \
+  --sync-delay 1
+expect_error 2 "\-\-outer-dtype applies to the gossip strategies (sgp, osgp, dpsgd, adpsgd, slowmo, diloco), not \-\-strategy zero2" \
+  -- train --data synthetic --strategy zero2 --outer-dtype int4
 expect_error 2 "unknown topology 'hypercube' (known: exponential," -- train --data synthetic --strategy sgp --topology hypercube
 expect_error 2 "bipartite-exponential needs an even world size (got 3)" -- train --data synthetic --strategy dpsgd --world 3
 expect_error 2 "\-\-peers-per-iteration 2 needs a world of more than 2 ranks (world 2)" -- train --data synthetic \
@@ -149,6 +166,25 @@ s = json.loads(open(tmp + "/out").read().strip().splitlines()[-1])
 assert s["strategy"] == "sgp" and s["test_accuracy"] > 0.2 and s["consensus_distance"] >= 0, s
 epochs = [l for l in map(json.loads, open(tmp + "/g.jsonl")) if l["kind"] == "epoch"]
 assert len(epochs) == 2 and all(e["consensus_distance"] >= 0 for e in epochs), epochs
+PY
+# DiLoCo's bytes per sync in the step records: a sync every 4 steps, the
+# steps between send only the loss (a few bytes); int4 pseudo-gradients
+# send under a sixth of f32's.
+for d in f32 int4; do
+  "$bin" train --data synthetic --train-size 512 --test-size 64 --batch-size 64 --world 2 --strategy diloco \
+    --sync-every 4 --outer-dtype $d --metrics "$tmp/d_$d.jsonl" --progress none >/dev/null 2>"$tmp/err" \
+    || fail "diloco --outer-dtype $d exited $?: $(cat "$tmp/err")"
+done
+/usr/bin/env python3 - "$tmp" <<'PY' || fail "diloco bytes per sync"
+import json, sys
+tmp = sys.argv[1]
+def per_step(d):
+    steps = [l for l in map(json.loads, open(f"{tmp}/d_{d}.jsonl")) if l["kind"] == "step"]
+    return {s["step"]: s["bytes_sent"] - p["bytes_sent"] for p, s in zip(steps, steps[1:])}
+f32, int4 = per_step("f32"), per_step("int4")
+assert max(b for k, b in f32.items() if k % 4) < 100, f32
+assert min(f32[k] for k in (4, 8)) > 100000, f32
+assert all(6 * int4[k] < f32[k] for k in (4, 8)), (int4, f32)
 PY
 expect_error 2 "--param-dtype: unknown dtype 'fp8' (known: f32, bf16, f16)" -- train --param-dtype fp8 --data synthetic
 expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got 0)" -- train --bucket-cap-mb 0 --data synthetic
@@ -336,6 +372,7 @@ gs=(train --data synthetic --train-size 512 --test-size 128 --epochs 2 --batch-s
 for g in "--strategy sgp" "--strategy osgp --synch-freq 1" "--strategy dpsgd" \
          "--strategy slowmo --slowmo-frequency 4 --localsgd-frequency 3" \
          "--strategy slowmo --slowmo-base sgp --slowmo-frequency 5 --topology ring" \
+         "--strategy diloco --sync-every 4 --fragments 3 --sync-delay 2 --fragment-alpha 0.5 --outer-dtype int4 --outer-error-feedback" \
          "--strategy diloco --sync-every 3 --outer-optimizer sgd"; do
   rm -rf "$tmp/ckg"
   # shellcheck disable=SC2086

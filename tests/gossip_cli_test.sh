@@ -70,6 +70,20 @@ assert r["sgp"]["iter_s_median"] >= 0.95 * (r["sgp"]["compute_s"] + r["sgp"]["co
 for s in ("osgp", "dpsgd", "adpsgd"):
     assert not timing or r[s]["iter_s_median"] < 0.95 * r["sgp"]["iter_s_median"], (r[s], r["sgp"])
 PY
+  # diloco in the bench: one all-reduce of the model per --sync-every steps,
+  # ddp's bytes over 5; on a 100 Mbit/s link its mean step is shorter.
+  "$bin" bench gossip --worlds 4 --bandwidths 100M --params 200000 --compute-s 0.02 --steps 5 --sync-every 5 \
+    --strategies ddp,diloco --json >"$tmp/bench" 2>"$tmp/err" || fail "bench gossip diloco exited $?: $(cat "$tmp/err")"
+  /usr/bin/env python3 - "$tmp/bench" "$timing" <<'PY' || fail "bench gossip diloco: $(tail -n 1 "$tmp/bench")"
+import json, sys
+d = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+r = {x["strategy"]: x for x in d["results"]}
+ratio = r["ddp"]["bytes_per_rank_per_step"] / r["diloco"]["bytes_per_rank_per_step"]
+assert abs(ratio - 5) < 0.1, ratio
+assert sys.argv[2] == "0" or r["diloco"]["iter_s_mean"] < r["ddp"]["iter_s_mean"], r
+PY
+  expect_error 2 "\-\-fragments must be in \[1, 4\] (the bench's model has 4 layers; got 5)" -- \
+    bench gossip --strategies diloco --fragments 5
   expect_error 2 "\-\-bandwidths: '-5' is not a positive bandwidth" -- bench gossip --bandwidths -5
   expect_error 2 "\-\-topology ring: adpsgd averages in pairs on bipartite-exponential (its only topology)" -- \
     train --data synthetic --strategy adpsgd --topology ring

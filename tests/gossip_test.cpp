@@ -10,6 +10,7 @@
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/random.hpp"
+#include "distopt/gossip/compress.hpp"
 #include "distopt/gossip/pairwise.hpp"
 #include "distopt/gossip/push_sum.hpp"
 #include "distopt/gossip/topology.hpp"
@@ -467,4 +468,111 @@ TEST(Pairwise, AnOwnerFailingMidRoundEndsEveryRankPromptly) {
     EXPECT_NE(std::string(e.what()).find("rank 3 lost its disk"), std::string::npos) << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// Compressed vectors on the wire (gossip/compress.hpp): the e4m3 format's
+// own values (OCP 8-bit floating point, E4M3: bias 7, no infinities, the
+// all-ones pattern is NaN), rounding to nearest even, the scaled blocks.
+TEST(Compress, E4m3IsTheFormatsTable) {
+  EXPECT_EQ(gossip::e4m3_to_float(0x38), 1.0f);      // exponent 7 = bias
+  EXPECT_EQ(gossip::e4m3_to_float(0x7e), 448.0f);    // the largest
+  EXPECT_EQ(gossip::e4m3_to_float(0x08), 0x1p-6f);   // the smallest normal
+  EXPECT_EQ(gossip::e4m3_to_float(0x01), 0x1p-9f);   // the smallest subnormal
+  EXPECT_EQ(gossip::e4m3_to_float(0xbc), -1.5f);
+  EXPECT_TRUE(std::isnan(gossip::e4m3_to_float(0x7f)));
+  EXPECT_TRUE(std::isnan(gossip::e4m3_to_float(0xff)));
+  // Every finite code comes back to itself, and the codes are in order.
+  float previous = -1;
+  for (int c = 0; c < 0x7f; ++c) {
+    const float v = gossip::e4m3_to_float(static_cast<std::uint8_t>(c));
+    EXPECT_GT(v, previous) << c;
+    previous = v;
+    EXPECT_EQ(gossip::float_to_e4m3(v), c) << v;
+    EXPECT_EQ(gossip::float_to_e4m3(-v), c | 0x80) << v;
+  }
+  // Ties go to the even code; beyond 448 saturates; NaN and infinity are NaN.
+  EXPECT_EQ(gossip::float_to_e4m3(1.0625f), 0x38);  // between 1 (0x38) and 1.125 (0x39)
+  EXPECT_EQ(gossip::float_to_e4m3(1.1875f), 0x3a);  // between 1.125 and 1.25 (0x3a)
+  EXPECT_EQ(gossip::float_to_e4m3(1.07f), 0x39);
+  EXPECT_EQ(gossip::float_to_e4m3(0x1p-10f), 0x00);  // half the smallest subnormal: to even (0)
+  EXPECT_EQ(gossip::float_to_e4m3(0x1.8p-9f), 0x02);  // 1.5 subnormal steps: to 2
+  EXPECT_EQ(gossip::float_to_e4m3(0x1.ep-7f), 0x08);  // 7.5 steps: to 8, the smallest normal
+  EXPECT_EQ(gossip::float_to_e4m3(460.0f), 0x7e);
+  EXPECT_EQ(gossip::float_to_e4m3(1e30f), 0x7e);
+  EXPECT_EQ(gossip::float_to_e4m3(-1e30f), 0xfe);
+  EXPECT_EQ(gossip::float_to_e4m3(std::nanf("")), 0x7f);
+  EXPECT_EQ(gossip::float_to_e4m3(-INFINITY), 0xff);
+}
+
+TEST(Compress, BlocksRoundWithinHalfAStepOfTheirScale) {
+  const std::size_t n = 200;  // 4 blocks, the last of 8
+  std::vector<float> v(n);
+  Rng rng(5);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(rng.normal()) * (i < 64 ? 1e-3f : 3.0f);
+  EXPECT_EQ(gossip::wire_bytes(gossip::WireDType::f32, n), 800u);
+  EXPECT_EQ(gossip::wire_bytes(gossip::WireDType::bf16, n), 400u);
+  EXPECT_EQ(gossip::wire_bytes(gossip::WireDType::fp8, n), 16u + 200u);
+  EXPECT_EQ(gossip::wire_bytes(gossip::WireDType::int4, n), 16u + 100u);
+  for (auto t : {gossip::WireDType::f32, gossip::WireDType::bf16, gossip::WireDType::fp8, gossip::WireDType::int4}) {
+    SCOPED_TRACE(std::string(gossip::name_of(t)));
+    std::vector<std::uint8_t> wire(gossip::wire_bytes(t, n));
+    gossip::encode(t, v, wire.data());
+    std::vector<float> back(n);
+    gossip::decode(t, wire.data(), back);
+    for (std::size_t b = 0; b < n; b += gossip::kWireBlock) {
+      const std::size_t e = std::min(n, b + gossip::kWireBlock);
+      float amax = 0;
+      for (std::size_t i = b; i < e; ++i) amax = std::max(amax, std::fabs(v[i]));
+      for (std::size_t i = b; i < e; ++i) {
+        // Half a step: bf16's is 2^-8 of the value; fp8's 2^-4 of the value
+        // (or, in the subnormals, 2^-10 of the scale); int4's half the scale.
+        double bound = 0;
+        if (t == gossip::WireDType::bf16) bound = std::fabs(v[i]) * 0x1p-8;
+        if (t == gossip::WireDType::fp8) bound = std::max(std::fabs(v[i]) * 0x1p-4, amax / 448.0 * 0x1p-10);
+        if (t == gossip::WireDType::int4) bound = amax / 7.0 / 2.0 * (1 + 1e-6);
+        EXPECT_LE(std::fabs(double(back[i]) - v[i]), bound) << i;
+      }
+      if (t == gossip::WireDType::int4) {  // the largest is exact: +-7 times its scale
+        std::size_t top = b;
+        for (std::size_t i = b; i < e; ++i)
+          if (std::fabs(v[i]) > std::fabs(v[top])) top = i;
+        EXPECT_NEAR(back[top], v[top], std::fabs(v[top]) * 1e-6);
+      }
+    }
+  }
+  // int4 ties round to even; a block of zeros stays zeros.
+  std::vector<float> ties(64, 0.0f);
+  ties[0] = 7.0f;
+  ties[1] = 2.5f;
+  ties[2] = -3.5f;
+  ties[3] = 0.5f;
+  std::vector<std::uint8_t> wire(gossip::wire_bytes(gossip::WireDType::int4, 64));
+  gossip::encode(gossip::WireDType::int4, ties, wire.data());
+  std::vector<float> back(64);
+  gossip::decode(gossip::WireDType::int4, wire.data(), back);
+  EXPECT_EQ(back[0], 7.0f);
+  EXPECT_EQ(back[1], 2.0f);
+  EXPECT_EQ(back[2], -4.0f);
+  EXPECT_EQ(back[3], 0.0f);
+  EXPECT_EQ(back[4], 0.0f);
+}
+
+TEST(Compress, ANonFiniteValuePoisonsItsBlockOnly) {
+  for (auto t : {gossip::WireDType::bf16, gossip::WireDType::fp8, gossip::WireDType::int4}) {
+    std::vector<float> v(128, 1.0f);
+    v[70] = INFINITY;
+    std::vector<std::uint8_t> wire(gossip::wire_bytes(t, v.size()));
+    gossip::encode(t, v, wire.data());
+    std::vector<float> back(v.size());
+    gossip::decode(t, wire.data(), back);
+    EXPECT_EQ(back[0], 1.0f) << gossip::name_of(t);
+    EXPECT_FALSE(std::isfinite(back[70])) << gossip::name_of(t);
+    if (t != gossip::WireDType::bf16) {
+      EXPECT_TRUE(std::isnan(back[64])) << gossip::name_of(t);
+    }
+  }
+  gossip::WireDType t;
+  EXPECT_TRUE(gossip::parse_wire_dtype("int4", &t));
+  EXPECT_EQ(t, gossip::WireDType::int4);
+  EXPECT_FALSE(gossip::parse_wire_dtype("int8", &t));
 }

@@ -5,12 +5,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <mutex>
 
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/random.hpp"
 #include "distopt/data/sampler.hpp"
+#include "distopt/gossip/compress.hpp"
 #include "distopt/models/model.hpp"
 #include "distopt/parallel/strategy.hpp"
 #include "distopt/train/trainer.hpp"
@@ -182,6 +184,200 @@ TEST(GossipTraining, DilocoCommunicatesOncePerSync) {
   }
   ASSERT_GT(bytes[1], bytes[2]);
   EXPECT_EQ(bytes[0] - bytes[2], 9 * (bytes[1] - bytes[2]));
+}
+
+// Streaming DiLoCo and compressed pseudo-gradients, driven by hand: a model
+// of 4 units of 64 parameters, each rank's gradient a fixed rank-dependent
+// vector, inner SGD lr 0.1, outer SGD lr 1 without momentum (so a synced
+// fragment is the ranks' average at its sync step). Each step records every
+// rank's padded parameters (own_params) and the bytes the step sent.
+parallel::FlatLayout four_units() {
+  parallel::FlatLayout out;
+  for (std::size_t u = 0; u < 4; ++u) {
+    out.params.push_back({str("layer", u, ".weight"), u * 64, {64}});
+    out.units.push_back({str("layer", u), u * 64, u * 64 + 64});
+  }
+  out.elements = 256;
+  return out;
+}
+
+struct Driven {
+  std::vector<std::vector<std::vector<float>>> params;  // [step][rank]: after the step (step 0: the start)
+  std::vector<std::uint64_t> bytes;                       // [step] rank 0's bytes of the step
+  std::vector<std::size_t> unit_at;                      // padded offset of each unit
+};
+
+Driven drive(int world, const parallel::GossipOptions& g, int steps,
+             const std::function<float(int rank, std::size_t i)>& grad) {
+  const parallel::FlatLayout layout = four_units();
+  Driven out;
+  out.params.assign(static_cast<std::size_t>(steps) + 1, std::vector<std::vector<float>>(world));
+  out.bytes.assign(static_cast<std::size_t>(steps) + 1, 0);
+  spawn(world, [&](Communicator& comm) {
+    std::vector<float> init(layout.elements);
+    for (std::size_t i = 0; i < init.size(); ++i) init[i] = 0.01f * static_cast<float>(i % 7);
+    parallel::StrategyOptions o;
+    o.gossip = g;
+    auto s = parallel::make_strategy("diloco", comm, layout, init, {"sgd", {{"lr", 0.1}}}, o);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    if (r == 0)
+      for (const auto& u : s->layout().units()) out.unit_at.push_back(u.padded_offset);
+    auto record = [&](std::size_t k) {
+      const std::span<const float> own = s->own_params();
+      out.params[k][r].assign(own.begin(), own.end());
+    };
+    record(0);
+    for (int k = 1; k <= steps; ++k) {
+      const std::uint64_t b0 = s->bytes_sent();
+      for (std::size_t u = 0; u < 4; ++u) {
+        std::span<float> gr = s->access().grads(u);
+        for (std::size_t i = 0; i < gr.size(); ++i) gr[i] = grad(comm.rank(), u * 64 + i);
+        s->access().grads_done(u);
+      }
+      s->step();
+      if (r == 0) out.bytes[static_cast<std::size_t>(k)] = s->bytes_sent() - b0;
+      record(static_cast<std::size_t>(k));
+    }
+  });
+  return out;
+}
+
+parallel::GossipOptions plain_outer(int sync_every) {
+  parallel::GossipOptions g;
+  g.sync_every = sync_every;
+  g.outer_lr = 1.0;
+  g.outer_momentum = 0.0;
+  return g;
+}
+
+float rank_grad(int rank, std::size_t i) { return 0.01f * static_cast<float>(rank + 1) * static_cast<float>(1 + i % 5); }
+
+TEST(GossipTraining, StreamingDilocoSyncsEachFragmentAtItsStep) {
+  // P = 2 (fragment 0: units 0 and 2; fragment 1: units 1 and 3), H = 4,
+  // tau = 1: fragment 0 starts at 2 and 6 and lands at 3 and 7, fragment
+  // 1 starts at 4 and 8 and lands at 5 (and 9). After landing, a fragment
+  // is the ranks' average at its start step (alpha 0), or with alpha 0.5
+  // the mean of that and the rank's own value at the landing step.
+  for (double alpha : {0.0, 0.5}) {
+    parallel::GossipOptions g = plain_outer(4);
+    g.fragments = 2;
+    g.sync_delay = 1;
+    g.fragment_alpha = alpha;
+    const int n = 3;
+    const Driven d = drive(n, g, 8, rank_grad);
+    auto unit = [&](std::size_t step, int rank, std::size_t u) {
+      const auto& p = d.params[step][static_cast<std::size_t>(rank)];
+      return std::vector<float>(p.begin() + d.unit_at[u], p.begin() + d.unit_at[u] + 64);
+    };
+    auto mean = [&](std::size_t step, std::size_t u) {
+      std::vector<float> m(64, 0.0f);
+      for (int r = 0; r < n; ++r)
+        for (std::size_t i = 0; i < 64; ++i) m[i] += unit(step, r, u)[i] / n;
+      return m;
+    };
+    auto agree = [&](std::size_t step, std::size_t u) { return unit(step, 0, u) == unit(step, 1, u); };
+    for (std::size_t step = 1; step <= 8; ++step) {
+      SCOPED_TRACE(str("alpha ", alpha, " step ", step));
+      // Fragment 0 lands at 3 and 7, fragment 1 at 5; with alpha 0 a landed
+      // fragment is the same on every rank until the next inner step.
+      const bool f0 = step == 3 || step == 7, f1 = step == 5;
+      for (std::size_t u = 0; u < 4; ++u) {
+        const bool landed = u % 2 == 0 ? f0 : f1;
+        EXPECT_EQ(agree(step, u), landed && alpha == 0) << u;
+        if (!landed) continue;
+        const std::vector<float> global = mean(step - 1, u);  // the average at the start step
+        for (int r = 0; r < n; ++r) {
+          std::vector<float> want = global;
+          if (alpha > 0) {
+            // The rank's own value at the landing step: one inner step on
+            // from its value at the start (its gradient times n).
+            const std::vector<float> before = unit(step - 1, r, u);
+            for (std::size_t i = 0; i < 64; ++i)
+              want[i] = 0.5f * global[i] +
+                        0.5f * (before[i] - 0.1f * rank_grad(r, u * 64 + i) * static_cast<float>(n));
+          }
+          EXPECT_LT(max_rel_diff(unit(step, r, u), want), 1e-5) << "unit " << u << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(GossipTraining, StreamingDilocoCutsThePeakBytesOfASyncByP) {
+  // tau = 0: a fragment's average completes inside its step, so the bytes
+  // of each step are those of its syncs. H = 8: P = 1 sends the whole model
+  // at step 8; P = 4 one unit at each of steps 2, 4, 6 and 8 (a quarter each)
+  // and the same in all.
+  const Driven one = drive(2, plain_outer(8), 8, rank_grad);
+  parallel::GossipOptions g = plain_outer(8);
+  g.fragments = 4;
+  const Driven four = drive(2, g, 8, rank_grad);
+  for (std::size_t k = 1; k <= 8; ++k) {
+    EXPECT_EQ(one.bytes[k] > 0, k == 8) << k;
+    EXPECT_EQ(four.bytes[k] > 0, k % 2 == 0) << k;
+    if (k % 2 == 0) {
+      EXPECT_EQ(four.bytes[k] * 4, one.bytes[8]) << k;
+    }
+  }
+  EXPECT_GT(one.bytes[8], 0u);
+  // The fragment synced at 8 (unit 3) is the same on both ranks.
+  const std::size_t at = four.unit_at[3];
+  EXPECT_TRUE(std::equal(four.params[8][0].begin() + at, four.params[8][0].begin() + at + 64,
+                         four.params[8][1].begin() + at));
+  EXPECT_FALSE(std::equal(four.params[8][0].begin(), four.params[8][0].begin() + 64, four.params[8][1].begin()));
+}
+
+TEST(GossipTraining, CompressedPseudoGradientsSendFewerBytesAndErrorFeedbackKeepsTheSum) {
+  // H = 1, P = 1, tau = 0; both ranks move by the same vector v each step
+  // (their inner gradient times n times lr 1), so the averaged
+  // pseudo-gradient is what the wire keeps of v: a block of 64 holding 7
+  // and 63 times 0.4 has the int4 scale 1, and 0.4 rounds to 0. Without
+  // error feedback those never move; with it they move by 10 * 0.4 over 10
+  // syncs, to half a step (0.5).
+  auto v = [](int, std::size_t i) { return (i % 64 == 0 ? 7.0f : 0.4f) / 2.0f; };
+  parallel::GossipOptions g = plain_outer(1);
+  g.outer_momentum = 0.0;
+  auto drive_lr1 = [&](const parallel::GossipOptions& o) {
+    const parallel::FlatLayout layout = four_units();
+    std::vector<float> last(256), bytes(2);
+    spawn(2, [&](Communicator& comm) {
+      std::vector<float> init(layout.elements, 0.0f);
+      parallel::StrategyOptions so;
+      so.gossip = o;
+      auto s = parallel::make_strategy("diloco", comm, layout, init, {"sgd", {{"lr", 1.0}}}, so);
+      const std::uint64_t b0 = s->bytes_sent();
+      for (int k = 0; k < 10; ++k) {
+        for (std::size_t u = 0; u < 4; ++u) {
+          std::span<float> gr = s->access().grads(u);
+          for (std::size_t i = 0; i < gr.size(); ++i) gr[i] = v(comm.rank(), u * 64 + i);
+          s->access().grads_done(u);
+        }
+        s->step();
+      }
+      if (comm.rank() == 0) {
+        const std::span<const float> own = s->own_params();
+        const std::size_t at = s->layout().units()[0].padded_offset;
+        last.assign(own.begin() + at, own.begin() + at + 64);
+        bytes[0] = static_cast<float>(s->bytes_sent() - b0);
+      }
+    });
+    return std::make_pair(last, bytes[0]);
+  };
+  const auto [f32, f32_bytes] = drive_lr1(g);
+  g.outer_dtype = "int4";
+  const auto [plain, int4_bytes] = drive_lr1(g);
+  g.outer_error_feedback = true;
+  const auto [fed, fed_bytes] = drive_lr1(g);
+  EXPECT_NEAR(f32[0], -70.0f, 1e-3);
+  EXPECT_NEAR(f32[1], -4.0f, 1e-4);
+  EXPECT_EQ(plain[0], -70.0f);
+  EXPECT_EQ(plain[1], 0.0f);  // lost every time
+  EXPECT_NEAR(fed[1], -4.0f, 0.5f);
+  // Bytes: an f32 all-reduce of 256 values at 2 ranks sends 1024 per sync;
+  // the int4 all-gather sends the rank's 4 scales and 128 bytes of codes.
+  EXPECT_EQ(f32_bytes, 10 * 1024.0f);
+  EXPECT_EQ(int4_bytes, 10.0f * static_cast<float>(gossip::wire_bytes(gossip::WireDType::int4, 256)));
+  EXPECT_EQ(fed_bytes, int4_bytes);
 }
 
 TEST(GossipTraining, SgpOnTheCompleteGraphIsAllReduceSgd) {

@@ -51,10 +51,13 @@ for np in 2 4; do
     done
   done
 done
-# The gossip strategies: the same bits as on the threads backend (their
-# schedules do not depend on timing), 2 and 4 ranks.
+# The gossip strategies and diloco (streaming, compressed): the same bits as
+# on the threads backend (their schedules do not depend on timing), 2 and 4
+# ranks.
 for np in 2 4; do
-  for g in "sgp" "osgp --synch-freq 1" "dpsgd" "slowmo --slowmo-frequency 4" "slowmo --slowmo-base sgp --slowmo-frequency 4"; do
+  for g in "sgp" "osgp --synch-freq 1" "dpsgd" "slowmo --slowmo-frequency 4" "slowmo --slowmo-base sgp --slowmo-frequency 4" \
+           "diloco --sync-every 5" "diloco --sync-every 6 --fragments 3 --sync-delay 2 --fragment-alpha 0.5" \
+           "diloco --sync-every 4 --fragments 2 --outer-dtype int4 --outer-error-feedback" "diloco --sync-every 4 --outer-dtype fp8"; do
     "$bin" "${args[@]}" --world $np --strategy $g >"$tmp/threads" 2>"$tmp/err" || fail "threads $g $np: $(cat "$tmp/err")"
     timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy $g \
       >"$tmp/mpi" 2>"$tmp/err" || fail "mpi $g np $np exited $?: $(tail -n 3 "$tmp/err")"

@@ -303,6 +303,19 @@ std::vector<GossipCase> gossip_cases() {
   cases.push_back({"diloco-outer-adam", "diloco", g});
   g.outer_optimizer = "lamb";  // its bias corrections count the outer steps
   cases.push_back({"diloco-outer-lamb", "diloco", g});
+  g = {};
+  // Streaming, 2 fragments of the 4 layers, H = 4, tau = 2: fragment 0
+  // syncs at 2, 6, 10 (applied at 4, 8, 12), fragment 1 at 4, 8, 12
+  // (applied at 6, 10, 14): saved at 8 with fragment 1's average in flight.
+  g.sync_every = 4;
+  g.fragments = 2;
+  g.sync_delay = 2;
+  g.fragment_alpha = 0.5;
+  cases.push_back({"diloco-streaming", "diloco", g});
+  // int4 pseudo-gradients with error feedback (the carried error is state).
+  g.outer_dtype = "int4";
+  g.outer_error_feedback = true;
+  cases.push_back({"diloco-streaming-int4", "diloco", g});
   return cases;
 }
 
@@ -321,6 +334,11 @@ TEST(GossipResume, SavedAndResumedAtTheSameWorldIsTheUninterruptedRun) {
       EXPECT_TRUE(same_bits(resumed.params, straight.params));
       EXPECT_TRUE(same_locals(resumed.locals, straight.locals));
       EXPECT_FALSE(same_bits(first.params, straight.params)) << "the last 6 steps must change something";
+      if (c.name.starts_with("diloco-streaming")) {  // saved with fragment 1's average in flight
+        bool in_flight = false;
+        for (const auto& [name, values] : first.locals[0].tensors) in_flight = in_flight || name == "diloco_flight.1";
+        EXPECT_TRUE(in_flight);
+      }
       // The ranks' models differ (it is gossip, not an all-reduce).
       EXPECT_FALSE(same_bits(straight.locals[0].tensors[0].second, straight.locals[1].tensors[0].second));
       // Saving right after loading gives back every tensor.

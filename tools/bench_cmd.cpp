@@ -70,13 +70,19 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"threads", "mpi"}));
   gossip->add_option("--worlds", gb->worlds, "world sizes of the threads backend (default 4,8,16)")
       ->delimiter(',')->check(CLI::Range(1, 64));
-  gossip->add_option("--strategies", gb->strategies, "default ddp,sgp,osgp,dpsgd,adpsgd")->delimiter(',');
+  gossip->add_option("--strategies", gb->strategies, "default ddp,sgp,osgp,dpsgd,adpsgd (diloco too)")->delimiter(',');
   gossip->add_option("--bandwidths", *bandwidths, "link bandwidths per rank, bits/s (default 100M,1G,none)")
       ->delimiter(',');
   gossip->add_option("--link-latency", gb->latency_s, "link latency per message in seconds (default 0)");
   gossip->add_option("--params", gb->params, "model parameters (default 5000000)")->check(non_negative("integer"));
   gossip->add_option("--compute-s", gb->compute_s, "simulated forward + backward seconds per step (default 0.05)");
-  gossip->add_option("--steps", gb->steps, "timed steps after 2 warm-up steps (default 8)")->check(CLI::Range(1, 10000));
+  gossip->add_option("--steps", gb->steps, "timed steps after 2 warm-up steps (default 8; diloco: at least --sync-every)")
+      ->check(CLI::Range(1, 10000));
+  gossip->add_option("--sync-every", gb->sync_every, "diloco: steps between syncs (default 100)")
+      ->check(CLI::Range(1, 10000));
+  gossip->add_option("--fragments", gb->fragments, "diloco: fragments of the model's 4 layers (default 1)");
+  gossip->add_option("--outer-dtype", gb->outer_dtype, "diloco: f32 (default), bf16, fp8 or int4")
+      ->check(CLI::IsMember({"f32", "bf16", "fp8", "int4"}));
   gossip->add_flag("--json", gb->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");
 
   return [o, c, st, gb, bandwidths, optim, strat, gossip] {

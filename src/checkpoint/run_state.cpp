@@ -96,7 +96,12 @@ OJson gossip_options_json(const parallel::GossipOptions& g) {
           {"sync_every", g.sync_every},
           {"outer_optimizer", g.outer_optimizer},
           {"outer_lr", g.outer_lr},
-          {"outer_momentum", g.outer_momentum}};
+          {"outer_momentum", g.outer_momentum},
+          {"fragments", g.fragments},
+          {"sync_delay", g.sync_delay},
+          {"fragment_alpha", g.fragment_alpha},
+          {"outer_dtype", g.outer_dtype},
+          {"outer_error_feedback", g.outer_error_feedback}};
 }
 // The options as written by gossip_options_json, or none where a member is
 // missing or of another type (then no run is the same as the saved one).
@@ -118,12 +123,26 @@ std::optional<parallel::GossipOptions> gossip_options(const Json& j) {
   if (j.size() == 8) return g;
   const Json &every = member(j, "sync_every"), &outer = member(j, "outer_optimizer"),
              &outer_lr = member(j, "outer_lr"), &outer_momentum = member(j, "outer_momentum");
-  if (j.size() != 12 || !is_int(every) || !outer.is_string() || !outer_lr.is_number() || !outer_momentum.is_number())
+  if ((j.size() != 12 && j.size() != 17) || !is_int(every) || !outer.is_string() || !outer_lr.is_number() ||
+      !outer_momentum.is_number())
     return std::nullopt;
   g.sync_every = every.get<int>();
   g.outer_optimizer = outer.get<std::string>();
   g.outer_lr = outer_lr.get<double>();
   g.outer_momentum = outer_momentum.get<double>();
+  // Streaming DiLoCo's and the compressed pseudo-gradient's (none in the
+  // first diloco checkpoints: the defaults).
+  if (j.size() == 12) return g;
+  const Json &fragments = member(j, "fragments"), &delay = member(j, "sync_delay"),
+             &alpha = member(j, "fragment_alpha"), &dtype = member(j, "outer_dtype"),
+             &feedback = member(j, "outer_error_feedback");
+  if (!is_int(fragments) || !is_int(delay) || !alpha.is_number() || !dtype.is_string() || !feedback.is_boolean())
+    return std::nullopt;
+  g.fragments = fragments.get<int>();
+  g.sync_delay = delay.get<int>();
+  g.fragment_alpha = alpha.get<double>();
+  g.outer_dtype = dtype.get<std::string>();
+  g.outer_error_feedback = feedback.get<bool>();
   return g;
 }
 

@@ -321,7 +321,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       if (report) {
         const double t = seconds_since(epoch_start);
         observer->on_step({epoch, result.steps, k + 1, per_epoch, loss, lr, seconds_since(start),
-                           t > 0 ? epoch_count / t : 0, grad_norm, loss_scale, !stepped});
+                           t > 0 ? epoch_count / t : 0, grad_norm, loss_scale, !stepped, strategy->bytes_sent()});
       }
       // Loss scaling skips steps with inf/NaN gradients on purpose: only a
       // step it took counts with its norm.

@@ -92,6 +92,17 @@ Runner add_train(CLI::App& app) {
   gossip_flag("--outer-lr", g.outer_lr, "diloco: the outer learning rate (default 0.7)");
   gossip_flag("--outer-momentum", g.outer_momentum,
               "diloco with the outer sgd: its momentum, Nesterov's when positive (default 0.9)");
+  gossip_flag("--fragments", g.fragments,
+              "diloco: fragments of strided units that sync at staggered steps (Streaming DiLoCo; default 1)");
+  gossip_flag("--sync-delay", g.sync_delay,
+              "diloco: inner steps a fragment's average runs behind training before it is applied (default 0)");
+  gossip_flag("--fragment-alpha", g.fragment_alpha,
+              "diloco: a synced fragment becomes (1 - alpha) * global + alpha * local (default 0)");
+  gossip_flag("--outer-dtype", g.outer_dtype,
+              "diloco: the pseudo-gradient on the wire: f32 (default), bf16, fp8 or int4 (scaled per block of 64)");
+  sub->add_flag("--outer-error-feedback", g.outer_error_feedback,
+                "diloco with a compressed --outer-dtype: carry what quantisation lost into the next sync")
+      ->each([a](const std::string&) { a->gossip_flags.insert("--outer-error-feedback"); });
   sub->add_option("--link-bandwidth", a->link_bandwidth,
                   "emulate a network link per rank of this many bits per second (e.g. 100M, 1G; default none)");
   sub->add_option("--link-latency", a->link_latency, "emulated link latency in seconds (default 0)");

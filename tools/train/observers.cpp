@@ -113,7 +113,7 @@ MetricsFile::MetricsFile(const std::string& path)
   if (!out_) throw IoError(str(path_, ": cannot create ", tmp_));
   if (csv_)
     out_ << "kind,epoch,step,wall_s,loss,lr,samples_per_s,train_loss,test_loss,test_accuracy,grad_norm,loss_scale,"
-            "skipped,avg_test_loss,avg_test_accuracy,consensus_distance\n";
+            "skipped,avg_test_loss,avg_test_accuracy,consensus_distance,bytes_sent\n";
 }
 
 MetricsFile::~MetricsFile() {
@@ -133,9 +133,9 @@ void MetricsFile::on_step(const train::StepMetrics& m) {
     char norm[32] = "", scale[32] = "";
     if (has_norm) std::snprintf(norm, sizeof norm, "%s", std::isfinite(m.grad_norm) ? jnum(m.grad_norm).c_str() : "");
     if (has_scale) std::snprintf(scale, sizeof scale, "%.9g", m.loss_scale);
-    std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%s,%s,%.6g,,,,%s,%s,%s,,,\n", m.epoch, m.step, m.wall_s,
+    std::snprintf(b, sizeof b, "step,%d,%zu,%.6f,%s,%s,%.6g,,,,%s,%s,%s,,,,%llu\n", m.epoch, m.step, m.wall_s,
                   cnum(m.loss).c_str(), cnum(m.lr).c_str(), m.samples_per_s, norm, scale,
-                  has_scale ? (m.skipped ? "1" : "0") : "");
+                  has_scale ? (m.skipped ? "1" : "0") : "", static_cast<unsigned long long>(m.bytes_sent));
   } else {
     std::string extra;
     if (has_norm) extra += str(", \"grad_norm\": ", jnum(m.grad_norm));
@@ -143,8 +143,9 @@ void MetricsFile::on_step(const train::StepMetrics& m) {
       extra += str(", \"loss_scale\": ", jnum(m.loss_scale), ", \"skipped\": ", m.skipped ? "true" : "false");
     std::snprintf(b, sizeof b,
                   "{\"kind\": \"step\", \"epoch\": %d, \"step\": %zu, \"wall_s\": %.6f, \"loss\": %s, \"lr\": "
-                  "%s, \"samples_per_s\": %.6g%s}\n",
-                  m.epoch, m.step, m.wall_s, jnum(m.loss).c_str(), jnum(m.lr).c_str(), m.samples_per_s, extra.c_str());
+                  "%s, \"samples_per_s\": %.6g, \"bytes_sent\": %llu%s}\n",
+                  m.epoch, m.step, m.wall_s, jnum(m.loss).c_str(), jnum(m.lr).c_str(), m.samples_per_s,
+                  static_cast<unsigned long long>(m.bytes_sent), extra.c_str());
   }
   out_ << b;
   // At least once a second, so that a killed run leaves recent lines.
@@ -161,7 +162,7 @@ void MetricsFile::on_epoch(const train::EpochMetrics& m) {
   if (csv_) {
     if (m.averaged)
       std::snprintf(avg, sizeof avg, "%s,%s", cnum(m.avg_test_loss).c_str(), cnum(m.avg_test_accuracy).c_str());
-    std::snprintf(b, sizeof b, "epoch,%d,%zu,%.6f,,,%.6g,%s,%s,%s,,,,%s,%s\n", m.epoch, m.step, m.wall_s,
+    std::snprintf(b, sizeof b, "epoch,%d,%zu,%.6f,,,%.6g,%s,%s,%s,,,,%s,%s,\n", m.epoch, m.step, m.wall_s,
                   m.samples_per_s, cnum(m.train_loss).c_str(), cnum(m.test_loss).c_str(), cnum(m.test_accuracy).c_str(),
                   m.averaged ? avg : ",", cnum(m.consensus_distance).c_str());
   } else {

@@ -1,5 +1,5 @@
-// `distopt bench gossip`: time per iteration of ddp and the gossip
-// strategies on emulated links (docs/gossip.md, "The systems result"): a
+// `distopt bench gossip`: time per iteration of ddp, the gossip
+// strategies and diloco on emulated links (docs/gossip.md, "The systems result"): a
 // model of `params` parameters in 4 layers whose forward and backward take a
 // fixed simulated compute time, at each world size and link bandwidth.
 #pragma once
@@ -19,7 +19,12 @@ struct GossipBenchOptions {
   double latency_s = 0;                         // per message
   std::size_t params = 5'000'000;
   double compute_s = 0.05;  // simulated forward + backward per step
-  int steps = 8;            // timed steps, after 2 warm-up steps
+  int steps = 8;            // timed steps, after 2 warm-up steps (diloco: at least sync_every)
+  // diloco's (GossipOptions): outer steps every sync_every steps, the
+  // model in `fragments` fragments, the pseudo-gradient in outer_dtype.
+  int sync_every = 100;
+  int fragments = 1;
+  std::string outer_dtype = "f32";
   bool json = false;
 };
 

@@ -116,6 +116,21 @@ struct GossipOptions {
   std::string outer_optimizer = "sgd";
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
+  // Streaming DiLoCo (Douillard et al. 2025): the units cut into
+  // `fragments` strided sets (unit u in fragment u mod P) that sync at
+  // staggered steps, fragment p first after ((p + 1) * H) / P steps; a
+  // fragment's average starts `sync_delay` inner steps before it is applied
+  // (0: at once); once applied, its parameters become
+  // (1 - fragment_alpha) * global + fragment_alpha * local.
+  int fragments = 1;
+  int sync_delay = 0;
+  double fragment_alpha = 0;
+  // The pseudo-gradient on the wire: f32 (an all-reduce), or bf16, fp8
+  // (e4m3) or int4 with a scale per block of 64 (all-gathered, summed in
+  // f32 in rank order); with outer_error_feedback each rank carries what
+  // quantisation lost into its next sync.
+  std::string outer_dtype = "f32";
+  bool outer_error_feedback = false;
   friend bool operator==(const GossipOptions&, const GossipOptions&) = default;
 };
 

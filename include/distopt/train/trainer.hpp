@@ -110,6 +110,7 @@ struct StepMetrics {
   double grad_norm = -1;     // with clip_grad_norm: the total norm before clipping; else -1
   double loss_scale = 0;     // with loss_scale: the scale this step's backward used; else 0
   bool skipped = false;      // loss scaling found inf/NaN and skipped the update
+  std::uint64_t bytes_sent = 0;  // by this rank through its communicator so far, setup included
 };
 
 struct EpochMetrics {

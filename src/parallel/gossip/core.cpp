@@ -32,12 +32,21 @@ void check_gossip_options(std::string_view strategy, const StrategyOptions& o) {
     throw InvalidInput(str("--outer-lr must be a positive number (got ", g.outer_lr, ")"));
   if (!(g.outer_momentum >= 0 && g.outer_momentum < 1))
     throw InvalidInput(str("--outer-momentum must be in [0, 1) (got ", g.outer_momentum, ")"));
+  if (g.fragments < 1) throw InvalidInput(str("--fragments must be at least 1 (got ", g.fragments, ")"));
+  if (g.sync_delay < 0 || g.sync_delay >= g.sync_every)
+    throw InvalidInput(str("--sync-delay must be in [0, --sync-every) = [0, ", g.sync_every, ") (got ", g.sync_delay,
+                           "): a fragment's average must land before its next sync"));
+  if (!(g.fragment_alpha >= 0 && g.fragment_alpha <= 1))
+    throw InvalidInput(str("--fragment-alpha must be in [0, 1] (got ", g.fragment_alpha, ")"));
+  if (g.outer_dtype != "f32" && g.outer_dtype != "bf16" && g.outer_dtype != "fp8" && g.outer_dtype != "int4")
+    throw InvalidInput(str("--outer-dtype: '", g.outer_dtype, "' is not f32, bf16, fp8 or int4"));
   if (g.slowmo_base != "localsgd" && g.slowmo_base != "sgp")
     throw InvalidInput(str("--slowmo-base: '", g.slowmo_base, "' is not localsgd or sgp"));
 }
 
 std::string gossip_misfit(std::string_view strategy, std::string_view flag, bool synch_freq, bool slowmo, bool outer) {
-  if ((flag == "sync-every" || flag.starts_with("outer-")) && !outer)
+  if ((flag == "sync-every" || flag.starts_with("outer-") || flag.starts_with("fragment") || flag == "sync-delay") &&
+      !outer)
     return str("--", flag, " applies to --strategy diloco, not ", strategy);
   if (flag == "synch-freq" && !synch_freq)
     return str("--synch-freq applies to --strategy osgp and adpsgd, not ", strategy);

@@ -1,18 +1,33 @@
 // diloco, DiLoCo (Douillard et al. 2023, "DiLoCo: Distributed
-// Low-Communication Training of Language Models"; docs/gossip.md, "DiLoCo"):
-// every rank trains its own replica with its own inner optimizer for
-// sync_every (H) steps; then the pseudo-gradient
+// Low-Communication Training of Language Models") and Streaming DiLoCo
+// (Douillard et al. 2025; docs/gossip.md, "DiLoCo"): every rank trains its
+// own replica with its own inner optimizer; every sync_every (H) steps the
+// pseudo-gradient
 //   delta_r = theta_sync - theta_r
 // is averaged over the ranks (rank-ordered sum, then / n), the outer
 // optimizer steps theta_sync with it as its gradient, and every rank goes
 // on from the result. The inner optimizer's state stays local, as in the
-// paper. One all-reduce of the model per H steps is all it communicates.
-// start_ is theta_sync (what the outer optimizer steps), delta_ the
-// averaged pseudo-gradient (its gradient).
+// paper.
+//
+// Streaming: the units are cut into P fragments (unit u in fragment u mod
+// P), each with its own outer optimizer, synced every H steps, fragment p
+// first after ((p + 1) H) / P steps, so the bytes of one sync fall by P. A
+// fragment's average starts at its sync step and is applied sync_delay (tau)
+// steps later, training going on meanwhile; once applied, the fragment's
+// parameters are (1 - alpha) global + alpha local. P = 1, tau = 0 and alpha
+// = 0 is plain DiLoCo, the same operations in the same order.
+//
+// On the wire: an f32 all-reduce, or (outer_dtype bf16, fp8, int4) every
+// rank's encoded pseudo-gradient all-gathered and summed in f32 in rank
+// order (gossip/compress.hpp), with optional error feedback.
+//
+// start_ is theta_sync (what the outer optimizers step), delta_ the averaged
+// pseudo-gradient (their gradient), both in the padded layout.
 #include <algorithm>
 
 #include "core.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/gossip/compress.hpp"
 #include "distopt/optim/rule.hpp"
 
 namespace distopt::parallel::detail {
@@ -26,23 +41,55 @@ std::size_t elements(const Optimizer::StateView& v) { return static_cast<std::si
 class Diloco final : public GossipCore {
  public:
   explicit Diloco(const StrategyArgs& a) : GossipCore(a, /*default_topology=*/"") {
+    gossip::parse_wire_dtype(options_.outer_dtype, &wire_);  // checked in check_policy_options
     start_ = x_;
     delta_.assign(x_.size(), 0.0f);
-    std::vector<Param> views;
+    if (options_.outer_error_feedback) error_.assign(x_.size(), 0.0f);
+    const auto& units = layout_.units();
+    const auto P = static_cast<std::size_t>(options_.fragments);
+    if (P > units.size())
+      throw InvalidInput(str("--fragments ", P, ": the model has ", units.size(), units.size() == 1 ? " unit" : " units",
+                             " (a fragment is at least one; at most --fragments ", units.size(), ")"));
+    const auto H = static_cast<std::uint64_t>(options_.sync_every);
+    fragments_.resize(P);
+    for (std::size_t f = 0; f < P; ++f) fragments_[f].first_sync = ((f + 1) * H) / P;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      Fragment& f = fragments_[u % P];
+      f.ranges.emplace_back(units[u].padded_offset, units[u].padded_offset + units[u].size());
+      f.elements += units[u].size();
+    }
+    // Each parameter lies in one unit, hence in one fragment.
+    std::vector<std::vector<Param>> views(P);
     for (std::size_t p = 0; p < layout_.params().size(); ++p) {
       const ParamSlot& s = layout_.params()[p];
       const std::size_t at = layout_.padded_offset(p);
-      views.push_back({s.name, {start_.data() + at, DType::f32, s.shape}, {delta_.data() + at, DType::f32, s.shape}, true});
+      std::size_t u = 0;
+      while (!(at >= units[u].padded_offset && at < units[u].padded_offset + units[u].size())) ++u;
+      views[u % P].push_back(
+          {s.name, {start_.data() + at, DType::f32, s.shape}, {delta_.data() + at, DType::f32, s.shape}, true});
     }
     const OptimizerSpec outer = outer_spec(options_);
-    try {
-      std::vector<ParamGroupSpec> groups = optimizer_groups(outer, std::move(views));
-      // The companion's group (muon's 1-D parameters) takes the outer lr too.
-      for (std::size_t g = 1; g < groups.size(); ++g) groups[g].options["lr"] = options_.outer_lr;
-      outer_ = std::make_unique<Optimizer>(outer.name, std::move(groups), outer.options);
-    } catch (const InvalidInput& e) {
-      throw InvalidInput(str("--outer-optimizer ", outer.name, ": ", e.what()));
+    for (std::size_t f = 0; f < P; ++f) {
+      Fragment& frag = fragments_[f];
+      frag.values.assign(frag.elements, 0.0f);
+      if (wire_ != gossip::WireDType::f32) {
+        frag.wire.assign(gossip::wire_bytes(wire_, frag.elements), 0);
+        frag.gathered.assign(frag.wire.size() * static_cast<std::size_t>(comm_.size()), 0);
+      }
+      try {
+        frag.outer = make_outer(outer, std::move(views[f]));
+      } catch (const InvalidInput& e) {
+        throw InvalidInput(str("--outer-optimizer ", outer.name, ": ", e.what()));
+      }
     }
+  }
+
+  ~Diloco() override {
+    // Averages in flight: every rank started the same ones, so they complete.
+    for (Fragment& f : fragments_) try {
+        if (f.request) f.request->wait();
+      } catch (...) {
+      }
   }
 
   // The outer optimizer: `outer_optimizer` with lr outer_lr; sgd with the
@@ -76,58 +123,217 @@ class Diloco final : public GossipCore {
   }
 
  private:
-  void mix() override {
-    if (steps_ % static_cast<std::uint64_t>(options_.sync_every) != 0) return;
-    for (std::size_t i = 0; i < x_.size(); ++i) delta_[i] = start_[i] - x_[i];  // padding: 0 - 0
-    blocked([&] {
-      const std::vector<float> mean = average(delta_);
-      std::copy(mean.begin(), mean.end(), delta_.begin());
-    });
-    outer_->step();
-    set_x(start_);
+  struct Fragment {
+    std::vector<std::pair<std::size_t, std::size_t>> ranges;  // its units in the padded layout
+    std::size_t elements = 0;
+    std::uint64_t first_sync = 0;  // syncs at steps first_sync + k H (k >= 0)
+    std::unique_ptr<Optimizer> outer;
+    // The packed pseudo-gradient: the rank's own, then (once the average
+    // has landed) the average; wire and gathered hold the encoded ones.
+    std::vector<float> values;
+    std::vector<std::uint8_t> wire, gathered;
+    std::unique_ptr<Request> request;
+    bool in_flight = false;  // started, not applied
+    std::uint64_t apply_at = 0;  // while in flight: the step that applies it
+    bool landed = false;     // values holds the average
+  };
+
+  // A fragment's outer optimizer over its parameters (muon's companion
+  // group takes the outer lr too; a fragment of 1-D parameters only is the
+  // companion's alone).
+  static std::unique_ptr<Optimizer> make_outer(const OptimizerSpec& outer, std::vector<Param> views) {
+    const RuleInfo& rule = rule_or_throw(outer.name);
+    if (!outer.fallback.empty() && rule.check_param != nullptr) {
+      const OptionMap options = resolve_options(rule, outer.options);
+      const bool none = std::none_of(views.begin(), views.end(), [&](const Param& p) {
+        try {
+          rule.check_param(options, p.tensor_shape ? *p.tensor_shape : p.value.shape);
+          return true;
+        } catch (const InvalidInput&) {
+          return false;
+        }
+      });
+      if (none) {
+        std::vector<ParamGroupSpec> groups(1);
+        groups[0].params = std::move(views);
+        return std::make_unique<Optimizer>(outer.fallback, std::move(groups), OptionMap{{"lr", outer.options.at("lr")}});
+      }
+    }
+    std::vector<ParamGroupSpec> groups = optimizer_groups(outer, std::move(views));
+    for (std::size_t g = 1; g < groups.size(); ++g) groups[g].options["lr"] = outer.options.at("lr");
+    return std::make_unique<Optimizer>(outer.name, std::move(groups), outer.options);
   }
 
-  // In place: the outer optimizer's views point into start_.
-  void start_fresh() override { std::copy(x_.begin(), x_.end(), start_.begin()); }
+  bool syncs_at(const Fragment& f, std::uint64_t step) const {
+    const auto H = static_cast<std::uint64_t>(options_.sync_every);
+    return step > 0 && step >= f.first_sync && (step - f.first_sync) % H == 0;
+  }
 
-  // theta_sync, then the outer optimizer's state tensors ("outer.<i>.<key>").
+  void mix() override {
+    for (Fragment& f : fragments_)
+      if (f.in_flight && f.apply_at == steps_) apply(f);
+    for (Fragment& f : fragments_)
+      if (syncs_at(f, steps_)) {
+        start(f);
+        if (f.apply_at == steps_) apply(f);  // sync_delay 0
+      }
+  }
+
+  // The rank's pseudo-gradient of `f` goes on the wire.
+  void start(Fragment& f) {
+    std::size_t k = 0;
+    for (auto [b, e] : f.ranges)
+      for (std::size_t i = b; i < e; ++i) f.values[k++] = start_[i] - x_[i];
+    if (wire_ == gossip::WireDType::f32) {
+      f.request = comm_.iall_reduce(f.values.data(), f.values.data(), f.elements, ElemType::f32, ReduceOp::avg);
+    } else {
+      if (!error_.empty()) {
+        k = 0;
+        for (auto [b, e] : f.ranges)
+          for (std::size_t i = b; i < e; ++i) f.values[k++] += error_[i];
+      }
+      gossip::encode(wire_, f.values, f.wire.data());
+      if (!error_.empty()) {
+        // What the others will see of this rank; the rest is carried.
+        gossip::decode(wire_, f.wire.data(), f.values);
+        k = 0;
+        for (auto [b, e] : f.ranges)
+          for (std::size_t i = b; i < e; ++i) error_[i] = (start_[i] - x_[i] + error_[i]) - f.values[k++];
+      }
+      f.request = comm_.iall_gather(f.wire.data(), f.gathered.data(), f.wire.size(), ElemType::u8);
+    }
+    f.in_flight = true;
+    f.landed = false;
+    f.apply_at = steps_ + static_cast<std::uint64_t>(options_.sync_delay);
+  }
+
+  // Waits for `f`'s average; values holds it after.
+  void land(Fragment& f) {
+    if (f.landed) return;
+    blocked([&] { f.request->wait(); });
+    f.request.reset();
+    if (wire_ != gossip::WireDType::f32) {
+      // The f32 sum in rank order, then / n (as the all-reduce's avg).
+      std::vector<float> one(f.elements);
+      for (int r = 0; r < comm_.size(); ++r) {
+        gossip::decode(wire_, f.gathered.data() + static_cast<std::size_t>(r) * f.wire.size(),
+                       r == 0 ? std::span<float>(f.values) : std::span<float>(one));
+        if (r > 0)
+          for (std::size_t i = 0; i < f.elements; ++i) f.values[i] += one[i];
+      }
+      const auto n = static_cast<float>(comm_.size());
+      for (float& v : f.values) v = v / n;
+    }
+    f.landed = true;
+  }
+
+  // The outer step of `f` with its average; the fragment restarts from it.
+  void apply(Fragment& f) {
+    land(f);
+    std::size_t k = 0;
+    for (auto [b, e] : f.ranges)
+      for (std::size_t i = b; i < e; ++i) delta_[i] = f.values[k++];
+    f.outer->step();
+    const auto alpha = static_cast<float>(options_.fragment_alpha);
+    for (auto [b, e] : f.ranges) {
+      if (alpha == 0.0f)
+        std::copy(start_.begin() + static_cast<std::ptrdiff_t>(b), start_.begin() + static_cast<std::ptrdiff_t>(e),
+                  x_.begin() + static_cast<std::ptrdiff_t>(b));
+      else
+        for (std::size_t i = b; i < e; ++i) x_[i] = (1.0f - alpha) * start_[i] + alpha * x_[i];
+    }
+    f.in_flight = false;
+    f.landed = false;
+  }
+
+  // In place: the outer optimizers' views point into start_.
+  void start_fresh() override {
+    std::copy(x_.begin(), x_.end(), start_.begin());
+    std::fill(error_.begin(), error_.end(), 0.0f);
+  }
+
+  // theta_sync, the carried quantisation error, the outer optimizers' state
+  // tensors ("outer.<i>.<key>", i counting their parameters over the
+  // fragments in order) and the average of each fragment in flight
+  // ("diloco_flight.<p>", waited for here).
   void save_tensors(LocalState& st) override {
     st.tensors.emplace_back("diloco_start", start_);
-    for (std::size_t i = 0; i < outer_->num_params(); ++i)
-      for (const auto& v : outer_->state_views(i))
-        st.tensors.emplace_back(str(kOuterPrefix, i, ".", v.key), std::vector<float>(v.data, v.data + elements(v)));
+    if (!error_.empty()) st.tensors.emplace_back("diloco_error", error_);
+    std::size_t i = 0;
+    for (Fragment& f : fragments_)
+      for (std::size_t j = 0; j < f.outer->num_params(); ++j, ++i)
+        for (const auto& v : f.outer->state_views(j))
+          st.tensors.emplace_back(str(kOuterPrefix, i, ".", v.key), std::vector<float>(v.data, v.data + elements(v)));
+    for (std::size_t p = 0; p < fragments_.size(); ++p)
+      if (fragments_[p].in_flight) {
+        land(fragments_[p]);
+        st.tensors.emplace_back(str("diloco_flight.", p), fragments_[p].values);
+      }
   }
   void load_tensors(const LocalState& st) override {
     const std::vector<float>& start = saved_tensor(st, "diloco_start");
     std::copy(start.begin(), start.end(), start_.begin());
-    for (std::size_t i = 0; i < outer_->num_params(); ++i) {
-      const std::string prefix = str(kOuterPrefix, i, ".");
-      bool any = false;
-      for (const auto& [name, values] : st.tensors) any = any || name.starts_with(prefix);
-      if (!any) continue;  // saved before its first outer step
-      outer_->init_state(i);
-      for (const auto& v : outer_->state_views(i)) {
-        const std::vector<float>* saved = nullptr;
-        for (const auto& [name, values] : st.tensors)
-          if (name == prefix + v.key) saved = &values;
-        if (saved == nullptr || saved->size() != elements(v))
-          throw InvalidInput(str("diloco: the checkpoint's outer optimizer state '", prefix, v.key,
-                                 saved ? "' has another size" : "' is missing", " (rank ", comm_.rank(), ")"));
-        std::copy(saved->begin(), saved->end(), v.data);
-      }
+    if (!error_.empty()) {
+      const std::vector<float>& error = saved_tensor(st, "diloco_error");
+      std::copy(error.begin(), error.end(), error_.begin());
     }
-    // The optimizer's own step counts (LAMB's bias corrections) follow the
-    // loaded "step".
-    outer_->state_written();
+    auto find = [&](const std::string& name) -> const std::vector<float>* {
+      for (const auto& [n, values] : st.tensors)
+        if (n == name) return &values;
+      return nullptr;
+    };
+    std::size_t i = 0;
+    for (Fragment& f : fragments_) {
+      for (std::size_t j = 0; j < f.outer->num_params(); ++j, ++i) {
+        const std::string prefix = str(kOuterPrefix, i, ".");
+        bool any = false;
+        for (const auto& [name, values] : st.tensors) any = any || name.starts_with(prefix);
+        if (!any) continue;  // saved before its first outer step
+        f.outer->init_state(j);
+        for (const auto& v : f.outer->state_views(j)) {
+          const std::vector<float>* saved = find(prefix + v.key);
+          if (saved == nullptr || saved->size() != elements(v))
+            throw InvalidInput(str("diloco: the checkpoint's outer optimizer state '", prefix, v.key,
+                                   saved ? "' has another size" : "' is missing", " (rank ", comm_.rank(), ")"));
+          std::copy(saved->begin(), saved->end(), v.data);
+        }
+      }
+      // The optimizer's own step counts (LAMB's bias corrections) follow
+      // the loaded "step".
+      f.outer->state_written();
+    }
+    for (std::size_t p = 0; p < fragments_.size(); ++p) {
+      Fragment& f = fragments_[p];
+      // In flight after steps_ steps: started at its last sync up to then,
+      // to be applied at a later step.
+      const auto H = static_cast<std::uint64_t>(options_.sync_every);
+      f.in_flight = false;
+      if (steps_ > 0 && steps_ >= f.first_sync) {
+        const std::uint64_t last = steps_ - (steps_ - f.first_sync) % H;
+        f.apply_at = last + static_cast<std::uint64_t>(options_.sync_delay);
+        f.in_flight = last > 0 && f.apply_at > steps_;
+      }
+      f.landed = f.in_flight;
+      const std::vector<float>* flight = find(str("diloco_flight.", p));
+      if (f.in_flight != (flight != nullptr) || (flight && flight->size() != f.elements))
+        throw InvalidInput(str("diloco: the checkpoint of rank ", comm_.rank(), " at step ", steps_,
+                               f.in_flight ? " lacks the average in flight of fragment " : " has an average in flight of fragment ",
+                               p, flight && f.in_flight ? " of another size" : ""));
+      if (flight) std::copy(flight->begin(), flight->end(), f.values.begin());
+    }
   }
   void add_memory(MemoryUse& m) const override {
     m.params += start_.size() * sizeof(float);
-    m.grads += delta_.size() * sizeof(float);
-    m.optimizer_state += outer_->state_bytes();
+    m.grads += (delta_.size() + error_.size()) * sizeof(float);
+    for (const Fragment& f : fragments_) {
+      m.optimizer_state += f.outer->state_bytes();
+      m.grads += f.values.size() * sizeof(float) + f.wire.size() + f.gathered.size();
+    }
   }
 
-  std::vector<float> start_, delta_;
-  std::unique_ptr<Optimizer> outer_;
+  gossip::WireDType wire_ = gossip::WireDType::f32;
+  std::vector<float> start_, delta_, error_;
+  std::vector<Fragment> fragments_;
 };
 
 std::string misfit(const StrategyInfo& self, std::string_view flag, const GossipOptions& options) {
@@ -136,6 +342,8 @@ std::string misfit(const StrategyInfo& self, std::string_view flag, const Gossip
   if (flag == "outer-momentum" && options.outer_optimizer != "sgd")
     return str("--outer-momentum applies to --outer-optimizer sgd (", options.outer_optimizer,
                " keeps its own defaults)");
+  if (flag == "outer-error-feedback" && options.outer_dtype == "f32")
+    return "--outer-error-feedback applies to a compressed --outer-dtype (bf16, fp8, int4): f32 loses nothing";
   return gossip_misfit(self.name, flag, /*synch_freq=*/false, /*slowmo=*/false, /*outer=*/true);
 }
 
