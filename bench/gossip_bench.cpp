@@ -85,6 +85,7 @@ Row measure(Communicator& comm, const GossipBenchOptions& o, const std::string& 
   if (strategy == "diloco") {
     so.gossip.sync_every = o.sync_every;
     so.gossip.fragments = o.fragments;
+    so.gossip.sync_delay = o.sync_delay;
     so.gossip.outer_dtype = o.outer_dtype;
     steps = std::max(steps, o.sync_every);
   }
@@ -182,6 +183,8 @@ void validate(const GossipBenchOptions& o) {
     throw InvalidInput(str("--link-latency must be a non-negative number of seconds (got ", o.latency_s, ")"));
   for (const std::string& s : o.strategies) parallel::require_strategy(s);
   if (o.sync_every < 1) throw InvalidInput(str("--sync-every must be at least 1 (got ", o.sync_every, ")"));
+  if (o.sync_delay < 0 || o.sync_delay >= o.sync_every)
+    throw InvalidInput(str("--sync-delay must be in [0, --sync-every) (got ", o.sync_delay, ")"));
   if (o.fragments < 1 || o.fragments > kUnits)
     throw InvalidInput(str("--fragments must be in [1, ", kUnits, "] (the bench's model has ", kUnits,
                            " layers; got ", o.fragments, ")"));

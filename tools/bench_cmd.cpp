@@ -81,6 +81,7 @@ Runner add_bench(CLI::App& app) {
   gossip->add_option("--sync-every", gb->sync_every, "diloco: steps between syncs (default 100)")
       ->check(CLI::Range(1, 10000));
   gossip->add_option("--fragments", gb->fragments, "diloco: fragments of the model's 4 layers (default 1)");
+  gossip->add_option("--sync-delay", gb->sync_delay, "diloco: steps a sync runs behind training (default 0)");
   gossip->add_option("--outer-dtype", gb->outer_dtype, "diloco: f32 (default), bf16, fp8 or int4")
       ->check(CLI::IsMember({"f32", "bf16", "fp8", "int4"}));
   gossip->add_flag("--json", gb->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");

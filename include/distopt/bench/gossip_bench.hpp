@@ -24,6 +24,7 @@ struct GossipBenchOptions {
   // model in `fragments` fragments, the pseudo-gradient in outer_dtype.
   int sync_every = 100;
   int fragments = 1;
+  int sync_delay = 0;
   std::string outer_dtype = "f32";
   bool json = false;
 };

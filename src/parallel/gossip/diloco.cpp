@@ -45,6 +45,10 @@ class Diloco final : public GossipCore {
     start_ = x_;
     delta_.assign(x_.size(), 0.0f);
     if (options_.outer_error_feedback) error_.assign(x_.size(), 0.0f);
+    // Averages that run behind training go on a communicator of their own:
+    // on the main one, the trainer's next blocking collective (the step's
+    // loss) would wait for them.
+    if (options_.sync_delay > 0 && comm_.size() > 1) sync_comm_ = comm_.split(0, comm_.rank());
     const auto& units = layout_.units();
     const auto P = static_cast<std::size_t>(options_.fragments);
     if (P > units.size())
@@ -90,6 +94,10 @@ class Diloco final : public GossipCore {
         if (f.request) f.request->wait();
       } catch (...) {
       }
+  }
+
+  std::uint64_t bytes_sent() const override {
+    return GossipCore::bytes_sent() + (sync_comm_ ? sync_comm_->bytes_sent() : 0);
   }
 
   // The outer optimizer: `outer_optimizer` with lr outer_lr; sgd with the
@@ -185,7 +193,7 @@ class Diloco final : public GossipCore {
     for (auto [b, e] : f.ranges)
       for (std::size_t i = b; i < e; ++i) f.values[k++] = start_[i] - x_[i];
     if (wire_ == gossip::WireDType::f32) {
-      f.request = comm_.iall_reduce(f.values.data(), f.values.data(), f.elements, ElemType::f32, ReduceOp::avg);
+      f.request = wire().iall_reduce(f.values.data(), f.values.data(), f.elements, ElemType::f32, ReduceOp::avg);
     } else {
       if (!error_.empty()) {
         k = 0;
@@ -200,12 +208,14 @@ class Diloco final : public GossipCore {
         for (auto [b, e] : f.ranges)
           for (std::size_t i = b; i < e; ++i) error_[i] = (start_[i] - x_[i] + error_[i]) - f.values[k++];
       }
-      f.request = comm_.iall_gather(f.wire.data(), f.gathered.data(), f.wire.size(), ElemType::u8);
+      f.request = wire().iall_gather(f.wire.data(), f.gathered.data(), f.wire.size(), ElemType::u8);
     }
     f.in_flight = true;
     f.landed = false;
     f.apply_at = steps_ + static_cast<std::uint64_t>(options_.sync_delay);
   }
+
+  Communicator& wire() { return sync_comm_ ? *sync_comm_ : comm_; }
 
   // Waits for `f`'s average; values holds it after.
   void land(Fragment& f) {
@@ -333,6 +343,7 @@ class Diloco final : public GossipCore {
 
   gossip::WireDType wire_ = gossip::WireDType::f32;
   std::vector<float> start_, delta_, error_;
+  std::unique_ptr<Communicator> sync_comm_;  // with sync_delay > 0; outlives the requests in fragments_
   std::vector<Fragment> fragments_;
 };
 
