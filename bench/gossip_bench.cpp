@@ -159,8 +159,8 @@ void print(const std::vector<Row>& rows, const GossipBenchOptions& o) {
                  ", \"iter_s_p90\": ", num(r.iter_p90), ", \"iter_s_mean\": ", num(r.iter_mean), ", \"compute_s\": ", num(r.compute), ", \"comm_s\": ",
                  num(r.comm), ", \"wait_s\": ", num(r.wait), ", \"bytes_per_rank_per_step\": ", num(r.bytes_per_step),
                  "}");
-    std::printf("{\"params\": %zu, \"compute_s\": %s, \"steps\": %d, \"results\": [%s]}\n", o.params,
-                num(o.compute_s).c_str(), o.steps, out.c_str());
+    std::printf("{\"params\": %zu, \"compute_s\": %s, \"steps\": %d, \"diloco_steps\": %d, \"results\": [%s]}\n",
+                o.params, num(o.compute_s).c_str(), o.steps, std::max(o.steps, o.sync_every), out.c_str());
   } else {
     std::printf("%-7s %5s %10s %10s %10s %10s %10s %10s %10s %14s\n", "strategy", "world", "link", "iter_med",
                 "iter_p90", "iter_mean", "compute", "comm", "wait", "bytes/step");

@@ -58,6 +58,12 @@ for s in sgp osgp dpsgd adpsgd slowmo diloco; do
   "$bin" "${tiny[@]}" --max-steps 4 --world 2 --strategy $s --clip-grad-norm 1 --ema-decay 0.9 >/dev/null 2>"$tmp/err" \
     || fail "gpt under $s exited $?: $(cat "$tmp/err")"
 done
+# Streaming DiLoCo over gpt's 4 units (one fragment holds only ln_f, whose
+# 1-D parameters an outer muon gives to its adamw companion), fp8 on the
+# wire, an overlapped sync.
+"$bin" "${tiny[@]}" --max-steps 8 --world 2 --strategy diloco --sync-every 4 --fragments 4 --sync-delay 1 \
+  --outer-optimizer muon --outer-lr 0.02 --outer-dtype fp8 >/dev/null 2>"$tmp/err" \
+  || fail "gpt under streaming diloco exited $?: $(cat "$tmp/err")"
 python3 - "$tmp/ddp" <<'PY' || fail "gpt summary: $(tail -n 1 "$tmp/ddp")"
 import json, math, sys
 d = json.loads(open(sys.argv[1]).read().splitlines()[-1])

@@ -136,6 +136,8 @@ expect_error 2 "\-\-outer-momentum applies to \-\-outer-optimizer sgd (adam keep
 expect_error 2 "\-\-fragments 4: the model has 3 units (a fragment is at least one; at most \-\-fragments 3)" -- train \
   --data synthetic --strategy diloco --fragments 4
 expect_error 2 "\-\-fragments must be at least 1 (got 0)" -- train --data synthetic --strategy diloco --fragments 0
+expect_error 2 "\-\-fragments 3 is more than \-\-sync-every 2: each fragment syncs at a step of its own in the cycle" -- \
+  train --data synthetic --strategy diloco --fragments 3 --sync-every 2
 expect_error 2 "\-\-sync-delay must be in \[0, \-\-sync-every) = \[0, 4) (got 4)" -- train --data synthetic \
   --strategy diloco --sync-every 4 --sync-delay 4
 expect_error 2 "\-\-fragment-alpha must be in \[0, 1\] (got 1.5)" -- train --data synthetic --strategy diloco \

@@ -555,6 +555,14 @@ TEST(Compress, BlocksRoundWithinHalfAStepOfTheirScale) {
   EXPECT_EQ(back[2], -4.0f);
   EXPECT_EQ(back[3], 0.0f);
   EXPECT_EQ(back[4], 0.0f);
+  for (auto t : {gossip::WireDType::fp8, gossip::WireDType::int4}) {  // scale 0
+    std::vector<float> zeros(70, 0.0f);
+    std::vector<std::uint8_t> w(gossip::wire_bytes(t, zeros.size()), 0xff);
+    gossip::encode(t, zeros, w.data());
+    std::vector<float> out(zeros.size(), 1.0f);
+    gossip::decode(t, w.data(), out);
+    EXPECT_EQ(out, zeros) << gossip::name_of(t);
+  }
 }
 
 TEST(Compress, ANonFiniteValuePoisonsItsBlockOnly) {

@@ -6,8 +6,9 @@
 // the "fn" variant: no infinities, largest 448) and int4 (a two's-complement
 // nibble in [-7, 7]) scale each block by its largest magnitude over the
 // format's largest (448, 7), round to nearest even and store the scales
-// (f32) before the codes. A block holding a non-finite value decodes to NaN
-// throughout, as an f32 sum with it would be non-finite too. Encoding is a
+// (f32) before the codes. Under fp8 and int4 a block holding a non-finite
+// value decodes to NaN throughout, as an f32 sum with it would be
+// non-finite too; bf16 keeps each value's infinity or NaN. Encoding is a
 // pure function of the values: every rank decodes every rank's bytes to the
 // same floats.
 #pragma once

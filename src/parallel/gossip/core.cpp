@@ -33,6 +33,9 @@ void check_gossip_options(std::string_view strategy, const StrategyOptions& o) {
   if (!(g.outer_momentum >= 0 && g.outer_momentum < 1))
     throw InvalidInput(str("--outer-momentum must be in [0, 1) (got ", g.outer_momentum, ")"));
   if (g.fragments < 1) throw InvalidInput(str("--fragments must be at least 1 (got ", g.fragments, ")"));
+  if (g.fragments > g.sync_every)
+    throw InvalidInput(str("--fragments ", g.fragments, " is more than --sync-every ", g.sync_every,
+                           ": each fragment syncs at a step of its own in the cycle"));
   if (g.sync_delay < 0 || g.sync_delay >= g.sync_every)
     throw InvalidInput(str("--sync-delay must be in [0, --sync-every) = [0, ", g.sync_every, ") (got ", g.sync_delay,
                            "): a fragment's average must land before its next sync"));
@@ -183,7 +186,7 @@ double GossipCore::consensus_distance() {
 // pipeline) its iteration, whether a round is in flight and, if one is, the
 // weight it sent and the in-peers' weight shares (count first). Tensors: x;
 // the policy's (dpsgd's "send", slowmo's "slow_x" and "slow_u", diloco's
-// "diloco_start" and "outer.<i>.<key>"); the
+// "diloco_start", "diloco_error", "outer.<i>.<key>" and "diloco_flight.<p>"); the
 // in-peers' shares of each round in flight ("pushsum<p>.in<i>").
 std::optional<LocalState> GossipCore::local_state() {
   settle();

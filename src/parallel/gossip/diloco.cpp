@@ -44,7 +44,7 @@ class Diloco final : public GossipCore {
     gossip::parse_wire_dtype(options_.outer_dtype, &wire_);  // checked in check_policy_options
     start_ = x_;
     delta_.assign(x_.size(), 0.0f);
-    if (options_.outer_error_feedback) error_.assign(x_.size(), 0.0f);
+    if (options_.outer_error_feedback && wire_ != gossip::WireDType::f32) error_.assign(x_.size(), 0.0f);
     // Averages that run behind training go on a communicator of their own:
     // on the main one, the trainer's next blocking collective (the step's
     // loss) would wait for them.
@@ -67,19 +67,15 @@ class Diloco final : public GossipCore {
     for (std::size_t p = 0; p < layout_.params().size(); ++p) {
       const ParamSlot& s = layout_.params()[p];
       const std::size_t at = layout_.padded_offset(p);
-      std::size_t u = 0;
-      while (!(at >= units[u].padded_offset && at < units[u].padded_offset + units[u].size())) ++u;
-      views[u % P].push_back(
+      views[layout_.unit_of(p) % P].push_back(
           {s.name, {start_.data() + at, DType::f32, s.shape}, {delta_.data() + at, DType::f32, s.shape}, true});
     }
     const OptimizerSpec outer = outer_spec(options_);
     for (std::size_t f = 0; f < P; ++f) {
       Fragment& frag = fragments_[f];
       frag.values.assign(frag.elements, 0.0f);
-      if (wire_ != gossip::WireDType::f32) {
-        frag.wire.assign(gossip::wire_bytes(wire_, frag.elements), 0);
-        frag.gathered.assign(frag.wire.size() * static_cast<std::size_t>(comm_.size()), 0);
-      }
+      if (wire_ != gossip::WireDType::f32) frag.wire.assign(gossip::wire_bytes(wire_, frag.elements), 0);
+      if (views[f].empty()) continue;  // units without parameters: nothing to step
       try {
         frag.outer = make_outer(outer, std::move(views[f]));
       } catch (const InvalidInput& e) {
@@ -135,11 +131,11 @@ class Diloco final : public GossipCore {
     std::vector<std::pair<std::size_t, std::size_t>> ranges;  // its units in the padded layout
     std::size_t elements = 0;
     std::uint64_t first_sync = 0;  // syncs at steps first_sync + k H (k >= 0)
-    std::unique_ptr<Optimizer> outer;
+    std::unique_ptr<Optimizer> outer;  // none for a fragment without parameters
     // The packed pseudo-gradient: the rank's own, then (once the average
     // has landed) the average; wire and gathered hold the encoded ones.
     std::vector<float> values;
-    std::vector<std::uint8_t> wire, gathered;
+    std::vector<std::uint8_t> wire, gathered;  // gathered: while in flight
     std::unique_ptr<Request> request;
     bool in_flight = false;  // started, not applied
     std::uint64_t apply_at = 0;  // while in flight: the step that applies it
@@ -208,6 +204,8 @@ class Diloco final : public GossipCore {
         for (auto [b, e] : f.ranges)
           for (std::size_t i = b; i < e; ++i) error_[i] = (start_[i] - x_[i] + error_[i]) - f.values[k++];
       }
+      // n encoded copies, held only while the fragment is in flight.
+      f.gathered.resize(f.wire.size() * static_cast<std::size_t>(comm_.size()));
       f.request = wire().iall_gather(f.wire.data(), f.gathered.data(), f.wire.size(), ElemType::u8);
     }
     f.in_flight = true;
@@ -233,6 +231,7 @@ class Diloco final : public GossipCore {
       }
       const auto n = static_cast<float>(comm_.size());
       for (float& v : f.values) v = v / n;
+      f.gathered = {};
     }
     f.landed = true;
   }
@@ -243,7 +242,7 @@ class Diloco final : public GossipCore {
     std::size_t k = 0;
     for (auto [b, e] : f.ranges)
       for (std::size_t i = b; i < e; ++i) delta_[i] = f.values[k++];
-    f.outer->step();
+    if (f.outer) f.outer->step();
     const auto alpha = static_cast<float>(options_.fragment_alpha);
     for (auto [b, e] : f.ranges) {
       if (alpha == 0.0f)
@@ -271,7 +270,7 @@ class Diloco final : public GossipCore {
     if (!error_.empty()) st.tensors.emplace_back("diloco_error", error_);
     std::size_t i = 0;
     for (Fragment& f : fragments_)
-      for (std::size_t j = 0; j < f.outer->num_params(); ++j, ++i)
+      for (std::size_t j = 0; f.outer && j < f.outer->num_params(); ++j, ++i)
         for (const auto& v : f.outer->state_views(j))
           st.tensors.emplace_back(str(kOuterPrefix, i, ".", v.key), std::vector<float>(v.data, v.data + elements(v)));
     for (std::size_t p = 0; p < fragments_.size(); ++p)
@@ -294,6 +293,7 @@ class Diloco final : public GossipCore {
     };
     std::size_t i = 0;
     for (Fragment& f : fragments_) {
+      if (!f.outer) continue;
       for (std::size_t j = 0; j < f.outer->num_params(); ++j, ++i) {
         const std::string prefix = str(kOuterPrefix, i, ".");
         bool any = false;
@@ -335,10 +335,13 @@ class Diloco final : public GossipCore {
   void add_memory(MemoryUse& m) const override {
     m.params += start_.size() * sizeof(float);
     m.grads += (delta_.size() + error_.size()) * sizeof(float);
+    std::size_t gathered = 0;  // the largest fragment's n encoded copies, while in flight
     for (const Fragment& f : fragments_) {
-      m.optimizer_state += f.outer->state_bytes();
-      m.grads += f.values.size() * sizeof(float) + f.wire.size() + f.gathered.size();
+      if (f.outer) m.optimizer_state += f.outer->state_bytes();
+      m.grads += f.values.size() * sizeof(float) + f.wire.size();
+      gathered = std::max(gathered, f.wire.size() * static_cast<std::size_t>(comm_.size()));
     }
+    m.grads += gathered;
   }
 
   gossip::WireDType wire_ = gossip::WireDType::f32;
