@@ -208,17 +208,17 @@ struct Driven {
 };
 
 Driven drive(int world, const parallel::GossipOptions& g, int steps,
-             const std::function<float(int rank, std::size_t i)>& grad) {
+             const std::function<float(int rank, std::size_t i)>& grad, double lr = 0.1, float init_scale = 0.01f) {
   const parallel::FlatLayout layout = four_units();
   Driven out;
   out.params.assign(static_cast<std::size_t>(steps) + 1, std::vector<std::vector<float>>(world));
   out.bytes.assign(static_cast<std::size_t>(steps) + 1, 0);
   spawn(world, [&](Communicator& comm) {
     std::vector<float> init(layout.elements);
-    for (std::size_t i = 0; i < init.size(); ++i) init[i] = 0.01f * static_cast<float>(i % 7);
+    for (std::size_t i = 0; i < init.size(); ++i) init[i] = init_scale * static_cast<float>(i % 7);
     parallel::StrategyOptions o;
     o.gossip = g;
-    auto s = parallel::make_strategy("diloco", comm, layout, init, {"sgd", {{"lr", 0.1}}}, o);
+    auto s = parallel::make_strategy("diloco", comm, layout, init, {"sgd", {{"lr", lr}}}, o);
     const auto r = static_cast<std::size_t>(comm.rank());
     if (r == 0)
       for (const auto& u : s->layout().units()) out.unit_at.push_back(u.padded_offset);
@@ -338,30 +338,12 @@ TEST(GossipTraining, CompressedPseudoGradientsSendFewerBytesAndErrorFeedbackKeep
   parallel::GossipOptions g = plain_outer(1);
   g.outer_momentum = 0.0;
   auto drive_lr1 = [&](const parallel::GossipOptions& o) {
-    const parallel::FlatLayout layout = four_units();
-    std::vector<float> last(256), bytes(2);
-    spawn(2, [&](Communicator& comm) {
-      std::vector<float> init(layout.elements, 0.0f);
-      parallel::StrategyOptions so;
-      so.gossip = o;
-      auto s = parallel::make_strategy("diloco", comm, layout, init, {"sgd", {{"lr", 1.0}}}, so);
-      const std::uint64_t b0 = s->bytes_sent();
-      for (int k = 0; k < 10; ++k) {
-        for (std::size_t u = 0; u < 4; ++u) {
-          std::span<float> gr = s->access().grads(u);
-          for (std::size_t i = 0; i < gr.size(); ++i) gr[i] = v(comm.rank(), u * 64 + i);
-          s->access().grads_done(u);
-        }
-        s->step();
-      }
-      if (comm.rank() == 0) {
-        const std::span<const float> own = s->own_params();
-        const std::size_t at = s->layout().units()[0].padded_offset;
-        last.assign(own.begin() + at, own.begin() + at + 64);
-        bytes[0] = static_cast<float>(s->bytes_sent() - b0);
-      }
-    });
-    return std::make_pair(last, bytes[0]);
+    const Driven d = drive(2, o, 10, v, /*lr=*/1.0, /*init_scale=*/0.0f);
+    std::uint64_t bytes = 0;
+    for (std::uint64_t b : d.bytes) bytes += b;
+    const std::vector<float>& p = d.params[10][0];
+    return std::make_pair(std::vector<float>(p.begin() + d.unit_at[0], p.begin() + d.unit_at[0] + 64),
+                          static_cast<float>(bytes));
   };
   const auto [f32, f32_bytes] = drive_lr1(g);
   g.outer_dtype = "int4";

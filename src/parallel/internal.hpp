@@ -86,8 +86,10 @@ class StrategyCore : public Strategy, public models::UnitAccess {
 
 // The optimizer's groups for a strategy's parameter views: one group, or
 // with spec.fallback the parameters the rule refuses in a second group of
-// the fallback rule.
-std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vector<Param> views);
+// the fallback rule. Where the rule takes none of them: InvalidInput, or
+// with `fallback_only` an empty first group before the fallback's.
+std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vector<Param> views,
+                                             bool fallback_only = false);
 
 // Setup check: every rank must agree on what it is about to train; a
 // mismatch names the first rank that differs from rank 0 and the item.

@@ -31,7 +31,7 @@ namespace detail {
 // Setup check: every rank must agree on what it is about to train. Each
 // rank contributes one fingerprint per item; a mismatch names the first
 // rank that differs from rank 0 and the item, on every rank alike.
-std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vector<Param> views) {
+std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vector<Param> views, bool fallback_only) {
   std::vector<ParamGroupSpec> groups(1);
   const RuleInfo& rule = rule_or_throw(spec.name);
   if (spec.fallback.empty() || rule.check_param == nullptr) {
@@ -50,7 +50,7 @@ std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vec
     }
     (accepted ? groups[0] : other).params.push_back(std::move(p));
   }
-  if (groups[0].params.empty())
+  if (groups[0].params.empty() && !fallback_only)
     throw InvalidInput(str("optimizer ", spec.name, " takes none of the model's parameters"));
   if (!other.params.empty()) groups.push_back(std::move(other));
   return groups;

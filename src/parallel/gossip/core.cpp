@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "distopt/core/error.hpp"
+#include "distopt/gossip/compress.hpp"
 
 namespace distopt::parallel::detail {
 
@@ -41,7 +42,7 @@ void check_gossip_options(std::string_view strategy, const StrategyOptions& o) {
                            "): a fragment's average must land before its next sync"));
   if (!(g.fragment_alpha >= 0 && g.fragment_alpha <= 1))
     throw InvalidInput(str("--fragment-alpha must be in [0, 1] (got ", g.fragment_alpha, ")"));
-  if (g.outer_dtype != "f32" && g.outer_dtype != "bf16" && g.outer_dtype != "fp8" && g.outer_dtype != "int4")
+  if (gossip::WireDType wire; !gossip::parse_wire_dtype(g.outer_dtype, &wire))
     throw InvalidInput(str("--outer-dtype: '", g.outer_dtype, "' is not f32, bf16, fp8 or int4"));
   if (g.slowmo_base != "localsgd" && g.slowmo_base != "sgp")
     throw InvalidInput(str("--slowmo-base: '", g.slowmo_base, "' is not localsgd or sgp"));

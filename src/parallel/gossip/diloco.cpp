@@ -146,38 +146,36 @@ class Diloco final : public GossipCore {
   // group takes the outer lr too; a fragment of 1-D parameters only is the
   // companion's alone).
   static std::unique_ptr<Optimizer> make_outer(const OptimizerSpec& outer, std::vector<Param> views) {
-    const RuleInfo& rule = rule_or_throw(outer.name);
-    if (!outer.fallback.empty() && rule.check_param != nullptr) {
-      const OptionMap options = resolve_options(rule, outer.options);
-      const bool none = std::none_of(views.begin(), views.end(), [&](const Param& p) {
-        try {
-          rule.check_param(options, p.tensor_shape ? *p.tensor_shape : p.value.shape);
-          return true;
-        } catch (const InvalidInput&) {
-          return false;
-        }
-      });
-      if (none) {
-        std::vector<ParamGroupSpec> groups(1);
-        groups[0].params = std::move(views);
-        return std::make_unique<Optimizer>(outer.fallback, std::move(groups), OptionMap{{"lr", outer.options.at("lr")}});
-      }
+    std::vector<ParamGroupSpec> groups = optimizer_groups(outer, std::move(views), /*fallback_only=*/true);
+    const OptionMap lr{{"lr", outer.options.at("lr")}};
+    if (groups[0].params.empty()) {
+      groups.erase(groups.begin());
+      groups[0].rule.clear();
+      return std::make_unique<Optimizer>(outer.fallback, std::move(groups), lr);
     }
-    std::vector<ParamGroupSpec> groups = optimizer_groups(outer, std::move(views));
-    for (std::size_t g = 1; g < groups.size(); ++g) groups[g].options["lr"] = outer.options.at("lr");
+    for (std::size_t g = 1; g < groups.size(); ++g) groups[g].options["lr"] = lr.at("lr");
     return std::make_unique<Optimizer>(outer.name, std::move(groups), outer.options);
   }
 
-  bool syncs_at(const Fragment& f, std::uint64_t step) const {
-    const auto H = static_cast<std::uint64_t>(options_.sync_every);
-    return step > 0 && step >= f.first_sync && (step - f.first_sync) % H == 0;
+  // The last step, up to `step`, at which `f` synced (0: none yet).
+  std::uint64_t last_sync(const Fragment& f, std::uint64_t step) const {
+    if (step == 0 || step < f.first_sync) return 0;
+    return step - (step - f.first_sync) % static_cast<std::uint64_t>(options_.sync_every);
+  }
+  // Calls fn(i, k) for each element of `f`: i in the padded layout, k in
+  // the fragment's packed values.
+  template <class Fn>
+  static void each(const Fragment& f, Fn fn) {
+    std::size_t k = 0;
+    for (auto [b, e] : f.ranges)
+      for (std::size_t i = b; i < e; ++i) fn(i, k++);
   }
 
   void mix() override {
     for (Fragment& f : fragments_)
       if (f.in_flight && f.apply_at == steps_) apply(f);
     for (Fragment& f : fragments_)
-      if (syncs_at(f, steps_)) {
+      if (steps_ > 0 && last_sync(f, steps_) == steps_) {
         start(f);
         if (f.apply_at == steps_) apply(f);  // sync_delay 0
       }
@@ -185,24 +183,16 @@ class Diloco final : public GossipCore {
 
   // The rank's pseudo-gradient of `f` goes on the wire.
   void start(Fragment& f) {
-    std::size_t k = 0;
-    for (auto [b, e] : f.ranges)
-      for (std::size_t i = b; i < e; ++i) f.values[k++] = start_[i] - x_[i];
+    each(f, [&](std::size_t i, std::size_t k) { f.values[k] = start_[i] - x_[i]; });
     if (wire_ == gossip::WireDType::f32) {
       f.request = wire().iall_reduce(f.values.data(), f.values.data(), f.elements, ElemType::f32, ReduceOp::avg);
     } else {
-      if (!error_.empty()) {
-        k = 0;
-        for (auto [b, e] : f.ranges)
-          for (std::size_t i = b; i < e; ++i) f.values[k++] += error_[i];
-      }
+      if (!error_.empty()) each(f, [&](std::size_t i, std::size_t k) { f.values[k] += error_[i]; });
       gossip::encode(wire_, f.values, f.wire.data());
       if (!error_.empty()) {
         // What the others will see of this rank; the rest is carried.
         gossip::decode(wire_, f.wire.data(), f.values);
-        k = 0;
-        for (auto [b, e] : f.ranges)
-          for (std::size_t i = b; i < e; ++i) error_[i] = (start_[i] - x_[i] + error_[i]) - f.values[k++];
+        each(f, [&](std::size_t i, std::size_t k) { error_[i] = (start_[i] - x_[i] + error_[i]) - f.values[k]; });
       }
       // n encoded copies, held only while the fragment is in flight.
       f.gathered.resize(f.wire.size() * static_cast<std::size_t>(comm_.size()));
@@ -239,9 +229,7 @@ class Diloco final : public GossipCore {
   // The outer step of `f` with its average; the fragment restarts from it.
   void apply(Fragment& f) {
     land(f);
-    std::size_t k = 0;
-    for (auto [b, e] : f.ranges)
-      for (std::size_t i = b; i < e; ++i) delta_[i] = f.values[k++];
+    each(f, [&](std::size_t i, std::size_t k) { delta_[i] = f.values[k]; });
     if (f.outer) f.outer->step();
     const auto alpha = static_cast<float>(options_.fragment_alpha);
     for (auto [b, e] : f.ranges) {
@@ -316,14 +304,9 @@ class Diloco final : public GossipCore {
       Fragment& f = fragments_[p];
       // In flight after steps_ steps: started at its last sync up to then,
       // to be applied at a later step.
-      const auto H = static_cast<std::uint64_t>(options_.sync_every);
-      f.in_flight = false;
-      if (steps_ > 0 && steps_ >= f.first_sync) {
-        const std::uint64_t last = steps_ - (steps_ - f.first_sync) % H;
-        f.apply_at = last + static_cast<std::uint64_t>(options_.sync_delay);
-        f.in_flight = last > 0 && f.apply_at > steps_;
-      }
-      f.landed = f.in_flight;
+      const std::uint64_t last = last_sync(f, steps_);
+      f.apply_at = last + static_cast<std::uint64_t>(options_.sync_delay);
+      f.in_flight = f.landed = last > 0 && f.apply_at > steps_;
       const std::vector<float>* flight = find(str("diloco_flight.", p));
       if (f.in_flight != (flight != nullptr) || (flight && flight->size() != f.elements))
         throw InvalidInput(str("diloco: the checkpoint of rank ", comm_.rank(), " at step ", steps_,
