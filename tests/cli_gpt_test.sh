@@ -30,12 +30,19 @@ done
 "$bin" "${tiny[@]}" --max-steps 12 --world 4 --strategy zero3 --threads 3 >"$tmp/t3" 2>"$tmp/err" \
   || fail "gpt --threads 3 exited $?: $(cat "$tmp/err")"
 [ "$(hash_of "$tmp/t3")" = "$(hash_of "$tmp/ddp")" ] || fail "gpt --threads 3 $(hash_of "$tmp/t3") vs $(hash_of "$tmp/ddp")"
-"$bin" "${tiny[@]}" --max-steps 12 --world 4 --matmul-precision bf16 >"$tmp/b_ddp" 2>/dev/null || fail "gpt bf16 exited $?"
-"$bin" "${tiny[@]}" --max-steps 12 --world 4 --matmul-precision bf16 --strategy zero3 --threads 2 >"$tmp/b_z3" 2>/dev/null \
-  || fail "gpt bf16 zero3 --threads 2 exited $?"
-[ "$(hash_of "$tmp/b_z3")" = "$(hash_of "$tmp/b_ddp")" ] || fail "gpt bf16: zero3 $(hash_of "$tmp/b_z3") vs ddp $(hash_of "$tmp/b_ddp")"
-[ "$(hash_of "$tmp/b_ddp")" != "$(hash_of "$tmp/ddp")" ] || fail "gpt bf16 gave float32's bits"
-grep -q '"threads": 2, "matmul_precision": "bf16"' "$tmp/b_z3" || fail "gpt summary: $(tail -n 1 "$tmp/b_z3")"
+# A CPU without AVX512 has no oneDNN bfloat16 product at all (not even an
+# emulated one); distopt says so by name, and the bf16 checks are skipped.
+if "$bin" "${tiny[@]}" --max-steps 12 --world 4 --matmul-precision bf16 >"$tmp/b_ddp" 2>"$tmp/err"; then
+  "$bin" "${tiny[@]}" --max-steps 12 --world 4 --matmul-precision bf16 --strategy zero3 --threads 2 >"$tmp/b_z3" 2>/dev/null \
+    || fail "gpt bf16 zero3 --threads 2 exited $?"
+  [ "$(hash_of "$tmp/b_z3")" = "$(hash_of "$tmp/b_ddp")" ] || fail "gpt bf16: zero3 $(hash_of "$tmp/b_z3") vs ddp $(hash_of "$tmp/b_ddp")"
+  [ "$(hash_of "$tmp/b_ddp")" != "$(hash_of "$tmp/ddp")" ] || fail "gpt bf16 gave float32's bits"
+  grep -q '"threads": 2, "matmul_precision": "bf16"' "$tmp/b_z3" || fail "gpt summary: $(tail -n 1 "$tmp/b_z3")"
+elif grep -q "oneDNN has no bfloat16 product of this shape on this CPU" "$tmp/err"; then
+  echo "cli gpt: skipping the bf16 checks: $(tail -n 1 "$tmp/err")"
+else
+  fail "gpt bf16 exited: $(cat "$tmp/err")"
+fi
 expect_error 2 "\-\-threads must be at least 1 (got 0)" -- "${tiny[@]}" --threads 0
 expect_error 2 "\-\-threads applies to \-\-model gpt; model mlp runs on one thread a rank (use \-\-world for more)" \
   -- train --data synthetic --threads 2
