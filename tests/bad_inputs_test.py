@@ -28,6 +28,12 @@ for flag, v in [("--epochs", "0"), ("--world", "0"), ("--batch-size", "0"), ("--
                 ("--hidden", "100000000"), ("--train-size", "100000000"),
                 ("--world", "100000"), ("--train-size", "0"), ("--swa-start", "-3")]:
     add(SYN + [flag, v])
+# The live limits (zero3 takes all three).
+for flag in ["--prefetch-units", "--max-live-params", "--max-buckets-in-flight"]:
+    for v in ["-1", "abc", "1.5", "99999999999999999999999", "", "0x"]:
+        add(SYN + ["--strategy", "zero3", flag, v])
+add(SYN + ["--strategy", "zero3", "--max-buckets-in-flight", "0"])
+add(SYN + ["--strategy", "zero3", "--max-live-params", "1"])
 # Reals: not a number, non-finite, out of range.
 for flag in ["--lr", "--weight-decay", "--eps", "--clip-grad-norm", "--clip-grad-value", "--ema-decay", "--swa-lr",
              "--init-scale", "--growth-factor", "--backoff-factor", "--bucket-cap-mb", "--comm-timeout",

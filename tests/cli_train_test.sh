@@ -191,6 +191,18 @@ PY
 expect_error 2 "--param-dtype: unknown dtype 'fp8' (known: f32, bf16, f16)" -- train --param-dtype fp8 --data synthetic
 expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got 0)" -- train --bucket-cap-mb 0 --data synthetic
 expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got -1)" -- train --bucket-cap-mb -1 --strategy zero2 --data synthetic
+expect_error 2 "--prefetch-units applies to zero3, which gathers parameters; strategy ddp holds them whole" -- train --prefetch-units 0 --data synthetic
+expect_error 2 "--max-buckets-in-flight applies to zero2 and zero3, which reduce-scatter gradient buckets; strategy zero1 keeps whole gradients" -- train --max-buckets-in-flight 1 --strategy zero1 --data synthetic
+expect_error 2 "--prefetch-units: must be a non-negative integer (got -2)" -- train --prefetch-units -2 --strategy zero3 --data synthetic
+expect_error 2 "--max-buckets-in-flight must be at least 1 (got 0)" -- train --max-buckets-in-flight 0 --strategy zero2 --data synthetic
+expect_error 2 "max live parameters 1000 is below the largest unit, fc1 (" -- train --max-live-params 1000 --strategy zero3 --data synthetic --world 2
+# The live limits keep ddp's bits.
+"$bin" train --data synthetic --train-size 512 --test-size 64 --world 4 --batch-size 64 --progress none --json >"$tmp/live_ddp" \
+  || fail "train ddp for the live limits exited $?"
+"$bin" train --data synthetic --train-size 512 --test-size 64 --world 4 --batch-size 64 --progress none --json \
+  --strategy zero3 --prefetch-units 0 --max-buckets-in-flight 1 >"$tmp/live_z3" || fail "zero3 --prefetch-units 0 exited $?"
+[ "$(tail -n 1 "$tmp/live_z3" | grep -o '"param_hash": "[0-9a-f]*"')" = "$(tail -n 1 "$tmp/live_ddp" | grep -o '"param_hash": "[0-9a-f]*"')" ] \
+  || fail "zero3 --prefetch-units 0 --max-buckets-in-flight 1 changed the bits"
 expect_error 2 "unknown data set 'cifar'" -- train --data cifar
 expect_error 2 "batch size 2 is smaller than the world size 4" -- train --data synthetic --world 4 --batch-size 2
 expect_error 2 "--lr: 'abc' is not a finite number" -- train --data synthetic --lr abc

@@ -169,7 +169,9 @@ TEST(NonPointwise, FlatPartitionsChangeEveryNonPointwiseRuleButDistoptsShardsDoN
     // distopt's sharded run differs from the unsharded one only by the
     // order of the gradient's sums over ranks; the flat partitions change
     // the trust ratios themselves.
-    EXPECT_LT(f.distopt_vs_world1, 1e-4) << rule;
+    // adagrad_full's inverse roots of 64x64 blocks magnify that order's
+    // rounding more than the others' statistics: 3e-4 on an AVX2-only CPU.
+    EXPECT_LT(f.distopt_vs_world1, rule == "adagrad_full" ? 1e-3 : 1e-4) << rule;
     EXPECT_GT(f.naive_vs_world1, 100 * f.distopt_vs_world1) << rule;
     EXPECT_GT(f.naive_vs_world1, 1e-3) << rule;
   }

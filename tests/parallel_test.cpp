@@ -11,6 +11,7 @@
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/random.hpp"
+#include "distopt/models/model.hpp"
 #include "distopt/optim/rule.hpp"
 #include "distopt/parallel/layout.hpp"
 #include "distopt/parallel/strategy.hpp"
@@ -422,6 +423,82 @@ TEST(Memory, ShardedStrategiesHoldTheirShareOfEachBuffer) {
   }
 }
 
+// The live limits (StrategyOptions::prefetch_units, max_live_params,
+// max_buckets_in_flight) bound what zero2/zero3 hold in flight and change
+// no bit. A model whose first unit is four times the others shows the
+// difference: with the next unit prefetched, the first and second are live
+// at once; with no prefetch one unit is.
+TEST(Memory, LiveLimitsBoundWhatIsInFlightAndKeepTheBits) {
+  const data::Split d = data::make_synthetic_classification(64, 4, 128, 16, 1);
+  train::TrainConfig base = tiny_config("adam", "ddp");
+  base.hidden = {512, 16, 512, 16};
+  base.epochs = 1;
+  const int world = 4;
+  // The padded units and buckets the strategies lay out.
+  const auto model = models::make_model("mlp", 64, 4, base.hidden);
+  const parallel::FlatLayout flat = parallel::flat_layout(*model);
+  const parallel::ShardLayout layout(flat.params, flat.elements, flat.units, world, base.parallel.bucket_elements);
+  std::vector<std::size_t> units;
+  for (const auto& u : layout.units()) units.push_back(u.padded);
+  std::size_t largest_bucket = 0;
+  for (const auto& b : layout.buckets()) largest_bucket = std::max(largest_bucket, b.padded);
+  const std::size_t largest = *std::max_element(units.begin(), units.end());
+  const std::size_t shard = layout.shard_elements();
+  ASSERT_EQ(largest, units[0]);
+  ASSERT_GT(units[0], 3 * units[1]);
+
+  const RunResult ddp = run(world, d, base);
+  auto run_with = [&](const char* strategy, int prefetch, std::size_t max_live, int buckets) {
+    train::TrainConfig c = base;
+    c.strategy = strategy;
+    c.parallel.prefetch_units = prefetch;
+    c.parallel.max_live_params = max_live;
+    c.parallel.max_buckets_in_flight = buckets;
+    const RunResult r = run(world, d, c);
+    EXPECT_EQ(r.hash, ddp.hash) << strategy << " prefetch " << prefetch << " max_live " << max_live << " buckets "
+                                << buckets;
+    return r.memory;
+  };
+  const parallel::MemoryUse prefetched = run_with("zero3", 1, 0, 2);
+  EXPECT_GE(prefetched.params, 4 * (shard + units[0] + units[1])) << "the first unit and the prefetched second";
+  // No prefetch: one unit and the shard.
+  const parallel::MemoryUse one = run_with("zero3", 0, 0, 2);
+  EXPECT_EQ(one.params, 4 * (shard + largest));
+  // A limit of one unit: the same, whatever the prefetch depth asks for.
+  EXPECT_EQ(run_with("zero3", 3, largest, 2).params, 4 * (shard + largest));
+  // A limit of the two largest units with three units prefetched: never
+  // more than the limit.
+  const std::size_t two = units[0] + units[1];
+  const parallel::MemoryUse deep = run_with("zero3", 3, two, 2);
+  EXPECT_LE(deep.params, 4 * (shard + two));
+  EXPECT_GT(deep.params, 4 * (shard + largest)) << "the limit leaves room to prefetch the smaller units";
+  // One gradient bucket in flight: the shard and the largest bucket.
+  for (const char* s : {"zero2", "zero3"}) {
+    const parallel::MemoryUse b1 = run_with(s, 1, 0, 1), b2 = run_with(s, 1, 0, 2);
+    EXPECT_LE(b1.grads, 4 * (shard + largest_bucket)) << s;
+    EXPECT_LT(b1.grads, b2.grads) << s;
+  }
+  // Bad limits: one line each, saying what would fit.
+  auto expect_error = [&](auto change, const std::string& what) {
+    train::TrainConfig c = base;
+    c.strategy = "zero3";
+    change(c);
+    try {
+      run(world, d, c);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&](train::TrainConfig& c) { c.parallel.max_live_params = largest - 1; },
+               "max live parameters " + std::to_string(largest - 1) + " is below the largest unit, " +
+                   layout.units()[0].name + " (" + std::to_string(largest) + " elements gathered at once at world 4): at least " +
+                   std::to_string(largest) + " would fit");
+  expect_error([](train::TrainConfig& c) { c.parallel.prefetch_units = -1; }, "prefetch units must be at least 0 (got -1)");
+  expect_error([](train::TrainConfig& c) { c.parallel.max_buckets_in_flight = 0; },
+               "buckets in flight must be at least 1 (got 0)");
+}
+
 TEST(Memory, MixedPrecisionKeepsMasterWeightsForTheOwnShardOnly) {
   const data::Split d = data::make_synthetic_classification(64, 4, 128, 16, 1);
   train::TrainConfig c = tiny_config("adamw", "ddp");
@@ -459,6 +536,7 @@ TEST(Setup, RanksThatDisagreeAreNamedBeforeTraining) {
   expect_named([](train::TrainConfig& c) { c.hidden = {24, 41, 8}; }, "model shapes");
   expect_named([](train::TrainConfig& c) { c.parallel.param_dtype = DType::bf16; }, "parameter dtype (bf16 vs f32)");
   expect_named([](train::TrainConfig& c) { c.parallel.bucket_elements = 7; }, "bucket size (7 vs 300)");
+  expect_named([](train::TrainConfig& c) { c.parallel.prefetch_units = 2; }, "live limits");
 }
 
 // What each strategy declares, against what it is (strategy.hpp's list):
@@ -487,6 +565,8 @@ TEST(Setup, StrategiesDeclareWhatTheyAre) {
     EXPECT_EQ(s.whole_tensor_needs_gather, e.gathers) << e.name;
     EXPECT_EQ(s.option_misfit != nullptr, e.gossip_flags) << e.name;
     EXPECT_EQ(s.volume_psi, e.volume) << e.name;
+    EXPECT_EQ(s.sharded_grads, e.name == std::string("zero2") || e.name == std::string("zero3")) << e.name;
+    EXPECT_EQ(s.sharded_params, e.name == std::string("zero3")) << e.name;
     EXPECT_FALSE(s.help.empty()) << e.name;
     ASSERT_NE(s.make, nullptr) << e.name;
   }

@@ -854,6 +854,22 @@ bool bf16_products_native() {
   return (isa & bf16_isa) == bf16_isa;
 }
 
+bool bf16_products_available() {
+  static const bool available = [] {
+    using dnnl::memory;
+    try {
+      const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+      const memory::desc a({2, 2}, memory::data_type::bf16, memory::format_tag::ab);
+      const memory::desc c({2, 2}, memory::data_type::f32, memory::format_tag::ab);
+      (void)dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, a, c), engine);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return available;
+}
+
 std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads, MatmulPrecision precision) {
   if (shape.layers < 1) throw InvalidInput(str("--layers must be at least 1 (got ", shape.layers, ")"));
   if (shape.heads < 1) throw InvalidInput(str("--heads must be at least 1 (got ", shape.heads, ")"));

@@ -9,21 +9,34 @@
 
 namespace distopt::parallel::detail {
 
-Pool::~Pool() {
-  for (const Buffer& b : idle_) meter_.sub(kind_, b.size_bytes());
-}
+Pool::~Pool() { free_idle(); }
 
-Buffer Pool::take(std::size_t bytes, int slot) {
+std::vector<Buffer>::const_iterator Pool::best_fit(std::size_t bytes) const {
   auto best = idle_.end();
   for (auto it = idle_.begin(); it != idle_.end(); ++it)
     if (it->size_bytes() >= bytes && (best == idle_.end() || it->size_bytes() < best->size_bytes())) best = it;
-  if (best != idle_.end()) {
-    Buffer b = std::move(*best);
-    idle_.erase(best);
-    return b;
-  }
+  return best;
+}
+
+std::size_t Pool::fit(std::size_t bytes) const {
+  const auto best = best_fit(bytes);
+  return best != idle_.end() ? best->size_bytes() : bytes;
+}
+
+void Pool::free_idle() {
   for (const Buffer& b : idle_) meter_.sub(kind_, b.size_bytes());
   idle_.clear();
+}
+
+Buffer Pool::take(std::size_t bytes, int slot) {
+  const auto best = best_fit(bytes);
+  if (best != idle_.end()) {
+    Buffer b = std::move(idle_[static_cast<std::size_t>(best - idle_.cbegin())]);
+    idle_.erase(best);
+    if (lean_) free_idle();
+    return b;
+  }
+  free_idle();
   meter_.add(kind_, bytes);
   return Buffer(bytes, slot);
 }
@@ -94,7 +107,7 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
   // What the strategy declares (checkpoints and require_exact read it) is
   // what it holds.
   DISTOPT_CHECK(info_.replicated_params == !holding.state && info_.whole_tensor_needs_gather == holding.state &&
-                    info_.sharded_grads == holding.grads,
+                    info_.sharded_grads == holding.grads && info_.sharded_params == holding.params,
                 info_.name, " declares what it does not hold");
   check_agreement(comm, info_.name, layout_, spec, a.options);
   const std::vector<ShardLayout::Piece> pieces = layout_.pieces(comm.rank());

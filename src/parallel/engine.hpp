@@ -75,11 +75,20 @@ class Pool {
   void give(Buffer&& b) {
     if (!b.empty()) idle_.push_back(std::move(b));
   }
+  // The size of the buffer take(bytes) would hand out.
+  std::size_t fit(std::size_t bytes) const;
+  // Lean: take() frees the idle buffers it does not hand out, so what the
+  // pool holds is what is in use (a live limit counts it exactly), at the
+  // cost of allocating more often.
+  void set_lean(bool lean) { lean_ = lean; }
 
  private:
+  std::vector<Buffer>::const_iterator best_fit(std::size_t bytes) const;
+  void free_idle();
   Meter& meter_;
   Meter::Kind kind_;
   std::vector<Buffer> idle_;
+  bool lean_ = false;
 };
 
 // A buffer the meter counts while it exists (persistent), or one leased
@@ -97,6 +106,7 @@ class Held {
   char* bytes() { return buf_.as<char>(); }
   const char* bytes() const { return buf_.as<char>(); }
   bool empty() const { return buf_.empty(); }
+  std::size_t size_bytes() const { return buf_.size_bytes(); }
 
  private:
   void release();
@@ -202,9 +212,12 @@ class Zero2 : public Zero1 {
   explicit Zero2(const StrategyArgs& a) : Zero2(a, {true, true, false}) {}
 
  protected:
-  Zero2(const StrategyArgs& a, Holding holding) : Zero1(a, holding) {}
+  Zero2(const StrategyArgs& a, Holding holding)
+      : Zero1(a, holding), max_buckets_(static_cast<std::size_t>(a.options.max_buckets_in_flight)) {}
   char* grad_target(std::size_t u) override;
   void reduce_bucket(std::size_t b) override;
+
+  std::size_t max_buckets_;
 };
 
 // A registry entry's make for an engine strategy.

@@ -57,6 +57,10 @@ std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& com
   require_exact(name, rule_or_throw(optimizer.name));
   if (!optimizer.fallback.empty()) require_exact(name, rule_or_throw(optimizer.fallback));
   const StrategyInfo& info = strategy_or_throw(name);
+  if (options.prefetch_units < 0)
+    throw InvalidInput(str("prefetch units must be at least 0 (got ", options.prefetch_units, ")"));
+  if (options.max_buckets_in_flight < 1)
+    throw InvalidInput(str("buckets in flight must be at least 1 (got ", options.max_buckets_in_flight, ")"));
   return info.make({info, comm, layout, initial, optimizer, options});
 }
 

@@ -28,9 +28,6 @@ constexpr std::uint64_t kFnvBasis = 14695981039346656037ull;
 
 namespace detail {
 
-// Setup check: every rank must agree on what it is about to train. Each
-// rank contributes one fingerprint per item; a mismatch names the first
-// rank that differs from rank 0 and the item, on every rank alike.
 std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vector<Param> views, bool fallback_only) {
   std::vector<ParamGroupSpec> groups(1);
   const RuleInfo& rule = rule_or_throw(spec.name);
@@ -56,11 +53,16 @@ std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vec
   return groups;
 }
 
+// Setup check: every rank must agree on what it is about to train. Each
+// rank contributes one fingerprint per item; a mismatch names the first
+// rank that differs from rank 0 and the item, on every rank alike.
 void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,
                      const OptimizerSpec& spec, const StrategyOptions& options) {
-  enum { kWorld, kStrategy, kModel, kOptimizer, kDtype, kBucket, kGossip, kItems };
-  static constexpr const char* kWhat[kItems] = {"world size",      "strategy",    "model shapes", "optimizer or its options",
-                                                 "parameter dtype", "bucket size", "gossip options"};
+  enum { kWorld, kStrategy, kModel, kOptimizer, kDtype, kBucket, kLive, kGossip, kItems };
+  static constexpr const char* kWhat[kItems] = {
+      "world size",      "strategy",    "model shapes",         "optimizer or its options",
+      "parameter dtype", "bucket size", "live limits (prefetch, live parameters, buckets in flight)",
+      "gossip options"};
   std::uint64_t mine[kItems];
   mine[kWorld] = static_cast<std::uint64_t>(comm.size());
   mine[kStrategy] = fnv(kFnvBasis, strategy);
@@ -76,6 +78,9 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   mine[kOptimizer] = h;
   mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
   mine[kBucket] = options.bucket_elements;
+  // Prefetching changes the order in which a rank starts its collectives.
+  mine[kLive] = fnv_value(fnv_value(fnv_value(kFnvBasis, options.prefetch_units), options.max_live_params),
+                          options.max_buckets_in_flight);
   const GossipOptions& g = options.gossip;
   h = fnv(fnv(fnv(fnv(kFnvBasis, g.topology), g.slowmo_base), g.outer_optimizer), g.outer_dtype);
   for (double v : {double(g.peers_per_iteration), double(g.synch_freq), double(g.localsgd_frequency),

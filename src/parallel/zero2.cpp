@@ -16,9 +16,10 @@ char* Zero2::grad_target(std::size_t u) {
   const std::size_t b = layout_.bucket_of(u);
   const auto& bucket = layout_.buckets()[b];
   if (in_flight_.empty() || in_flight_.back().bucket != b || !in_flight_.back().requests.empty()) {
-    // At most two buckets in flight: one being written, one being reduced.
+    // At most max_buckets_in_flight buckets (default 2: one being written,
+    // one being reduced).
     blocked([&] {
-      while (in_flight_.size() >= 2) finish_oldest();
+      while (in_flight_.size() >= max_buckets_) finish_oldest();
     });
     in_flight_.push_back({b, Held(grad_pool_, bucket.padded * es_, 6 + static_cast<int>(b % 2)), {}});
     // A recycled buffer: zero the units' padding, which backward never writes.

@@ -1,9 +1,13 @@
 // zero3 (ZeRO stage 3; FairScale and torch FSDP): parameters sharded too.
 // A unit is all-gathered before its forward and again before its backward
-// (the next unit prefetched) and freed after use; gradients as zero2
+// (the next StrategyOptions::prefetch_units units prefetched, while they fit
+// under max_live_params) and freed after use; gradients as zero2
 // (engine.hpp; docs/sharding.md). The last unit is kept from forward into
 // backward, as FSDP does, which saves its second gather.
+#include <algorithm>
 #include <cstdint>
+
+#include "distopt/core/error.hpp"
 
 #include "engine.hpp"
 
@@ -13,7 +17,22 @@ namespace {
 
 class Zero3 final : public Zero2 {
  public:
-  explicit Zero3(const StrategyArgs& a) : Zero2(a, {true, true, true}) {}
+  explicit Zero3(const StrategyArgs& a)
+      : Zero2(a, {true, true, true}),
+        prefetch_(static_cast<std::size_t>(a.options.prefetch_units)),
+        max_live_bytes_(a.options.max_live_params * es_) {
+    if (a.options.max_live_params == 0) return;
+    const auto& units = layout_.units();
+    const auto largest = std::max_element(units.begin(), units.end(),
+                                          [](const auto& x, const auto& y) { return x.padded < y.padded; });
+    if (a.options.max_live_params < largest->padded)
+      throw InvalidInput(str("max live parameters ", a.options.max_live_params, " is below the largest unit, ",
+                             largest->name, " (", largest->padded, " elements gathered at once at world ",
+                             comm_.size(), "): at least ", largest->padded, " would fit"));
+    // The limit counts the buffers that hold gathered units: the pool
+    // keeps no idle ones beside them.
+    param_pool_.set_lean(true);
+  }
   ~Zero3() override {
     for (auto& [u, g] : gathered_) finish_quietly(g.request);
   }
@@ -38,12 +57,13 @@ class Zero3 final : public Zero2 {
   static constexpr std::size_t kNone = SIZE_MAX;
 
   const char* values_of(std::size_t u, models::Pass pass) override {
-    Gathered& g = gathered_[u];
-    if (g.buffer.empty()) start_gather(u, g);
+    if (!gathered_.contains(u)) start_gather(u);
+    Gathered& g = gathered_.at(u);
     blocked([&] { finish(g.request); });
-    const char* values = g.buffer.bytes();
-    prefetch(next_unit(u, pass));
-    return values;
+    // The next units of the pass, while they fit under the limit.
+    for (std::size_t k = 0, v = next_unit(u, pass); k < prefetch_ && v != kNone && prefetch(v); ++k)
+      v = next_unit(v, pass);
+    return g.buffer.bytes();
   }
   void finish_param_reads() override {
     for (auto& [u, g] : gathered_) finish(g.request);
@@ -53,24 +73,34 @@ class Zero3 final : public Zero2 {
     // kept last unit in backward leaves it here); none is in flight.
     gathered_.clear();
     // The next forward starts with unit 0: gather it now.
-    prefetch(0);
+    if (prefetch_ > 0) prefetch(0);
   }
 
   std::size_t next_unit(std::size_t u, models::Pass pass) const {
     if (pass == models::Pass::backward) return u > 0 ? u - 1 : kNone;
     return u + 1 < layout_.units().size() ? u + 1 : kNone;
   }
-  void start_gather(std::size_t u, Gathered& g) {
+  void start_gather(std::size_t u) {
     const auto& unit = layout_.units()[u];
+    Gathered& g = gathered_[u];
     g.buffer = Held(param_pool_, unit.padded * es_, 2 + static_cast<int>(u % 2));
     g.request = comm_.iall_gather(params_.bytes() + unit.shard_offset * es_, g.buffer.bytes(), unit.shard, type_);
   }
-  void prefetch(std::size_t u) {
-    if (u == kNone) return;
-    Gathered& g = gathered_[u];
-    if (g.buffer.empty()) start_gather(u, g);
+  // Starts gathering unit u unless it is gathered already; false when that
+  // would pass the limit on live parameters.
+  bool prefetch(std::size_t u) {
+    if (gathered_.contains(u)) return true;
+    if (max_live_bytes_ > 0) {
+      std::size_t live = param_pool_.fit(layout_.units()[u].padded * es_);
+      for (const auto& [v, g] : gathered_) live += g.buffer.size_bytes();
+      if (live > max_live_bytes_) return false;
+    }
+    start_gather(u);
+    return true;
   }
 
+  std::size_t prefetch_;        // units gathered ahead of the one in use
+  std::size_t max_live_bytes_;  // 0: no limit
   std::map<std::size_t, Gathered> gathered_;  // units gathered or being gathered
 };
 
@@ -79,6 +109,7 @@ class Zero3 final : public Zero2 {
 constexpr const char* kHelp =
     "as zero2, and parameters sharded: each unit all-gathered before use (the next prefetched) and freed after";
 extern const StrategyInfo kZero3{.name = "zero3", .help = kHelp, .replicated_params = false,
-                                 .whole_tensor_needs_gather = true, .sharded_grads = true, .make = make_engine<Zero3>, .volume_psi = 3};
+                                 .whole_tensor_needs_gather = true, .sharded_grads = true, .sharded_params = true,
+                                 .make = make_engine<Zero3>, .volume_psi = 3};
 
 }  // namespace distopt::parallel::detail

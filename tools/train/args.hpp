@@ -37,6 +37,7 @@ struct TrainArgs {
   std::string matmul_precision = "f32";
   std::string on_nonfinite = "error", comm_timeout;
   std::set<std::string> gossip_flags;  // gossip options given on the command line
+  std::set<std::string> live_flags;    // --prefetch-units, --max-live-params, --max-buckets-in-flight given
   std::string link_bandwidth = "none";
   double link_latency = 0;
   std::set<std::string> given_outputs;  // output flags given on the command line, even as ''

@@ -111,6 +111,17 @@ Runner add_train(CLI::App& app) {
                   "parameters and gradients in f32 (default), bf16 or f16, with fp32 master weights and state");
   sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,
                   "gradient bucket size in MiB (default 0.125): buckets of whole layers reduced while backward runs");
+  auto live_flag = [&](const std::string& name, auto& field, const std::string& help) {
+    sub->add_option(name, field, help)
+        ->check(non_negative("integer"))
+        ->each([a, name](const std::string&) { a->live_flags.insert(name); });
+  };
+  live_flag("--prefetch-units", c.parallel.prefetch_units,
+            "zero3: units gathered ahead of the one in use (default 1; 0: one unit live at a time)");
+  live_flag("--max-live-params", c.parallel.max_live_params,
+            "zero3: the most parameter elements gathered at once (default: no limit; at least the largest unit)");
+  live_flag("--max-buckets-in-flight", c.parallel.max_buckets_in_flight,
+            "zero2, zero3: gradient buckets being written or reduced at once (default 2)");
   sub->add_option("--world", a->world, "ranks of the threads backend (default 1)")->each([a](const std::string&) {
     a->world_given = true;
   });

@@ -132,6 +132,21 @@ std::string gigabytes(double bytes) {
   return b;
 }
 
+// The live limits apply where something is gathered or bucketed in flight.
+void check_live_flags(const TrainArgs& a) {
+  const parallel::StrategyInfo& s = parallel::strategy_or_throw(a.config.strategy);
+  const parallel::StrategyOptions& o = a.config.parallel;
+  for (const std::string& flag : a.live_flags) {
+    const bool buckets = flag == "--max-buckets-in-flight";
+    if (buckets ? !s.sharded_grads : !s.sharded_params)
+      throw InvalidInput(str(flag, " applies to ", buckets ? "zero2 and zero3, which reduce-scatter gradient buckets"
+                                                            : "zero3, which gathers parameters",
+                             "; strategy ", s.name, buckets ? " keeps whole gradients" : " holds them whole"));
+  }
+  if (o.max_buckets_in_flight < 1)
+    throw InvalidInput(str("--max-buckets-in-flight must be at least 1 (got ", o.max_buckets_in_flight, ")"));
+}
+
 }  // namespace
 
 // Sizes the command line asks for, against this machine's memory, before
@@ -211,6 +226,9 @@ void prepare(TrainArgs& a) {
   if (a.matmul_precision != "f32" && a.config.model != "gpt")
     throw InvalidInput(
         str("--matmul-precision applies to --model gpt; model ", a.config.model, " multiplies in float32"));
+  if (a.matmul_precision == "bf16" && !models::bf16_products_available())
+    throw InvalidInput(
+        "--matmul-precision bf16: oneDNN has no bfloat16 products on this CPU (it needs AVX512); use f32");
   if (a.matmul_precision == "bf16" && !models::bf16_products_native()) {
     const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     if (rank == nullptr || std::string(rank) == "0")
@@ -238,6 +256,7 @@ void prepare(TrainArgs& a) {
     throw InvalidInput(str("--bucket-cap-mb must be a positive number of MiB (got ", a.bucket_cap_mb, ")"));
   a.config.parallel.bucket_elements = std::max<std::size_t>(
       1, static_cast<std::size_t>(a.bucket_cap_mb * 1048576.0 / double(size_of(a.config.parallel.param_dtype))));
+  check_live_flags(a);
   if (a.scheduler.empty() && !a.scheduler_options.empty()) throw InvalidInput("--scheduler-option needs --scheduler");
   if (a.warmup_steps > 0 && !a.scheduler.empty())
     throw InvalidInput(

@@ -171,8 +171,11 @@ std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads = 1,
 std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, std::span<const std::uint32_t> tokens);
 std::vector<std::string_view> model_names();
 // Whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX, as
-// oneDNN finds it). Without, --matmul-precision bf16 still runs, on
-// oneDNN's emulation or reference kernels, slower than float32.
+// oneDNN finds it). Without, --matmul-precision bf16 still runs where
+// oneDNN emulates it (AVX512), slower than float32.
 bool bf16_products_native();
+// Whether oneDNN multiplies bfloat16 on this CPU at all (natively or
+// emulated); false on a CPU without AVX512 (AVX2 only).
+bool bf16_products_available();
 
 }  // namespace distopt::models

@@ -138,6 +138,17 @@ struct StrategyOptions {
   // Gradient bucket size in elements (buckets hold whole units and close
   // once they reach it); must be at least 1.
   std::size_t bucket_elements = std::size_t{1} << 15;
+  // What is live at once (StrategyInfo::sharded_params, zero3; docs/memory.md):
+  // the units gathered ahead of the one the model uses (0: a unit is
+  // gathered when the model asks for it, so one is live at a time), and
+  // the most parameter elements gathered at once (0: no limit; otherwise
+  // at least the largest unit), counting the buffers that hold them; a
+  // prefetch that would pass the limit waits until the model asks for it.
+  int prefetch_units = 1;
+  std::size_t max_live_params = 0;
+  // zero2 and zero3 (StrategyInfo::sharded_grads): gradient buckets in
+  // flight, the one backward writes included (at least 1).
+  int max_buckets_in_flight = 2;
   // Parameters and gradients are held and communicated in this dtype; with
   // bf16/f16 the optimizer keeps fp32 master weights (of its shard).
   DType param_dtype = DType::f32;
@@ -195,6 +206,10 @@ struct StrategyInfo {
   // persistent buffer in every step, which a front end may hand to the
   // model as the gradient's own storage (python/src/sharded.cpp).
   bool sharded_grads = false;
+  // Keeps only its shard of the parameters (zero3): units are gathered
+  // when the model needs them (StrategyOptions::prefetch_units and
+  // max_live_params apply).
+  bool sharded_params = false;
   // The GossipOptions this strategy reads, by their flag names without the
   // dashes ("topology", "synch-freq", ...), given the options it is
   // configured with (slowmo's depend on its base): why `flag` does not
