@@ -43,6 +43,17 @@ elif grep -q "oneDNN has no bfloat16 products on this CPU (it needs AVX512)" "$t
 else
   fail "gpt bf16 exited: $(cat "$tmp/err")"
 fi
+# Activation checkpointing: the same bits, under ddp and zero3, with a
+# fraction of the activations in the summary.
+"$bin" "${tiny[@]}" --max-steps 12 --world 4 --strategy zero3 --activation-checkpointing >"$tmp/ck" 2>"$tmp/err" \
+  || fail "gpt --activation-checkpointing exited $?: $(cat "$tmp/err")"
+[ "$(hash_of "$tmp/ck")" = "$(hash_of "$tmp/ddp")" ] || fail "gpt --activation-checkpointing $(hash_of "$tmp/ck") vs $(hash_of "$tmp/ddp")"
+/usr/bin/env python3 - "$tmp/ck" "$tmp/ddp" <<'PY' || fail "gpt --activation-checkpointing: activations not reduced"
+import json, sys
+ck, plain = (json.loads(open(f).read().strip().splitlines()[-1])["memory_per_rank"] for f in sys.argv[1:])
+assert 0 < ck["activations"] < plain["activations"] and ck["workspaces"] == plain["workspaces"] > 0, (ck, plain)
+PY
+expect_error 2 "\-\-activation-checkpointing applies to \-\-model gpt; model mlp" -- train --data synthetic --activation-checkpointing
 expect_error 2 "\-\-threads must be at least 1 (got 0)" -- "${tiny[@]}" --threads 0
 expect_error 2 "\-\-threads applies to \-\-model gpt; model mlp runs on one thread a rank (use \-\-world for more)" \
   -- train --data synthetic --threads 2

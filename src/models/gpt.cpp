@@ -312,9 +312,15 @@ void add_bias(float* y, std::size_t rows, std::size_t n, const float* b) {
     for (std::size_t j = 0; j < n; ++j) y[r * n + j] += b[j];
 }
 
+template <class... V>
+std::size_t bytes_of(const V&... v) {
+  return (std::size_t{0} + ... + (v.capacity() * sizeof(typename V::value_type)));
+}
+
 class Gpt final : public Model {
  public:
-  Gpt(const GptShape& s, int threads, bool bf16_products) : s_(s), pool_(threads), bf16_(bf16_products) {
+  Gpt(const GptShape& s, int threads, bool bf16_products, bool checkpoint)
+      : s_(s), pool_(threads), bf16_(bf16_products), checkpoint_(checkpoint) {
     const std::size_t D = s.dim, V = s.vocab, T = s.context;
     features_ = T + 1;
     outputs_ = V;
@@ -427,6 +433,21 @@ class Gpt final : public Model {
     std::vector<bf16_t> a16, qkv16, att16, y16, m16, g16;
   };
 
+  std::size_t activation_bytes() const override {
+    std::size_t bytes = 0;
+    for (const BlockActs& a : acts_)
+      bytes += bytes_of(a.xhat1, a.rstd1, a.a, a.qkv, a.att, a.y, a.xhat2, a.rstd2, a.m, a.f, a.t, a.g, a.a16, a.qkv16,
+                        a.att16, a.y16, a.m16, a.g16);
+    for (const auto& in : inputs_) bytes += bytes_of(in);
+    return bytes;
+  }
+  std::size_t workspace_bytes() const override {
+    return bytes_of(b16_, hf16_, d16_, dy16_, ds16_, resid_, xhatf_, rstdf_, hf_, logits_, dres_, dtmp_, dqkv_, datt_,
+                    wte_, dwte_head_, tokens_, targets_, row_loss_, row_correct_);
+  }
+
+  BlockActs& acts_of(std::size_t l) { return acts_[checkpoint_ ? 0 : l]; }
+
   // A rounded copy's data, or null (float32 products keep none).
   static bf16_t* rounded_data(std::vector<bf16_t>& v) { return v.empty() ? nullptr : v.data(); }
   // A weight matrix: rounded by the product that reads it (once per product).
@@ -529,7 +550,10 @@ class Gpt final : public Model {
     if (batch <= capacity_ && !acts_.empty()) return;
     capacity_ = std::max(batch, capacity_);
     const std::size_t BT = capacity_ * s_.context, D = s_.dim, T = s_.context, H = s_.heads;
-    acts_.assign(s_.layers, {});
+    // Activation checkpointing: one block's activations, recomputed in
+    // backward from the block's input, which is all a layer keeps.
+    acts_.assign(checkpoint_ ? 1 : s_.layers, {});
+    inputs_.assign(checkpoint_ ? s_.layers : 0, std::vector<float>(BT * D, 0));
     for (BlockActs& b : acts_) {
       b.xhat1.assign(BT * D, 0);
       b.rstd1.assign(BT, 0);
@@ -605,7 +629,8 @@ class Gpt final : public Model {
     }
     for (std::size_t l = 0; l < s_.layers; ++l) {
       const std::span<const float> u = access.acquire(1 + l, pass);
-      block_forward(u.data(), acts_[l], B);
+      if (checkpoint_ && backward) std::copy(resid_.begin(), resid_.begin() + BT * D, inputs_[l].begin());
+      block_forward(u.data(), acts_of(l), B);
       access.release(1 + l, pass);
     }
     // Final LayerNorm, then the tied head.
@@ -672,7 +697,13 @@ class Gpt final : public Model {
       const std::span<const float> u = access.acquire(1 + l, Pass::backward);
       const std::span<float> g = access.grads(1 + l);
       std::fill(g.begin(), g.end(), 0.0f);
-      block_backward(u.data(), g.data(), acts_[l], B);
+      if (checkpoint_) {
+        // The block's forward again, from its input, into the one set of
+        // activations (resid_ is free in backward): the same bits.
+        std::copy(inputs_[l].begin(), inputs_[l].begin() + BT * D, resid_.begin());
+        block_forward(u.data(), acts_of(l), B);
+      }
+      block_backward(u.data(), g.data(), acts_of(l), B);
       access.release(1 + l, Pass::backward);
       access.grads_done(1 + l);
     }
@@ -833,7 +864,9 @@ class Gpt final : public Model {
   BlockSlots block_{};
   std::size_t wpe_at_ = 0, lnf_w_ = 0, lnf_b_ = 0;
   std::size_t capacity_ = 0;
+  bool checkpoint_;  // activation checkpointing: acts_ holds one block's, inputs_ each block's input
   std::vector<BlockActs> acts_;
+  std::vector<std::vector<float>> inputs_;
   std::vector<float> resid_, xhatf_, rstdf_, hf_, logits_, dres_, dtmp_, dqkv_, datt_, wte_, dwte_head_;
   std::vector<std::uint32_t> tokens_, targets_;
   std::vector<double> row_loss_, row_correct_;
@@ -870,7 +903,8 @@ bool bf16_products_available() {
   return available;
 }
 
-std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads, MatmulPrecision precision) {
+std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads, MatmulPrecision precision,
+                                bool activation_checkpointing) {
   if (shape.layers < 1) throw InvalidInput(str("--layers must be at least 1 (got ", shape.layers, ")"));
   if (shape.heads < 1) throw InvalidInput(str("--heads must be at least 1 (got ", shape.heads, ")"));
   if (shape.dim < 1 || shape.dim % shape.heads != 0)
@@ -879,7 +913,7 @@ std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads, MatmulPrecis
   if (shape.context < 1) throw InvalidInput(str("--context must be at least 1 (got ", shape.context, ")"));
   if (shape.vocab < 2) throw InvalidInput("model gpt needs a vocabulary of at least 2 tokens");
   if (threads < 1) throw InvalidInput(str("--threads must be at least 1 (got ", threads, ")"));
-  return std::make_unique<Gpt>(shape, threads, precision == MatmulPrecision::bf16);
+  return std::make_unique<Gpt>(shape, threads, precision == MatmulPrecision::bf16, activation_checkpointing);
 }
 
 }  // namespace distopt::models

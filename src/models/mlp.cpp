@@ -52,6 +52,9 @@ class Mlp final : public Model {
   }
 
   std::string_view name() const override { return name_; }
+  // Each layer's output is kept for backward; the deltas are scratch.
+  std::size_t activation_bytes() const override { return bytes_of(act_); }
+  std::size_t workspace_bytes() const override { return bytes_of(delta_); }
 
   void init(std::span<float> buffer, std::uint64_t seed) const override {
     DISTOPT_CHECK(buffer.size() == buffer_elements_);
@@ -189,6 +192,12 @@ class Mlp final : public Model {
     return s;
   }
 
+  static std::size_t bytes_of(const std::vector<std::vector<float>>& v) {
+    std::size_t bytes = 0;
+    for (const auto& x : v) bytes += x.capacity() * sizeof(float);
+    return bytes;
+  }
+
   std::string name_;
   std::vector<std::size_t> widths_;
   bool regression_;
@@ -210,7 +219,7 @@ std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, s
     if (features != options.gpt.context + 1)
       throw InvalidInput(str("model gpt with --context ", options.gpt.context, " needs samples of ",
                              options.gpt.context + 1, " tokens, the data has ", features));
-    return make_gpt(options.gpt, options.threads, options.matmul);
+    return make_gpt(options.gpt, options.threads, options.matmul, options.activation_checkpointing);
   }
   if (options.threads != 1)
     throw InvalidInput(str("--threads applies to model gpt; model ", name, " runs on one thread a rank"));

@@ -154,8 +154,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   validate(comm, data, config);
   const DenormalMode denormals(config.flush_denormals ? DenormalMode::flush : DenormalMode::ieee);
   auto model = models::make_model(config.model, data.train.features, data.train.classes,
-                                  models::ModelOptions{config.hidden, config.gpt, config.threads, config.matmul_precision});
+                                  models::ModelOptions{config.hidden, config.gpt, config.threads, config.matmul_precision,
+                                                       config.activation_checkpointing});
   const parallel::FlatLayout layout = parallel::flat_layout(*model);
+  std::size_t model_bytes[2] = {};  // the largest activation_bytes(), workspace_bytes() after a step
   std::vector<float> initial(layout.elements);
   if (config.resume) initial = checkpoint::initial_params(layout, config.resume->wholes);
   else model->init(initial, config.seed);
@@ -290,6 +292,8 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       if (scaler) scale *= static_cast<float>(loss_scale);
       const models::BatchStats s =
           model->forward_backward(strategy->access(), xb.data(), yb.data(), local.size(), scale);
+      model_bytes[0] = std::max(model_bytes[0], model->activation_bytes());
+      model_bytes[1] = std::max(model_bytes[1], model->workspace_bytes());
       mine[0] = s.loss_sum;
       mine[1] = s.count;
       mine[2] = config.stop_flag ? static_cast<double>(config.stop_flag->load(std::memory_order_relaxed)) : 0.0;
@@ -433,6 +437,8 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     save(epoch_now);
   result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
   result.memory = strategy->memory();
+  result.memory.activations = model_bytes[0];  // the training steps' (evaluation may hold more)
+  result.memory.workspaces = model_bytes[1];
   result.params = strategy->gather_params();
   result.bytes_sent = strategy->bytes_sent();
   std::size_t offset = 0;

@@ -52,6 +52,9 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--heads", c.gpt.heads, "gpt: attention heads, dividing --dim (default 4)")->capture_default_str();
   sub->add_option("--dim", c.gpt.dim, "gpt: embedding width (default 128)")->capture_default_str();
   sub->add_option("--context", c.gpt.context, "gpt: tokens (bytes) a sample reads (default 64)")->capture_default_str();
+  sub->add_flag("--activation-checkpointing", c.activation_checkpointing,
+                "gpt: blocks keep only their input and run their forward again in backward (the same bits; "
+                "one block's activations instead of every block's)");
   sub->add_option("--matmul-precision", a->matmul_precision,
                   "gpt: f32 (default) or bf16: products of bfloat16-rounded operands summed in float32 (torch's "
                   "float32 matmul precision 'medium'; twice as fast on CPUs with AVX512-BF16 or AMX)")

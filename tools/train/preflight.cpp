@@ -223,6 +223,9 @@ void prepare(TrainArgs& a) {
   if (a.matmul_precision == "bf16") a.config.matmul_precision = models::MatmulPrecision::bf16;
   else if (a.matmul_precision != "f32")
     throw InvalidInput(str("--matmul-precision: unknown precision '", a.matmul_precision, "' (known: f32, bf16)"));
+  if (a.config.activation_checkpointing && a.config.model != "gpt")
+    throw InvalidInput(str("--activation-checkpointing applies to --model gpt; model ", a.config.model,
+                           " keeps each layer's output (one tensor per layer)"));
   if (a.matmul_precision != "f32" && a.config.model != "gpt")
     throw InvalidInput(
         str("--matmul-precision applies to --model gpt; model ", a.config.model, " multiplies in float32"));

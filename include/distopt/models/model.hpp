@@ -116,6 +116,12 @@ class Model {
                               float grad_scale, std::span<float> grads);
   BatchStats evaluate(std::span<const float> buffer, const float* x, const float* y, std::size_t n);
 
+  // Bytes the model holds for its passes, at the largest batch so far:
+  // activations kept from forward for backward, and workspaces (scratch of
+  // one layer's pass, logits, gradients flowing between layers).
+  virtual std::size_t activation_bytes() const { return 0; }
+  virtual std::size_t workspace_bytes() const { return 0; }
+
  protected:
   virtual BatchStats do_forward_backward(UnitAccess& access, const float* x, const float* y, std::size_t n,
                                          float grad_scale) = 0;
@@ -148,6 +154,7 @@ struct ModelOptions {
   // The bits do not depend on it.
   int threads = 1;
   MatmulPrecision matmul = MatmulPrecision::f32;  // gpt; the others take fp32
+  bool activation_checkpointing = false;          // gpt (make_gpt)
 };
 
 // "mlp" (features-256-128-classes, ReLU, softmax cross-entropy), "logreg"
@@ -159,13 +166,16 @@ std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, s
                                   const ModelOptions& options);
 inline std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, std::size_t classes,
                                          std::vector<std::size_t> hidden = {}) {
-  return make_model(name, features, classes, ModelOptions{std::move(hidden), {}, 1, MatmulPrecision::f32});
+  return make_model(name, features, classes, ModelOptions{std::move(hidden), {}, 1, MatmulPrecision::f32, false});
 }
 // Model "gpt" of that shape, running on `threads` threads, its products in
 // `precision` (InvalidInput: heads not dividing dim, a zero size or thread
-// count).
+// count). With `activation_checkpointing` a block keeps only its input
+// from forward and runs its forward again in backward (torch.utils.checkpoint):
+// the same bits, one block's activations instead of every block's.
 std::unique_ptr<Model> make_gpt(const GptShape& shape, int threads = 1,
-                                MatmulPrecision precision = MatmulPrecision::f32);
+                                MatmulPrecision precision = MatmulPrecision::f32,
+                                bool activation_checkpointing = false);
 // Model gpt: the logits (vocab values) of the token after `tokens` (1 to
 // context of them), from parameters in the model's layout.
 std::vector<float> gpt_next_logits(Model& gpt, std::span<const float> buffer, std::span<const std::uint32_t> tokens);

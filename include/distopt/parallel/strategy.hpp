@@ -76,6 +76,10 @@ struct MemoryUse {
   std::size_t grads = 0;            // gradients (and buckets in flight)
   std::size_t master_params = 0;    // fp32 master weights of bf16/f16 parameters
   std::size_t optimizer_state = 0;  // the rule's state tensors
+  // The model's, filled in by the trainer (Model::activation_bytes,
+  // workspace_bytes): activations kept for backward, and scratch.
+  std::size_t activations = 0;
+  std::size_t workspaces = 0;
 };
 
 struct OptimizerSpec {

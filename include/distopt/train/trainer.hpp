@@ -29,6 +29,9 @@ struct TrainConfig {
   models::GptShape gpt;              // model gpt's shape (its context must match the data's windows)
   int threads = 1;                   // threads per rank for the model (gpt); the bits do not depend on it
   models::MatmulPrecision matmul_precision = models::MatmulPrecision::f32;  // gpt's products
+  // gpt: blocks keep only their input and recompute their forward in
+  // backward (the same bits; models::make_gpt).
+  bool activation_checkpointing = false;
   std::string strategy = "ddp";
   // Bucket size and parameter dtype of the strategy (parallel::StrategyOptions).
   parallel::StrategyOptions parallel;
