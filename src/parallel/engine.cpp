@@ -200,10 +200,22 @@ std::unique_ptr<models::UnitAccess> Engine::access_to(std::span<const float> own
 std::vector<float> Engine::gather(std::span<const float> own) {
   if (info_.replicated_params) return unpadded(layout_, own);
   DISTOPT_CHECK(own.size() == layout_.shard_elements(), own.size(), " vs ", layout_.shard_elements());
-  std::vector<float> padded(layout_.padded_elements());
-  for (const auto& unit : layout_.units())
-    comm_.all_gather(own.data() + unit.shard_offset, padded.data() + unit.padded_offset, unit.shard, ElemType::f32);
-  return unpadded(layout_, padded);
+  // Unit by unit through one unit's buffer: the whole model once, not a
+  // padded copy beside it.
+  std::vector<float> out, unit_values;
+  out.reserve(layout_.param_elements());
+  std::size_t p = 0;
+  for (std::size_t u = 0; u < layout_.units().size(); ++u) {
+    const auto& unit = layout_.units()[u];
+    unit_values.resize(unit.padded);
+    comm_.all_gather(own.data() + unit.shard_offset, unit_values.data(), unit.shard, ElemType::f32);
+    for (; p < layout_.params().size() && layout_.unit_of(p) == u; ++p) {
+      const auto begin = unit_values.begin() + std::ptrdiff_t(layout_.padded_offset(p) - unit.padded_offset);
+      out.insert(out.end(), begin, begin + std::ptrdiff_t(layout_.params()[p].numel()));
+    }
+  }
+  DISTOPT_CHECK(p == layout_.params().size(), p, " vs ", layout_.params().size());
+  return out;
 }
 
 std::span<const float> Engine::acquire(std::size_t u, models::Pass pass) {

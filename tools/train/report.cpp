@@ -2,6 +2,7 @@
 // object as the last line of stdout; docs/formats.md), the stop report and
 // the exported parameter files (args.hpp).
 #include <signal.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <cstdio>
@@ -36,6 +37,10 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
   if (a.config.on_nonfinite != train::TrainConfig::OnNonFinite::error)
     out += str(", \"nonfinite_steps\": ", r.nonfinite_steps);
   if (!std::isnan(r.consensus_distance)) out += str(", \"consensus_distance\": ", jnum(r.consensus_distance));
+  // The process's peak resident memory so far: every rank of the threads
+  // backend together, this process's rank under MPI.
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0) out += str(", \"peak_rss\": ", std::uint64_t(usage.ru_maxrss) * 1024);
   if (a.config.loss_scale) {
     char m[96];
     std::snprintf(m, sizeof m, ", \"loss_scale\": %.9g, \"skipped_steps\": %zu", r.loss_scale, r.skipped_steps);
