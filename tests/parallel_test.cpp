@@ -536,7 +536,7 @@ TEST(Setup, RanksThatDisagreeAreNamedBeforeTraining) {
   expect_named([](train::TrainConfig& c) { c.hidden = {24, 41, 8}; }, "model shapes");
   expect_named([](train::TrainConfig& c) { c.parallel.param_dtype = DType::bf16; }, "parameter dtype (bf16 vs f32)");
   expect_named([](train::TrainConfig& c) { c.parallel.bucket_elements = 7; }, "bucket size (7 vs 300)");
-  expect_named([](train::TrainConfig& c) { c.parallel.prefetch_units = 2; }, "live limits");
+  expect_named([](train::TrainConfig& c) { c.parallel.max_buckets_in_flight = 3; }, "live limits");
 }
 
 // What each strategy declares, against what it is (strategy.hpp's list):

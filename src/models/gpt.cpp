@@ -697,9 +697,10 @@ class Gpt final : public Model {
       const std::span<const float> u = access.acquire(1 + l, Pass::backward);
       const std::span<float> g = access.grads(1 + l);
       std::fill(g.begin(), g.end(), 0.0f);
-      if (checkpoint_) {
+      if (checkpoint_ && l + 1 < s_.layers) {
         // The block's forward again, from its input, into the one set of
-        // activations (resid_ is free in backward): the same bits.
+        // activations (resid_ is free in backward): the same bits. The
+        // last block's are still there from forward.
         std::copy(inputs_[l].begin(), inputs_[l].begin() + BT * D, resid_.begin());
         block_forward(u.data(), acts_of(l), B);
       }

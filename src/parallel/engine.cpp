@@ -201,20 +201,20 @@ std::vector<float> Engine::gather(std::span<const float> own) {
   if (info_.replicated_params) return unpadded(layout_, own);
   DISTOPT_CHECK(own.size() == layout_.shard_elements(), own.size(), " vs ", layout_.shard_elements());
   // Unit by unit through one unit's buffer: the whole model once, not a
-  // padded copy beside it.
-  std::vector<float> out, unit_values;
-  out.reserve(layout_.param_elements());
-  std::size_t p = 0;
+  // padded copy beside it. Each parameter goes to its place in slot order.
+  const auto& params = layout_.params();
+  std::vector<std::size_t> at(params.size() + 1, 0);
+  for (std::size_t p = 0; p < params.size(); ++p) at[p + 1] = at[p] + params[p].numel();
+  std::vector<float> out(at.back()), unit_values;
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const auto& unit = layout_.units()[u];
     unit_values.resize(unit.padded);
     comm_.all_gather(own.data() + unit.shard_offset, unit_values.data(), unit.shard, ElemType::f32);
-    for (; p < layout_.params().size() && layout_.unit_of(p) == u; ++p) {
-      const auto begin = unit_values.begin() + std::ptrdiff_t(layout_.padded_offset(p) - unit.padded_offset);
-      out.insert(out.end(), begin, begin + std::ptrdiff_t(layout_.params()[p].numel()));
-    }
+    for (std::size_t p = 0; p < params.size(); ++p)
+      if (layout_.unit_of(p) == u)
+        std::copy_n(unit_values.begin() + std::ptrdiff_t(layout_.padded_offset(p) - unit.padded_offset),
+                    params[p].numel(), out.begin() + std::ptrdiff_t(at[p]));
   }
-  DISTOPT_CHECK(p == layout_.params().size(), p, " vs ", layout_.params().size());
   return out;
 }
 

@@ -78,9 +78,13 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   mine[kOptimizer] = h;
   mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
   mine[kBucket] = options.bucket_elements;
-  // Prefetching changes the order in which a rank starts its collectives.
-  mine[kLive] = fnv_value(fnv_value(fnv_value(kFnvBasis, options.prefetch_units), options.max_live_params),
-                          options.max_buckets_in_flight);
+  // Prefetching and buckets in flight change the order in which a rank
+  // starts its collectives, where they apply.
+  const StrategyInfo* info = find_strategy(strategy);
+  mine[kLive] = kFnvBasis;
+  if (info != nullptr && info->sharded_params)
+    mine[kLive] = fnv_value(fnv_value(mine[kLive], options.prefetch_units), options.max_live_params);
+  if (info != nullptr && info->sharded_grads) mine[kLive] = fnv_value(mine[kLive], options.max_buckets_in_flight);
   const GossipOptions& g = options.gossip;
   h = fnv(fnv(fnv(fnv(kFnvBasis, g.topology), g.slowmo_base), g.outer_optimizer), g.outer_dtype);
   for (double v : {double(g.peers_per_iteration), double(g.synch_freq), double(g.localsgd_frequency),

@@ -82,12 +82,15 @@ class Zero3 final : public Zero2 {
   }
   void start_gather(std::size_t u) {
     const auto& unit = layout_.units()[u];
-    Gathered& g = gathered_[u];
+    Gathered g;  // entered once the gather has started (a failure leaves no half-made entry)
     g.buffer = Held(param_pool_, unit.padded * es_, 2 + static_cast<int>(u % 2));
     g.request = comm_.iall_gather(params_.bytes() + unit.shard_offset * es_, g.buffer.bytes(), unit.shard, type_);
+    gathered_.emplace(u, std::move(g));
   }
   // Starts gathering unit u unless it is gathered already; false when that
-  // would pass the limit on live parameters.
+  // would pass the limit on live parameters. The limit bounds prefetches:
+  // a model that uses one unit at a time, in the pass's order (mlp, gpt),
+  // never has more live than it.
   bool prefetch(std::size_t u) {
     if (gathered_.contains(u)) return true;
     if (max_live_bytes_ > 0) {
@@ -107,7 +110,8 @@ class Zero3 final : public Zero2 {
 }  // namespace
 
 constexpr const char* kHelp =
-    "as zero2, and parameters sharded: each unit all-gathered before use (the next prefetched) and freed after";
+    "as zero2, and parameters sharded: each unit all-gathered before use (the next --prefetch-units prefetched) and "
+    "freed after";
 extern const StrategyInfo kZero3{.name = "zero3", .help = kHelp, .replicated_params = false,
                                  .whole_tensor_needs_gather = true, .sharded_grads = true, .sharded_params = true,
                                  .make = make_engine<Zero3>, .volume_psi = 3};

@@ -224,10 +224,14 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   // (A batch never holds more than the training set.)
   const std::size_t per_rank = std::min(config.batch_size, data.train.size()) / comm.size() + 1;
   std::vector<float> xb(per_rank * features), yb(per_rank);
-  // A model keeps activations for its whole input: evaluation runs in
-  // pieces of a rank's batch, within the training step's memory (a whole
-  // test split at once held 250 MB a rank for a 784-2048x3-10 MLP).
-  const std::size_t eval_chunk = per_rank;
+  // A model keeps activations for its whole input, so evaluation runs in
+  // pieces (a whole test piece at once held 250 MB a rank for a
+  // 784-2048x3-10 MLP): gpt in pieces of a rank's share of a batch, within
+  // the training step's memory; the others in pieces of at least 256
+  // samples, so that zero3 gathers the model a few times per evaluation,
+  // not once per batch-sized piece.
+  const std::size_t piece = (std::min(config.batch_size, data.train.size()) + comm.size() - 1) / comm.size();
+  const std::size_t eval_chunk = config.model == "gpt" ? piece : std::max<std::size_t>(piece, 256);
 
   // Per step, every rank contributes {loss sum, sample count, stop request}
   // to a gather that runs while the step does: the loss is summed in rank
@@ -294,8 +298,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       if (scaler) scale *= static_cast<float>(loss_scale);
       const models::BatchStats s =
           model->forward_backward(strategy->access(), xb.data(), yb.data(), local.size(), scale);
-      model_bytes[0] = std::max(model_bytes[0], model->activation_bytes());
-      model_bytes[1] = std::max(model_bytes[1], model->workspace_bytes());
+      if (!evaluated) {  // evaluation may grow the model's buffers past a step's
+        model_bytes[0] = std::max(model_bytes[0], model->activation_bytes());
+        model_bytes[1] = std::max(model_bytes[1], model->workspace_bytes());
+      }
       mine[0] = s.loss_sum;
       mine[1] = s.count;
       mine[2] = config.stop_flag ? static_cast<double>(config.stop_flag->load(std::memory_order_relaxed)) : 0.0;
@@ -439,7 +445,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     save(epoch_now);
   result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
   result.memory = strategy->memory();
-  result.memory.activations = model_bytes[0];  // the training steps' (evaluation may hold more)
+  result.memory.activations = model_bytes[0];  // a training step's, before any evaluation
   result.memory.workspaces = model_bytes[1];
   result.params = strategy->gather_params();
   result.bytes_sent = strategy->bytes_sent();

@@ -162,7 +162,11 @@ void check_memory(const TrainArgs& a, int world) {
     const models::GptShape& g = a.config.gpt;
     const double D = double(g.dim), T = double(g.context), L = double(g.layers);
     const double params = 12 * L * D * D + (256 + T) * D;
-    const double per_sample = T * (L * (17 * D + double(g.heads) * T) + 256 + 8 * D);
+    // Per token: each block's activations (17 D + H T floats), or with
+    // checkpointing each block's input and one block's activations.
+    const double block = 17 * D + double(g.heads) * T;
+    const double kept = a.config.activation_checkpointing ? L * D + block : L * block;
+    const double per_sample = T * (kept + 256 + 8 * D);
     const double rank_batch = std::ceil(double(a.config.batch_size) / world);
     const double bytes = (params * 5 + per_sample * rank_batch) * 4 * world;
     if (bytes > have)

@@ -142,7 +142,8 @@ struct StrategyOptions {
   // Gradient bucket size in elements (buckets hold whole units and close
   // once they reach it); must be at least 1.
   std::size_t bucket_elements = std::size_t{1} << 15;
-  // What is live at once (StrategyInfo::sharded_params, zero3; docs/memory.md):
+  // What is live at once (StrategyInfo::sharded_params, zero3; docs/sharding.md,
+  // "Live limits"):
   // the units gathered ahead of the one the model uses (0: a unit is
   // gathered when the model asks for it, so one is live at a time), and
   // the most parameter elements gathered at once (0: no limit; otherwise
