@@ -164,8 +164,8 @@ TEST(Buffer, SmallBuffersAreCacheLineAlignedAndZero) {
   EXPECT_TRUE(empty.empty());
 }
 
-TEST(Buffer, LargeBuffersAreHugePageAlignedPlusStagger) {
-  const std::size_t bytes = std::size_t{8} << 20;
+TEST(Buffer, HugeBuffersAreHugePageAlignedPlusStagger) {
+  const std::size_t bytes = kHugeBuffer;
   std::set<std::uintptr_t> offsets;
   for (int slot = 0; slot < 6; ++slot) {
     Buffer b(bytes, slot);
@@ -176,6 +176,18 @@ TEST(Buffer, LargeBuffersAreHugePageAlignedPlusStagger) {
     b.as<unsigned char>()[bytes - 1] = 1;  // writable to the end
   }
   EXPECT_EQ(offsets.size(), 6u);
+}
+
+// Between kLargeBuffer and kHugeBuffer: mapped on its own, page-aligned
+// plus the stagger, off huge pages (which would fault in 2 MiB at once).
+TEST(Buffer, MidSizedBuffersArePageAlignedPlusStagger) {
+  const std::size_t bytes = kLargeBuffer + 12345;
+  for (int slot = 0; slot < 3; ++slot) {
+    Buffer b(bytes, slot);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % 4096, 0u) << "slot " << slot;
+    EXPECT_EQ(b.as<unsigned char>()[bytes - 1], 0);
+    b.as<unsigned char>()[bytes - 1] = 1;
+  }
 }
 
 TEST(Buffer, MoveTransfersOwnership) {

@@ -105,6 +105,33 @@ TEST(Models, InitIsTorchsLinearDefault) {
   EXPECT_NE(p, q);
 }
 
+// init_range draws any range of init's values without the whole buffer
+// (a zero3 rank starts from its pieces alone): ranges that start and end
+// inside parameters, in padding, across slots, empty ones.
+TEST(Models, InitRangeGivesInitsValuesForAnyRange) {
+  ModelOptions gpt_options{{}, GptShape{2, 2, 32, 8, 256}, 1, MatmulPrecision::f32, false};
+  std::vector<std::unique_ptr<Model>> models;
+  models.push_back(make_model("mlp", 784, 10));
+  models.push_back(make_model("gpt", 9, 256, gpt_options));
+  for (const auto& m : models) {
+    const std::size_t n = m->buffer_elements();
+    std::vector<float> whole(n);
+    m->init(whole, 7);
+    Rng rng(3);
+    for (int trial = 0; trial < 40; ++trial) {
+      std::size_t a = rng.below(n + 1), b = rng.below(n + 1);
+      if (a > b) std::swap(a, b);
+      std::vector<float> part(b - a, 99.0f);
+      m->init_range(a, part, 7);
+      for (std::size_t k = 0; k < part.size(); ++k)
+        ASSERT_EQ(part[k], whole[a + k]) << m->name() << " range [" << a << ", " << b << ") at " << a + k;
+    }
+    std::vector<float> tail(1);
+    m->init_range(n - 1, tail, 7);
+    EXPECT_EQ(tail[0], whole[n - 1]);
+  }
+}
+
 TEST(Models, MlpGradientsMatchFiniteDifferences) {
   auto m = make_model("mlp", 6, 3, {5, 4});
   check_gradients(*m, 3, 11);

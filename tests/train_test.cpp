@@ -52,6 +52,45 @@ TEST(Train, LearnsTheSyntheticTeacher) {
   EXPECT_LT(r.train_loss, 0.8 * std::log(4.0)) << "the loss of a uniform guess is log 4";
 }
 
+// TrainConfig::keep_params decides whose result holds the final
+// parameters, never their hash (streamed as they are gathered, the hash
+// of the concatenation); zero3 and the gossip average included.
+TEST(Train, KeepParamsDecidesWhoHoldsTheParametersNotTheirHash) {
+  const data::Split d = data::make_synthetic_classification(32, 4, 512, 128, 1);
+  using Keep = train::TrainConfig::KeepParams;
+  for (const char* strategy : {"ddp", "zero3", "sgp"}) {
+    train::TrainConfig c = small_config();
+    c.epochs = 1;
+    c.strategy = strategy;
+    c.ema_decay = 0.9;
+    const train::TrainResult all = run(3, d, c);
+    ASSERT_FALSE(all.params.empty());
+    EXPECT_EQ(all.param_hash, train::hash_params(all.params)) << strategy;
+    EXPECT_EQ(all.averaged->param_hash, train::hash_params(all.averaged->params)) << strategy;
+    for (Keep keep : {Keep::rank0, Keep::none}) {
+      c.keep_params = keep;
+      std::mutex m;
+      std::vector<train::TrainResult> results(3);
+      spawn(3, [&](Communicator& comm) {
+        train::TrainResult r = train::train(comm, d, c);
+        std::lock_guard lock(m);
+        results[static_cast<std::size_t>(comm.rank())] = std::move(r);
+      });
+      for (int rank = 0; rank < 3; ++rank) {
+        const train::TrainResult& r = results[static_cast<std::size_t>(rank)];
+        EXPECT_EQ(r.param_hash, all.param_hash) << strategy << " rank " << rank;
+        EXPECT_EQ(r.averaged->param_hash, all.averaged->param_hash) << strategy << " rank " << rank;
+        const bool holds = keep == Keep::rank0 && rank == 0;
+        EXPECT_EQ(r.params.size(), holds ? all.params.size() : 0u) << strategy << " rank " << rank;
+        EXPECT_EQ(r.averaged->params.size(), holds ? all.params.size() : 0u) << strategy << " rank " << rank;
+        if (holds) {
+          EXPECT_EQ(r.params, all.params) << strategy;
+        }
+      }
+    }
+  }
+}
+
 TEST(Train, WorldSizesTrainTheSameModel) {
   // The same global batches at every world size: only the order of the
   // gradient additions differs, so the runs stay close.

@@ -2,6 +2,7 @@
 // distopt bench comm [--backend threads|mpi] [--world N] [--json] [--collectives ...]
 // distopt bench strategies [--backend threads|mpi] [--worlds 2,4] [--models mlp,wide] [--json]
 // distopt bench gossip [--backend threads|mpi] [--worlds 4,8,16] [--bandwidths 100M,1G,none] [--json]
+// distopt bench memory --cap 1G [--world 4] [--strategies ddp,zero1,zero2,zero3] [--dim 256] [--json]
 #include <memory>
 
 #include "backends.hpp"
@@ -86,8 +87,12 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16", "fp8", "int4"}));
   gossip->add_flag("--json", gb->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");
 
-  return [o, c, st, gb, bandwidths, optim, strat, gossip] {
+  Runner memory;
+  add_bench_memory(*sub, memory);
+
+  return [o, c, st, gb, bandwidths, optim, strat, gossip, memory] {
     if (optim->parsed()) return bench::run_optim_bench(*o);
+    if (const int status = memory(); status >= 0) return status;
     if (gossip->parsed() && !bandwidths->empty()) {
       gb->bandwidths.clear();
       for (const std::string& b : *bandwidths) gb->bandwidths.push_back(parse_bandwidth("--bandwidths", b));

@@ -106,6 +106,9 @@ inline double parse_bandwidth(const std::string& flag, const std::string& text) 
 
 Runner add_replay(CLI::App& app);
 Runner add_bench(CLI::App& app);
+// `bench memory` (bench_memory.cpp), a subcommand of `bench`: sets `run`
+// to a function that runs it when parsed and returns -1 otherwise.
+void add_bench_memory(CLI::App& bench, Runner& run);
 Runner add_train(CLI::App& app);
 Runner add_gossip(CLI::App& app);
 Runner add_checkpoint(CLI::App& app);

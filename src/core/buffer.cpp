@@ -22,13 +22,21 @@ Buffer::Buffer(std::size_t bytes, int stagger_slot) : bytes_(bytes) {
   }
   const int slot = ((stagger_slot % kStaggerSlots) + kStaggerSlots) % kStaggerSlots;
   const std::size_t shift = static_cast<std::size_t>(slot) * kStaggerStep;
-  map_bytes_ = bytes + shift + kHugePage;
+  const bool huge = bytes >= kHugeBuffer;
+  map_bytes_ = bytes + shift + (huge ? kHugePage : 0);
   map_base_ = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (map_base_ == MAP_FAILED) {
     map_base_ = nullptr;
     throw std::bad_alloc();
   }
   const auto base = reinterpret_cast<std::uintptr_t>(map_base_);
+  if (!huge) {
+    data_ = reinterpret_cast<void*>(base + shift);
+#ifdef MADV_NOHUGEPAGE
+    ::madvise(map_base_, map_bytes_, MADV_NOHUGEPAGE);
+#endif
+    return;
+  }
   const std::uintptr_t aligned = (base + kHugePage - 1) & ~(std::uintptr_t{kHugePage} - 1);
   data_ = reinterpret_cast<void*>(aligned + shift);
 #ifdef MADV_HUGEPAGE

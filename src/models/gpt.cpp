@@ -391,22 +391,30 @@ class Gpt final : public Model {
   // biases 0, LayerNorm weights 1.
   void init(std::span<float> buffer, std::uint64_t seed) const override {
     DISTOPT_CHECK(buffer.size() == buffer_elements_);
-    std::fill(buffer.begin(), buffer.end(), 0.0f);
+    init_range(0, buffer, seed);
+  }
+  void init_range(std::size_t begin, std::span<float> out, std::uint64_t seed) const override {
+    DISTOPT_CHECK(begin <= buffer_elements_ && out.size() <= buffer_elements_ - begin);
+    std::fill(out.begin(), out.end(), 0.0f);
+    const std::size_t end = begin + out.size();
     const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(s_.layers));
     for (std::size_t i = 0; i < params_.size(); ++i) {
       const ParamSlot& p = params_[i];
+      const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel());
+      if (lo >= hi) continue;
       const std::string& n = p.name;
       auto ends = [&](const char* suffix) {
         const std::string sfx(suffix);
         return n.size() >= sfx.size() && n.compare(n.size() - sfx.size(), sfx.size(), sfx) == 0;
       };
-      float* v = buffer.data() + p.offset;
+      float* v = out.data() + (lo - begin);
       if (ends("ln_1.weight") || ends("ln_2.weight") || n == "ln_f.weight") {
-        std::fill(v, v + p.numel(), 1.0f);
+        std::fill(v, v + (hi - lo), 1.0f);
       } else if (p.shape.size() == 2) {
         const double sd = ends("c_proj.weight") ? proj_std : 0.02;
         Rng rng(seed, 2000 + i);
-        for (std::size_t k = 0; k < p.numel(); ++k) v[k] = static_cast<float>(sd * rng.normal());
+        rng.discard(2 * (lo - p.offset));  // a normal() takes two
+        for (std::size_t k = 0; k < hi - lo; ++k) v[k] = static_cast<float>(sd * rng.normal());
       }
     }
   }

@@ -1,5 +1,8 @@
 #include "distopt/models/model.hpp"
 
+#include <algorithm>
+#include <vector>
+
 #include "distopt/core/error.hpp"
 
 namespace distopt::models {
@@ -31,6 +34,14 @@ BatchStats Model::forward_backward(std::span<const float> buffer, const float* x
 BatchStats Model::evaluate(std::span<const float> buffer, const float* x, const float* y, std::size_t n) {
   BufferAccess access(*this, buffer);
   return do_evaluate(access, x, y, n);
+}
+
+void Model::init_range(std::size_t begin, std::span<float> out, std::uint64_t seed) const {
+  DISTOPT_CHECK(begin <= buffer_elements_ && out.size() <= buffer_elements_ - begin, begin, " + ", out.size(),
+                " vs ", buffer_elements_);
+  std::vector<float> whole(buffer_elements_);
+  init(whole, seed);
+  std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(begin), out.size(), out.begin());
 }
 
 }  // namespace distopt::models

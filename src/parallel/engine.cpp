@@ -100,7 +100,7 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
       es_(size_of(a.options.param_dtype)),
       rank_(static_cast<std::size_t>(a.comm.rank())) {
   const FlatLayout& flat = a.layout;
-  const std::span<const float> initial = a.initial;
+  const InitialParams& initial = a.initial;
   const OptimizerSpec& spec = a.optimizer;
   Communicator& comm = a.comm;
   DISTOPT_CHECK(initial.size() == flat.elements, initial.size(), " vs ", flat.elements);
@@ -112,19 +112,27 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
   check_agreement(comm, info_.name, layout_, spec, a.options);
   const std::vector<ShardLayout::Piece> pieces = layout_.pieces(comm.rank());
   const std::size_t padded = layout_.padded_elements(), shard = layout_.shard_elements();
+  // Read unit by unit (only the rank's piece of each where it keeps a
+  // shard) through one unit's buffer: the whole model is never held here.
+  std::vector<float> values;
   if (holding.params) {
     params_ = Held(meter_, Meter::params, shard * es_, 0);
-    for (const auto& u : layout_.units())
-      for (std::size_t k = 0; k < u.shard; ++k) {
-        const std::size_t local = rank_ * u.shard + k;  // unit-local element
-        const float v = local < u.size() ? initial[u.begin + local] : 0.0f;
-        from_f32(dtype_, &v, params_.bytes() + (u.shard_offset + k) * es_, 1);
-      }
+    for (const auto& u : layout_.units()) {
+      const std::size_t first = std::min(rank_ * u.shard, u.size());  // unit-local
+      const std::size_t n = std::min(u.shard, u.size() - first);
+      values.assign(u.shard, 0.0f);  // padding past the unit's end stays 0
+      initial.read(u.begin + first, std::span<float>(values.data(), n));
+      from_f32(dtype_, values.data(), params_.bytes() + u.shard_offset * es_, u.shard);
+    }
   } else {
     params_ = Held(meter_, Meter::params, padded * es_, 0);
-    for (const auto& u : layout_.units())
-      from_f32(dtype_, initial.data() + u.begin, params_.bytes() + u.padded_offset * es_, u.size());
+    for (const auto& u : layout_.units()) {
+      values.resize(u.size());
+      initial.read(u.begin, values);
+      from_f32(dtype_, values.data(), params_.bytes() + u.padded_offset * es_, u.size());
+    }
   }
+  std::vector<float>().swap(values);
   grads_ = Held(meter_, Meter::grads, (holding.grads ? shard : padded) * es_, 1);
   std::vector<Param> views;
   for (const ParamSlot& s : layout_.params()) {
@@ -197,25 +205,26 @@ std::unique_ptr<models::UnitAccess> Engine::access_to(std::span<const float> own
   return std::make_unique<ValuesAccess>(comm_, layout_, own, info_.replicated_params);
 }
 
-std::vector<float> Engine::gather(std::span<const float> own) {
-  if (info_.replicated_params) return unpadded(layout_, own);
-  DISTOPT_CHECK(own.size() == layout_.shard_elements(), own.size(), " vs ", layout_.shard_elements());
-  // Unit by unit through one unit's buffer: the whole model once, not a
-  // padded copy beside it. Each parameter goes to its place in slot order.
+void Engine::for_each_param(std::span<const float> own, const ParamVisitor& each) {
   const auto& params = layout_.params();
-  std::vector<std::size_t> at(params.size() + 1, 0);
-  for (std::size_t p = 0; p < params.size(); ++p) at[p + 1] = at[p] + params[p].numel();
-  std::vector<float> out(at.back()), unit_values;
+  if (info_.replicated_params) {
+    DISTOPT_CHECK(own.size() == layout_.padded_elements(), own.size(), " vs ", layout_.padded_elements());
+    for (std::size_t p = 0; p < params.size(); ++p) each(p, own.subspan(layout_.padded_offset(p), params[p].numel()));
+    return;
+  }
+  DISTOPT_CHECK(own.size() == layout_.shard_elements(), own.size(), " vs ", layout_.shard_elements());
+  // Unit by unit through one unit's buffer; units hold consecutive
+  // parameters, so the visits are in slot order.
+  std::vector<float> unit_values;
+  std::size_t p = 0;
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const auto& unit = layout_.units()[u];
     unit_values.resize(unit.padded);
     comm_.all_gather(own.data() + unit.shard_offset, unit_values.data(), unit.shard, ElemType::f32);
-    for (std::size_t p = 0; p < params.size(); ++p)
-      if (layout_.unit_of(p) == u)
-        std::copy_n(unit_values.begin() + std::ptrdiff_t(layout_.padded_offset(p) - unit.padded_offset),
-                    params[p].numel(), out.begin() + std::ptrdiff_t(at[p]));
+    for (; p < params.size() && layout_.unit_of(p) == u; ++p)
+      each(p, std::span<const float>(unit_values).subspan(layout_.padded_offset(p) - unit.padded_offset, params[p].numel()));
   }
-  return out;
+  DISTOPT_CHECK(p == params.size(), p, " of ", params.size(), " parameters visited");
 }
 
 std::span<const float> Engine::acquire(std::size_t u, models::Pass pass) {

@@ -52,7 +52,7 @@ void require_exact(std::string_view strategy, const RuleInfo& rule) {
 }
 
 std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& comm, const FlatLayout& layout,
-                                        std::span<const float> initial, const OptimizerSpec& optimizer,
+                                        const InitialParams& initial, const OptimizerSpec& optimizer,
                                         const StrategyOptions& options) {
   require_exact(name, rule_or_throw(optimizer.name));
   if (!optimizer.fallback.empty()) require_exact(name, rule_or_throw(optimizer.fallback));

@@ -127,6 +127,13 @@ std::vector<float> unpadded(const ShardLayout& layout, std::span<const float> pa
   return out;
 }
 
+std::vector<float> Strategy::gather(std::span<const float> own) {
+  std::vector<float> out;
+  out.reserve(layout().param_elements());
+  for_each_param(own, [&](std::size_t, std::span<const float> values) { out.insert(out.end(), values.begin(), values.end()); });
+  return out;
+}
+
 double Strategy::consensus_distance() { return std::nan(""); }
 
 }  // namespace distopt::parallel

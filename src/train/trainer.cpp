@@ -143,11 +143,18 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
 
 }  // namespace
 
-std::string hash_params(const std::vector<float>& params) {
-  const XXH64_hash_t h = XXH3_64bits(params.data(), params.size() * sizeof(float));
+namespace {
+
+std::string hex64(std::uint64_t h) {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
   return hex;
+}
+
+}  // namespace
+
+std::string hash_params(const std::vector<float>& params) {
+  return hex64(XXH3_64bits(params.data(), params.size() * sizeof(float)));
 }
 
 TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer) {
@@ -158,11 +165,18 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
                                                        config.activation_checkpointing});
   const parallel::FlatLayout layout = parallel::flat_layout(*model);
   std::size_t model_bytes[2] = {};  // the largest activation_bytes(), workspace_bytes() after a step
-  std::vector<float> initial(layout.elements);
-  if (config.resume) initial = checkpoint::initial_params(layout, config.resume->wholes);
-  else model->init(initial, config.seed);
-  auto strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
-  std::vector<float>().swap(initial);  // the strategy holds its own copy (or shard): a whole model less per rank
+  // A fresh run's strategy reads the model's initial values a unit (or its
+  // shard of one) at a time: no rank holds a whole model to start from.
+  std::unique_ptr<parallel::Strategy> strategy;
+  if (config.resume) {
+    std::vector<float> initial = checkpoint::initial_params(layout, config.resume->wholes);
+    strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
+  } else {
+    const parallel::InitialParams initial(layout.elements, [&](std::size_t begin, std::span<float> out) {
+      model->init_range(begin, out, config.seed);
+    });
+    strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
+  }
   Optimizer& optimizer = strategy->optimizer();
   std::unique_ptr<Scheduler> scheduler;
   if (config.scheduler) scheduler = make_scheduler(optimizer, *config.scheduler);
@@ -447,20 +461,34 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   result.memory = strategy->memory();
   result.memory.activations = model_bytes[0];  // a training step's, before any evaluation
   result.memory.workspaces = model_bytes[1];
-  result.params = strategy->gather_params();
+  using KeepParams = TrainConfig::KeepParams;
+  const bool keep = config.keep_params == KeepParams::every_rank ||
+                    (config.keep_params == KeepParams::rank0 && comm.rank() == 0);
+  // Hashed as they are gathered (XXH3 of the concatenation, as
+  // hash_params), kept where asked.
+  auto gathered = [&](std::span<const float> own, std::vector<float>& params, std::string& hash) {
+    XXH3_state_t* state = XXH3_createState();
+    DISTOPT_CHECK(state != nullptr && XXH3_64bits_reset(state) == XXH_OK);
+    if (keep) params.reserve(strategy->layout().param_elements());
+    strategy->for_each_param(own, [&](std::size_t, std::span<const float> values) {
+      XXH3_64bits_update(state, values.data(), values.size_bytes());
+      if (keep) params.insert(params.end(), values.begin(), values.end());
+    });
+    hash = hex64(XXH3_64bits_digest(state));
+    XXH3_freeState(state);
+  };
+  gathered(strategy->own_params(), result.params, result.param_hash);
   result.bytes_sent = strategy->bytes_sent();
   std::size_t offset = 0;
   for (const ParamSlot& s : layout.params) {
     result.slots.push_back({s.name, offset, s.shape});
     offset += s.numel();
   }
-  result.param_hash = hash_params(result.params);
   if (scaler) result.loss_scale = scaler->get_scale();
   if (result.averaged) {
     result.averaged->kind = averaged->options().kind;
     result.averaged->n_averaged = averaged->n_averaged();
-    result.averaged->params = strategy->gather(averaged->params());
-    result.averaged->param_hash = hash_params(result.averaged->params);
+    gathered(averaged->params(), result.averaged->params, result.averaged->param_hash);
   }
   return result;
 }

@@ -17,6 +17,10 @@ namespace distopt::cli {
 
 namespace {
 
+std::size_t parameter_count(const train::TrainResult& r) {
+  return r.slots.empty() ? 0 : r.slots.back().offset + r.slots.back().numel();
+}
+
 std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int world) {
   char b[2048];
   std::snprintf(b, sizeof b,
@@ -53,7 +57,7 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
     out += str(", \"val_loss\": ", jnum(r.test_loss), ", \"val_bits_per_byte\": ", jnum(r.test_loss / std::log(2.0)),
                ", \"tokens_per_s\": ", jnum(r.samples_per_s * ctx), ", \"gpt\": {\"layers\": ", a.config.gpt.layers,
                ", \"heads\": ", a.config.gpt.heads, ", \"dim\": ", a.config.gpt.dim,
-               ", \"context\": ", a.config.gpt.context, ", \"parameters\": ", r.params.size(),
+               ", \"context\": ", a.config.gpt.context, ", \"parameters\": ", parameter_count(r),
                ", \"threads\": ", a.config.threads, ", \"matmul_precision\": \"", a.matmul_precision, "\"}");
   }
   if (r.checkpoints_written > 0 || a.config.resume)

@@ -152,6 +152,9 @@ int run_train(TrainArgs& a) {
   const std::unique_ptr<Launcher> launcher = launch(a, timeout, link);
   const StopOnSignal stop(launcher->reports());
   a.config.stop_flag = &stop.flag();
+  // Only rank 0 exports them; the summary needs only their hash.
+  a.config.keep_params = a.export_path.empty() && a.export_averaged.empty() ? train::TrainConfig::KeepParams::none
+                                                                             : train::TrainConfig::KeepParams::rank0;
   std::optional<MetricsFile> metrics;
   train::TrainResult result;  // this process's: rank 0's where it holds every rank
   try {

@@ -2,9 +2,12 @@
 // optimizer state.
 //
 // Small buffers are 64-byte aligned (one cache line, one AVX-512 vector).
-// Large buffers (>= kLargeBuffer bytes) are mapped separately, aligned to
-// 2 MiB (a transparent huge page) and then shifted by `stagger_slot` times
-// kStaggerStep. A kernel that streams several arrays at once (Adam reads
+// Large buffers (>= kLargeBuffer bytes) are mapped separately and shifted
+// by `stagger_slot` times kStaggerStep from the mapping's start; those of
+// at least kHugeBuffer bytes start from a 2 MiB boundary (a transparent
+// huge page), smaller ones are kept off huge pages: a huge page faults in
+// 2 MiB at once, and a 1 MiB buffer on one would hold twice its size
+// resident (docs/performance.md, "Memory"). A kernel that streams several arrays at once (Adam reads
 // param, grad, exp_avg, exp_avg_sq) otherwise finds all its streams at the
 // same offset modulo the page/cache geometry; their accesses then compete for
 // the same L1/L2 sets and 4 KiB-aliasing stalls loads behind stores. Give each
@@ -26,6 +29,7 @@ namespace distopt {
 inline constexpr std::size_t kCacheLine = 64;
 inline constexpr std::size_t kHugePage = std::size_t{2} << 20;
 inline constexpr std::size_t kLargeBuffer = std::size_t{1} << 20;
+inline constexpr std::size_t kHugeBuffer = std::size_t{16} << 20;
 inline constexpr std::size_t kStaggerStep = std::size_t{68} << 10;  // 64 KiB + 4 KiB
 inline constexpr int kStaggerSlots = 16;
 

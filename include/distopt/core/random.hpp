@@ -34,6 +34,10 @@ class Rng {
     s_[3] = rotl(s_[3], 45);
     return result;
   }
+  // Skips n values of next(): uniform() takes one, normal() two.
+  void discard(std::uint64_t n) {
+    for (; n > 0; --n) (void)next();
+  }
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }

@@ -100,6 +100,10 @@ class Model {
   // PyTorch's default for nn.Linear: weight and bias ~ U(-1/sqrt(fan_in),
   // 1/sqrt(fan_in)); padding is zeroed. Deterministic in `seed`.
   virtual void init(std::span<float> buffer, std::uint64_t seed) const = 0;
+  // Elements [begin, begin + out.size()) of what init writes, without the
+  // whole buffer where the model can (gpt, mlp): a rank that keeps a shard
+  // starts from its pieces alone (parallel::InitialParams).
+  virtual void init_range(std::size_t begin, std::span<float> out, std::uint64_t seed) const;
 
   // Forward and backward over n samples (x: n × features, y: labels or
   // targets). Writes d(grad_scale · loss_sum)/d(params) through `access`

@@ -51,6 +51,7 @@
 //           (Douillard et al. 2023)
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -62,6 +63,7 @@
 #include <vector>
 
 #include "distopt/comm/communicator.hpp"
+#include "distopt/core/error.hpp"
 #include "distopt/core/flat.hpp"
 #include "distopt/models/model.hpp"
 #include "distopt/optim/clip.hpp"
@@ -230,13 +232,39 @@ struct StrategyInfo {
   double volume_psi = 0;
 };
 
+// The initial fp32 parameters, unsharded in the model's layout (no
+// padding), read a range at a time: a strategy that keeps a shard reads
+// only its pieces, so no rank need hold the whole model to start (with
+// Model::init_range). Implicit from a span holding all of them.
+class InitialParams {
+ public:
+  using Fill = std::function<void(std::size_t begin, std::span<float> out)>;
+  InitialParams(std::span<const float> whole)  // NOLINT(google-explicit-constructor)
+      : size_(whole.size()), fill_([whole](std::size_t begin, std::span<float> out) {
+          std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(begin), out.size(), out.begin());
+        }) {}
+  InitialParams(const std::vector<float>& whole)  // NOLINT(google-explicit-constructor)
+      : InitialParams(std::span<const float>(whole)) {}
+  // `fill(begin, out)` writes elements [begin, begin + out.size()).
+  InitialParams(std::size_t size, Fill fill) : size_(size), fill_(std::move(fill)) {}
+  std::size_t size() const { return size_; }
+  void read(std::size_t begin, std::span<float> out) const {
+    DISTOPT_CHECK(begin <= size_ && out.size() <= size_ - begin, begin, " + ", out.size(), " vs ", size_);
+    if (!out.empty()) fill_(begin, out);
+  }
+
+ private:
+  std::size_t size_;
+  Fill fill_;
+};
+
 // What make_strategy hands a registry entry's make (and so a strategy's
 // constructor).
 struct StrategyArgs {
   const StrategyInfo& info;
   Communicator& comm;
   const FlatLayout& layout;
-  std::span<const float> initial;  // the unsharded parameters, the model's layout
+  const InitialParams& initial;  // the unsharded parameters, the model's layout
   const OptimizerSpec& optimizer;
   const StrategyOptions& options;
 };
@@ -284,9 +312,14 @@ class Strategy {
   // otherwise. Weight averaging works on these. Valid until the next step()
   // or own_params() call (a live view or a copy, depending on the strategy).
   virtual std::span<const float> own_params() = 0;
-  // The full, unsharded fp32 parameters in slot order without padding, from
-  // values shaped like own_params() (collective).
-  virtual std::vector<float> gather(std::span<const float> own) = 0;
+  // The full, unsharded fp32 values of each parameter in slot order
+  // (p = 0, 1, ...), from values shaped like own_params(), handed to `each`
+  // one parameter at a time and valid only during the call (collective:
+  // every rank sees every parameter; at most one unit is gathered at once).
+  using ParamVisitor = std::function<void(std::size_t p, std::span<const float> values)>;
+  virtual void for_each_param(std::span<const float> own, const ParamVisitor& each) = 0;
+  // The same, gathered into one vector in slot order without padding.
+  std::vector<float> gather(std::span<const float> own);
   std::vector<float> gather_params() { return gather(own_params()); }
   // Read-only unit access (evaluation) to parameters given as values shaped
   // like own_params(); `own` must outlive it (collective per unit). Gossip
@@ -319,7 +352,7 @@ class Strategy {
 // Throws InvalidInput for an unknown strategy (listing the known ones) or
 // one that cannot run the optimizer exactly.
 std::unique_ptr<Strategy> make_strategy(std::string_view name, Communicator& comm, const FlatLayout& layout,
-                                        std::span<const float> initial, const OptimizerSpec& optimizer,
+                                        const InitialParams& initial, const OptimizerSpec& optimizer,
                                         const StrategyOptions& options = {});
 
 // Throws InvalidInput unless `name` is a strategy this build runs.

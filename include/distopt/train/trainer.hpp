@@ -32,6 +32,13 @@ struct TrainConfig {
   // gpt: blocks keep only their input and recompute their forward in
   // backward (the same bits; models::make_gpt).
   bool activation_checkpointing = false;
+  // Whose TrainResult holds the final parameters (params, averaged
+  // params): every rank's, rank 0's alone, or none. Every rank's holds
+  // their hash, computed as they are gathered a unit at a time, so that
+  // the run's end need not hold a whole model per rank (the command line
+  // keeps them only on rank 0, and only to export them).
+  enum class KeepParams { every_rank, rank0, none };
+  KeepParams keep_params = KeepParams::every_rank;
   std::string strategy = "ddp";
   // Bucket size and parameter dtype of the strategy (parallel::StrategyOptions).
   parallel::StrategyOptions parallel;
@@ -158,7 +165,7 @@ struct TrainResult {
   parallel::MemoryUse memory;
   std::uint64_t bytes_sent = 0;  // by this rank through its communicator, setup and evaluation included
   std::vector<ParamSlot> slots;  // offsets into `params` (no padding)
-  std::vector<float> params;     // final, unsharded
+  std::vector<float> params;     // final, unsharded (see TrainConfig::keep_params)
   std::size_t skipped_steps = 0;  // loss scaling: updates skipped on inf/NaN
   double loss_scale = 0;          // loss scaling: the final scale
   std::optional<AveragedResult> averaged;  // SWA/EMA: the averaged model

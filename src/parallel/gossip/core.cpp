@@ -63,7 +63,7 @@ GossipCore::GossipCore(const StrategyArgs& a, std::string_view default_topology)
     : StrategyCore(a), options_(a.options.gossip) {
   Communicator& comm = a.comm;
   const FlatLayout& flat = a.layout;
-  const std::span<const float> initial = a.initial;
+  const InitialParams& initial = a.initial;
   const OptimizerSpec& spec = a.optimizer;
   const StrategyOptions& options = a.options;
   if (!default_topology.empty())
@@ -75,8 +75,7 @@ GossipCore::GossipCore(const StrategyArgs& a, std::string_view default_topology)
   x_.assign(padded, 0.0f);
   grads_.assign(padded, 0.0f);
   for (const auto& u : layout_.units())
-    std::copy(initial.begin() + static_cast<std::ptrdiff_t>(u.begin),
-              initial.begin() + static_cast<std::ptrdiff_t>(u.begin + u.size()), x_.begin() + u.padded_offset);
+    initial.read(u.begin, std::span<float>(x_.data() + u.padded_offset, u.size()));
   std::vector<Param> views;
   for (std::size_t p = 0; p < layout_.params().size(); ++p) {
     const ParamSlot& s = layout_.params()[p];
