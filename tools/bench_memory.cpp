@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -96,14 +95,6 @@ struct Trial {
   nlohmann::json summary;  // the child's --json summary where it finished
   std::string error;       // its last stderr line where it failed otherwise
 };
-
-std::uint64_t resident_bytes(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
-  return 0;
-}
 
 std::string self_exe() {
   std::vector<char> b(4096);
@@ -300,9 +291,11 @@ int run_memory_bench(const MemoryBenchOptions& o) {
     auto all = [&](const char* k) { return m.value(k, 0.0) * o.world; };  // every rank of the process
     const double params = params_of(t), tokens = t.summary.value("tokens_per_s", 0.0);
     const double vs = ddp_params > 0 ? params / ddp_params : 0;
-    std::printf("%-7s %7zu %12.0f %10s %10s %10s %10s %10s %12.0f %7.2fx\n", r.strategy.c_str(), t.layers, params,
+    char ratio[32] = "-";  // without ddp in the run
+    if (vs > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", vs);
+    std::printf("%-7s %7zu %12.0f %10s %10s %10s %10s %10s %12.0f %8s\n", r.strategy.c_str(), t.layers, params,
                 mb(double(t.peak)).c_str(), mb(all("params") + all("master_params")).c_str(), mb(all("grads")).c_str(),
-                mb(all("optimizer_state")).c_str(), mb(all("activations") + all("workspaces")).c_str(), tokens, vs);
+                mb(all("optimizer_state")).c_str(), mb(all("activations") + all("workspaces")).c_str(), tokens, ratio);
     out.push_back({{"strategy", r.strategy},
                    {"layers", t.layers},
                    {"dim", o.dim},

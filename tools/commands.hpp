@@ -3,6 +3,9 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -56,6 +59,18 @@ inline std::string printable(const char* what) {
     }
   }
   return out;
+}
+
+// Resident memory of process `pid` (0: this one) from /proc; 0 where it
+// cannot be read (the process has ended).
+inline std::uint64_t resident_bytes(long pid = 0) {
+  const std::string path = pid == 0 ? "/proc/self/statm" : "/proc/" + std::to_string(pid) + "/statm";
+  std::FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) return 0;
+  unsigned long long size = 0, resident = 0;
+  const int got = std::fscanf(f, "%llu %llu", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? resident * static_cast<std::uint64_t>(::sysconf(_SC_PAGESIZE)) : 0;
 }
 
 // A float for JSON output: %.9g, or null where it is NaN or infinite (a

@@ -128,7 +128,7 @@ std::vector<Piece> own_pieces(parallel::Strategy& s, int rank, std::span<const f
 std::vector<float> own_values(parallel::Strategy& s, int rank, const std::map<std::string, Whole>& wholes,
                               const std::string& prefix) {
   const parallel::ShardLayout& layout = s.layout();
-  std::vector<float> own(s.own_params().size(), 0.0f);
+  std::vector<float> own(s.own_elements(), 0.0f);
   // Replicated values (ddp, gossip) hold every parameter whole; a shard its pieces.
   for (std::size_t p = 0; p < layout.params().size(); ++p) {
     const ParamSlot& slot = layout.params()[p];

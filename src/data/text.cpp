@@ -89,6 +89,7 @@ Split text_split(Text text, std::size_t context, std::uint64_t seed, std::size_t
   s.train.classes = 256;
   s.train.y.assign(text.train.size() / context, 0.0f);
   auto bytes = std::make_shared<const std::vector<std::uint8_t>>(std::move(text.train));  // taken, not copied
+  s.train.make_bytes = bytes->capacity();
   const std::uint64_t positions = bytes->size() - context;  // starts 0 .. size - context - 1
   s.train.make = [bytes, positions, features, seed](std::uint64_t epoch, std::size_t i, float* out) {
     Rng rng(seed ^ 0x7e47u, (epoch << 32) ^ i);

@@ -213,18 +213,40 @@ void Engine::for_each_param(std::span<const float> own, const ParamVisitor& each
     return;
   }
   DISTOPT_CHECK(own.size() == layout_.shard_elements(), own.size(), " vs ", layout_.shard_elements());
-  // Unit by unit through one unit's buffer; units hold consecutive
-  // parameters, so the visits are in slot order.
-  std::vector<float> unit_values;
+  // Unit by unit through one unit's buffer from the pool (zero3: one the
+  // last pass left idle); units hold consecutive parameters, so the visits
+  // are in slot order.
   std::size_t p = 0;
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const auto& unit = layout_.units()[u];
-    unit_values.resize(unit.padded);
-    comm_.all_gather(own.data() + unit.shard_offset, unit_values.data(), unit.shard, ElemType::f32);
+    Held buffer(param_pool_, unit.padded * sizeof(float), 3);
+    auto* values = reinterpret_cast<float*>(buffer.bytes());
+    comm_.all_gather(own.data() + unit.shard_offset, values, unit.shard, ElemType::f32);
     for (; p < params.size() && layout_.unit_of(p) == u; ++p)
-      each(p, std::span<const float>(unit_values).subspan(layout_.padded_offset(p) - unit.padded_offset, params[p].numel()));
+      each(p, {values + (layout_.padded_offset(p) - unit.padded_offset), params[p].numel()});
   }
   DISTOPT_CHECK(p == params.size(), p, " of ", params.size(), " parameters visited");
+}
+
+void Engine::for_each_current_param(const ParamVisitor& each) {
+  if (info_.sharded_params) {
+    for_each_param(own_params(), each);
+    return;
+  }
+  // Every rank holds them whole once the gathers of the last update are in.
+  blocked([&] { finish_param_reads(); });
+  const auto& params = layout_.params();
+  std::vector<float> values;
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    const char* at = params_.bytes() + layout_.padded_offset(p) * es_;
+    if (dtype_ == DType::f32) {
+      each(p, {reinterpret_cast<const float*>(at), params[p].numel()});
+      continue;
+    }
+    values.resize(params[p].numel());
+    to_f32(dtype_, at, values.data(), values.size());
+    each(p, values);
+  }
 }
 
 std::span<const float> Engine::acquire(std::size_t u, models::Pass pass) {

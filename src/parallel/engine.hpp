@@ -140,6 +140,7 @@ class Engine : public StrategyCore {
   MemoryUse memory() const override;
   std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) override;
   void for_each_param(std::span<const float> own, const ParamVisitor& each) override;
+  void for_each_current_param(const ParamVisitor& each) override;
 
   // UnitAccess: the model's calls. A strategy supplies the unit's values
   // (values_of) and may act on release and after the update.

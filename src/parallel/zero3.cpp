@@ -38,6 +38,9 @@ class Zero3 final : public Zero2 {
   }
 
   std::span<const float> own_params() override {
+    // The shard buffer itself where it holds fp32 (no copy: a shard's
+    // worth of memory a rank would otherwise keep).
+    if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(params_.bytes()), layout_.shard_elements()};
     own_.assign(layout_.shard_elements(), 0.0f);
     to_f32(dtype_, params_.bytes(), own_.data(), own_.size());
     return own_;

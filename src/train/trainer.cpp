@@ -192,7 +192,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   std::optional<AveragedParams> averaged;
   // Averages of the parameter values this rank keeps (its shard, or all of
   // them where they are replicated): averaging is pointwise.
-  const std::size_t own_elements = strategy->own_params().size();
+  const std::size_t own_elements = strategy->own_elements();
   if (config.swa_start > 0) averaged.emplace(own_elements, AveragingOptions{AveragingKind::swa, 0.0, {}});
   if (config.ema_decay) averaged.emplace(own_elements, AveragingOptions{AveragingKind::ema, *config.ema_decay, {}});
   const checkpoint::RunInfo run{config.strategy, config.model, config.optimizer.name, config.parallel.gossip,
@@ -239,13 +239,12 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   const std::size_t per_rank = std::min(config.batch_size, data.train.size()) / comm.size() + 1;
   std::vector<float> xb(per_rank * features), yb(per_rank);
   // A model keeps activations for its whole input, so evaluation runs in
-  // pieces (a whole test piece at once held 250 MB a rank for a
-  // 784-2048x3-10 MLP): gpt in pieces of a rank's share of a batch, within
-  // the training step's memory; the others in pieces of at least 256
-  // samples, so that zero3 gathers the model a few times per evaluation,
-  // not once per batch-sized piece.
+  // pieces of a rank's share of a training batch: within the training
+  // step's memory (a whole test piece at once held 250 MB a rank for a
+  // 784-2048x3-10 MLP; pieces of 256 samples still 12 MB a rank above a
+  // step's). zero3 gathers the model once per piece.
   const std::size_t piece = (std::min(config.batch_size, data.train.size()) + comm.size() - 1) / comm.size();
-  const std::size_t eval_chunk = config.model == "gpt" ? piece : std::max<std::size_t>(piece, 256);
+  const std::size_t eval_chunk = piece;
 
   // Per step, every rank contributes {loss sum, sample count, stop request}
   // to a gather that runs while the step does: the loss is summed in rank
@@ -466,18 +465,21 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
                     (config.keep_params == KeepParams::rank0 && comm.rank() == 0);
   // Hashed as they are gathered (XXH3 of the concatenation, as
   // hash_params), kept where asked.
-  auto gathered = [&](std::span<const float> own, std::vector<float>& params, std::string& hash) {
+  // `own`: values shaped like own_params(); null: the current parameters.
+  auto gathered = [&](const std::span<const float>* own, std::vector<float>& params, std::string& hash) {
     XXH3_state_t* state = XXH3_createState();
     DISTOPT_CHECK(state != nullptr && XXH3_64bits_reset(state) == XXH_OK);
     if (keep) params.reserve(strategy->layout().param_elements());
-    strategy->for_each_param(own, [&](std::size_t, std::span<const float> values) {
+    const parallel::Strategy::ParamVisitor visit = [&](std::size_t, std::span<const float> values) {
       XXH3_64bits_update(state, values.data(), values.size_bytes());
       if (keep) params.insert(params.end(), values.begin(), values.end());
-    });
+    };
+    if (own != nullptr) strategy->for_each_param(*own, visit);
+    else strategy->for_each_current_param(visit);
     hash = hex64(XXH3_64bits_digest(state));
     XXH3_freeState(state);
   };
-  gathered(strategy->own_params(), result.params, result.param_hash);
+  gathered(nullptr, result.params, result.param_hash);
   result.bytes_sent = strategy->bytes_sent();
   std::size_t offset = 0;
   for (const ParamSlot& s : layout.params) {
@@ -488,7 +490,8 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   if (result.averaged) {
     result.averaged->kind = averaged->options().kind;
     result.averaged->n_averaged = averaged->n_averaged();
-    gathered(averaged->params(), result.averaged->params, result.averaged->param_hash);
+    const std::span<const float> own = averaged->params();
+    gathered(&own, result.averaged->params, result.averaged->param_hash);
   }
   return result;
 }

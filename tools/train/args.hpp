@@ -27,6 +27,11 @@ struct TrainArgs {
   int world = 1;
   bool json = false, print_config = false, resume = false;
   double resume_load_seconds = 0;                  // --resume: reading, verifying and assembling the checkpoint
+  // The process's memory besides the ranks' (the summary's memory_process):
+  // resident bytes before the data is loaded (code, libraries, the
+  // runtime), the data set's bytes, and the ranks this process runs.
+  std::uint64_t runtime_rss = 0, data_bytes = 0;
+  int ranks_here = 1;
   std::map<std::string, std::string> option_text;  // optimizer options as given, torch names
   std::string scheduler, scheduler_interval = "step";
   std::size_t warmup_steps = 0;                // --warmup-steps: linear warm-up, then cosine decay over the run

@@ -149,6 +149,21 @@ void check_live_flags(const TrainArgs& a) {
 
 }  // namespace
 
+// Floats a rank keeps per parameter (parameters, gradients and up to three
+// state tensors) by what the strategy shards, and how many of the largest
+// unit it holds in flight besides (gathered units, gradient buckets).
+struct StatesPerRank {
+  double per_param, largest_units;
+};
+StatesPerRank states_per_rank(const std::string& strategy, int world) {
+  const double n = world;
+  if (strategy == "zero1") return {2 + 3 / n, 0};
+  if (strategy == "zero2") return {1 + 4 / n, 2};
+  if (strategy == "zero3") return {5 / n, 4};
+  if (strategy == "diloco") return {8, 0};  // and the synced model and the outer optimizer's state
+  return {5, 0};
+}
+
 // Sizes the command line asks for, against this machine's memory, before
 // anything is allocated: one line naming the flag instead of bad_alloc.
 void check_memory(const TrainArgs& a, int world) {
@@ -168,7 +183,9 @@ void check_memory(const TrainArgs& a, int world) {
     const double kept = a.config.activation_checkpointing ? L * D + block : L * block;
     const double per_sample = T * (kept + 256 + 8 * D);
     const double rank_batch = std::ceil(double(a.config.batch_size) / world);
-    const double bytes = (params * 5 + per_sample * rank_batch) * 4 * world;
+    const StatesPerRank states = states_per_rank(a.config.strategy, world);
+    const double states_floats = params * states.per_param + states.largest_units * 12 * D * D;
+    const double bytes = (states_floats + per_sample * rank_batch) * 4 * world;
     if (bytes > have)
       throw InvalidInput(str("model gpt with --layers ", g.layers, " --dim ", g.dim, " --context ", g.context,
                              " and --batch-size ", a.config.batch_size, " needs ", gigabytes(bytes), " at ", world,
@@ -182,7 +199,7 @@ void check_memory(const TrainArgs& a, int world) {
                              gigabytes(bytes), " for the synthetic data (this machine has ", gigabytes(have), ")"));
   }
   // Parameters, gradients and up to three state tensors of 4 bytes, on every
-  // rank of the process (ddp holds them all).
+  // rank of the process, as the strategy shards them.
   std::vector<double> widths{features};
   if (a.config.model == "mlp")
     for (double h : a.config.hidden.empty() ? std::vector<std::size_t>{256, 128} : a.config.hidden) widths.push_back(h);
@@ -193,7 +210,8 @@ void check_memory(const TrainArgs& a, int world) {
     params += layer;
     largest = std::max(largest, layer);
   }
-  const double bytes = params * 4 * 5 * world;
+  const StatesPerRank states = states_per_rank(a.config.strategy, world);
+  const double bytes = (params * states.per_param + largest * states.largest_units) * 4 * world;
   if (largest * 4 > have / 4 || bytes > have)
     throw InvalidInput(str(a.config.hidden.empty() ? "the model" : "--hidden", " needs ", gigabytes(largest * 4),
                            " for one layer and ", gigabytes(bytes),

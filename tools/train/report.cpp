@@ -44,7 +44,18 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
   // The process's peak resident memory so far: every rank of the threads
   // backend together, this process's rank under MPI.
   rusage usage{};
-  if (getrusage(RUSAGE_SELF, &usage) == 0) out += str(", \"peak_rss\": ", std::uint64_t(usage.ru_maxrss) * 1024);
+  if (getrusage(RUSAGE_SELF, &usage) == 0) {
+    // What explains it: the runtime before the data, the data, and the
+    // ranks' reported categories (each a peak) for every rank here.
+    const std::uint64_t peak = std::uint64_t(usage.ru_maxrss) * 1024;
+    const parallel::MemoryUse& m = r.memory;
+    const std::uint64_t per_rank =
+        m.params + m.grads + m.master_params + m.optimizer_state + m.activations + m.workspaces;
+    const std::uint64_t accounted = a.runtime_rss + a.data_bytes + per_rank * std::uint64_t(a.ranks_here);
+    out += str(", \"peak_rss\": ", peak, ", \"memory_process\": {\"ranks\": ", a.ranks_here,
+               ", \"runtime\": ", a.runtime_rss, ", \"data\": ", a.data_bytes, ", \"accounted\": ", accounted,
+               ", \"unexplained\": ", jnum((double(peak) - double(accounted)) / double(peak)), "}");
+  }
   if (a.config.loss_scale) {
     char m[96];
     std::snprintf(m, sizeof m, ", \"loss_scale\": %.9g, \"skipped_steps\": %zu", r.loss_scale, r.skipped_steps);

@@ -159,7 +159,10 @@ int run_train(TrainArgs& a) {
   train::TrainResult result;  // this process's: rank 0's where it holds every rank
   try {
     launcher->check(a);
+    a.runtime_rss = resident_bytes();
     const data::Split data = load_data(a);
+    a.data_bytes = data.bytes();
+    a.ranks_here = launcher->one_rank_here() ? 1 : launcher->world();
     warmup_cosine(a, data);
     Progress progress(bar, lines);
     if (launcher->reports() && !a.metrics.empty()) metrics.emplace(a.metrics);

@@ -22,7 +22,10 @@ struct Dataset {
   // Samples made on demand instead of stored in x (text windows drawn per
   // epoch): writes sample i of epoch `epoch` (features floats) to `out`.
   std::function<void(std::uint64_t epoch, std::size_t i, float* out)> make;
+  std::size_t make_bytes = 0;  // what `make` holds (the text it draws from)
   std::size_t size() const { return y.size(); }
+  // Memory the set holds: its arrays and what `make` holds.
+  std::size_t bytes() const { return (x.capacity() + y.capacity()) * sizeof(float) + make_bytes; }
   const float* sample(std::size_t i) const { return x.data() + i * features; }
   // Sample i of an epoch, stored or made.
   void fill(std::uint64_t epoch, std::size_t i, float* out) const {
@@ -34,6 +37,7 @@ struct Dataset {
 struct Split {
   std::string name;
   Dataset train, test;
+  std::size_t bytes() const { return train.bytes() + test.bytes(); }
 };
 
 // An IDX array (the MNIST file format): big-endian dims and unsigned bytes.

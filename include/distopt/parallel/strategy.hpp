@@ -312,12 +312,19 @@ class Strategy {
   // otherwise. Weight averaging works on these. Valid until the next step()
   // or own_params() call (a live view or a copy, depending on the strategy).
   virtual std::span<const float> own_params() = 0;
+  // own_params().size(), without the copy own_params() may make.
+  std::size_t own_elements() const {
+    return info().replicated_params ? layout().padded_elements() : layout().shard_elements();
+  }
   // The full, unsharded fp32 values of each parameter in slot order
   // (p = 0, 1, ...), from values shaped like own_params(), handed to `each`
   // one parameter at a time and valid only during the call (collective:
   // every rank sees every parameter; at most one unit is gathered at once).
   using ParamVisitor = std::function<void(std::size_t p, std::span<const float> values)>;
   virtual void for_each_param(std::span<const float> own, const ParamVisitor& each) = 0;
+  // The current parameters, as for_each_param(own_params(), each), read in
+  // place where the rank holds them whole (ddp, zero1, zero2, gossip).
+  virtual void for_each_current_param(const ParamVisitor& each) { for_each_param(own_params(), each); }
   // The same, gathered into one vector in slot order without padding.
   std::vector<float> gather(std::span<const float> own);
   std::vector<float> gather_params() { return gather(own_params()); }
