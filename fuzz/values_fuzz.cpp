@@ -1,6 +1,7 @@
 // libFuzzer target: the single-value parsers of outside input -- a
 // time-out (--comm-timeout, DISTOPT_COMM_TIMEOUT), a bandwidth
-// (--link-bandwidth, bench gossip --bandwidths) -- and gossip topologies
+// (--link-bandwidth, bench gossip --bandwidths), a size (bench memory
+// --cap) -- and gossip topologies
 // built from a fuzzed name, world size and peer count, whose peers are then
 // asked for; optimizer options from one string (parse_options, for the rule
 // the first byte picks) and the command line's --scheduler-option
@@ -29,6 +30,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   try {
     (void)distopt::cli::parse_bandwidth("--link-bandwidth", text);
+  } catch (const distopt::Error&) {
+  }
+  try {
+    (void)distopt::cli::parse_size("--cap", text);
   } catch (const distopt::Error&) {
   }
   try {

@@ -48,37 +48,6 @@ struct MemoryBenchOptions {
   bool json = false;
 };
 
-// "1G", "1536M", "2GiB", "4000000000": bytes, k/M/G/T binary (as ulimit
-// and cgroups count).
-std::uint64_t parse_bytes(const std::string& flag, const std::string& text) {
-  std::string digits = text;
-  for (const char* suffix : {"iB", "B"})
-    if (digits.size() > std::strlen(suffix) && digits.ends_with(suffix)) {
-      digits.resize(digits.size() - std::strlen(suffix));
-      break;
-    }
-  double scale = 1;
-  if (!digits.empty()) {
-    switch (digits.back()) {
-      case 'k': case 'K': scale = 1024.0; digits.pop_back(); break;
-      case 'M': scale = 1024.0 * 1024; digits.pop_back(); break;
-      case 'G': scale = 1024.0 * 1024 * 1024; digits.pop_back(); break;
-      case 'T': scale = 1024.0 * 1024 * 1024 * 1024; digits.pop_back(); break;
-      default: break;
-    }
-  }
-  std::size_t used = 0;
-  double v = -1;
-  try {
-    v = std::stod(digits, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != digits.size() || digits.empty() || !(v > 0) || !std::isfinite(v * scale) || v * scale > 1e18)
-    throw InvalidInput(str(flag, " must be a positive size in bytes such as 1G, 1536M or 2GiB (got '", text, "')"));
-  return static_cast<std::uint64_t>(v * scale);
-}
-
 std::string mb(double bytes) {
   char b[32];
   std::snprintf(b, sizeof b, "%.0f MiB", bytes / (1024.0 * 1024.0));
@@ -252,7 +221,7 @@ Search search(const TrialRunner& runner, const MemoryBenchOptions& o, std::uint6
 }
 
 int run_memory_bench(const MemoryBenchOptions& o) {
-  const std::uint64_t cap = parse_bytes("--cap", o.cap);
+  const std::uint64_t cap = parse_size("--cap", o.cap);
   if (o.heads == 0 || o.dim % o.heads != 0)
     throw InvalidInput(str("--heads ", o.heads, " must divide --dim ", o.dim));
   for (const std::string& s : o.strategies) parallel::require_strategy(s);

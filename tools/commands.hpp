@@ -1,15 +1,17 @@
 // The verbs of the `distopt` command-line tool (docs/formats.md).
 #pragma once
 
-#include <CLI/CLI.hpp>
-#include <cmath>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "distopt/core/error.hpp"
 
@@ -82,20 +84,16 @@ inline std::string jnum(double v) {
   return b;
 }
 
-// A bandwidth in bits per second: a number with an optional k, M or G
-// (10^3, 10^6, 10^9), e.g. "100M"; "0" or "none": unshaped.
-inline double parse_bandwidth(const std::string& flag, const std::string& text) {
-  if (text == "none" || text == "0") return 0.0;
+// A positive number with an optional one-letter suffix from `scales`
+// ("100M"): the number times the suffix's scale; NaN when `text` is not one.
+inline double parse_scaled(std::string digits, std::initializer_list<std::pair<char, double>> scales) {
   double scale = 1.0;
-  std::string digits = text;
-  if (!digits.empty()) {
-    switch (digits.back()) {
-      case 'k': scale = 1e3; digits.pop_back(); break;
-      case 'M': scale = 1e6; digits.pop_back(); break;
-      case 'G': scale = 1e9; digits.pop_back(); break;
-      default: break;
+  for (const auto& [suffix, s] : scales)
+    if (!digits.empty() && digits.back() == suffix) {
+      scale = s;
+      digits.pop_back();
+      break;
     }
-  }
   std::size_t used = 0;
   double v = -1;
   try {
@@ -103,9 +101,35 @@ inline double parse_bandwidth(const std::string& flag, const std::string& text) 
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != digits.size() || !(v > 0) || !(v * scale < 1e15))
-    throw InvalidInput(flag + ": '" + text + "' is not a positive bandwidth in bits per second (e.g. 100M, 1G)");
+  if (used == 0 || used != digits.size() || !(v > 0)) return std::nan("");
   return v * scale;
+}
+
+// A bandwidth in bits per second: a number with an optional k, M or G
+// (10^3, 10^6, 10^9), e.g. "100M"; "0" or "none": unshaped.
+inline double parse_bandwidth(const std::string& flag, const std::string& text) {
+  if (text == "none" || text == "0") return 0.0;
+  const double v = parse_scaled(text, {{'k', 1e3}, {'M', 1e6}, {'G', 1e9}});
+  if (!(v < 1e15))
+    throw InvalidInput(flag + ": '" + text + "' is not a positive bandwidth in bits per second (e.g. 100M, 1G)");
+  return v;
+}
+
+// A size in bytes: a number with an optional k, M, G or T, binary (as
+// ulimit and cgroups count) and optionally followed by B or iB: "1G",
+// "1536M", "2GiB", "4000000000".
+inline std::uint64_t parse_size(const std::string& flag, const std::string& text) {
+  std::string digits = text;
+  for (const std::string suffix : {"iB", "B"})
+    if (digits.size() > suffix.size() && digits.ends_with(suffix)) {
+      digits.resize(digits.size() - suffix.size());
+      break;
+    }
+  constexpr double k = 1024.0;
+  const double v = parse_scaled(digits, {{'k', k}, {'K', k}, {'M', k * k}, {'G', k * k * k}, {'T', k * k * k * k}});
+  if (!(v <= 1e18))
+    throw InvalidInput(flag + " must be a positive size in bytes such as 1G, 1536M or 2GiB (got '" + text + "')");
+  return static_cast<std::uint64_t>(v);
 }
 
 // After spawn() abandoned a stuck rank: one line, then the process ends
