@@ -206,12 +206,12 @@ std::unique_ptr<models::UnitAccess> Engine::access_to(std::span<const float> own
 }
 
 void Engine::for_each_param(std::span<const float> own, const ParamVisitor& each) {
-  const auto& params = layout_.params();
   if (info_.replicated_params) {
     DISTOPT_CHECK(own.size() == layout_.padded_elements(), own.size(), " vs ", layout_.padded_elements());
-    for (std::size_t p = 0; p < params.size(); ++p) each(p, own.subspan(layout_.padded_offset(p), params[p].numel()));
+    for_each_padded_param(layout_, own, each);
     return;
   }
+  const auto& params = layout_.params();
   DISTOPT_CHECK(own.size() == layout_.shard_elements(), own.size(), " vs ", layout_.shard_elements());
   // Unit by unit through one unit's buffer from the pool (zero3: one the
   // last pass left idle); units hold consecutive parameters, so the visits
@@ -235,14 +235,14 @@ void Engine::for_each_current_param(const ParamVisitor& each) {
   }
   // Every rank holds them whole once the gathers of the last update are in.
   blocked([&] { finish_param_reads(); });
+  if (dtype_ == DType::f32) {
+    for_each_padded_param(layout_, {reinterpret_cast<const float*>(params_.bytes()), layout_.padded_elements()}, each);
+    return;
+  }
   const auto& params = layout_.params();
-  std::vector<float> values;
+  std::vector<float> values;  // a parameter's fp32 values
   for (std::size_t p = 0; p < params.size(); ++p) {
     const char* at = params_.bytes() + layout_.padded_offset(p) * es_;
-    if (dtype_ == DType::f32) {
-      each(p, {reinterpret_cast<const float*>(at), params[p].numel()});
-      continue;
-    }
     values.resize(params[p].numel());
     to_f32(dtype_, at, values.data(), values.size());
     each(p, values);

@@ -116,15 +116,11 @@ FlatLayout flat_layout(const models::Model& model) {
   return out;
 }
 
-std::vector<float> unpadded(const ShardLayout& layout, std::span<const float> padded) {
+void for_each_padded_param(const ShardLayout& layout, std::span<const float> padded,
+                           const Strategy::ParamVisitor& each) {
   DISTOPT_CHECK(padded.size() >= layout.padded_elements(), padded.size(), " vs ", layout.padded_elements());
-  std::vector<float> out;
-  out.reserve(layout.param_elements());
-  for (std::size_t p = 0; p < layout.params().size(); ++p) {
-    const auto begin = padded.begin() + static_cast<std::ptrdiff_t>(layout.padded_offset(p));
-    out.insert(out.end(), begin, begin + static_cast<std::ptrdiff_t>(layout.params()[p].numel()));
-  }
-  return out;
+  for (std::size_t p = 0; p < layout.params().size(); ++p)
+    each(p, padded.subspan(layout.padded_offset(p), layout.params()[p].numel()));
 }
 
 std::vector<float> Strategy::gather(std::span<const float> own) {

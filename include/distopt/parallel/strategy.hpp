@@ -371,7 +371,8 @@ void require_strategy(std::string_view name);
 // rule's RuleInfo::whole (gathering each tensor).
 void require_exact(std::string_view strategy, const RuleInfo& rule);
 
-// The parameters of a padded buffer in slot order, without padding.
-std::vector<float> unpadded(const ShardLayout& layout, std::span<const float> padded);
+// Each parameter of a padded buffer, in slot order, handed to `each`.
+void for_each_padded_param(const ShardLayout& layout, std::span<const float> padded,
+                           const Strategy::ParamVisitor& each);
 
 }  // namespace distopt::parallel

@@ -52,9 +52,7 @@ class GossipCore : public StrategyCore {
   void step(const UpdateFn& update) final;
   std::span<const float> own_params() final;
   void for_each_param(std::span<const float> own, const ParamVisitor& each) final {
-    const std::vector<float> mean = average(own);
-    for (std::size_t p = 0; p < layout_.params().size(); ++p)
-      each(p, std::span<const float>(mean).subspan(layout_.padded_offset(p), layout_.params()[p].numel()));
+    for_each_padded_param(layout_, average(own), each);
   }
   std::unique_ptr<models::UnitAccess> access_to(std::span<const float> own) final;
   models::UnitAccess& eval_access() final;
