@@ -258,7 +258,47 @@ std::string assemble_error(const std::vector<checkpoint::Piece>& pieces) {
   return one_line_error([&] { (void)assemble(pieces); });
 }
 
+// The file a rank would write of these pieces, read back.
+NamedTensors file_of(const std::vector<checkpoint::Piece>& pieces) {
+  checkpoint::PieceSet set;
+  for (const checkpoint::Piece& p : pieces) set.view(p.name, p.shape, p.begin, p.values);
+  return parse_safetensors(pieces_bytes(set), "rank.safetensors");
+}
+
 }  // namespace
+
+TEST(CheckpointStore, AFileWrittenPieceByPieceIsTheFileWrittenAtOnce) {
+  // Small writes gathered and large ones passed straight through give the
+  // same file, size and checksum as one write of the whole.
+  TempDir t;
+  std::vector<std::byte> whole;
+  for (std::size_t n : {std::size_t{3}, std::size_t{1} << 20, std::size_t{5}, std::size_t{3} << 19, std::size_t{0}, std::size_t{7}})
+    for (std::size_t i = 0; i < n; ++i) whole.push_back(static_cast<std::byte>((i * 131 + n) & 0xff));
+  const FileEntry at_once = write_file(t.path, "a", whole);
+  FileEntry in_pieces;
+  {
+    FileWriter w(t.path, "b");
+    std::size_t at = 0;
+    for (std::size_t n : {std::size_t{3}, std::size_t{1} << 20, std::size_t{5}, std::size_t{3} << 19, std::size_t{0}, std::size_t{7}}) {
+      w.write(std::span(whole).subspan(at, n));
+      at += n;
+    }
+    in_pieces = w.commit();
+  }
+  EXPECT_EQ(in_pieces.bytes, at_once.bytes);
+  EXPECT_EQ(in_pieces.xxh64, at_once.xxh64);
+  EXPECT_EQ(in_pieces.xxh64, xxh64_of_file(t.path / "b"));
+  EXPECT_EQ(xxh64_of_file(t.path / "a"), xxh64_of_file(t.path / "b"));
+  // A writer given up before its commit leaves no file, temporary or final.
+  {
+    FileWriter w(t.path, "c");
+    w.write(std::span(whole).first(10));
+  }
+  std::size_t files = 0;
+  for (const auto& e : fs::directory_iterator(t.path)) files += e.path().filename() != "a" && e.path().filename() != "b";
+  EXPECT_EQ(files, 0u);
+  EXPECT_FALSE(fs::exists(t.path / "c"));
+}
 
 TEST(Pieces, AnyCutReassemblesBitForBitThroughTheirFiles) {
   // A 5 x 7 tensor and a scalar, cut at every world size 1-8 into
@@ -273,7 +313,7 @@ TEST(Pieces, AnyCutReassemblesBitForBitThroughTheirFiles) {
       const std::size_t begin = w.size() * r / world, end = w.size() * (r + 1) / world;
       std::vector<checkpoint::Piece> mine = {{"fc.weight", {5, 7}, begin, {w.begin() + begin, w.begin() + end}}};
       if (r == world - 1) mine.push_back({"scale", {}, 0, {2.5f}});
-      const NamedTensors file = to_safetensors(mine);
+      const NamedTensors file = file_of(mine);
       const auto back = pieces_of(file, "rank.safetensors");
       all.insert(all.end(), back.begin(), back.end());
     }
@@ -302,7 +342,7 @@ TEST(Pieces, GapsDisagreementsAndBadPlacesAreOneLineNamingTheTensor) {
             std::string::npos);
   EXPECT_NE(assemble_error({{"t", {1 << 30, 1 << 30, 1 << 30}, 0, {1}}}).find("is too large"), std::string::npos);
   // Places in a file.
-  NamedTensors f = to_safetensors(std::vector<checkpoint::Piece>{{"t", {6}, 2, {3, 4}}});
+  NamedTensors f = file_of({{"t", {6}, 2, {3, 4}}});
   auto place_error = [&](const std::string& place) -> std::string {
     NamedTensors g = f;
     if (place.empty()) g.metadata.clear();

@@ -4,7 +4,8 @@
 # the runtime before the data, the data set, and each rank's reported
 # categories (parameters, gradients, optimizer state, activations,
 # workspaces, each a peak) times the ranks in the process. ddp and zero3,
-# gpt and the MLP on Fashion-MNIST, 4 ranks of the threads backend.
+# gpt and the MLP on Fashion-MNIST, 4 ranks of the threads backend; and a
+# run that writes checkpoints (streamed from the live state: no copy).
 set -u
 bin=$1
 source "$(dirname "$0")/check_lib.sh"
@@ -38,6 +39,7 @@ gpt=(--model gpt --data fortunes --layers 8 --dim 256 --heads 4 --context 64 --b
 mlp=(--model mlp --data fashion-mnist --hidden 2048,2048,2048 --batch-size 128)
 check "gpt ddp" "${gpt[@]}" --strategy ddp
 check "gpt zero3" "${gpt[@]}" --strategy zero3
+check "gpt ddp, checkpoints" "${gpt[@]}" --strategy ddp --checkpoint-every 2 --checkpoint-dir "$tmp/checkpoints"
 check "mlp ddp" "${mlp[@]}" --strategy ddp
 check "mlp zero3" "${mlp[@]}" --strategy zero3
 

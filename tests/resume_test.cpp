@@ -77,7 +77,7 @@ RunResult run(int world, const std::string& strategy, const parallel::OptimizerS
     if (resume != nullptr) load_optimizer_state(*s, *resume);
     train_steps(comm, *model, *s, from, steps);
     std::vector<float> params = s->gather_params();
-    std::vector<checkpoint::Piece> mine = strategy_pieces(*s, comm.rank());
+    std::vector<checkpoint::Piece> mine = strategy_pieces(*s, comm.rank()).copies();
     std::lock_guard lock(m);
     if (comm.rank() == 0) out.params = std::move(params);
     out.pieces.insert(out.pieces.end(), mine.begin(), mine.end());
@@ -242,10 +242,10 @@ GossipRun gossip_run(int world, const std::string& strategy, const parallel::Gos
     }
     train_steps(comm, *model, *s, from, steps);
     std::vector<float> params = s->gather_params();
-    std::vector<checkpoint::Piece> mine = strategy_pieces(*s, comm.rank());
+    std::vector<checkpoint::Piece> mine = strategy_pieces(*s, comm.rank()).copies();
     const std::optional<parallel::LocalState> local = s->local_state();
     if (local) {
-      std::vector<checkpoint::Piece> extra = local_pieces(*local, comm.rank());
+      std::vector<checkpoint::Piece> extra = local_pieces(*local, comm.rank()).copies();
       mine.insert(mine.end(), extra.begin(), extra.end());
     }
     std::lock_guard lock(m);

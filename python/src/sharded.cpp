@@ -538,8 +538,7 @@ class PySharded {
   }
 
   std::map<std::string, checkpoint::Whole> gather_wholes() {
-    const auto pieces = checkpoint::strategy_pieces(*strategy_, comm_->rank());
-    const std::vector<std::byte> mine = checkpoint::safetensors_bytes(checkpoint::to_safetensors(pieces));
+    const std::vector<std::byte> mine = checkpoint::pieces_bytes(checkpoint::strategy_pieces(*strategy_, comm_->rank()));
     const int n = comm_->size();
     std::vector<std::uint64_t> sizes(n);
     sizes[comm_->rank()] = mine.size();

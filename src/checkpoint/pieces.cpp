@@ -27,12 +27,12 @@ std::uint64_t elements_of(const Shape& shape) {
   return n;
 }
 
-std::string place_text(const Piece& p) {
-  std::string s = std::to_string(p.begin);
+std::string place_text(std::uint64_t begin, const Shape& shape) {
+  std::string s = std::to_string(begin);
   s.push_back(':');
-  for (std::size_t i = 0; i < p.shape.size(); ++i) {
+  for (std::size_t i = 0; i < shape.size(); ++i) {
     if (i > 0) s.push_back(',');
-    s.append(std::to_string(p.shape[i]));
+    s.append(std::to_string(shape[i]));
   }
   return s;
 }
@@ -90,16 +90,47 @@ std::map<std::string, Whole> assemble(std::span<const Piece> pieces) {
   return out;
 }
 
-NamedTensors to_safetensors(std::span<const Piece> pieces) {
-  NamedTensors t;
-  for (const Piece& p : pieces) {
-    if (t.metadata.count(kPieceKey + p.name))
+void PieceSet::view(std::string name, Shape shape, std::uint64_t begin, std::span<const float> values) {
+  pieces_.push_back({std::move(name), std::move(shape), begin, values});
+}
+
+std::span<const float> PieceSet::keep(std::vector<float> values) { return kept_.emplace_back(std::move(values)); }
+
+void PieceSet::add(std::string name, Shape shape, std::uint64_t begin, std::vector<float> values) {
+  view(std::move(name), std::move(shape), begin, keep(std::move(values)));
+}
+
+void PieceSet::append(PieceSet&& other) {
+  // Moving a vector keeps its elements where they are: the views stay valid.
+  for (auto& v : other.kept_) kept_.push_back(std::move(v));
+  pieces_.insert(pieces_.end(), std::make_move_iterator(other.pieces_.begin()),
+                 std::make_move_iterator(other.pieces_.end()));
+  other.kept_.clear();
+  other.pieces_.clear();
+}
+
+std::vector<Piece> PieceSet::copies() const {
+  std::vector<Piece> out;
+  for (const PieceView& p : pieces_) out.push_back({p.name, p.shape, p.begin, {p.values.begin(), p.values.end()}});
+  return out;
+}
+
+void write_pieces(const PieceSet& set, const std::function<void(std::span<const std::byte>)>& out) {
+  std::map<std::string, std::string> metadata;
+  std::vector<ParamSlot> slots;
+  for (const PieceView& p : set.pieces()) {
+    if (!metadata.emplace(kPieceKey + p.name, place_text(p.begin, p.shape)).second)
       throw PreconditionError(str("two pieces of tensor ", p.name, " in one file"));
-    t.metadata[kPieceKey + p.name] = place_text(p);
-    t.slots.push_back({p.name, t.data.size(), {static_cast<std::int64_t>(p.values.size())}});
-    t.data.insert(t.data.end(), p.values.begin(), p.values.end());
+    slots.push_back({p.name, 0, {static_cast<std::int64_t>(p.values.size())}});
   }
-  return t;
+  out(safetensors_head(slots, metadata));
+  for (const PieceView& p : set.pieces()) out(std::as_bytes(p.values));
+}
+
+std::vector<std::byte> pieces_bytes(const PieceSet& set) {
+  std::vector<std::byte> bytes;
+  write_pieces(set, [&](std::span<const std::byte> b) { bytes.insert(bytes.end(), b.begin(), b.end()); });
+  return bytes;
 }
 
 std::vector<Piece> pieces_of(const NamedTensors& file, const std::string& path) {

@@ -81,28 +81,28 @@ std::uint64_t save(Communicator& comm, parallel::Strategy& strategy, const RunIn
   FileEntry mine;
   const std::string name = str("rank", comm.rank(), ".safetensors");
   // The collective parts first (gossip: the consensus, the rounds in flight).
-  std::vector<Piece> pieces = strategy_pieces(strategy, comm.rank());
-  if (parts.averaged != nullptr && parts.averaged->n_averaged() > 0) {
-    // The averages, cut like the parameters.
-    std::vector<Piece> avg = own_pieces(strategy, comm.rank(), parts.averaged->params(), "avg.");
-    pieces.insert(pieces.end(), std::make_move_iterator(avg.begin()), std::make_move_iterator(avg.end()));
-  }
+  // The pieces are views of the live parameters and optimizer state: the
+  // file is streamed from them, never assembled in memory.
+  PieceSet pieces = strategy_pieces(strategy, comm.rank());
+  if (parts.averaged != nullptr && parts.averaged->n_averaged() > 0)
+    pieces.append(own_pieces(strategy, comm.rank(), parts.averaged->params(), "avg."));  // cut like the parameters
   const std::optional<parallel::LocalState> local = strategy.local_state();
   std::vector<RunState::Gossip::Rank> ranks;
   if (local) {
-    std::vector<Piece> own = local_pieces(*local, comm.rank());
-    pieces.insert(pieces.end(), std::make_move_iterator(own.begin()), std::make_move_iterator(own.end()));
+    pieces.append(local_pieces(*local, comm.rank()));
     ranks = gather_local_numbers(comm, *local);
   }
   try {
-    const std::vector<std::byte> bytes = safetensors_bytes(to_safetensors(pieces));
     if (options.die == SaveOptions::Die::in_file) {
       // Half the file under its temporary name, as a write cut short leaves it.
+      const std::vector<std::byte> bytes = pieces_bytes(pieces);
       std::FILE* f = std::fopen((dir / (name + ".tmp." + std::to_string(::getpid()))).c_str(), "wb");
       if (f != nullptr) std::fwrite(bytes.data(), 1, bytes.size() / 2, f), std::fclose(f);
       std::_Exit(137);
     }
-    mine = write_file(dir, name, bytes);
+    FileWriter file(dir, name);
+    write_pieces(pieces, [&](std::span<const std::byte> b) { file.write(b); });
+    mine = file.commit();
     if (options.die == SaveOptions::Die::after_file) std::_Exit(137);  // the file in place, no manifest
   } catch (const Error& e) {
     ok = 0;

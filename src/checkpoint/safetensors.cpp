@@ -17,25 +17,31 @@ namespace distopt::checkpoint {
 
 static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes a little-endian host");
 
-std::vector<std::byte> safetensors_bytes(const NamedTensors& t) {
+std::vector<std::byte> safetensors_head(std::span<const ParamSlot> slots,
+                                        const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!t.metadata.empty()) header["__metadata__"] = t.metadata;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
   std::size_t offset = 0;
-  for (const ParamSlot& s : t.slots) {
-    if (s.offset + s.numel() > t.data.size()) throw PreconditionError(str("tensor ", s.name, " lies outside the data"));
+  for (const ParamSlot& s : slots) {
     header[s.name] = {{"dtype", "F32"}, {"shape", s.shape}, {"data_offsets", {offset, offset + s.numel() * 4}}};
     offset += s.numel() * 4;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the format allows trailing spaces; keeps data 8-aligned
-  std::vector<std::byte> out(8 + text.size() + offset);
+  std::vector<std::byte> out(8 + text.size());
   const std::uint64_t n = text.size();
   std::memcpy(out.data(), &n, 8);
   std::memcpy(out.data() + 8, text.data(), text.size());
-  std::byte* at = out.data() + 8 + text.size();
+  return out;
+}
+
+std::vector<std::byte> safetensors_bytes(const NamedTensors& t) {
+  for (const ParamSlot& s : t.slots)
+    if (s.offset + s.numel() > t.data.size()) throw PreconditionError(str("tensor ", s.name, " lies outside the data"));
+  std::vector<std::byte> out = safetensors_head(t.slots, t.metadata);
   for (const ParamSlot& s : t.slots) {
-    if (s.numel() > 0) std::memcpy(at, t.data.data() + s.offset, s.numel() * 4);
-    at += s.numel() * 4;
+    const auto* at = reinterpret_cast<const std::byte*>(t.data.data() + s.offset);
+    out.insert(out.end(), at, at + s.numel() * 4);
   }
   return out;
 }

@@ -45,57 +45,48 @@ std::vector<std::string> aux_names(const Optimizer& opt, std::size_t i) {
 bool replicated(const parallel::Strategy& s) { return s.info().replicated_params; }
 
 // This rank's pieces of values shaped like own_params(), named
-// PREFIX<param name>: its shard's, or of replicated values the piece the
-// rank's shard would hold.
-std::vector<Piece> cut(parallel::Strategy& s, int rank, std::span<const float> own, const std::string& prefix) {
+// PREFIX<param name>, viewed in place: its shard's, or of replicated values
+// the piece the rank's shard would hold.
+void cut(parallel::Strategy& s, int rank, std::span<const float> own, const std::string& prefix, PieceSet& out) {
   const parallel::ShardLayout& layout = s.layout();
   const bool whole = replicated(s);
-  std::vector<Piece> out;
   for (const auto& pc : layout.pieces(rank)) {
     if (pc.count == 0) continue;
     const ParamSlot& slot = layout.params()[pc.param];
     const std::size_t at = whole ? pc.padded_offset : pc.shard_offset;
     DISTOPT_CHECK(at + pc.count <= own.size(), prefix, slot.name, ": ", own.size(), " own values");
-    out.push_back({prefix + slot.name, slot.shape, pc.param_begin,
-                   std::vector<float>(own.begin() + static_cast<std::ptrdiff_t>(at),
-                                      own.begin() + static_cast<std::ptrdiff_t>(at + pc.count))});
+    out.view(prefix + slot.name, slot.shape, pc.param_begin, own.subspan(at, pc.count));
   }
-  return out;
 }
 
 // Every parameter whole, from padded values, named PREFIX<param name>.
-std::vector<Piece> whole_pieces(const parallel::ShardLayout& layout, std::span<const float> padded,
-                                const std::string& prefix) {
-  std::vector<Piece> out;
+void whole_pieces(const parallel::ShardLayout& layout, std::span<const float> padded, const std::string& prefix,
+                  PieceSet& out) {
   for (std::size_t p = 0; p < layout.params().size(); ++p) {
     const ParamSlot& slot = layout.params()[p];
-    const auto at = static_cast<std::ptrdiff_t>(layout.padded_offset(p));
-    out.push_back({prefix + slot.name, slot.shape, 0,
-                   std::vector<float>(padded.begin() + at,
-                                      padded.begin() + at + static_cast<std::ptrdiff_t>(slot.numel()))});
+    out.view(prefix + slot.name, slot.shape, 0, padded.subspan(layout.padded_offset(p), slot.numel()));
   }
-  return out;
 }
 
 // A gossip rank's optimizer state, whole, under its local prefix; and the
 // ranks' mean of it put into `dict`, for the consensus tensors (a step
 // count as a float, as every checkpoint keeps it).
-std::vector<Piece> local_state_pieces(parallel::Strategy& s, int rank, StateDict& dict) {
+void local_state_pieces(parallel::Strategy& s, int rank, StateDict& dict, PieceSet& out) {
   const auto index = slot_index(s.layout());
   const Optimizer& opt = s.optimizer();
-  std::vector<Piece> out;
   std::vector<float> packed;
   for (const auto& [i, entries] : dict.state) {
     const std::size_t slot = index.at(opt.param(i).name);
     for (const auto& [key, value] : entries) {
       const std::string name = local_prefix(rank) + state_name(slot, key);
       if (std::holds_alternative<double>(value)) {
-        out.push_back({name, {}, 0, {static_cast<float>(std::get<double>(value))}});
+        packed.push_back(static_cast<float>(std::get<double>(value)));
+        out.add(name, {}, 0, {packed.back()});
       } else {
         const StateTensor& t = std::get<StateTensor>(value);
-        out.push_back({name, t.shape, 0, t.data});
+        out.add(name, t.shape, 0, t.data);  // a copy: the mean replaces dict's values below
+        packed.insert(packed.end(), t.data.begin(), t.data.end());
       }
-      packed.insert(packed.end(), out.back().values.begin(), out.back().values.end());
     }
   }
   const std::vector<float> mean = s.mean_over_ranks(packed);
@@ -110,18 +101,20 @@ std::vector<Piece> local_state_pieces(parallel::Strategy& s, int rank, StateDict
         at += data.size();
       }
     }
-  return out;
 }
 
 }  // namespace
 
 std::string local_prefix(int rank) { return str("gossip.", rank, "."); }
 
-std::vector<Piece> own_pieces(parallel::Strategy& s, int rank, std::span<const float> own, const std::string& prefix) {
-  if (!s.info().per_rank_models) return cut(s, rank, own, prefix);
-  std::vector<Piece> out = cut(s, rank, s.mean_over_ranks(own), prefix);
-  std::vector<Piece> mine = whole_pieces(s.layout(), own, local_prefix(rank) + prefix);
-  out.insert(out.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
+PieceSet own_pieces(parallel::Strategy& s, int rank, std::span<const float> own, const std::string& prefix) {
+  PieceSet out;
+  if (!s.info().per_rank_models) {
+    cut(s, rank, own, prefix, out);
+    return out;
+  }
+  cut(s, rank, out.keep(s.mean_over_ranks(own)), prefix, out);
+  whole_pieces(s.layout(), own, local_prefix(rank) + prefix, out);
   return out;
 }
 
@@ -154,45 +147,59 @@ std::vector<float> own_values(parallel::Strategy& s, int rank, const std::map<st
   return own;
 }
 
-std::vector<Piece> strategy_pieces(parallel::Strategy& s, int rank) {
+PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
   const bool gossip = s.info().per_rank_models;
   const std::span<const float> params = s.own_params();
-  std::vector<Piece> out =
-      gossip ? cut(s, rank, s.mean_over_ranks(params), "param.") : cut(s, rank, params, "param.");
+  PieceSet out;
+  cut(s, rank, gossip ? out.keep(s.mean_over_ranks(params)) : params, "param.", out);
   const parallel::ShardLayout& layout = s.layout();
   const bool whole = replicated(s);
-  const Optimizer& opt = s.optimizer();
-  StateDict dict = opt.state_dict();
-  if (gossip) {
-    std::vector<Piece> mine = local_state_pieces(s, rank, dict);
-    out.insert(out.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
-  }
+  Optimizer& opt = s.optimizer();
   const auto index = slot_index(layout);
   const auto pieces = layout.pieces(rank);
-  for (const auto& [i, entries] : dict.state) {
-    const Param& p = opt.param(i);
-    const std::size_t slot = index.at(p.name);
+  // One tensor of parameter i's state: the rank's piece of a whole (ddp,
+  // gossip) tensor, or the whole of its piece; a small state whole.
+  auto add_state = [&](std::size_t i, const std::string& key, const Shape& shape, std::span<const float> values,
+                       bool scalar) {
+    const std::size_t slot = index.at(opt.param(i).name);
     const auto& pc = pieces[slot];
-    if (pc.count == 0) continue;  // nothing of it here (its small state may be stale)
-    const Shape& shape = layout.params()[slot].shape;
+    const std::string name = state_name(slot, key);
+    if (scalar) return out.add(name, {}, 0, {values[0]});
     const std::vector<std::string> aux = aux_names(opt, i);
-    // The rank's piece of a whole (ddp, gossip) tensor, or the whole of its piece.
+    if (std::find(aux.begin(), aux.end(), key) != aux.end()) return out.view(name, shape, 0, values);
     const std::size_t skip = whole ? pc.param_begin : 0;
-    for (const auto& [key, value] : entries) {
-      const std::string name = state_name(slot, key);
-      if (std::holds_alternative<double>(value)) {
-        out.push_back({name, {}, 0, {static_cast<float>(std::get<double>(value))}});
-        continue;
+    DISTOPT_CHECK(values.size() >= skip + pc.count, name, ": ", values.size(), " elements");
+    out.view(name, layout.params()[slot].shape, pc.param_begin, values.subspan(skip, pc.count));
+  };
+  auto here = [&](std::size_t i) { return pieces[index.at(opt.param(i).name)].count > 0; };
+  if (gossip) {
+    // The ranks' mean of their states (collective: every rank takes part).
+    StateDict dict = opt.state_dict();
+    PieceSet mine;
+    local_state_pieces(s, rank, dict, mine);
+    out.append(std::move(mine));
+    for (auto& [i, entries] : dict.state) {
+      if (!here(i)) continue;  // nothing of it here (its small state may be stale)
+      for (auto& [key, value] : entries) {
+        if (std::holds_alternative<double>(value)) {
+          const float v = static_cast<float>(std::get<double>(value));
+          add_state(i, key, {}, std::span(&v, 1), true);
+        } else {
+          StateTensor& t = std::get<StateTensor>(value);
+          add_state(i, key, t.shape, out.keep(std::move(t.data)), false);
+        }
       }
-      const StateTensor& t = std::get<StateTensor>(value);
-      if (std::find(aux.begin(), aux.end(), key) != aux.end()) {
-        out.push_back({name, t.shape, 0, t.data});
-        continue;
-      }
-      DISTOPT_CHECK(t.data.size() >= skip + pc.count, name, ": ", t.data.size(), " elements");
-      out.push_back({name, shape, pc.param_begin,
-                     std::vector<float>(t.data.begin() + static_cast<std::ptrdiff_t>(skip),
-                                        t.data.begin() + static_cast<std::ptrdiff_t>(skip + pc.count))});
+    }
+    return out;
+  }
+  // The state where the optimizer keeps it, in state_dict()'s order (by key).
+  for (std::size_t i = 0; i < opt.num_params(); ++i) {
+    if (!here(i)) continue;
+    std::vector<Optimizer::StateView> views = opt.state_views(i);
+    std::sort(views.begin(), views.end(), [](const auto& a, const auto& b) { return a.key < b.key; });
+    for (const Optimizer::StateView& v : views) {
+      const bool scalar = v.shape.empty();
+      add_state(i, v.key, v.shape, {v.data, scalar ? 1 : static_cast<std::size_t>(numel(v.shape))}, scalar);
     }
   }
   return out;
@@ -285,10 +292,10 @@ void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Who
 
 namespace distopt::checkpoint {
 
-std::vector<Piece> local_pieces(const parallel::LocalState& state, int rank) {
-  std::vector<Piece> out;
+PieceSet local_pieces(const parallel::LocalState& state, int rank) {
+  PieceSet out;
   for (const auto& [name, values] : state.tensors)
-    out.push_back({local_prefix(rank) + name, {static_cast<std::int64_t>(values.size())}, 0, values});
+    out.view(local_prefix(rank) + name, {static_cast<std::int64_t>(values.size())}, 0, values);
   return out;
 }
 

@@ -101,40 +101,88 @@ std::uint64_t xxh64_of_file(const fs::path& path) {
   return h;
 }
 
-FileEntry write_file(const fs::path& dir, const std::string& name, std::span<const std::byte> bytes) {
+namespace {
+constexpr std::size_t kStaged = std::size_t{1} << 20;  // writes below this are gathered
+}  // namespace
+
+FileWriter::FileWriter(const fs::path& dir, const std::string& name)
+    : dir_(dir), target_(dir / name), tmp_(dir / (name + ".tmp." + std::to_string(::getpid()))), name_(name) {
   if (!plain_name(name)) throw PreconditionError(str("checkpoint file name '", name, "' is not one plain component"));
-  const fs::path target = dir / name;
-  const fs::path tmp = dir / (name + ".tmp." + std::to_string(::getpid()));
-  {
-    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-    if (f.fd < 0) throw IoError(str(target.string(), ": cannot create ", tmp.string(), ": ", std::strerror(errno)));
-    std::size_t done = 0;
-    while (done < bytes.size()) {
-      const ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const std::string why = std::strerror(errno);
-        std::error_code ec;
-        fs::remove(tmp, ec);
-        throw IoError(str(target.string(), ": write failed after ", done, " of ", bytes.size(), " bytes: ", why));
-      }
-      done += static_cast<std::size_t>(n);
-    }
-    if (::fsync(f.fd) != 0) {
-      const std::string why = std::strerror(errno);
-      std::error_code ec;
-      fs::remove(tmp, ec);
-      throw IoError(str(target.string(), ": fsync failed: ", why));
-    }
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw IoError(str(target_.string(), ": cannot create ", tmp_.string(), ": ", std::strerror(errno)));
+  XXH64_state_t* h = XXH64_createState();
+  if (h == nullptr) {
+    ::close(fd_);
+    throw std::bad_alloc();
   }
-  if (::rename(tmp.c_str(), target.c_str()) != 0) {
+  XXH64_reset(h, 0);
+  hash_ = h;
+  staged_.reserve(kStaged);
+}
+
+FileWriter::~FileWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    std::error_code ec;
+    fs::remove(tmp_, ec);
+  }
+  XXH64_freeState(static_cast<XXH64_state_t*>(hash_));
+}
+
+void FileWriter::fail(const std::string& why) {
+  ::close(fd_);
+  fd_ = -1;
+  std::error_code ec;
+  fs::remove(tmp_, ec);
+  throw IoError(str(target_.string(), ": ", why));
+}
+
+void FileWriter::write_all(std::span<const std::byte> bytes) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail(str("write failed after ", written_ + done, " bytes: ", std::strerror(errno)));
+    done += static_cast<std::size_t>(n);
+  }
+  written_ += bytes.size();
+}
+
+void FileWriter::flush() {
+  write_all(staged_);
+  staged_.clear();
+}
+
+void FileWriter::write(std::span<const std::byte> bytes) {
+  DISTOPT_CHECK(fd_ >= 0, target_.string(), ": written after commit");
+  XXH64_update(static_cast<XXH64_state_t*>(hash_), bytes.data(), bytes.size());
+  bytes_ += bytes.size();
+  // Large writes go straight from the caller's memory; small ones are gathered.
+  if (staged_.size() + bytes.size() > kStaged) flush();
+  if (bytes.size() >= kStaged) write_all(bytes);
+  else staged_.insert(staged_.end(), bytes.begin(), bytes.end());
+}
+
+FileEntry FileWriter::commit() {
+  DISTOPT_CHECK(fd_ >= 0, target_.string(), ": committed twice");
+  flush();
+  if (::fsync(fd_) != 0) fail(str("fsync failed: ", std::strerror(errno)));
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), target_.c_str()) != 0) {
     const std::string why = std::strerror(errno);
     std::error_code ec;
-    fs::remove(tmp, ec);
-    throw IoError(str(target.string(), ": cannot rename ", tmp.string(), " into place: ", why));
+    fs::remove(tmp_, ec);
+    throw IoError(str(target_.string(), ": cannot rename ", tmp_.string(), " into place: ", why));
   }
-  fsync_dir(dir);
-  return {name, bytes.size(), xxh64(bytes)};
+  fsync_dir(dir_);
+  return {name_, bytes_, XXH64_digest(static_cast<XXH64_state_t*>(hash_))};
+}
+
+FileEntry write_file(const fs::path& dir, const std::string& name, std::span<const std::byte> bytes) {
+  FileWriter w(dir, name);
+  w.write(bytes);
+  return w.commit();
 }
 
 void write_manifest(const fs::path& dir, const Manifest& m) {

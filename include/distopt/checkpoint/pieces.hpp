@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
 #include <span>
 #include <string>
@@ -35,10 +37,39 @@ struct Whole {
 // the disagreement or the shapes; sizes are checked before allocating.
 std::map<std::string, Whole> assemble(std::span<const Piece> pieces);
 
-// Pieces as safetensors tensors (1-D, named as the tensor) with their
-// place in `__metadata__` ("distopt-piece:NAME": "BEGIN:D0,D1,..."), and
-// back. A file of pieces holds at most one piece per tensor.
-NamedTensors to_safetensors(std::span<const Piece> pieces);
+// Pieces to be written, viewed where they live (a rank's parameters and
+// optimizer state), with the values that had to be computed for them
+// (gossip means, scalars) kept in the set. What the views point at must
+// outlive the set's use.
+struct PieceView {
+  std::string name;
+  Shape shape;
+  std::uint64_t begin = 0;
+  std::span<const float> values;
+};
+class PieceSet {
+ public:
+  void view(std::string name, Shape shape, std::uint64_t begin, std::span<const float> values);
+  // Keeps `values` in the set; the span stays valid while the set lives.
+  std::span<const float> keep(std::vector<float> values);
+  void add(std::string name, Shape shape, std::uint64_t begin, std::vector<float> values);
+  void append(PieceSet&& other);
+  std::span<const PieceView> pieces() const { return pieces_; }
+  std::vector<Piece> copies() const;
+
+ private:
+  std::vector<PieceView> pieces_;
+  std::deque<std::vector<float>> kept_;
+};
+
+// Pieces as a safetensors file: each a 1-D tensor named as its tensor,
+// with its place in `__metadata__` ("distopt-piece:NAME":
+// "BEGIN:D0,D1,..."). The file is handed to `out` in order -- the header,
+// then each piece's values from where they are -- so that no copy of the
+// whole is made. A file of pieces holds at most one piece per tensor.
+void write_pieces(const PieceSet& pieces, const std::function<void(std::span<const std::byte>)>& out);
+std::vector<std::byte> pieces_bytes(const PieceSet& pieces);
+// And back: the pieces of a file read whole.
 // InvalidInput names the file (`path`) and the tensor whose place is
 // missing or does not fit its shape.
 std::vector<Piece> pieces_of(const NamedTensors& file, const std::string& path);

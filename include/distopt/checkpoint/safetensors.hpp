@@ -23,8 +23,14 @@ struct NamedTensors {
 // Writes F32 tensors atomically: to PATH.tmp.<pid>, then renamed over PATH,
 // so an existing file is never left half-written.
 void write_safetensors(const std::string& path, const NamedTensors& tensors);
-// The file's bytes (checkpoints write them through checkpoint::write_file).
+// The file's bytes.
 std::vector<std::byte> safetensors_bytes(const NamedTensors& tensors);
+// The start of a file whose F32 tensors are `slots`, packed in their order
+// from the data's first byte (the slots' offsets are not read): the 8-byte
+// header length and the header, padded so that the data is 8-aligned. The
+// tensors' bytes follow it (a checkpoint streams them from where they live).
+std::vector<std::byte> safetensors_head(std::span<const ParamSlot> slots,
+                                        const std::map<std::string, std::string>& metadata);
 // Reads a file of F32 tensors; InvalidInput names what is malformed. Sizes
 // in the header are checked against the file before anything is allocated.
 NamedTensors read_safetensors(const std::string& path);

@@ -31,14 +31,14 @@ namespace distopt::checkpoint {
 // and optimizer state, what another strategy or world size resumes from)
 // and, under local_prefix(rank), this rank's own optimizer state whole
 // (collective).
-std::vector<Piece> strategy_pieces(parallel::Strategy& strategy, int rank);
+PieceSet strategy_pieces(parallel::Strategy& strategy, int rank);
 
 // "gossip.<rank>.": the names of a gossip rank's own tensors.
 std::string local_prefix(int rank);
 // A gossip rank's LocalState tensors as whole pieces under its prefix, and
 // back (with the numbers the manifest keeps); InvalidInput when the
 // checkpoint has none for `rank`.
-std::vector<Piece> local_pieces(const parallel::LocalState& state, int rank);
+PieceSet local_pieces(const parallel::LocalState& state, int rank);
 parallel::LocalState local_state(const std::map<std::string, Whole>& wholes, int rank, std::uint64_t steps,
                                  std::vector<double> scalars);
 
@@ -47,8 +47,7 @@ parallel::LocalState local_state(const std::map<std::string, Whole>& wholes, int
 // ranks' mean, and this rank's whole under local_prefix(rank) + PREFIX;
 // collective), and back from whole tensors (padding zero). InvalidInput
 // names a missing tensor.
-std::vector<Piece> own_pieces(parallel::Strategy& strategy, int rank, std::span<const float> own,
-                              const std::string& prefix);
+PieceSet own_pieces(parallel::Strategy& strategy, int rank, std::span<const float> own, const std::string& prefix);
 std::vector<float> own_values(parallel::Strategy& strategy, int rank, const std::map<std::string, Whole>& wholes,
                               const std::string& prefix);
 

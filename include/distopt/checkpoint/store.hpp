@@ -41,8 +41,34 @@ std::filesystem::path checkpoint_dir(const std::filesystem::path& root, std::uin
 std::uint64_t xxh64(std::span<const std::byte> bytes);
 std::uint64_t xxh64_of_file(const std::filesystem::path& path);
 
-// Writes `bytes` to dir/name durably and atomically (see above) and returns
-// its entry. IoError names the file (disk full, permissions).
+// A file of a checkpoint written piece by piece, durably and atomically
+// (see above): under a temporary name, hashed as it goes, put in place by
+// commit(). A writer destroyed uncommitted removes its temporary file.
+// IoError names the file (disk full, permissions).
+class FileWriter {
+ public:
+  FileWriter(const std::filesystem::path& dir, const std::string& name);
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+  ~FileWriter();
+  void write(std::span<const std::byte> bytes);
+  // Syncs the file, renames it into place, syncs the directory.
+  FileEntry commit();
+
+ private:
+  void write_all(std::span<const std::byte> bytes);
+  void flush();
+  [[noreturn]] void fail(const std::string& why);
+  std::filesystem::path dir_, target_, tmp_;
+  std::string name_;
+  int fd_ = -1;
+  void* hash_ = nullptr;  // XXH64_state_t
+  std::vector<std::byte> staged_;  // small writes, gathered into larger ones
+  std::uint64_t bytes_ = 0;    // given to write()
+  std::uint64_t written_ = 0;  // on disk
+};
+
+// Writes `bytes` to dir/name (a FileWriter's one write) and returns its entry.
 FileEntry write_file(const std::filesystem::path& dir, const std::string& name, std::span<const std::byte> bytes);
 
 // Writes dir/manifest.json, last: the checkpoint is complete once it exists.
