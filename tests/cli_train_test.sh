@@ -196,6 +196,8 @@ expect_error 2 "--max-buckets-in-flight applies to zero2 and zero3, which reduce
 expect_error 2 "--prefetch-units: must be a non-negative integer (got -2)" -- train --prefetch-units -2 --strategy zero3 --data synthetic
 expect_error 2 "--max-buckets-in-flight must be at least 1 (got 0)" -- train --max-buckets-in-flight 0 --strategy zero2 --data synthetic
 expect_error 2 "max live parameters 1000 is below the largest unit, fc1 (" -- train --max-live-params 1000 --strategy zero3 --data synthetic --world 2
+expect_error 2 "max live parameters 1000 is below one tile of fc1 (50176 elements gathered at once at world 2): at least 50176 would fit" -- train --max-live-params 1000 --tile-rows 64 --strategy zero3 --data synthetic --world 2
+expect_error 2 "tiles (--tile-rows) apply to model mlp, not logreg" -- train --tile-rows 64 --model logreg --data synthetic
 # The live limits keep ddp's bits.
 "$bin" train --data synthetic --train-size 512 --test-size 64 --world 4 --batch-size 64 --progress none --json >"$tmp/live_ddp" \
   || fail "train ddp for the live limits exited $?"

@@ -42,5 +42,6 @@ check "gpt zero3" "${gpt[@]}" --strategy zero3
 check "gpt ddp, checkpoints" "${gpt[@]}" --strategy ddp --checkpoint-every 2 --checkpoint-dir "$tmp/checkpoints"
 check "mlp ddp" "${mlp[@]}" --strategy ddp
 check "mlp zero3" "${mlp[@]}" --strategy zero3
+check "mlp zero3, tiles" "${mlp[@]}" --strategy zero3 --tile-rows 256
 
 finish "memory accounting"

@@ -137,6 +137,43 @@ TEST(Models, MlpGradientsMatchFiniteDifferences) {
   check_gradients(*m, 3, 11);
 }
 
+// Tiles (ModelOptions::tile_rows) compute a layer in row blocks: the same
+// layout and initial values, the loss and gradients of the whole layers up
+// to rounding, and gradients that match finite differences.
+TEST(Models, TiledMlpIsTheWholeLayersUpToRounding) {
+  ModelOptions tiled;
+  tiled.hidden = {70, 33};
+  tiled.tile_rows = 16;
+  const auto t = make_model("mlp", 40, 5, tiled);
+  const auto w = make_model("mlp", 40, 5, tiled.hidden);
+  ASSERT_EQ(t->buffer_elements(), w->buffer_elements());
+  EXPECT_EQ(t->units()[0].tile, 16u * 40);
+  EXPECT_EQ(t->units()[1].tile, 16u * 70);
+  EXPECT_EQ(t->units()[2].tile, 0u);
+  std::vector<float> params(t->buffer_elements()), p2(w->buffer_elements());
+  t->init(params, 5);
+  w->init(p2, 5);
+  ASSERT_EQ(params, p2);
+  const std::size_t n = 9;
+  Rng rng(4);
+  std::vector<float> x(n * 40), y(n);
+  for (float& v : x) v = static_cast<float>(rng.uniform(-1, 1));
+  for (std::size_t i = 0; i < n; ++i) y[i] = static_cast<float>(i % 5);
+  std::vector<float> gt(params.size(), 7.0f), gw(params.size(), 7.0f);
+  const BatchStats st = t->forward_backward(params, x.data(), y.data(), n, 1.0f, gt);
+  const BatchStats sw = w->forward_backward(params, x.data(), y.data(), n, 1.0f, gw);
+  EXPECT_NEAR(st.loss_sum, sw.loss_sum, 1e-5 * std::abs(sw.loss_sum));
+  double scale = 0;
+  for (float g : gw) scale = std::max(scale, double(std::abs(g)));
+  for (std::size_t k = 0; k < gt.size(); ++k) ASSERT_NEAR(gt[k], gw[k], 1e-5 * scale) << "element " << k;
+  ModelOptions small;  // the finite-difference test's model, in tiles of 2 rows
+  small.hidden = {5, 4};
+  small.tile_rows = 2;
+  const auto s = make_model("mlp", 6, 3, small);
+  ASSERT_GT(s->units()[2].tile, 0u);
+  check_gradients(*s, 3, 11);
+}
+
 TEST(Models, LogregGradientsMatchFiniteDifferences) {
   auto m = make_model("logreg", 7, 4);
   check_gradients(*m, 4, 12);

@@ -33,6 +33,17 @@ for np in 2 4; do
       fail "np $np: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
   done
 done
+# Tiles: zero3 gathers a tiled layer a row block at a time (all_gather_v
+# from the ranks that hold it) and reduce-scatters its gradient the same
+# way; under mpirun, at even and uneven shards, ddp's bits on threads.
+for np in 2 3; do
+  targs=("${args[@]}" --hidden 200,64 --tile-rows 48)
+  "$bin" "${targs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads tiles $np: $(cat "$tmp/err")"
+  timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${targs[@]}" --backend mpi --strategy zero3 --prefetch-units 0 \
+    >"$tmp/mpi" 2>"$tmp/err" || fail "mpi zero3 tiles np $np exited $?: $(tail -n 3 "$tmp/err")"
+  [ -n "$(hash_of "$tmp/mpi")" ] && [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
+    fail "np $np tiles: threads ddp $(hash_of "$tmp/threads") vs mpi zero3 $(hash_of "$tmp/mpi")"
+done
 # Non-pointwise rules (tensor_stats: per-tensor statistics reduced over the
 # ranks' pieces; whole_tensor: matrices gathered): every sharded strategy
 # under mpirun gives ddp's bits on threads.

@@ -499,6 +499,68 @@ TEST(Memory, LiveLimitsBoundWhatIsInFlightAndKeepTheBits) {
                "buckets in flight must be at least 1 (got 0)");
 }
 
+// Tiles (models::Unit::tile): layers of more outputs than tile_rows are
+// computed in row blocks and used a block at a time. Every strategy gives
+// the same bits at the same tile size (the layout, and so each rank's
+// pieces, do not change); zero3 with no prefetch holds its shard and one
+// tile, never a whole tiled layer; a limit below one tile is one line.
+TEST(Memory, TilesKeepTheBitsAndZero3HoldsOneTilePlusItsShard) {
+  const data::Split d = data::make_synthetic_classification(64, 4, 128, 16, 1);
+  const int world = 4;
+  for (const char* rule : {"adam", "lamb"}) {
+    SCOPED_TRACE(rule);
+    train::TrainConfig base = tiny_config(rule, "ddp");
+    base.hidden = {256, 256};
+    base.tile_rows = 64;
+    base.epochs = 1;
+    models::ModelOptions mo;
+    mo.hidden = base.hidden;
+    mo.tile_rows = base.tile_rows;
+    const auto model = models::make_model("mlp", 64, 4, mo);
+    ASSERT_EQ(model->units().size(), 3u);
+    EXPECT_EQ(model->units()[0].tile, 64u * 64);  // 64 rows of 64 inputs
+    EXPECT_EQ(model->units()[1].tile, 64u * 256);
+    EXPECT_EQ(model->units()[2].tile, 0u);  // 4 outputs: whole
+    const parallel::FlatLayout flat = parallel::flat_layout(*model);
+    const parallel::ShardLayout layout(flat.params, flat.elements, flat.units, world, base.parallel.bucket_elements);
+    const std::size_t tile = 64 * 256, shard = layout.shard_elements();
+    ASSERT_LT(layout.units()[2].padded, tile);
+    ASSERT_GT(layout.units()[1].padded, 3 * tile) << "a tiled layer is several tiles";
+
+    const RunResult ddp = run(world, d, base);
+    train::TrainConfig whole = base;
+    whole.tile_rows = 0;
+    EXPECT_NE(run(world, d, whole).hash, ddp.hash) << "the tile is part of the arithmetic";
+    for (const char* name : {"zero1", "zero2", "zero3"}) {
+      train::TrainConfig c = base;
+      c.strategy = name;
+      EXPECT_EQ(run(world, d, c).hash, ddp.hash) << name;
+    }
+    train::TrainConfig lean = base;
+    lean.strategy = "zero3";
+    lean.parallel.prefetch_units = 0;
+    lean.parallel.max_buckets_in_flight = 1;
+    const RunResult z3 = run(world, d, lean);
+    EXPECT_EQ(z3.hash, ddp.hash);
+    EXPECT_EQ(z3.memory.params, 4 * (shard + tile)) << "the shard and one tile";
+    EXPECT_LE(z3.memory.grads, 4 * (shard + tile));
+    lean.parallel.max_live_params = tile;
+    lean.parallel.prefetch_units = 2;
+    EXPECT_EQ(run(world, d, lean).memory.params, 4 * (shard + tile)) << "a limit of one tile";
+    lean.parallel.max_live_params = tile - 1;
+    try {
+      run(world, d, lean);
+      ADD_FAILURE() << "no error for a limit below one tile";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find(str("max live parameters ", tile - 1, " is below one tile of fc2 (", tile,
+                                               " elements gathered at once at world 4): at least ", tile,
+                                               " would fit")),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Memory, MixedPrecisionKeepsMasterWeightsForTheOwnShardOnly) {
   const data::Split d = data::make_synthetic_classification(64, 4, 128, 16, 1);
   train::TrainConfig c = tiny_config("adamw", "ddp");

@@ -292,6 +292,15 @@ void Communicator::reduce_scatter(const void* send, void* recv, std::size_t recv
   run_ordered([=, this] { do_reduce_scatter_v(send, recv, equal_counts(size(), recv_count), type, op); });
 }
 
+void Communicator::reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
+                                    ReduceOp op) {
+  check_op("reduce_scatter_v", type, op);
+  if (counts.size() != static_cast<std::size_t>(size()))
+    throw InvalidInput(str("reduce_scatter_v: ", counts.size(), " counts for ", size(), " ranks"));
+  std::vector<std::size_t> c(counts.begin(), counts.end());
+  run_ordered([=, this] { do_reduce_scatter_v(send, recv, c, type, op); });
+}
+
 void Communicator::all_gather(const void* send, void* recv, std::size_t send_count, ElemType type) {
   run_ordered([=, this] { do_all_gather_v(send, recv, equal_counts(size(), send_count), type); });
 }

@@ -22,6 +22,9 @@ using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMa
 // strategy hands out, and Eigen's products pack their operands anyway.
 using MapMat = Eigen::Map<RowMat>;
 using MapConstMat = Eigen::Map<const RowMat>;
+// A block of columns of a row-major matrix (a tile's outputs).
+using Columns = Eigen::Map<RowMat, 0, Eigen::OuterStride<>>;
+using ConstColumns = Eigen::Map<const RowMat, 0, Eigen::OuterStride<>>;
 
 constexpr std::size_t kAlign = 16;  // elements: 64 bytes
 std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -30,10 +33,16 @@ std::size_t round_up(std::size_t n) { return (n + kAlign - 1) / kAlign * kAlign;
 // units in order, backward in reverse; a unit's gradient is complete when
 // its layer's backward is done, so a strategy can reduce it while the
 // layers below are still running.
+//
+// Tiles (tile_rows > 0): a layer of more than tile_rows outputs is
+// computed in blocks of tile_rows rows of its weight -- the outputs' block
+// Z[:, rows] = A W[rows]^T, dW[rows] = dZ[:, rows]^T A, and dA summed over
+// the blocks in order -- and used a range at a time: each row block, then
+// [pad | bias | pad]. The blocks fix the arithmetic whatever the strategy.
 class Mlp final : public Model {
  public:
-  Mlp(std::string name, std::vector<std::size_t> widths, bool regression)
-      : name_(std::move(name)), widths_(std::move(widths)), regression_(regression) {
+  Mlp(std::string name, std::vector<std::size_t> widths, bool regression, std::size_t tile_rows = 0)
+      : name_(std::move(name)), widths_(std::move(widths)), regression_(regression), tile_rows_(tile_rows) {
     features_ = widths_.front();
     outputs_ = widths_.back();
     std::size_t offset = 0;
@@ -46,6 +55,10 @@ class Mlp final : public Model {
       params_.push_back({unit.name + ".bias", offset, {std::int64_t(widths_[l + 1])}});
       offset += round_up(widths_[l + 1]);
       unit.end = offset;
+      if (tiled(l)) {
+        const std::size_t weight = widths_[l + 1] * widths_[l];
+        unit.tile = std::max(tile_rows_ * widths_[l], unit.end - unit.begin - weight);
+      }
       units_.push_back(std::move(unit));
     }
     buffer_elements_ = offset;
@@ -85,6 +98,10 @@ class Mlp final : public Model {
     BatchStats stats = loss_and_delta(y, n, grad_scale, /*want_delta=*/true);
     for (std::size_t l = layers; l-- > 0;) {
       const std::size_t in = widths_[l], out = widths_[l + 1];
+      if (tiled(l)) {
+        backward_tiles(access, l, l == 0 ? x : act_[l].data(), n);
+        continue;
+      }
       const std::span<const float> unit = access.acquire(l, Pass::backward);
       const std::span<float> grads = access.grads(l);
       DISTOPT_CHECK(unit.size() == unit_size(l) && grads.size() == unit_size(l));
@@ -144,25 +161,80 @@ class Mlp final : public Model {
     const std::size_t layers = widths_.size() - 1;
     for (std::size_t l = 0; l < layers; ++l) {
       const std::size_t in = widths_[l], out = widths_[l + 1];
+      MapMat z(act_[l + 1].data(), n, out);
+      const MapConstMat a(l == 0 ? x : act_[l].data(), n, in);
+      if (tiled(l)) {
+        for (std::size_t r = 0; r < out; r += tile_rows_) {
+          const std::size_t rows = std::min(tile_rows_, out - r);
+          const std::span<const float> w = access.acquire_range(l, r * in, (r + rows) * in, pass);
+          Columns(z.data() + r, n, rows, Eigen::OuterStride<>(out)).noalias() =
+              a * MapConstMat(w.data(), rows, in).transpose();
+          access.release_range(l, r * in, pass);
+        }
+        const std::span<const float> tail = access.acquire_range(l, out * in, unit_size(l), pass);
+        add_bias(z, tail.data() + (bias_offset(l) - out * in), l + 1 < layers);
+        access.release_range(l, out * in, pass);
+        continue;
+      }
       const std::span<const float> unit = access.acquire(l, pass);
       DISTOPT_CHECK(unit.size() == unit_size(l));
-      MapMat z(act_[l + 1].data(), n, out);
-      const MapConstMat w(unit.data(), out, in);
-      if (l == 0)
-        z.noalias() = MapConstMat(x, n, in) * w.transpose();
-      else
-        z.noalias() = MapMat(act_[l].data(), n, in) * w.transpose();
-      const float* b = unit.data() + bias_offset(l);
-      const bool relu = l + 1 < layers;
-      for (std::size_t i = 0; i < n; ++i) {
-        float* row = z.data() + i * out;
-        if (relu)
-          for (std::size_t j = 0; j < out; ++j) row[j] = std::max(row[j] + b[j], 0.0f);
-        else
-          for (std::size_t j = 0; j < out; ++j) row[j] += b[j];
-      }
+      z.noalias() = a * MapConstMat(unit.data(), out, in).transpose();
+      add_bias(z, unit.data() + bias_offset(l), l + 1 < layers);
       access.release(l, pass);
     }
+  }
+
+  // z += b on every row, then relu (hidden layers).
+  static void add_bias(MapMat& z, const float* b, bool relu) {
+    const auto n = static_cast<std::size_t>(z.rows()), out = static_cast<std::size_t>(z.cols());
+    for (std::size_t i = 0; i < n; ++i) {
+      float* row = z.data() + i * out;
+      if (relu)
+        for (std::size_t j = 0; j < out; ++j) row[j] = std::max(row[j] + b[j], 0.0f);
+      else
+        for (std::size_t j = 0; j < out; ++j) row[j] += b[j];
+    }
+  }
+
+  bool tiled(std::size_t l) const { return tile_rows_ > 0 && widths_[l + 1] > tile_rows_; }
+
+  // Backward of a tiled layer: a row block of the weight at a time, then
+  // the bias.
+  void backward_tiles(UnitAccess& access, std::size_t l, const float* a_in, std::size_t n) {
+    const std::size_t in = widths_[l], out = widths_[l + 1];
+    const MapConstMat a(a_in, n, in);
+    const MapMat dz(delta_[l + 1].data(), n, out);
+    MapMat da(l > 0 ? delta_[l].data() : nullptr, l > 0 ? n : 0, in);
+    for (std::size_t r = 0; r < out; r += tile_rows_) {
+      const std::size_t rows = std::min(tile_rows_, out - r);
+      const ConstColumns dzr(dz.data() + r, n, rows, Eigen::OuterStride<>(out));
+      const std::span<float> g = access.grads_range(l, r * in, (r + rows) * in);
+      MapMat(g.data(), rows, in).noalias() = dzr.transpose() * a;
+      if (l > 0) {
+        const std::span<const float> w = access.acquire_range(l, r * in, (r + rows) * in, Pass::backward);
+        if (r == 0)
+          da.noalias() = dzr * MapConstMat(w.data(), rows, in);
+        else
+          da.noalias() += dzr * MapConstMat(w.data(), rows, in);
+        access.release_range(l, r * in, Pass::backward);
+      }
+      access.grads_range_done(l, r * in, (r + rows) * in);
+    }
+    // [pad | bias | pad]: the bias's gradient is the column sums of dZ.
+    const std::span<float> tail = access.grads_range(l, out * in, unit_size(l));
+    std::fill(tail.begin(), tail.end(), 0.0f);
+    float* db = tail.data() + (bias_offset(l) - out * in);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float* row = dz.data() + i * out;
+      for (std::size_t j = 0; j < out; ++j) db[j] += row[j];
+    }
+    access.grads_range_done(l, out * in, unit_size(l));
+    if (l > 0) {
+      const float* act = act_[l].data();
+      float* d = da.data();
+      for (std::size_t k = 0; k < n * in; ++k) d[k] = act[k] > 0 ? d[k] : 0.0f;
+    }
+    access.grads_done(l);
   }
 
   BatchStats loss_and_delta(const float* y, std::size_t n, float grad_scale, bool want_delta) {
@@ -208,6 +280,7 @@ class Mlp final : public Model {
   std::string name_;
   std::vector<std::size_t> widths_;
   bool regression_;
+  std::size_t tile_rows_;
   std::size_t capacity_ = 0;
   std::vector<std::vector<float>> act_, delta_;
 };
@@ -226,8 +299,12 @@ std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, s
     if (features != options.gpt.context + 1)
       throw InvalidInput(str("model gpt with --context ", options.gpt.context, " needs samples of ",
                              options.gpt.context + 1, " tokens, the data has ", features));
+    if (options.tile_rows > 0)
+      throw InvalidInput("tiles (--tile-rows) apply to model mlp; model gpt is used a block at a time");
     return make_gpt(options.gpt, options.threads, options.matmul, options.activation_checkpointing);
   }
+  if (options.tile_rows > 0 && name != "mlp")
+    throw InvalidInput(str("tiles (--tile-rows) apply to model mlp, not ", name));
   if (options.threads != 1)
     throw InvalidInput(str("--threads applies to model gpt; model ", name, " runs on one thread a rank"));
   if (options.matmul != MatmulPrecision::f32)
@@ -244,7 +321,7 @@ std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, s
       }
     }
     widths.push_back(classes);
-    return std::make_unique<Mlp>(std::string(name), std::move(widths), false);
+    return std::make_unique<Mlp>(std::string(name), std::move(widths), false, options.tile_rows);
   }
   if (name == "linreg") {
     if (classes != 0) throw InvalidInput("model linreg needs a regression dataset (--data synthetic-regression)");

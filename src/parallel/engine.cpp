@@ -219,6 +219,22 @@ void Engine::for_each_param(std::span<const float> own, const ParamVisitor& each
   std::size_t p = 0;
   for (std::size_t u = 0; u < layout_.units().size(); ++u) {
     const auto& unit = layout_.units()[u];
+    if (unit.tile > 0) {
+      // A tiled unit: each parameter in pieces of at most a tile, each
+      // gathered from the ranks whose shards hold it.
+      Held buffer(param_pool_, unit.tile * sizeof(float), 3);
+      auto* values = reinterpret_cast<float*>(buffer.bytes());
+      for (; p < params.size() && layout_.unit_of(p) == u; ++p) {
+        const std::size_t first = params[p].offset - unit.begin, last = first + params[p].numel();
+        for (std::size_t b = first; b < last; b += unit.tile) {
+          const std::size_t e = std::min(last, b + unit.tile);
+          comm_.all_gather_v(own.data() + unit.shard_offset + layout_.range_in_shard(u, comm_.rank(), b), values,
+                             layout_.range_counts(u, b, e), ElemType::f32);
+          each(p, {values, e - b});
+        }
+      }
+      continue;
+    }
     Held buffer(param_pool_, unit.padded * sizeof(float), 3);
     auto* values = reinterpret_cast<float*>(buffer.bytes());
     comm_.all_gather(own.data() + unit.shard_offset, values, unit.shard, ElemType::f32);

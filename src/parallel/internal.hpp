@@ -40,6 +40,17 @@ class ValuesAccess final : public models::UnitAccess {
     return {b.as<float>(), unit.size()};
   }
   void release(std::size_t u, models::Pass) override { held_.erase(u); }
+  // A tiled unit's range, gathered from the ranks that hold it.
+  std::span<const float> acquire_range(std::size_t u, std::size_t begin, std::size_t end, models::Pass pass) override {
+    const auto& unit = layout_.units().at(u);
+    if (replicated_ || unit.tile == 0) return UnitAccess::acquire_range(u, begin, end, pass);
+    Buffer& b = held_[u];
+    b = Buffer((end - begin) * sizeof(float), 0);
+    comm_.all_gather_v(own_.data() + unit.shard_offset + layout_.range_in_shard(u, comm_.rank(), begin), b.data(),
+                       layout_.range_counts(u, begin, end), ElemType::f32);
+    return {b.as<float>(), end - begin};
+  }
+  void release_range(std::size_t u, std::size_t, models::Pass) override { held_.erase(u); }
   std::span<float> grads(std::size_t) override {
     throw PreconditionError("backward through an evaluation-only unit access");
   }

@@ -19,7 +19,7 @@ ShardLayout::ShardLayout(const std::vector<ParamSlot>& params, std::size_t eleme
     DISTOPT_CHECK(u.begin == expect && u.end >= u.begin, "unit '", u.name, "' [", u.begin, ", ", u.end,
                   ") does not follow the previous one (ending at ", expect, ")");
     expect = u.end;
-    Unit out{u.name, u.begin, u.end, padded, 0, 0, shard};
+    Unit out{u.name, u.begin, u.end, padded, 0, 0, shard, u.tile};
     out.padded = std::max<std::size_t>(quantum, (u.end - u.begin + quantum - 1) / quantum * quantum);
     out.shard = out.padded / w;
     padded += out.padded;
@@ -42,7 +42,8 @@ ShardLayout::ShardLayout(const std::vector<ParamSlot>& params, std::size_t eleme
   std::size_t last = units_.size();
   while (last > 0) {
     std::size_t first = last - 1, size = units_[first].padded;
-    while (first > 0 && size < bucket_elements) size += units_[--first].padded;
+    if (units_[first].tile == 0)
+      while (first > 0 && size < bucket_elements && units_[first - 1].tile == 0) size += units_[--first].padded;
     bucket_of_first_[first] = static_cast<long>(buckets_.size());
     bucket_of_.resize(units_.size());
     for (std::size_t u = first; u < last; ++u) bucket_of_[u] = buckets_.size();
@@ -67,6 +68,23 @@ std::vector<ShardLayout::Piece> ShardLayout::pieces(int rank) const {
     out.push_back({p, a - begin, b - a, u.shard_offset + (a - lo), u.padded_offset + a});
   }
   return out;
+}
+
+std::vector<std::size_t> ShardLayout::range_counts(std::size_t u, std::size_t begin, std::size_t end) const {
+  const Unit& unit = units_.at(u);
+  DISTOPT_CHECK(begin <= end && end <= unit.padded, "range [", begin, ", ", end, ") of unit ", unit.name);
+  std::vector<std::size_t> counts;
+  for (std::size_t r = 0; r < static_cast<std::size_t>(world_); ++r) {
+    const std::size_t lo = r * unit.shard, hi = lo + unit.shard;
+    counts.push_back(std::clamp(end, lo, hi) - std::clamp(begin, lo, hi));
+  }
+  return counts;
+}
+
+std::size_t ShardLayout::range_in_shard(std::size_t u, int rank, std::size_t begin) const {
+  const Unit& unit = units_.at(u);
+  const std::size_t lo = unit.shard * static_cast<std::size_t>(rank);
+  return std::clamp(begin, lo, lo + unit.shard) - lo;
 }
 
 long ShardLayout::bucket_ending_at(std::size_t u) const { return bucket_of_first_.at(u); }

@@ -112,7 +112,7 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
 
 FlatLayout flat_layout(const models::Model& model) {
   FlatLayout out{model.params(), model.buffer_elements(), {}};
-  for (const models::Unit& u : model.units()) out.units.push_back({u.name, u.begin, u.end});
+  for (const models::Unit& u : model.units()) out.units.push_back({u.name, u.begin, u.end, u.tile});
   return out;
 }
 

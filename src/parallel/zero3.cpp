@@ -6,6 +6,7 @@
 // backward, as FSDP does, which saves its second gather.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "distopt/core/error.hpp"
 
@@ -22,13 +23,16 @@ class Zero3 final : public Zero2 {
         prefetch_(static_cast<std::size_t>(a.options.prefetch_units)),
         max_live_bytes_(a.options.max_live_params * es_) {
     if (a.options.max_live_params == 0) return;
+    // What is gathered at once: a unit, or one range of a tiled unit.
     const auto& units = layout_.units();
+    auto at_once = [](const ShardLayout::Unit& u) { return u.tile > 0 ? u.tile : u.padded; };
     const auto largest = std::max_element(units.begin(), units.end(),
-                                          [](const auto& x, const auto& y) { return x.padded < y.padded; });
-    if (a.options.max_live_params < largest->padded)
-      throw InvalidInput(str("max live parameters ", a.options.max_live_params, " is below the largest unit, ",
-                             largest->name, " (", largest->padded, " elements gathered at once at world ",
-                             comm_.size(), "): at least ", largest->padded, " would fit"));
+                                          [&](const auto& x, const auto& y) { return at_once(x) < at_once(y); });
+    if (a.options.max_live_params < at_once(*largest))
+      throw InvalidInput(str("max live parameters ", a.options.max_live_params, " is below ",
+                             largest->tile > 0 ? "one tile of " : "the largest unit, ", largest->name, " (",
+                             at_once(*largest), " elements gathered at once at world ", comm_.size(), "): at least ",
+                             at_once(*largest), " would fit"));
     // The limit counts the buffers that hold gathered units: the pool
     // keeps no idle ones beside them.
     param_pool_.set_lean(true);
@@ -50,6 +54,69 @@ class Zero3 final : public Zero2 {
     Engine::release(u, pass);
     const bool last = u + 1 == layout_.units().size();
     if (!(pass == models::Pass::forward && last)) gathered_.erase(u);
+  }
+
+  // A tiled unit: each range gathered from the ranks whose shards hold it
+  // (its elements in rank order are the range), used, freed; its gradient
+  // reduce-scattered to those ranks at once. Only one range is live.
+  std::span<const float> acquire_range(std::size_t u, std::size_t begin, std::size_t end, models::Pass pass) override {
+    const auto& unit = layout_.units().at(u);
+    if (unit.tile == 0) return Engine::acquire_range(u, begin, end, pass);
+    DISTOPT_CHECK(begin < end && end <= unit.size() && end - begin <= unit.tile, unit.name, " range [", begin, ", ",
+                  end, ")");
+    const std::size_t n = end - begin;
+    range_ = Held(param_pool_, n * es_, 2);
+    const std::vector<std::size_t> counts = layout_.range_counts(u, begin, end);
+    blocked([&] {
+      comm_.all_gather_v(params_.bytes() + (unit.shard_offset + layout_.range_in_shard(u, comm_.rank(), begin)) * es_,
+                         range_.bytes(), counts, type_);
+    });
+    if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(range_.bytes()), n};
+    range_compute_ = Held(param_pool_, n * sizeof(float), 4);
+    to_f32(dtype_, range_.bytes(), reinterpret_cast<float*>(range_compute_.bytes()), n);
+    return {reinterpret_cast<const float*>(range_compute_.bytes()), n};
+  }
+  void release_range(std::size_t u, std::size_t begin, models::Pass pass) override {
+    if (layout_.units().at(u).tile == 0) return Engine::release_range(u, begin, pass);
+    range_compute_ = Held();
+    range_ = Held();
+  }
+  std::span<float> grads_range(std::size_t u, std::size_t begin, std::size_t end) override {
+    const auto& unit = layout_.units().at(u);
+    if (unit.tile == 0) return Engine::grads_range(u, begin, end);
+    DISTOPT_CHECK(begin < end && end <= unit.size() && end - begin <= unit.tile, unit.name, " range [", begin, ", ",
+                  end, ")");
+    // A range's gradient counts as a bucket in flight (--max-buckets-in-flight).
+    blocked([&] {
+      while (!in_flight_.empty() && in_flight_.size() >= max_buckets_) finish_oldest();
+    });
+    range_grad_ = Held(grad_pool_, (end - begin) * sizeof(float), 5);
+    return {reinterpret_cast<float*>(range_grad_.bytes()), end - begin};
+  }
+  void grads_range_done(std::size_t u, std::size_t begin, std::size_t end) override {
+    const auto& unit = layout_.units().at(u);
+    if (unit.tile == 0) return Engine::grads_range_done(u, begin, end);
+    if (dtype_ != DType::f32) {  // the gradient reduced in the param dtype, as whole units are
+      Held low(grad_pool_, (end - begin) * es_, 6);
+      from_f32(dtype_, reinterpret_cast<const float*>(range_grad_.bytes()), low.bytes(), end - begin);
+      range_grad_ = std::move(low);
+    }
+    const std::vector<std::size_t> counts = layout_.range_counts(u, begin, end);
+    blocked([&] {
+      comm_.reduce_scatter_v(range_grad_.bytes(),
+                             grads_.bytes() + (unit.shard_offset + layout_.range_in_shard(u, comm_.rank(), begin)) * es_,
+                             counts, type_, ReduceOp::sum);
+    });
+    range_grad_ = Held();
+  }
+  void grads_done(std::size_t u) override {
+    const auto& unit = layout_.units().at(u);
+    if (unit.tile == 0) return Engine::grads_done(u);
+    // Reduced a range at a time (the unit is a bucket of its own); the
+    // padding past the unit's end, which no range covers, is zero.
+    const std::size_t lo = rank_ * unit.shard, pad = std::max(lo, unit.size());
+    if (pad < lo + unit.shard)
+      std::memset(grads_.bytes() + (unit.shard_offset + (pad - lo)) * es_, 0, (lo + unit.shard - pad) * es_);
   }
 
  private:
@@ -96,8 +163,9 @@ class Zero3 final : public Zero2 {
   // never has more live than it.
   bool prefetch(std::size_t u) {
     if (gathered_.contains(u)) return true;
+    if (layout_.units()[u].tile > 0) return false;  // gathered a range at a time, when used
     if (max_live_bytes_ > 0) {
-      std::size_t live = param_pool_.fit(layout_.units()[u].padded * es_);
+      std::size_t live = param_pool_.fit(layout_.units()[u].padded * es_) + range_.size_bytes();
       for (const auto& [v, g] : gathered_) live += g.buffer.size_bytes();
       if (live > max_live_bytes_) return false;
     }
@@ -108,6 +176,7 @@ class Zero3 final : public Zero2 {
   std::size_t prefetch_;        // units gathered ahead of the one in use
   std::size_t max_live_bytes_;  // 0: no limit
   std::map<std::size_t, Gathered> gathered_;  // units gathered or being gathered
+  Held range_, range_compute_, range_grad_;   // a tiled unit's range in use, and its gradient
 };
 
 }  // namespace

@@ -162,7 +162,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   const DenormalMode denormals(config.flush_denormals ? DenormalMode::flush : DenormalMode::ieee);
   auto model = models::make_model(config.model, data.train.features, data.train.classes,
                                   models::ModelOptions{config.hidden, config.gpt, config.threads, config.matmul_precision,
-                                                       config.activation_checkpointing});
+                                                       config.activation_checkpointing, config.tile_rows});
   const parallel::FlatLayout layout = parallel::flat_layout(*model);
   std::size_t model_bytes[2] = {};  // the largest activation_bytes(), workspace_bytes() after a step
   // A fresh run's strategy reads the model's initial values a unit (or its

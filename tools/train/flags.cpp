@@ -36,6 +36,10 @@ Runner add_train(CLI::App& app) {
                   "--data fortunes or text)")
       ->capture_default_str();
   sub->add_option("--hidden", c.hidden, "mlp hidden widths (default 256,128)")->delimiter(',')->check(positive_counts);
+  sub->add_option("--tile-rows", c.tile_rows,
+                  "mlp: layers of more outputs than this computed in tiles of this many weight rows, and used a "
+                  "tile at a time (zero3 gathers one tile at once); the bits depend on the tile, not the strategy "
+                  "(default 0: whole layers)");
   sub->add_option("--data", a->data,
                   "fashion-mnist (default), synthetic, synthetic-regression; text for --model gpt: fortunes "
                   "(Debian's fortunes package; gpt's default), text (--data-file)")

@@ -204,17 +204,22 @@ void check_memory(const TrainArgs& a, int world) {
   if (a.config.model == "mlp")
     for (double h : a.config.hidden.empty() ? std::vector<std::size_t>{256, 128} : a.config.hidden) widths.push_back(h);
   widths.push_back(static_cast<double>(dims.outputs));
+  // What is used at once: a layer, or one tile of a tiled layer (--tile-rows).
   double params = 0, largest = 0;
+  bool tiles = false;
+  const auto tile_rows = static_cast<double>(a.config.tile_rows);
   for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
     const double layer = widths[l] * widths[l + 1] + widths[l + 1];
     params += layer;
-    largest = std::max(largest, layer);
+    const bool tiled = tile_rows > 0 && widths[l + 1] > tile_rows;
+    const double at_once = tiled ? std::max(tile_rows * widths[l], widths[l + 1]) : layer;
+    if (at_once > largest) largest = at_once, tiles = tiled;
   }
   const StatesPerRank states = states_per_rank(a.config.strategy, world);
   const double bytes = (params * states.per_param + largest * states.largest_units) * 4 * world;
   if (largest * 4 > have / 4 || bytes > have)
     throw InvalidInput(str(a.config.hidden.empty() ? "the model" : "--hidden", " needs ", gigabytes(largest * 4),
-                           " for one layer and ", gigabytes(bytes),
+                           tiles ? " for one tile and " : " for one layer and ", gigabytes(bytes),
                            " for parameters, gradients and optimizer state at ", world, world == 1 ? " rank" : " ranks",
                            " (this machine has ", gigabytes(have), ")"));
 }

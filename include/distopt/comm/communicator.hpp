@@ -108,6 +108,10 @@ class Communicator {
   // piece r (elements [r*recv_count, (r+1)*recv_count)). In place: recv may
   // be send + rank()*recv_count (the rank's own piece of the input).
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, ElemType type, ReduceOp op);
+  // As reduce_scatter with per-rank counts: rank r receives the reduction of
+  // the r-th piece (offsets are the counts' prefix sums); the same sums in
+  // the same order as reduce_scatter and all_reduce give those elements.
+  void reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type, ReduceOp op);
   // recv (size()*send_count elements) = the ranks' send buffers in rank order.
   // In place: send may be recv + rank()*send_count.
   void all_gather(const void* send, void* recv, std::size_t send_count, ElemType type);

@@ -25,6 +25,9 @@ struct Unit {
   std::string name;            // e.g. "fc1"
   std::size_t begin, end;      // element range of the flat buffer
   std::vector<std::size_t> params;  // indices into Model::params()
+  // 0: the unit is used whole. Otherwise the model uses it a range at a
+  // time, none longer than `tile` elements (UnitAccess's tiles).
+  std::size_t tile = 0;
 };
 
 // Sums over a batch: loss (cross-entropy or squared error), correct
@@ -65,6 +68,28 @@ class UnitAccess {
   virtual std::span<float> grads(std::size_t u) = 0;
   // Unit u's gradient is complete.
   virtual void grads_done(std::size_t u) = 0;
+
+  // Tiles (ZeRO-Infinity's memory-centric tiling): a unit with Unit::tile
+  // set is used a range at a time and never whole, so that a strategy that
+  // gathers parameters (zero3) holds one range of it at a time. Ranges are
+  // unit-local [begin, end), no longer than the tile; in each pass they
+  // cover the unit once, in increasing order. acquire_range ...
+  // release_range around each use of a range's parameters; in backward,
+  // grads_range for every range (each element written, padding zeroed),
+  // then grads_range_done, and after the last range grads_done(u). The
+  // defaults serve the ranges from the whole unit.
+  virtual std::span<const float> acquire_range(std::size_t u, std::size_t begin, std::size_t end, Pass pass) {
+    return acquire(u, pass).subspan(begin, end - begin);
+  }
+  virtual void release_range(std::size_t u, std::size_t /*begin*/, Pass pass) { release(u, pass); }
+  virtual std::span<float> grads_range(std::size_t u, std::size_t begin, std::size_t end) {
+    if (begin == 0) range_grads_ = grads(u);
+    return range_grads_.subspan(begin, end - begin);
+  }
+  virtual void grads_range_done(std::size_t /*u*/, std::size_t /*begin*/, std::size_t /*end*/) {}
+
+ private:
+  std::span<float> range_grads_;  // the defaults' whole unit
 };
 
 class Model;
@@ -159,6 +184,11 @@ struct ModelOptions {
   int threads = 1;
   MatmulPrecision matmul = MatmulPrecision::f32;  // gpt; the others take fp32
   bool activation_checkpointing = false;          // gpt (make_gpt)
+  // mlp: hidden layers of more than this many rows (output features) are
+  // computed, and used, in tiles of this many rows (0: whole layers). The
+  // tile size is part of the arithmetic: the bits depend on it, not on the
+  // strategy.
+  std::size_t tile_rows = 0;
 };
 
 // "mlp" (features-256-128-classes, ReLU, softmax cross-entropy), "logreg"
@@ -170,7 +200,7 @@ std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, s
                                   const ModelOptions& options);
 inline std::unique_ptr<Model> make_model(std::string_view name, std::size_t features, std::size_t classes,
                                          std::vector<std::size_t> hidden = {}) {
-  return make_model(name, features, classes, ModelOptions{std::move(hidden), {}, 1, MatmulPrecision::f32, false});
+  return make_model(name, features, classes, ModelOptions{std::move(hidden), {}, 1, MatmulPrecision::f32, false, 0});
 }
 // Model "gpt" of that shape, running on `threads` threads, its products in
 // `precision` (InvalidInput: heads not dividing dim, a zero size or thread

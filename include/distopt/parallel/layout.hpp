@@ -31,6 +31,7 @@ namespace distopt::parallel {
 struct UnitRange {
   std::string name;
   std::size_t begin = 0, end = 0;
+  std::size_t tile = 0;  // > 0: used a range at a time (models::Unit::tile)
 };
 
 class ShardLayout {
@@ -44,6 +45,7 @@ class ShardLayout {
     std::size_t padded = 0;          // end - begin rounded up to a multiple of W·kAlign
     std::size_t shard = 0;           // padded / W
     std::size_t shard_offset = 0;    // in a rank's shard buffer
+    std::size_t tile = 0;            // > 0: used a range of at most this many elements at a time
     std::size_t size() const { return end - begin; }
   };
   // Consecutive units [first, last) whose gradients are reduced together,
@@ -64,7 +66,8 @@ class ShardLayout {
 
   // `units` must cover [0, elements) in order (empty: one unit holding the
   // whole buffer); every parameter must lie inside one unit. A bucket closes
-  // once it holds at least bucket_elements padded elements.
+  // once it holds at least bucket_elements padded elements; a tiled unit is
+  // a bucket of its own (its gradient is reduced a range at a time).
   ShardLayout(const std::vector<ParamSlot>& params, std::size_t elements, std::vector<UnitRange> units, int world,
               std::size_t bucket_elements);
 
@@ -84,6 +87,12 @@ class ShardLayout {
   std::size_t unit_of(std::size_t param) const { return unit_of_[param]; }
   // One piece per parameter, in parameter order (= shard order).
   std::vector<Piece> pieces(int rank) const;
+  // A range [begin, end) of unit u (unit-local elements) as the ranks hold
+  // it: each rank's part -- its shard's intersection with the range; in
+  // rank order the parts are the range (a range's all_gather_v and
+  // reduce_scatter_v) -- and where `rank`'s part starts in its shard of u.
+  std::vector<std::size_t> range_counts(std::size_t u, std::size_t begin, std::size_t end) const;
+  std::size_t range_in_shard(std::size_t u, int rank, std::size_t begin) const;
   // The bucket that closes with unit u, or -1; the bucket holding unit u.
   long bucket_ending_at(std::size_t u) const;
   std::size_t bucket_of(std::size_t u) const { return bucket_of_.at(u); }

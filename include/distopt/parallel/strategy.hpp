@@ -318,8 +318,10 @@ class Strategy {
   }
   // The full, unsharded fp32 values of each parameter in slot order
   // (p = 0, 1, ...), from values shaped like own_params(), handed to `each`
-  // one parameter at a time and valid only during the call (collective:
-  // every rank sees every parameter; at most one unit is gathered at once).
+  // one parameter at a time -- a parameter of a tiled unit in consecutive
+  // pieces of at most a tile -- and valid only during the call (collective:
+  // every rank sees every parameter; at most one unit, or one tile, is
+  // gathered at once).
   using ParamVisitor = std::function<void(std::size_t p, std::span<const float> values)>;
   virtual void for_each_param(std::span<const float> own, const ParamVisitor& each) = 0;
   // The current parameters, as for_each_param(own_params(), each), read in

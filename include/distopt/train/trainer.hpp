@@ -32,6 +32,9 @@ struct TrainConfig {
   // gpt: blocks keep only their input and recompute their forward in
   // backward (the same bits; models::make_gpt).
   bool activation_checkpointing = false;
+  // mlp: layers of more than this many outputs computed and used in row
+  // tiles of it (models::ModelOptions::tile_rows; 0: whole layers).
+  std::size_t tile_rows = 0;
   // Whose TrainResult holds the final parameters (params, averaged
   // params): every rank's, rank 0's alone, or none. Every rank's holds
   // their hash, computed as they are gathered a unit at a time, so that
