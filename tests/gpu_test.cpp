@@ -74,6 +74,12 @@ struct Tensors {
     }
     return ps;
   }
+  // Element i of buffer b (values or grads) as a float.
+  float at(const Buffer& b, std::size_t i) const {
+    std::vector<unsigned char> host(size_of(dtype));
+    copy_bytes(host.data(), Device::cpu, static_cast<const char*>(b.data()) + i * size_of(dtype), device, host.size());
+    return dispatch_dtype(dtype, [&]<class T>() { return to_float(*reinterpret_cast<const T*>(host.data())); });
+  }
   std::vector<unsigned char> bytes(std::size_t k) const {
     std::vector<unsigned char> host(values[k].size_bytes());
     copy_bytes(host.data(), Device::cpu, values[k].data(), device, host.size());
@@ -131,7 +137,28 @@ void expect_same_bits(const Case& c, DType dtype, bool flush, int steps = 6) {
     a.step();
     b.step();
     for (std::size_t k = 0; k < sizes.size(); ++k) {
-      ASSERT_EQ(cpu.bytes(k), gpu.bytes(k)) << "parameter " << k << " after step " << step;
+      if (cpu.bytes(k) != gpu.bytes(k)) {
+        // The first elements that differ, with what went into them.
+        std::string detail;
+        const std::size_t es = size_of(dtype);
+        const auto x = cpu.bytes(k), y = gpu.bytes(k);
+        for (std::size_t i = 0, shown = 0; i < sizes[k] && shown < 3; ++i) {
+          if (std::memcmp(&x[i * es], &y[i * es], es) == 0) continue;
+          ++shown;
+          auto hex = [](float v) { return str(std::hex, std::bit_cast<std::uint32_t>(v), std::dec); };
+          const float before = value_at(1000 + k, i);
+          detail += str("; [", i, "] cpu ", hex(cpu.at(cpu.values[k], i)), " gpu ", hex(gpu.at(gpu.values[k], i)),
+                        " grad ", hex(cpu.at(cpu.grads[k], i)), " was ", hex(before), " as dtype ",
+                        dispatch_dtype(dtype, [&]<class T>() { return hex(to_float(from_float<T>(before))); }));
+          for (const char* key : {"prev", "step_size", "exp_avg", "exp_avg_sq", "master_param"}) {
+            try {
+              detail += str(" ", key, " ", a.state_tensor(k, key)[i], "/", b.state_tensor(k, key)[i]);
+            } catch (const InvalidInput&) {
+            }
+          }
+        }
+        FAIL() << "parameter " << k << " after step " << step << detail;
+      }
       ASSERT_EQ(a.has_state(k), b.has_state(k));
     }
   }

@@ -24,8 +24,14 @@ struct RpropMath {
     const float factor = prod > 0.0f ? c.eta_plus : (prod < 0.0f ? c.eta_minus : 1.0f);
     const float ss = hd::min(hd::max(step_size[i] * factor, c.step_min), c.step_max);
     const float gz = prod < 0.0f ? 0.0f : gi;
-    const float direction = gz > 0.0f ? 1.0f : (gz < 0.0f ? -1.0f : 0.0f);
-    const float pi = s.p[i] + -1.0f * direction * ss;
+    // torch's p.addcmul_(sign(g), step_size, value=-1): p + (-1 · sign · ss),
+    // written as p - step with step = sign · ss (the same bits for ss >= 0,
+    // a zero sign included: p - (+0) is p + (-0)). Not as a select of the
+    // constants 1, -1 and -0 times ss: ptxas folds that select into a
+    // compare that yields +0 for the -0 (sm_90), which turned a -0
+    // parameter into +0 on the GPU.
+    const float step = gz > 0.0f ? ss : (gz < 0.0f ? -ss : 0.0f * ss);
+    const float pi = s.p[i] - step;
     step_size[i] = ss;
     prev[i] = gz;
     s.p[i] = pi;
