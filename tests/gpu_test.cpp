@@ -148,7 +148,7 @@ void expect_same_bits(const Case& c, DType dtype, bool flush, int steps = 6) {
           auto hex = [](float v) { return str(std::hex, std::bit_cast<std::uint32_t>(v), std::dec); };
           const float before = value_at(1000 + k, i);
           detail += str("; [", i, "] cpu ", hex(cpu.at(cpu.values[k], i)), " gpu ", hex(gpu.at(gpu.values[k], i)),
-                        " grad ", hex(cpu.at(cpu.grads[k], i)), " was ", hex(before), " as dtype ",
+                        " grad ", hex(cpu.at(cpu.grads[k], i)), " initially ", hex(before), " as dtype ",
                         dispatch_dtype(dtype, [&]<class T>() { return hex(to_float(from_float<T>(before))); }));
           for (const char* key : {"prev", "step_size", "exp_avg", "exp_avg_sq", "master_param"}) {
             try {

@@ -559,6 +559,18 @@ TEST(Memory, TilesKeepTheBitsAndZero3HoldsOneTilePlusItsShard) {
           << e.what();
     }
   }
+  // bf16 parameters: each range converted alone (ddp, zero2), gathered and
+  // reduced in bf16 (zero3); the same bits.
+  train::TrainConfig low = tiny_config("adamw", "ddp");
+  low.hidden = {256, 256};
+  low.tile_rows = 64;
+  low.epochs = 1;
+  low.parallel.param_dtype = DType::bf16;
+  const RunResult ddp = run(world, d, low);
+  for (const char* name : {"zero2", "zero3"}) {
+    low.strategy = name;
+    EXPECT_EQ(run(world, d, low).hash, ddp.hash) << name << " bf16";
+  }
 }
 
 TEST(Memory, MixedPrecisionKeepsMasterWeightsForTheOwnShardOnly) {

@@ -108,16 +108,19 @@ constexpr std::size_t kStaged = std::size_t{1} << 20;  // writes below this are 
 FileWriter::FileWriter(const fs::path& dir, const std::string& name)
     : dir_(dir), target_(dir / name), tmp_(dir / (name + ".tmp." + std::to_string(::getpid()))), name_(name) {
   if (!plain_name(name)) throw PreconditionError(str("checkpoint file name '", name, "' is not one plain component"));
-  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) throw IoError(str(target_.string(), ": cannot create ", tmp_.string(), ": ", std::strerror(errno)));
+  // Everything that can fail without a file first: once the file exists,
+  // only the destructor (or commit) ends it.
+  staged_.reserve(kStaged);
   XXH64_state_t* h = XXH64_createState();
-  if (h == nullptr) {
-    ::close(fd_);
-    throw std::bad_alloc();
-  }
+  if (h == nullptr) throw std::bad_alloc();
   XXH64_reset(h, 0);
   hash_ = h;
-  staged_.reserve(kStaged);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    const std::string why = std::strerror(errno);
+    XXH64_freeState(h);
+    throw IoError(str(target_.string(), ": cannot create ", tmp_.string(), ": ", why));
+  }
 }
 
 FileWriter::~FileWriter() {

@@ -278,6 +278,17 @@ std::span<const float> Engine::acquire(std::size_t u, models::Pass pass) {
 
 void Engine::release(std::size_t u, models::Pass) { compute_.erase(u); }
 
+std::span<const float> Engine::acquire_range(std::size_t u, std::size_t begin, std::size_t end, models::Pass pass) {
+  if (dtype_ == DType::f32) return UnitAccess::acquire_range(u, begin, end, pass);
+  DISTOPT_CHECK(begin <= end && end <= layout_.units().at(u).size(), "range [", begin, ", ", end, ") of unit ", u);
+  const char* values = values_of(u, pass);
+  compute_.erase(u);
+  Held& c = compute_[u];
+  c = Held(param_pool_, (end - begin) * sizeof(float), 4);
+  to_f32(dtype_, values + begin * es_, reinterpret_cast<float*>(c.bytes()), end - begin);
+  return {reinterpret_cast<const float*>(c.bytes()), end - begin};
+}
+
 std::span<float> Engine::grads(std::size_t u) {
   const auto& unit = layout_.units().at(u);
   grad_target_ = grad_target(u);

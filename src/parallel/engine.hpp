@@ -146,6 +146,8 @@ class Engine : public StrategyCore {
   // (values_of) and may act on release and after the update.
   std::span<const float> acquire(std::size_t u, models::Pass pass) override;
   void release(std::size_t u, models::Pass pass) override;
+  // A tiled unit's range: bf16/f16 parameters converted for the range alone.
+  std::span<const float> acquire_range(std::size_t u, std::size_t begin, std::size_t end, models::Pass pass) override;
   std::span<float> grads(std::size_t u) override;
   void grads_done(std::size_t u) override;
 

@@ -204,10 +204,12 @@ void check_memory(const TrainArgs& a, int world) {
   if (a.config.model == "mlp")
     for (double h : a.config.hidden.empty() ? std::vector<std::size_t>{256, 128} : a.config.hidden) widths.push_back(h);
   widths.push_back(static_cast<double>(dims.outputs));
-  // What is used at once: a layer, or one tile of a tiled layer (--tile-rows).
+  // What is held in flight at once: a layer, or under zero3 one tile of a
+  // tiled layer (--tile-rows; the others gather nothing and reduce whole
+  // layers).
   double params = 0, largest = 0;
   bool tiles = false;
-  const auto tile_rows = static_cast<double>(a.config.tile_rows);
+  const auto tile_rows = a.config.strategy == "zero3" ? static_cast<double>(a.config.tile_rows) : 0.0;
   for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
     const double layer = widths[l] * widths[l + 1] + widths[l + 1];
     params += layer;

@@ -49,6 +49,12 @@ struct PieceView {
 };
 class PieceSet {
  public:
+  PieceSet() = default;
+  // Moved, never copied: a copy's views would point into the original.
+  PieceSet(PieceSet&&) = default;
+  PieceSet& operator=(PieceSet&&) = default;
+  PieceSet(const PieceSet&) = delete;
+  PieceSet& operator=(const PieceSet&) = delete;
   void view(std::string name, Shape shape, std::uint64_t begin, std::span<const float> values);
   // Keeps `values` in the set; the span stays valid while the set lives.
   std::span<const float> keep(std::vector<float> values);
