@@ -159,7 +159,6 @@ void FileWriter::flush() {
 void FileWriter::write(std::span<const std::byte> bytes) {
   DISTOPT_CHECK(fd_ >= 0, target_.string(), ": written after commit");
   XXH64_update(static_cast<XXH64_state_t*>(hash_), bytes.data(), bytes.size());
-  bytes_ += bytes.size();
   // Large writes go straight from the caller's memory; small ones are gathered.
   if (staged_.size() + bytes.size() > kStaged) flush();
   if (bytes.size() >= kStaged) write_all(bytes);
@@ -179,7 +178,7 @@ FileEntry FileWriter::commit() {
     throw IoError(str(target_.string(), ": cannot rename ", tmp_.string(), " into place: ", why));
   }
   fsync_dir(dir_);
-  return {name_, bytes_, XXH64_digest(static_cast<XXH64_state_t*>(hash_))};
+  return {name_, written_, XXH64_digest(static_cast<XXH64_state_t*>(hash_))};
 }
 
 FileEntry write_file(const fs::path& dir, const std::string& name, std::span<const std::byte> bytes) {

@@ -228,8 +228,8 @@ void Engine::for_each_param(std::span<const float> own, const ParamVisitor& each
         const std::size_t first = params[p].offset - unit.begin, last = first + params[p].numel();
         for (std::size_t b = first; b < last; b += unit.tile) {
           const std::size_t e = std::min(last, b + unit.tile);
-          comm_.all_gather_v(own.data() + unit.shard_offset + layout_.range_in_shard(u, comm_.rank(), b), values,
-                             layout_.range_counts(u, b, e), ElemType::f32);
+          const ShardLayout::Range r = layout_.range(u, comm_.rank(), b, e);
+          comm_.all_gather_v(own.data() + r.shard_at, values, r.counts, ElemType::f32);
           each(p, {values, e - b});
         }
       }

@@ -46,8 +46,8 @@ class ValuesAccess final : public models::UnitAccess {
     if (replicated_ || unit.tile == 0) return UnitAccess::acquire_range(u, begin, end, pass);
     Buffer& b = held_[u];
     b = Buffer((end - begin) * sizeof(float), 0);
-    comm_.all_gather_v(own_.data() + unit.shard_offset + layout_.range_in_shard(u, comm_.rank(), begin), b.data(),
-                       layout_.range_counts(u, begin, end), ElemType::f32);
+    const ShardLayout::Range r = layout_.range(u, comm_.rank(), begin, end);
+    comm_.all_gather_v(own_.data() + r.shard_at, b.data(), r.counts, ElemType::f32);
     return {b.as<float>(), end - begin};
   }
   void release_range(std::size_t u, std::size_t, models::Pass) override { held_.erase(u); }

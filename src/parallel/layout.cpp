@@ -70,21 +70,17 @@ std::vector<ShardLayout::Piece> ShardLayout::pieces(int rank) const {
   return out;
 }
 
-std::vector<std::size_t> ShardLayout::range_counts(std::size_t u, std::size_t begin, std::size_t end) const {
+ShardLayout::Range ShardLayout::range(std::size_t u, int rank, std::size_t begin, std::size_t end) const {
   const Unit& unit = units_.at(u);
   DISTOPT_CHECK(begin <= end && end <= unit.padded, "range [", begin, ", ", end, ") of unit ", unit.name);
-  std::vector<std::size_t> counts;
+  DISTOPT_CHECK(rank >= 0 && rank < world_, "rank ", rank, " of ", world_);
+  Range out;
   for (std::size_t r = 0; r < static_cast<std::size_t>(world_); ++r) {
     const std::size_t lo = r * unit.shard, hi = lo + unit.shard;
-    counts.push_back(std::clamp(end, lo, hi) - std::clamp(begin, lo, hi));
+    out.counts.push_back(std::clamp(end, lo, hi) - std::clamp(begin, lo, hi));
+    if (r == static_cast<std::size_t>(rank)) out.shard_at = unit.shard_offset + (std::clamp(begin, lo, hi) - lo);
   }
-  return counts;
-}
-
-std::size_t ShardLayout::range_in_shard(std::size_t u, int rank, std::size_t begin) const {
-  const Unit& unit = units_.at(u);
-  const std::size_t lo = unit.shard * static_cast<std::size_t>(rank);
-  return std::clamp(begin, lo, lo + unit.shard) - lo;
+  return out;
 }
 
 long ShardLayout::bucket_ending_at(std::size_t u) const { return bucket_of_first_.at(u); }

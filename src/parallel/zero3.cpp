@@ -66,11 +66,8 @@ class Zero3 final : public Zero2 {
                   end, ")");
     const std::size_t n = end - begin;
     range_ = Held(param_pool_, n * es_, 2);
-    const std::vector<std::size_t> counts = layout_.range_counts(u, begin, end);
-    blocked([&] {
-      comm_.all_gather_v(params_.bytes() + (unit.shard_offset + layout_.range_in_shard(u, comm_.rank(), begin)) * es_,
-                         range_.bytes(), counts, type_);
-    });
+    const ShardLayout::Range r = layout_.range(u, comm_.rank(), begin, end);
+    blocked([&] { comm_.all_gather_v(params_.bytes() + r.shard_at * es_, range_.bytes(), r.counts, type_); });
     if (dtype_ == DType::f32) return {reinterpret_cast<const float*>(range_.bytes()), n};
     range_compute_ = Held(param_pool_, n * sizeof(float), 4);
     to_f32(dtype_, range_.bytes(), reinterpret_cast<float*>(range_compute_.bytes()), n);
@@ -101,11 +98,9 @@ class Zero3 final : public Zero2 {
       from_f32(dtype_, reinterpret_cast<const float*>(range_grad_.bytes()), low.bytes(), end - begin);
       range_grad_ = std::move(low);
     }
-    const std::vector<std::size_t> counts = layout_.range_counts(u, begin, end);
+    const ShardLayout::Range r = layout_.range(u, comm_.rank(), begin, end);
     blocked([&] {
-      comm_.reduce_scatter_v(range_grad_.bytes(),
-                             grads_.bytes() + (unit.shard_offset + layout_.range_in_shard(u, comm_.rank(), begin)) * es_,
-                             counts, type_, ReduceOp::sum);
+      comm_.reduce_scatter_v(range_grad_.bytes(), grads_.bytes() + r.shard_at * es_, r.counts, type_, ReduceOp::sum);
     });
     range_grad_ = Held();
   }

@@ -64,8 +64,7 @@ class FileWriter {
   int fd_ = -1;
   void* hash_ = nullptr;  // XXH64_state_t
   std::vector<std::byte> staged_;  // small writes, gathered into larger ones
-  std::uint64_t bytes_ = 0;    // given to write()
-  std::uint64_t written_ = 0;  // on disk
+  std::uint64_t written_ = 0;      // on disk (staged_ follows)
 };
 
 // Writes `bytes` to dir/name (a FileWriter's one write) and returns its entry.

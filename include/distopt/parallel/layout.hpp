@@ -89,10 +89,14 @@ class ShardLayout {
   std::vector<Piece> pieces(int rank) const;
   // A range [begin, end) of unit u (unit-local elements) as the ranks hold
   // it: each rank's part -- its shard's intersection with the range; in
-  // rank order the parts are the range (a range's all_gather_v and
-  // reduce_scatter_v) -- and where `rank`'s part starts in its shard of u.
-  std::vector<std::size_t> range_counts(std::size_t u, std::size_t begin, std::size_t end) const;
-  std::size_t range_in_shard(std::size_t u, int rank, std::size_t begin) const;
+  // rank order the parts are the range, the counts of a range's
+  // all_gather_v and reduce_scatter_v -- and where `rank`'s part starts in
+  // its shard buffer.
+  struct Range {
+    std::vector<std::size_t> counts;
+    std::size_t shard_at = 0;
+  };
+  Range range(std::size_t u, int rank, std::size_t begin, std::size_t end) const;
   // The bucket that closes with unit u, or -1; the bucket holding unit u.
   long bucket_ending_at(std::size_t u) const;
   std::size_t bucket_of(std::size_t u) const { return bucket_of_.at(u); }
