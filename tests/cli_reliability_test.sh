@@ -124,8 +124,19 @@ grep -q "timed out after 1.5 s waiting for rank(s) 1" "$tmp/err" || fail "DISTOP
 expect_error 2 "--comm-timeout: '0' is not a number of seconds in (0, one year\]" -- train --data synthetic --comm-timeout 0
 expect_error 2 "--comm-timeout: 'soon' is not a number of seconds" -- train --data synthetic --comm-timeout soon
 DISTOPT_COMM_TIMEOUT=-3 expect_error 2 "DISTOPT_COMM_TIMEOUT: '-3' is not a number of seconds" -- train --data synthetic
-DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP or exit:RANK:STEP:file|manifest" \
+DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP, stall:RANK:end|finalize or exit:RANK:STEP:file|manifest" \
   -- train --data synthetic
+# A rank that stalls at the run's end, after its last collective: the
+# others have the time-out to end too, then the job ends naming it.
+start=$(date +%s.%N)
+DISTOPT_FAULT=stall:1:end "$bin" train --data synthetic --world 3 --max-steps 5 --progress none --comm-timeout 3 \
+  >/dev/null 2>"$tmp/err"
+status=$?
+elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+[ "$status" = 2 ] || fail "stall at the end: exit $status, want 2: $(cat "$tmp/err")"
+grep -qx "distopt: error: rank(s) 1 did not end within 3 s of rank(s) 0, 2 (threads backend); rank(s) 1 did not stop within 2 s and were abandoned" "$tmp/err" \
+  || fail "stall at the end: $(cat "$tmp/err")"
+[ "$(echo "$elapsed < 9" | bc)" = 1 ] || fail "stall at the end: took $elapsed s"
 
 # A run killed while it writes a checkpoint (DISTOPT_FAULT=exit:RANK:STEP:POINT
 # ends the process at once, as a kill would: with half of that rank's file

@@ -1,6 +1,13 @@
 // The MPI backend for the tool: environment, world and raw MPI collectives.
 #include <mpi.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
 #include "backends.hpp"
 #include "distopt/comm/mpi.hpp"
 
@@ -32,10 +39,42 @@ class MpiRaw final : public bench::RawCollectives {
   }
 };
 
+// MPI_Finalize waits for every process of the job; one that stopped
+// answering after the run's last collective (SIGSTOP, a hang) would keep it
+// waiting for ever. Past `limit` (the communicator's time-out) this process
+// says so and ends without finishing; mpirun then ends the job.
+void finalize_within(std::chrono::milliseconds limit, int rank) {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock lock(m);
+    if (cv.wait_for(lock, limit, [&] { return done; })) return;
+    std::fprintf(stderr,
+                 "distopt: error (rank %d): MPI_Finalize did not end within %g s: another process of the job "
+                 "stopped answering after the run's end\n",
+                 rank, static_cast<double>(limit.count()) / 1000.0);
+    std::fflush(stderr);
+    std::_Exit(2);
+  });
+  MPI_Finalize();
+  {
+    std::lock_guard lock(m);
+    done = true;
+  }
+  cv.notify_one();
+  watchdog.join();
+}
+
 class World final : public MpiWorld {
  public:
   World() : env_(nullptr, nullptr), comm_(make_mpi_world()) {}
-  ~World() override { comm_.reset(); }
+  ~World() override {
+    const std::chrono::milliseconds limit = comm_->timeout();
+    const int rank = comm_->rank();
+    comm_.reset();
+    finalize_within(limit, rank);
+  }
   Communicator& comm() override { return *comm_; }
   bench::RawCollectives& raw() override { return raw_; }
   [[noreturn]] void abort(int code) override { MpiEnvironment::abort(code); }

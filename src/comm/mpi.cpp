@@ -79,9 +79,12 @@ void wait_all(std::vector<MPI_Request>& reqs, const std::vector<int>& peers, con
     return;
   }
   std::sort(open.begin(), open.end());
+  // A barrier or a broadcast's root cannot tell which ranks are missing (-1).
   std::string missing;
-  for (int p : open) missing += (missing.empty() ? "" : ", ") + (p < 0 ? std::string("the other ranks") : std::to_string(p));
-  throw CommTimeout(str(op, " on rank ", rank, ": timed out after ", seconds(timeout), " waiting for rank(s) ", missing,
+  for (int p : open)
+    if (p >= 0) missing += (missing.empty() ? "rank(s) " : ", ") + std::to_string(p);
+  if (open.front() < 0) missing += missing.empty() ? "the other ranks" : " and the other ranks";
+  throw CommTimeout(str(op, " on rank ", rank, ": timed out after ", seconds(timeout), " waiting for ", missing,
                         " (mpi backend)"));
 }
 

@@ -382,11 +382,25 @@ void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::mil
   }
   // Every rank ends, or the world aborts and the ranks that can see it end;
   // one that has not ended kAbandonAfter later is stuck outside the
-  // communicator and is left behind.
+  // communicator and is left behind. Once a rank has ended, the others have
+  // the time-out to end too: after the last collective nothing is left to
+  // wait for, so one that does not is stalled (the world is aborted with
+  // that reason, and it is abandoned as above).
   std::vector<int> stuck;
   {
     std::unique_lock lock(st->m);
-    st->cv.wait(lock, [&] { return st->running == 0 || world.aborted.load(); });
+    st->cv.wait(lock, [&] { return st->running < n || world.aborted.load(); });
+    if (!st->cv.wait_for(lock, timeout, [&] { return st->running == 0 || world.aborted.load(); })) {
+      std::string late, done;
+      for (int r = 0; r < n; ++r) {
+        std::string& list = st->finished[r] ? done : late;
+        list += (list.empty() ? "" : ", ") + std::to_string(r);
+      }
+      lock.unlock();
+      world.abort(str("rank(s) ", late, " did not end within ", seconds(timeout), " of rank(s) ", done,
+                      " (threads backend)"));
+      lock.lock();
+    }
     if (!st->cv.wait_for(lock, kAbandonAfter, [&] { return st->running == 0; }))
       for (int r = 0; r < n; ++r)
         if (!st->finished[r]) stuck.push_back(r);

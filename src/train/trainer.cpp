@@ -52,40 +52,6 @@ models::BatchStats evaluate(Communicator& comm, models::Model& model, models::Un
   return {sums[0], sums[1], sums[2]};
 }
 
-// DISTOPT_FAULT, a testing aid (docs/reliability.md): stall:RANK:STEP hangs
-// that rank after that step, as a hung or SIGSTOPped process would, so that
-// time-outs can be tested on every backend; exit:RANK:STEP:POINT ends the process at once
-// (_exit, as a kill would) while that rank writes the checkpoint of that
-// step, at POINT: "file" (half of its rank file written), "manifest" (its
-// file complete, no manifest yet).
-struct Fault {
-  int rank = -1;
-  std::size_t step = 0;
-  bool exit = false;
-  bool in_file = false;
-};
-Fault fault_from_env() {
-  const char* env = std::getenv("DISTOPT_FAULT");
-  if (env == nullptr || *env == '\0') return {};
-  Fault f;
-  unsigned long long step = 0;
-  int used = 0;
-  if (std::sscanf(env, "stall:%d:%llu%n", &f.rank, &step, &used) == 2 && env[used] == '\0' && f.rank >= 0) {
-    f.step = static_cast<std::size_t>(step);
-    return f;
-  }
-  char point[16] = {};
-  used = 0;
-  if (std::sscanf(env, "exit:%d:%llu:%15[a-z]%n", &f.rank, &step, point, &used) == 3 && env[used] == '\0' &&
-      f.rank >= 0 && (std::string(point) == "file" || std::string(point) == "manifest")) {
-    f.step = static_cast<std::size_t>(step);
-    f.exit = true;
-    f.in_file = std::string(point) == "file";
-    return f;
-  }
-  throw InvalidInput(str("DISTOPT_FAULT: '", env, "' is not stall:RANK:STEP or exit:RANK:STEP:file|manifest"));
-}
-
 void validate(const Communicator& comm, const data::Split& data, const TrainConfig& c) {
   if (c.epochs < 1) throw InvalidInput(str("--epochs must be at least 1 (got ", c.epochs, ")"));
   if (!c.checkpoint_dir.empty() && c.keep_checkpoints == 0) throw InvalidInput("--keep-checkpoints must be at least 1");
@@ -142,6 +108,37 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
 }
 
 }  // namespace
+
+Fault fault_from_env() {
+  const char* env = std::getenv("DISTOPT_FAULT");
+  if (env == nullptr || *env == '\0') return {};
+  Fault f;
+  unsigned long long step = 0;
+  int used = 0;
+  if (std::sscanf(env, "stall:%d:%llu%n", &f.rank, &step, &used) == 2 && env[used] == '\0' && f.rank >= 0) {
+    f.kind = Fault::Kind::stall;
+    f.step = static_cast<std::size_t>(step);
+    return f;
+  }
+  char point[16] = {};
+  used = 0;
+  if (std::sscanf(env, "stall:%d:%15[a-z]%n", &f.rank, point, &used) == 2 && env[used] == '\0' && f.rank >= 0 &&
+      (std::string(point) == "end" || std::string(point) == "finalize")) {
+    f.kind = Fault::Kind::stall;
+    f.at = std::string(point) == "end" ? Fault::At::end : Fault::At::finalize;
+    return f;
+  }
+  used = 0;
+  if (std::sscanf(env, "exit:%d:%llu:%15[a-z]%n", &f.rank, &step, point, &used) == 3 && env[used] == '\0' &&
+      f.rank >= 0 && (std::string(point) == "file" || std::string(point) == "manifest")) {
+    f.kind = Fault::Kind::exit;
+    f.step = static_cast<std::size_t>(step);
+    f.in_file = std::string(point) == "file";
+    return f;
+  }
+  throw InvalidInput(str("DISTOPT_FAULT: '", env,
+                         "' is not stall:RANK:STEP, stall:RANK:end|finalize or exit:RANK:STEP:file|manifest"));
+}
 
 namespace {
 
@@ -285,7 +282,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   auto save = [&](int epoch) {
     const auto t0 = Clock::now();
     checkpoint::SaveOptions where{config.checkpoint_dir, config.keep_checkpoints, checkpoint::SaveOptions::Die::no};
-    if (fault.exit && fault.rank == comm.rank() && fault.step == result.steps)
+    if (fault.kind == Fault::Kind::exit && fault.rank == comm.rank() && fault.step == result.steps)
       where.die = fault.in_file ? checkpoint::SaveOptions::Die::in_file : checkpoint::SaveOptions::Die::after_file;
     result.checkpoint_bytes = checkpoint::save(comm, *strategy, run, parts(), where, result.steps, epoch);
     result.checkpoint_seconds += seconds_since(t0);
@@ -384,7 +381,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           save_after_epoch = true;
         }
       }
-      if (!fault.exit && fault.rank == comm.rank() && fault.step == result.steps)
+      if (fault.stalls(comm.rank(), Fault::At::step) && fault.step == result.steps)
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
       if (stop_request > 0) {
         result.interrupted = true;

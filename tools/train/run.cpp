@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
+#include <thread>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +39,8 @@ class Launcher {
   // Whether this process holds one rank only (its result is its own, not
   // rank 0's).
   virtual bool one_rank_here() const = 0;
+  // The rank this process holds where it holds one (else 0).
+  virtual int rank_here() const { return 0; }
   // Before any data is read: the command line against the launch, and the
   // memory the ranks of this process will need.
   virtual void check(const TrainArgs& a) const = 0;
@@ -44,6 +48,11 @@ class Launcher {
   virtual void run(const std::function<void(Communicator&)>& fn) = 0;
   // After the outputs are written: the ranks finish together.
   virtual void finish() {}
+  // DISTOPT_FAULT's stall at the run's end (train::Fault): stops this
+  // process as `kill -STOP` would (MPI), or the calling rank thread.
+  [[noreturn]] virtual void stop_here() {
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   // An error on this process, after `cleanup`: the threads rethrow it
   // (distopt's one line, status 2); an MPI rank names itself and ends the
   // whole job. Called from a catch block.
@@ -94,6 +103,7 @@ class MpiLauncher final : public Launcher {
   int world() const override { return world_->comm().size(); }
   bool reports() const override { return world_->comm().rank() == 0; }
   bool one_rank_here() const override { return true; }
+  int rank_here() const override { return world_->comm().rank(); }
   void check(const TrainArgs& a) const override {
     if (a.world_given && a.world != world())
       throw InvalidInput(str("--world ", a.world, " disagrees with the ", world(),
@@ -102,6 +112,10 @@ class MpiLauncher final : public Launcher {
   }
   void run(const std::function<void(Communicator&)>& fn) override { fn(world_->comm()); }
   void finish() override { world_->comm().barrier(); }
+  [[noreturn]] void stop_here() override {
+    std::raise(SIGSTOP);
+    Launcher::stop_here();  // continued: still silent
+  }
   [[noreturn]] void fail(const std::exception& e, const std::function<void()>& cleanup) override {
     std::fprintf(stderr, "distopt: error (rank %d): %s\n", world_->comm().rank(), printable(e.what()).c_str());
     std::fflush(stderr);
@@ -150,6 +164,7 @@ int run_train(TrainArgs& a) {
   const bool lines = a.progress == "lines" || (a.progress == "auto" && !tty);
 
   const std::unique_ptr<Launcher> launcher = launch(a, timeout, link);
+  const train::Fault fault = train::fault_from_env();
   const StopOnSignal stop(launcher->reports());
   a.config.stop_flag = &stop.flag();
   // Only rank 0 exports them; the summary needs only their hash.
@@ -169,6 +184,10 @@ int run_train(TrainArgs& a) {
     Both both(&progress, metrics ? &*metrics : nullptr);
     const std::function<void(Communicator&)> each_rank = [&](Communicator& comm) {
       train::TrainResult r = train::train(comm, data, a.config, &both);
+      // A rank thread has no MPI_Finalize of its own: both points are here.
+      if (fault.stalls(comm.rank(), train::Fault::At::end) ||
+          (a.backend != "mpi" && fault.stalls(comm.rank(), train::Fault::At::finalize)))
+        launcher->stop_here();
       if (comm.rank() == 0 || launcher->one_rank_here()) result = std::move(r);
     };
     try {
@@ -187,6 +206,7 @@ int run_train(TrainArgs& a) {
       report_stop(result);
     }
     launcher->finish();
+    if (a.backend == "mpi" && fault.stalls(launcher->rank_here(), train::Fault::At::finalize)) launcher->stop_here();
   } catch (const NonFiniteError& e) {
     // Every rank stopped at the same step with the same finding: one line,
     // the metrics up to that step kept, status 4: the line distopt.cpp

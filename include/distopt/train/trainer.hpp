@@ -188,6 +188,30 @@ struct TrainResult {
 
 // Throws InvalidInput for bad configurations (unknown model, batch smaller
 // than the world, ...) on every rank alike, before any communication.
+// DISTOPT_FAULT, a testing aid of `distopt train` (docs/reliability.md):
+//  * stall:RANK:STEP -- that rank stops answering after that step, as a hung
+//    or SIGSTOPped process would (train() sleeps);
+//  * stall:RANK:end -- it stops after its training returned, before the
+//    ranks finish together; stall:RANK:finalize -- after they did, before
+//    MPI_Finalize. At these two points an MPI process stops itself
+//    (SIGSTOP), as `kill -STOP` would; a rank thread sleeps. The tool acts
+//    on them (train() returns as usual);
+//  * exit:RANK:STEP:file|manifest -- the process ends at once (_exit(137),
+//    as a kill would) while that rank writes the checkpoint of that step:
+//    half of its rank file written, or its file complete and no manifest.
+// Any other value throws InvalidInput naming the variable.
+struct Fault {
+  enum class Kind { none, stall, exit };
+  enum class At { step, end, finalize };
+  Kind kind = Kind::none;
+  At at = At::step;
+  int rank = -1;
+  std::size_t step = 0;
+  bool in_file = false;  // exit: in the rank file (else before the manifest)
+  bool stalls(int r, At where) const { return kind == Kind::stall && rank == r && at == where; }
+};
+Fault fault_from_env();
+
 TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config,
                   Observer* observer = nullptr);
 
