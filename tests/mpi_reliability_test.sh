@@ -41,12 +41,13 @@ grep -qE "distopt: error \(rank 0\): ([a-z_]+ on rank 0: timed out after 5 s wai
 echo "stopped rank ($strategy): job ended ${elapsed} s after SIGSTOP"
 done
 
-# A rank that stops (SIGSTOP, DISTOPT_FAULT=stall:1:end|finalize) at the
-# run's end: before the ranks finish together (rank 0 times out in that
-# barrier) or after it, in MPI_Finalize (which waits for every process:
-# rank 0 gives up after the time-out). Either way the job ends within the
-# time-out plus a few seconds, naming the wait, and leaves no process.
-for point in end finalize; do
+# A rank that stops (SIGSTOP, DISTOPT_FAULT=stall:1:init|end|finalize)
+# before MPI_Init (which waits for every process: rank 0 gives up after the
+# time-out), or at the run's end: before the ranks finish together (rank 0
+# times out in that barrier) or after it, in MPI_Finalize (which waits like
+# MPI_Init). Each time the job ends within the time-out plus a few seconds,
+# naming the wait, and leaves no process.
+for point in init end finalize; do
   d="$tmp/end-$point"; mkdir -p "$d"
   start=$(date +%s.%N)
   DISTOPT_FAULT=stall:1:$point timeout -s KILL 60 "$mpiexec" -n 2 "$bin" train --data synthetic --max-steps 5 \
@@ -56,14 +57,16 @@ for point in end finalize; do
   left=$(pgrep -f "$bin train --data synthetic --max-steps 5" || true)
   [ -z "$left" ] || { kill -KILL $left; fail "stop at the $point: processes left behind: $left"; }
   [ "$status" = 2 ] || fail "stop at the $point: exit $status, want 2: $(grep distopt "$d/err")"
-  if [ $point = end ]; then
+  if [ $point = init ]; then
+    want="distopt: error (rank 0): MPI_Init did not end within 3 s: another process of the job did not start (stopped or hung before MPI_Init)"
+  elif [ $point = end ]; then
     want="distopt: error (rank 0): barrier on rank 0: timed out after 3 s waiting for the other ranks (mpi backend)"
   else
     want="distopt: error (rank 0): MPI_Finalize did not end within 3 s: another process of the job stopped answering after the run's end"
   fi
   grep -qxF "$want" "$d/err" || fail "stop at the $point: message: $(grep distopt "$d/err")"
   [ "$(echo "$elapsed < 15" | bc)" = 1 ] || fail "stop at the $point: the job took $elapsed s"
-  echo "rank stopped at the run's $point: job ended in ${elapsed} s"
+  echo "rank stopped at $point: job ended in ${elapsed} s"
 done
 
 # SIGTERM to rank 1 only, and SIGINT to mpirun (which passes SIGTERM on):

@@ -6,10 +6,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "backends.hpp"
 #include "distopt/comm/mpi.hpp"
+#include "distopt/core/error.hpp"
 
 namespace distopt::cli {
 
@@ -39,47 +41,67 @@ class MpiRaw final : public bench::RawCollectives {
   }
 };
 
-// MPI_Finalize waits for every process of the job; one that stopped
-// answering after the run's last collective (SIGSTOP, a hang) would keep it
-// waiting for ever. Past `limit` (the communicator's time-out) this process
-// says so and ends without finishing; mpirun then ends the job.
-void finalize_within(std::chrono::milliseconds limit, int rank) {
-  std::mutex m;
-  std::condition_variable cv;
-  bool done = false;
-  std::thread watchdog([&] {
-    std::unique_lock lock(m);
-    if (cv.wait_for(lock, limit, [&] { return done; })) return;
-    std::fprintf(stderr,
-                 "distopt: error (rank %d): MPI_Finalize did not end within %g s: another process of the job "
-                 "stopped answering after the run's end\n",
-                 rank, static_cast<double>(limit.count()) / 1000.0);
-    std::fflush(stderr);
-    std::_Exit(2);
-  });
-  MPI_Finalize();
-  {
-    std::lock_guard lock(m);
-    done = true;
+// MPI_Init and MPI_Finalize wait for every process of the job, with no
+// limit of their own: one that stopped answering (SIGSTOP, a hang) before
+// the start or after the run's last collective would keep them waiting for
+// ever. A Watchdog ends this process past `limit` (the communicator's
+// time-out), saying which wait it gave up; mpirun then ends the job.
+class Watchdog {
+ public:
+  Watchdog(std::chrono::milliseconds limit, std::string message)
+      : thread_([this, limit, message = std::move(message)] {
+          std::unique_lock lock(m_);
+          if (cv_.wait_for(lock, limit, [&] { return done_; })) return;
+          std::fprintf(stderr, "distopt: error %s\n", message.c_str());
+          std::fflush(stderr);
+          std::_Exit(2);
+        }) {}
+  ~Watchdog() { disarm(); }
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  void disarm() {
+    {
+      std::lock_guard lock(m_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
   }
-  cv.notify_one();
-  watchdog.join();
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;  // last: it uses the members above
+};
+
+std::string init_message(std::chrono::milliseconds limit) {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  return str("(rank ", rank ? rank : "?", "): MPI_Init did not end within ", static_cast<double>(limit.count()) / 1000.0,
+             " s: another process of the job did not start (stopped or hung before MPI_Init)");
 }
 
 class World final : public MpiWorld {
  public:
-  World() : env_(nullptr, nullptr), comm_(make_mpi_world()) {}
+  explicit World(std::chrono::milliseconds timeout)
+      : init_(timeout, init_message(timeout)), env_(nullptr, nullptr), comm_(make_mpi_world()) {
+    init_.disarm();
+    comm_->set_timeout(timeout);
+  }
   ~World() override {
     const std::chrono::milliseconds limit = comm_->timeout();
-    const int rank = comm_->rank();
+    Watchdog finalize(limit, str("(rank ", comm_->rank(), "): MPI_Finalize did not end within ",
+                                 static_cast<double>(limit.count()) / 1000.0,
+                                 " s: another process of the job stopped answering after the run's end"));
     comm_.reset();
-    finalize_within(limit, rank);
+    MPI_Finalize();  // env_ sees it finalized
   }
   Communicator& comm() override { return *comm_; }
   bench::RawCollectives& raw() override { return raw_; }
   [[noreturn]] void abort(int code) override { MpiEnvironment::abort(code); }
 
  private:
+  Watchdog init_;
   MpiEnvironment env_;
   std::unique_ptr<Communicator> comm_;
   MpiRaw raw_;
@@ -89,10 +111,10 @@ class World final : public MpiWorld {
 
 bool mpi_available() { return true; }
 
-std::unique_ptr<MpiWorld> open_mpi_world() {
+std::unique_ptr<MpiWorld> open_mpi_world(std::chrono::milliseconds timeout) {
   if (!launched_by_mpirun())
     throw InvalidInput("--backend mpi needs to be started by mpirun, e.g. mpirun -np 4 distopt ... --backend mpi");
-  return std::make_unique<World>();
+  return std::make_unique<World>(timeout);
 }
 
 }  // namespace distopt::cli

@@ -2,6 +2,7 @@
 // optional CMake target: backend_mpi.cpp or backend_none.cpp is compiled in.
 #pragma once
 
+#include <chrono>
 #include <memory>
 
 #include "distopt/bench/comm_bench.hpp"
@@ -22,7 +23,10 @@ class MpiWorld {
 
 bool mpi_available();
 // Throws InvalidInput when the tool was built without MPI or when the
-// process was not started by mpirun.
-std::unique_ptr<MpiWorld> open_mpi_world();
+// process was not started by mpirun. `timeout` bounds every wait of the
+// world's communicator and MPI_Init's and MPI_Finalize's waits for the
+// job's other processes: past it the process names the wait in one line and
+// ends with status 2.
+std::unique_ptr<MpiWorld> open_mpi_world(std::chrono::milliseconds timeout = Communicator::default_timeout());
 
 }  // namespace distopt::cli

@@ -123,9 +123,10 @@ Fault fault_from_env() {
   char point[16] = {};
   used = 0;
   if (std::sscanf(env, "stall:%d:%15[a-z]%n", &f.rank, point, &used) == 2 && env[used] == '\0' && f.rank >= 0 &&
-      (std::string(point) == "end" || std::string(point) == "finalize")) {
+      (std::string(point) == "init" || std::string(point) == "end" || std::string(point) == "finalize")) {
     f.kind = Fault::Kind::stall;
-    f.at = std::string(point) == "end" ? Fault::At::end : Fault::At::finalize;
+    f.at = std::string(point) == "init" ? Fault::At::init
+                                        : (std::string(point) == "end" ? Fault::At::end : Fault::At::finalize);
     return f;
   }
   used = 0;
@@ -137,7 +138,7 @@ Fault fault_from_env() {
     return f;
   }
   throw InvalidInput(str("DISTOPT_FAULT: '", env,
-                         "' is not stall:RANK:STEP, stall:RANK:end|finalize or exit:RANK:STEP:file|manifest"));
+                         "' is not stall:RANK:STEP, stall:RANK:init|end|finalize or exit:RANK:STEP:file|manifest"));
 }
 
 namespace {

@@ -96,8 +96,7 @@ class ThreadsLauncher final : public Launcher {
 
 class MpiLauncher final : public Launcher {
  public:
-  MpiLauncher(std::chrono::milliseconds timeout, LinkModel link) : world_(open_mpi_world()) {
-    world_->comm().set_timeout(timeout);
+  MpiLauncher(std::chrono::milliseconds timeout, LinkModel link) : world_(open_mpi_world(timeout)) {
     world_->comm().set_link_model(link);
   }
   int world() const override { return world_->comm().size(); }
@@ -163,8 +162,11 @@ int run_train(TrainArgs& a) {
   const bool bar = a.progress == "bar" || (a.progress == "auto" && tty);
   const bool lines = a.progress == "lines" || (a.progress == "auto" && !tty);
 
-  const std::unique_ptr<Launcher> launcher = launch(a, timeout, link);
   const train::Fault fault = train::fault_from_env();
+  if (a.backend == "mpi" || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr)
+    if (const char* rank = std::getenv("OMPI_COMM_WORLD_RANK"); rank && fault.stalls(std::atoi(rank), train::Fault::At::init))
+      std::raise(SIGSTOP);  // before MPI_Init: as `kill -STOP` of a process that has not started yet
+  const std::unique_ptr<Launcher> launcher = launch(a, timeout, link);
   const StopOnSignal stop(launcher->reports());
   a.config.stop_flag = &stop.flag();
   // Only rank 0 exports them; the summary needs only their hash.
@@ -183,6 +185,7 @@ int run_train(TrainArgs& a) {
     if (launcher->reports() && !a.metrics.empty()) metrics.emplace(a.metrics);
     Both both(&progress, metrics ? &*metrics : nullptr);
     const std::function<void(Communicator&)> each_rank = [&](Communicator& comm) {
+      if (a.backend != "mpi" && fault.stalls(comm.rank(), train::Fault::At::init)) launcher->stop_here();
       train::TrainResult r = train::train(comm, data, a.config, &both);
       // A rank thread has no MPI_Finalize of its own: both points are here.
       if (fault.stalls(comm.rank(), train::Fault::At::end) ||

@@ -191,18 +191,19 @@ struct TrainResult {
 // DISTOPT_FAULT, a testing aid of `distopt train` (docs/reliability.md):
 //  * stall:RANK:STEP -- that rank stops answering after that step, as a hung
 //    or SIGSTOPped process would (train() sleeps);
-//  * stall:RANK:end -- it stops after its training returned, before the
-//    ranks finish together; stall:RANK:finalize -- after they did, before
-//    MPI_Finalize. At these two points an MPI process stops itself
-//    (SIGSTOP), as `kill -STOP` would; a rank thread sleeps. The tool acts
-//    on them (train() returns as usual);
+//  * stall:RANK:init -- it stops before it starts (an MPI process before
+//    MPI_Init, a rank thread before train()); stall:RANK:end -- after its
+//    training returned, before the ranks finish together;
+//    stall:RANK:finalize -- after they did, before MPI_Finalize. At these
+//    points an MPI process stops itself (SIGSTOP), as `kill -STOP` would;
+//    a rank thread sleeps. The tool acts on them, not train();
 //  * exit:RANK:STEP:file|manifest -- the process ends at once (_exit(137),
 //    as a kill would) while that rank writes the checkpoint of that step:
 //    half of its rank file written, or its file complete and no manifest.
 // Any other value throws InvalidInput naming the variable.
 struct Fault {
   enum class Kind { none, stall, exit };
-  enum class At { step, end, finalize };
+  enum class At { step, init, end, finalize };
   Kind kind = Kind::none;
   At at = At::step;
   int rank = -1;
