@@ -124,7 +124,7 @@ grep -q "timed out after 1.5 s waiting for rank(s) 1" "$tmp/err" || fail "DISTOP
 expect_error 2 "--comm-timeout: '0' is not a number of seconds in (0, one year\]" -- train --data synthetic --comm-timeout 0
 expect_error 2 "--comm-timeout: 'soon' is not a number of seconds" -- train --data synthetic --comm-timeout soon
 DISTOPT_COMM_TIMEOUT=-3 expect_error 2 "DISTOPT_COMM_TIMEOUT: '-3' is not a number of seconds" -- train --data synthetic
-DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP, stall:RANK:init|end|finalize or exit:RANK:STEP:file|manifest" \
+DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP, stall:RANK:init|end|finalize, fail:RANK:STEP or exit:RANK:STEP:file|manifest" \
   -- train --data synthetic
 # A rank that stalls at the run's end, after its last collective: the
 # others have the time-out to end too, then the job ends naming it.
@@ -137,6 +137,49 @@ elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 grep -qx "distopt: error: rank(s) 1 did not end within 3 s of rank(s) 0, 2 (threads backend); rank(s) 1 did not stop within 2 s and were abandoned" "$tmp/err" \
   || fail "stall at the end: $(cat "$tmp/err")"
 [ "$(echo "$elapsed < 9" | bc)" = 1 ] || fail "stall at the end: took $elapsed s"
+
+# Survivors (--on-rank-failure continue, ddp, threads): rank 2 of 4 fails
+# (DISTOPT_FAULT=fail) or falls silent (stall) after step 5; the other three
+# re-form the world and finish the run at world 3, with the bits of a run
+# resumed at world 3 from the checkpoint of step 5. The metrics and the
+# summary record the change; a silent rank costs about the time-out.
+sv=(train --data synthetic --train-size 512 --test-size 128 --batch-size 48 --epochs 2 --progress none)
+"$bin" "${sv[@]}" --world 4 --max-steps 5 --checkpoint-dir "$tmp/sv-ck" >/dev/null 2>"$tmp/err" || fail "survivors: checkpoint run: $(cat "$tmp/err")"
+want=$("$bin" "${sv[@]}" --max-steps 12 --world 3 --checkpoint-dir "$tmp/sv-ck" --resume --json 2>"$tmp/err" | tail -n 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') \
+  || fail "survivors: resumed run: $(cat "$tmp/err")"
+for fault in fail:2:5 stall:2:5; do
+  DISTOPT_FAULT=$fault "$bin" "${sv[@]}" --max-steps 12 --world 4 --on-rank-failure continue --comm-timeout 2 --json \
+    --metrics "$tmp/sv.jsonl" >"$tmp/sv.out" 2>"$tmp/err" || fail "survivors ($fault): exit $?: $(cat "$tmp/err")"
+  grep -q "^distopt: rank(s) 2 lost after step 5; 3 ranks go on from step 5 (" "$tmp/err" || fail "survivors ($fault): $(cat "$tmp/err")"
+  /usr/bin/env python3 - "$tmp/sv.out" "$tmp/sv.jsonl" "$want" "$fault" <<'PY' || fail "survivors ($fault): summary or metrics"
+import json, sys
+s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+assert s["param_hash"] == sys.argv[3], (s["param_hash"], sys.argv[3])
+assert s["steps"] == 12 and s["membership_changes"] == 1 and s["world_at_end"] == 3, s
+m = [r for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "membership"]
+assert len(m) == 1 and m[0]["step"] == 5 and m[0]["lost"] == [2] and m[0]["world"] == 3, m
+# a failed rank is noticed at once; a silent one after the 2 s time-out
+assert m[0]["seconds"] < (1 if sys.argv[4].startswith("fail") else 4), m
+PY
+done
+# zero2: the lost rank held the only copy of its shard; the survivors go
+# back to the checkpoint of step 4 and on at world 3, with the bits of a
+# run resumed there at world 3.
+"$bin" "${sv[@]}" --strategy zero2 --world 4 --max-steps 4 --checkpoint-dir "$tmp/z-ck" >/dev/null 2>"$tmp/err" \
+  || fail "zero2 survivors: checkpoint run: $(cat "$tmp/err")"
+want=$("$bin" "${sv[@]}" --strategy zero2 --max-steps 12 --world 3 --checkpoint-dir "$tmp/z-ck" --resume --json 2>"$tmp/err" \
+  | tail -n 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') || fail "zero2 survivors: resumed run: $(cat "$tmp/err")"
+DISTOPT_FAULT=fail:2:6 "$bin" "${sv[@]}" --strategy zero2 --max-steps 12 --world 4 --on-rank-failure continue \
+  --checkpoint-dir "$tmp/z-run" --checkpoint-every 4 --json >"$tmp/sv.out" 2>"$tmp/err" || fail "zero2 survivors: exit $?: $(cat "$tmp/err")"
+grep -q "^distopt: rank(s) 2 lost after step 6; 3 ranks go on from step 4 (back to the checkpoint of step 4: 2 steps again) (" "$tmp/err" \
+  || fail "zero2 survivors: $(cat "$tmp/err")"
+[ "$(tail -n 1 "$tmp/sv.out" | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')" = "$want" ] \
+  || fail "zero2 survivors: param_hash is not the resumed run's $want"
+expect_error 2 "--on-rank-failure continue with --strategy zero2 needs --checkpoint-dir: a lost rank holds the only copy of its shard" \
+  -- train --data synthetic --strategy zero2 --on-rank-failure continue
+expect_error 2 "--on-rank-failure continue: --strategy sgp cannot go on without a lost rank yet; ddp and zero1-3 can" \
+  -- train --data synthetic --strategy sgp --on-rank-failure continue
+expect_error 2 "--on-rank-failure: maybe not in" -- train --data synthetic --on-rank-failure maybe
 
 # A run killed while it writes a checkpoint (DISTOPT_FAULT=exit:RANK:STEP:POINT
 # ends the process at once, as a kill would: with half of that rank's file

@@ -452,3 +452,70 @@ TEST(LinkEmulator, BadModelsAndTagsAreRefused) {
 
 }  // namespace
 }  // namespace distopt
+
+namespace distopt {
+namespace {
+
+// An elastic world (docs/reliability.md, "Survivors"): a rank that fails,
+// or falls silent past the time-out, is lost; the others are woken with
+// RankLost and re-form the world with shrink(), ranked in their old order,
+// where the collectives go on (rank-ordered sums over the survivors).
+TEST(Elastic, SurvivorsOfAFailedAndOfASilentRankReformTheWorld) {
+  for (const bool silent : {false, true}) {
+    std::atomic<int> lost_seen{0};
+    std::vector<int> new_ranks(4, -1), new_sizes(4, -1);
+    std::vector<double> sums(4, 0);
+    const SpawnResult r = spawn(
+        4,
+        [&](Communicator& c) {
+          std::vector<float> v(5, static_cast<float>(c.rank() + 1));
+          c.all_reduce(std::span(v), ReduceOp::sum);
+          if (c.rank() == 2) {
+            if (!silent) throw Error("rank 2 fails");
+            for (;;) std::this_thread::sleep_for(std::chrono::hours(1));  // silent for ever: abandoned
+          }
+          try {
+            c.all_reduce(std::span(v), ReduceOp::sum);
+            ADD_FAILURE() << "the all-reduce went through without rank 2";
+          } catch (const RankLost& e) {
+            ++lost_seen;
+            EXPECT_NE(std::string(e.what()).find("rank(s) 2"), std::string::npos) << e.what();
+          }
+          const int before = c.rank();
+          std::unique_ptr<Communicator> s = c.shrink();
+          new_ranks[before] = s->rank();
+          new_sizes[before] = s->size();
+          double x = before + 1;
+          s->all_reduce(std::span(&x, 1), ReduceOp::sum);
+          sums[before] = x;
+          EXPECT_THROW(c.barrier(), CommError);  // the old world stays broken
+        },
+        std::chrono::milliseconds(silent ? 500 : 30'000), Elastic::on);
+    EXPECT_EQ(lost_seen.load(), 3);
+    EXPECT_EQ(new_ranks, (std::vector<int>{0, 1, -1, 2}));
+    EXPECT_EQ(new_sizes, (std::vector<int>{3, 3, -1, 3}));
+    for (int k : {0, 1, 3}) EXPECT_EQ(sums[k], 1.0 + 2.0 + 4.0);
+    EXPECT_EQ(r.abandoned, silent ? std::vector<int>{2} : std::vector<int>{});
+  }
+}
+
+TEST(Elastic, OnlyAnElasticWorldsTopCommunicatorShrinks) {
+  spawn(2, [](Communicator& c) { EXPECT_THROW(c.shrink(), CommError); });
+  spawn(
+      2,
+      [](Communicator& c) {
+        std::unique_ptr<Communicator> sub = c.split(0, c.rank());
+        EXPECT_THROW(sub->shrink(), CommError);
+      },
+      Communicator::default_timeout(), Elastic::on);
+  // Off: a failing rank still ends every rank with its error.
+  EXPECT_THROW(spawn(2,
+                     [](Communicator& c) {
+                       if (c.rank() == 1) throw InvalidInput("rank 1 fails");
+                       c.barrier();
+                     }),
+               InvalidInput);
+}
+
+}  // namespace
+}  // namespace distopt

@@ -161,6 +161,27 @@ Loaded load_latest(const std::filesystem::path& root) {
   return l;
 }
 
+Loaded capture(parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts, std::uint64_t step) {
+  if (!strategy.info().replicated_params || strategy.info().per_rank_models)
+    throw InvalidInput(str("--strategy ", run.strategy, ": a rank does not hold the whole state, so survivors cannot go on "
+                           "from their own (ddp's ranks each hold it)"));
+  // Every rank's pieces, cut from this rank's replica: replicated values
+  // cut as the ranks' files would hold them, which assemble joins.
+  std::vector<Piece> pieces;
+  for (int r = 0; r < strategy.layout().world(); ++r) {
+    PieceSet set = strategy_pieces(strategy, r);
+    if (parts.averaged != nullptr && parts.averaged->n_averaged() > 0)
+      set.append(own_pieces(strategy, r, parts.averaged->params(), "avg."));
+    for (Piece& p : set.copies()) pieces.push_back(std::move(p));
+  }
+  Loaded out;
+  out.step = step;
+  out.config = run.config;
+  out.state = run_state_json(state_of(parts));
+  out.wholes = assemble(pieces);
+  return out;
+}
+
 std::string resume(Communicator& comm, parallel::Strategy& strategy, const Loaded& from, const RunInfo& run,
                    const RunParts& parts, const std::function<Scheduler&()>& start_swa) {
   const RunState st = parse_run_state(from.state);

@@ -386,4 +386,17 @@ std::unique_ptr<Communicator> Communicator::split(int color, int key) {
   return out;
 }
 
+// Not ordered behind queued collectives: the communicator is broken (a rank
+// was lost), and they fail at once.
+std::unique_ptr<Communicator> Communicator::shrink() {
+  std::unique_ptr<Communicator> out = do_shrink();
+  out->set_link_model(link_);
+  out->set_timeout(timeout_);
+  return out;
+}
+
+std::unique_ptr<Communicator> Communicator::do_shrink() {
+  throw CommError(str("the ", backend(), " backend cannot re-form a group without its lost ranks"));
+}
+
 }  // namespace distopt

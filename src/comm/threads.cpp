@@ -34,13 +34,31 @@ inline void cpu_relax() {
 
 std::string seconds(std::chrono::milliseconds t) { return str(t.count() / 1000.0, " s"); }
 
-// Abort state shared by every group of one world.
+// Abort and membership state shared by every group of one world. Lock
+// order: never a group's mutex while holding World::m, nor World::m while
+// holding a group's.
 struct World {
+  World(int n, Elastic e) : size(n), elastic(e == Elastic::on), lost(new std::atomic<bool>[n]), arrived(n, 0) {
+    for (int r = 0; r < n; ++r) lost[r] = false;
+  }
+  const int size;
+  const bool elastic;
   std::atomic<bool> aborted{false};
+  // Elastic: the ranks (of the world, as first numbered) lost so far.
+  std::unique_ptr<std::atomic<bool>[]> lost;
   std::mutex m;
   std::string reason;
   std::vector<std::weak_ptr<struct Group>> groups;
+  // shrink(): the top-level group, the round being formed, the ranks that
+  // arrived for it, and the group each round formed.
+  const struct Group* root = nullptr;
+  std::uint64_t round = 0;
+  std::vector<char> arrived;
+  std::map<std::uint64_t, std::shared_ptr<struct Group>> formed;
+  std::condition_variable shrink_cv;
   void abort(const std::string& why);
+  void lose(const std::vector<int>& ranks);
+  void wake_all();
 };
 
 struct Slot {
@@ -50,7 +68,9 @@ struct Slot {
 };
 
 struct Group {
-  Group(int n, std::shared_ptr<World> w) : size(n), world(std::move(w)), arrived_gen(n, 0), slots(n) {}
+  Group(int n, std::shared_ptr<World> w) : size(n), world(std::move(w)), arrived_gen(n, 0), slots(n), members(n) {
+    for (int r = 0; r < n; ++r) members[r] = r;
+  }
   const int size;
   std::shared_ptr<World> world;
   std::mutex m;
@@ -62,16 +82,41 @@ struct Group {
   std::vector<Slot> slots;
   std::map<std::pair<std::uint64_t, int>, std::shared_ptr<Group>> children;  // (split #, color)
   std::map<std::tuple<int, int, int>, std::deque<std::vector<unsigned char>>> mail;  // (src, dst, tag)
+  std::vector<int> members;  // the world rank of each rank of the group (set before use)
+  // Elastic: the group's ranks the world has lost ("" for none).
+  std::string lost_members() const {
+    std::string out;
+    for (int r = 0; r < size; ++r)
+      if (world->lost[members[r]]) out += (out.empty() ? "" : ", ") + std::to_string(r);
+    return out;
+  }
+  bool broken() const { return world->elastic && !lost_members().empty(); }
 };
 
 void World::abort(const std::string& why) {
-  std::vector<std::shared_ptr<Group>> live;
   {
     std::lock_guard lock(m);
     if (aborted.exchange(true)) return;
     reason = why;
+  }
+  wake_all();
+}
+
+void World::lose(const std::vector<int>& ranks) {
+  {
+    std::lock_guard lock(m);
+    for (int r : ranks) lost[r] = true;
+  }
+  wake_all();
+}
+
+void World::wake_all() {
+  std::vector<std::shared_ptr<Group>> live;
+  {
+    std::lock_guard lock(m);
     for (auto& w : groups)
       if (auto g = w.lock()) live.push_back(std::move(g));
+    shrink_cv.notify_all();
   }
   for (auto& g : live) {
     std::lock_guard lock(g->m);  // no waiter can miss the flag
@@ -143,6 +188,54 @@ class ThreadsComm final : public Communicator {
 
   void do_barrier() override { rendezvous("barrier"); }
 
+  std::unique_ptr<Communicator> do_shrink() override {
+    World& w = *g_->world;
+    if (!w.elastic) throw CommError("shrink: this threads world does not go on without lost ranks (Elastic::off)");
+    const int me = g_->members[rank_];
+    const auto until = deadline();
+    std::unique_lock lock(w.m);
+    if (w.root != g_.get()) throw CommError("shrink: only the world's top-level communicator re-forms");
+    const std::uint64_t round = w.round;
+    w.arrived[me] = 1;
+    auto complete = [&] {
+      for (int m : g_->members)
+        if (!w.lost[m] && !w.arrived[m]) return false;
+      return true;
+    };
+    w.shrink_cv.wait_until(lock, until, [&] { return w.round != round || complete() || w.aborted; });
+    if (w.aborted) {
+      lock.unlock();
+      throw_aborted("shrink");
+    }
+    bool late = false;
+    if (w.round == round) {
+      // This rank closes the round: who has not come by now is lost too.
+      std::vector<int> live;
+      for (int m : g_->members) {
+        if (!w.lost[m] && !w.arrived[m]) {
+          w.lost[m] = true;
+          late = true;
+        }
+        if (!w.lost[m]) live.push_back(m);
+      }
+      auto next = std::make_shared<Group>(static_cast<int>(live.size()), g_->world);
+      next->members = live;
+      w.groups.push_back(next);
+      w.root = next.get();
+      w.formed[round] = next;
+      std::fill(w.arrived.begin(), w.arrived.end(), 0);
+      ++w.round;
+      w.shrink_cv.notify_all();
+    }
+    std::shared_ptr<Group> next = w.formed.at(round);
+    lock.unlock();
+    if (late) w.wake_all();
+    const auto at = std::find(next->members.begin(), next->members.end(), me);
+    if (at == next->members.end())
+      throw RankLost(str("shrink on rank ", rank_, ": this rank came after the survivors re-formed without it"));
+    return std::make_unique<ThreadsComm>(std::move(next), static_cast<int>(at - next->members.begin()));
+  }
+
   std::unique_ptr<Communicator> do_split(int color, int key) override {
     Slot mine;
     mine.color = color;
@@ -157,7 +250,10 @@ class ThreadsComm final : public Communicator {
     if (color >= 0) {
       std::lock_guard lock(g_->m);
       auto& slot = g_->children[{id, color}];
-      if (!slot) slot = new_group(static_cast<int>(members.size()), g_->world);
+      if (!slot) {
+        slot = new_group(static_cast<int>(members.size()), g_->world);
+        for (std::size_t i = 0; i < members.size(); ++i) slot->members[i] = g_->members[members[i].second];
+      }
       child = slot;
     }
     rendezvous("split");
@@ -176,6 +272,10 @@ class ThreadsComm final : public Communicator {
 
  private:
   friend class MailRecv;
+  // Elastic: a rank of this group was lost (the caller may hold g_->m).
+  [[noreturn]] void throw_lost(const char* op) {
+    throw RankLost(str(op, " on rank ", rank_, ": rank(s) ", g_->lost_members(), " lost (threads backend)"));
+  }
   [[noreturn]] void throw_aborted(const char* op) {
     std::lock_guard lock(g_->world->m);
     throw CommAborted(str(op, " on rank ", rank_, ": aborted because ", g_->world->reason));
@@ -191,6 +291,7 @@ class ThreadsComm final : public Communicator {
       lock.unlock();
       throw_aborted(op);
     }
+    if (g_->broken()) throw_lost(op);
     if (slot) g_->slots[rank_] = *slot;
     const std::uint64_t gen = g_->generation.load(std::memory_order_relaxed);
     g_->arrived_gen[rank_] = gen + 1;
@@ -207,20 +308,34 @@ class ThreadsComm final : public Communicator {
       lock.unlock();
       for (int i = 0; i < kSpinIterations; ++i) {
         if (g_->generation.load(std::memory_order_acquire) != gen) return;
-        if (g_->world->aborted.load(std::memory_order_relaxed)) break;
+        if (g_->world->aborted.load(std::memory_order_relaxed) || g_->broken()) break;
         cpu_relax();
       }
       lock.lock();
     }
-    g_->cv.wait_until(lock, until, [&] { return g_->generation.load(std::memory_order_relaxed) != gen || g_->world->aborted; });
+    g_->cv.wait_until(lock, until, [&] {
+      return g_->generation.load(std::memory_order_relaxed) != gen || g_->world->aborted || g_->broken();
+    });
     if (g_->generation.load(std::memory_order_relaxed) != gen) return;
     if (g_->world->aborted) {
       lock.unlock();
       throw_aborted(op);
     }
+    if (g_->broken()) throw_lost(op);
     std::string missing;
+    std::vector<int> silent;
     for (int r = 0; r < g_->size; ++r)
-      if (g_->arrived_gen[r] != gen + 1) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (g_->arrived_gen[r] != gen + 1) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+        silent.push_back(g_->members[r]);
+      }
+    if (g_->world->elastic) {
+      // Silent past the time-out: lost, and the others woken to go on without them.
+      lock.unlock();
+      g_->world->lose(silent);
+      throw RankLost(str(op, " on rank ", rank_, ": rank(s) ", missing, " silent for ", seconds(timeout()),
+                         ", lost (threads backend)"));
+    }
     throw CommTimeout(str(op, " on rank ", rank_, ": timed out after ", seconds(timeout()),
                           " waiting for rank(s) ", missing, " (threads backend)"));
   }
@@ -259,12 +374,13 @@ class MailRecv final : public Request {
     if (done_) return;
     const auto until = c_->deadline();
     std::unique_lock lock(c_->g_->m);
-    c_->g_->cv.wait_until(lock, until, [&] { return ready() || c_->g_->world->aborted; });
+    c_->g_->cv.wait_until(lock, until, [&] { return ready() || c_->g_->world->aborted || c_->g_->broken(); });
     if (take()) return;
     if (c_->g_->world->aborted) {
       lock.unlock();
       c_->throw_aborted("recv");
     }
+    if (c_->g_->broken()) c_->throw_lost("recv");
     throw CommTimeout(str("recv on rank ", c_->rank(), ": timed out after ", seconds(c_->timeout()),
                           " waiting for rank ", peer_, " (tag ", tag_, ", threads backend)"));
   }
@@ -310,16 +426,18 @@ std::unique_ptr<Request> ThreadsComm::do_irecv(void* buf, std::size_t bytes, int
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_threads_world(int n) {
+std::vector<std::unique_ptr<Communicator>> make_threads_world(int n, Elastic elastic) {
   if (n < 1) throw InvalidInput(str("world size must be at least 1, got ", n));
-  auto world = std::make_shared<World>();
+  auto world = std::make_shared<World>(n, elastic);
   auto group = new_group(n, world);
+  world->root = group.get();
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < n; ++r) comms.push_back(std::make_unique<ThreadsComm>(group, r));
   return comms;
 }
 
-void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout) {
+SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout,
+                  Elastic elastic) {
   // Shared with the rank threads, so that an abandoned one (below) never
   // touches freed memory of this function.
   struct State {
@@ -334,7 +452,7 @@ void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::mil
     int running = 0;
   };
   auto st = std::make_shared<State>();
-  st->comms = make_threads_world(n);
+  st->comms = make_threads_world(n, elastic);
   st->fn = fn;
   st->errors.resize(n);
   st->consequence.assign(n, 0);
@@ -351,10 +469,16 @@ void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::mil
         st->consequence[r] = 1;
       } catch (const std::exception& e) {
         st->errors[r] = std::current_exception();
-        world.abort(str("rank ", r, " failed: ", e.what()));
+        if (world.elastic)
+          world.lose({r});  // the others go on without it
+        else
+          world.abort(str("rank ", r, " failed: ", e.what()));
       } catch (...) {
         st->errors[r] = std::current_exception();
-        world.abort(str("rank ", r, " failed"));
+        if (world.elastic)
+          world.lose({r});
+        else
+          world.abort(str("rank ", r, " failed"));
       }
       std::lock_guard lock(st->m);
       st->finished[r] = 1;
@@ -386,11 +510,37 @@ void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::mil
   // the time-out to end too: after the last collective nothing is left to
   // wait for, so one that does not is stalled (the world is aborted with
   // that reason, and it is abandoned as above).
-  std::vector<int> stuck;
+  //
+  // Elastic: the run is over once every rank not lost has ended; lost ranks
+  // still running then (stalled) are abandoned without an error, and a
+  // rank that has not ended the time-out after the first one did is lost.
+  auto over = [&] {
+    if (st->running == 0) return true;
+    if (!world.elastic) return false;
+    for (int r = 0; r < n; ++r)
+      if (!st->finished[r] && !world.lost[r]) return false;
+    return true;
+  };
+  std::vector<int> stuck, abandoned;
   {
     std::unique_lock lock(st->m);
     st->cv.wait(lock, [&] { return st->running < n || world.aborted.load(); });
-    if (!st->cv.wait_for(lock, timeout, [&] { return st->running == 0 || world.aborted.load(); })) {
+    if (world.elastic) {
+      // A loss (World::lose) does not notify st->cv: poll for it gently.
+      const auto until = std::chrono::steady_clock::now() + timeout;
+      while (!over() && !world.aborted && std::chrono::steady_clock::now() < until)
+        st->cv.wait_for(lock, std::chrono::milliseconds(50));
+      if (!over() && !world.aborted) {
+        std::vector<int> late;
+        for (int r = 0; r < n; ++r)
+          if (!st->finished[r] && !world.lost[r]) late.push_back(r);
+        lock.unlock();
+        world.lose(late);
+        lock.lock();
+      }
+      for (int r = 0; r < n; ++r)
+        if (!st->finished[r]) abandoned.push_back(r);
+    } else if (!st->cv.wait_for(lock, timeout, [&] { return st->running == 0 || world.aborted.load(); })) {
       std::string late, done;
       for (int r = 0; r < n; ++r) {
         std::string& list = st->finished[r] ? done : late;
@@ -401,15 +551,27 @@ void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::mil
                       " (threads backend)"));
       lock.lock();
     }
-    if (!st->cv.wait_for(lock, kAbandonAfter, [&] { return st->running == 0; }))
+    // (An elastic world that went on has listed its lost ranks still running.)
+    if (!(world.elastic && !world.aborted) && !st->cv.wait_for(lock, kAbandonAfter, [&] { return st->running == 0; }))
       for (int r = 0; r < n; ++r)
         if (!st->finished[r]) stuck.push_back(r);
   }
   for (int r = 0; r < n; ++r) {
-    if (std::find(stuck.begin(), stuck.end(), r) != stuck.end())
+    if (std::find(stuck.begin(), stuck.end(), r) != stuck.end() ||
+        std::find(abandoned.begin(), abandoned.end(), r) != abandoned.end())
       threads[r].detach();
     else
       threads[r].join();
+  }
+  if (world.elastic && !world.aborted) {
+    // The survivors went on: the run is theirs, unless none of them ended well.
+    for (int r = 0; r < n; ++r)
+      if (st->finished[r] && !st->errors[r]) return SpawnResult{abandoned};
+    if (!abandoned.empty()) {
+      for (int r = 0; r < n; ++r)
+        if (st->errors[r]) std::rethrow_exception(st->errors[r]);
+      throw RanksAbandoned("every rank was lost");
+    }
   }
   if (!stuck.empty()) {
     std::string who;
@@ -428,6 +590,7 @@ void spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::mil
     if (st->errors[r] && !st->consequence[r]) std::rethrow_exception(st->errors[r]);
   for (int r = 0; r < n; ++r)
     if (st->errors[r]) std::rethrow_exception(st->errors[r]);
+  return {};
 }
 
 }  // namespace distopt

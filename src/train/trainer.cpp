@@ -120,6 +120,12 @@ Fault fault_from_env() {
     f.step = static_cast<std::size_t>(step);
     return f;
   }
+  used = 0;
+  if (std::sscanf(env, "fail:%d:%llu%n", &f.rank, &step, &used) == 2 && env[used] == '\0' && f.rank >= 0) {
+    f.kind = Fault::Kind::fail;
+    f.step = static_cast<std::size_t>(step);
+    return f;
+  }
   char point[16] = {};
   used = 0;
   if (std::sscanf(env, "stall:%d:%15[a-z]%n", &f.rank, point, &used) == 2 && env[used] == '\0' && f.rank >= 0 &&
@@ -138,7 +144,7 @@ Fault fault_from_env() {
     return f;
   }
   throw InvalidInput(str("DISTOPT_FAULT: '", env,
-                         "' is not stall:RANK:STEP, stall:RANK:init|end|finalize or exit:RANK:STEP:file|manifest"));
+                         "' is not stall:RANK:STEP, stall:RANK:init|end|finalize, fail:RANK:STEP or exit:RANK:STEP:file|manifest"));
 }
 
 namespace {
@@ -155,7 +161,20 @@ std::string hash_params(const std::vector<float>& params) {
   return hex64(XXH3_64bits(params.data(), params.size() * sizeof(float)));
 }
 
-TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer) {
+namespace {
+
+// Thrown out of a segment whose world lost ranks, under OnRankFailure::go_on:
+// the state of the last step every survivor completed, kept in memory.
+struct Survivable {
+  checkpoint::Loaded state;   // what the survivors go on from
+  std::string what;           // the loss, as the survivor saw it
+  Clock::time_point since;    // when this rank's last step ended
+  std::size_t done = 0;       // the steps this rank had completed
+};
+
+// One segment of a run: to its end, or until its world loses a rank.
+TrainResult train_segment(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer,
+                          bool first) {
   validate(comm, data, config);
   const DenormalMode denormals(config.flush_denormals ? DenormalMode::flush : DenormalMode::ieee);
   auto model = models::make_model(config.model, data.train.features, data.train.classes,
@@ -230,7 +249,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   const std::size_t per_epoch = sampler.batches_per_epoch();
   const std::size_t features = data.train.features;
   const bool report = observer != nullptr && comm.rank() == 0;
-  if (report) observer->on_start(config.epochs, per_epoch);
+  if (report && first) observer->on_start(config.epochs, per_epoch);
 
   // This rank's piece of a batch, gathered contiguously.
   // (A batch never holds more than the training set.)
@@ -290,6 +309,9 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     ++result.checkpoints_written;
   };
   if (config.max_steps != 0 && start_step >= config.max_steps) stop = true;
+  bool applied = false;  // the step in progress has updated the parameters
+  Clock::time_point last_step_end = Clock::now();
+  try {
   for (int epoch = first_epoch; epoch <= config.epochs && !stop; ++epoch) {
     epoch_now = epoch;
     sampler.set_epoch(static_cast<std::uint64_t>(epoch - 1));
@@ -319,6 +341,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       gather = comm.iall_gather(mine, all.data(), 3, ElemType::f64);
       stepped = true;
       strategy->step(update);
+      applied = true;
       if (scaler) {
         scaler->update();
         if (!stepped) ++result.skipped_steps;
@@ -340,6 +363,8 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       epoch_loss += loss_sum;
       epoch_count += count;
       ++result.steps;
+      applied = false;
+      last_step_end = Clock::now();
       const double loss = loss_sum / count;
       if (report) {
         const double t = seconds_since(epoch_start);
@@ -382,8 +407,16 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           save_after_epoch = true;
         }
       }
-      if (fault.stalls(comm.rank(), Fault::At::step) && fault.step == result.steps)
+      // Once per process: survivors that go back to a checkpoint pass the
+      // step again, with that rank number held by another rank.
+      static std::atomic<bool> fault_fired{false};
+      const bool fault_here = fault.rank == comm.rank() && fault.step == result.steps &&
+                              (fault.kind == Fault::Kind::fail || fault.stalls(comm.rank(), Fault::At::step));
+      if (fault_here && !fault_fired.exchange(true)) {
+        if (fault.kind == Fault::Kind::fail)
+          throw Error(str("rank ", comm.rank(), " failed after step ", result.steps, " (DISTOPT_FAULT)"));
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+      }
       if (stop_request > 0) {
         result.interrupted = true;
         result.stop_signal = static_cast<int>(stop_request);
@@ -491,7 +524,72 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     const std::span<const float> own = averaged->params();
     gathered(&own, result.averaged->params, result.averaged->param_hash);
   }
+  } catch (const RankLost& e) {
+    if (config.on_rank_failure != TrainConfig::OnRankFailure::go_on) throw;
+    if (gather) {  // the step's loss gather, failed too: done with its buffers
+      try {
+        gather->wait();
+      } catch (const CommError&) {
+      }
+      gather.reset();
+    }
+    // Every survivor is in the same collective (the first the lost rank
+    // missed), so they agree on the step: one that updated the parameters
+    // counts as done (its loss is not known).
+    const std::size_t done = result.steps + (applied ? 1 : 0);
+    if (strategy->info().replicated_params && !strategy->info().per_rank_models)
+      throw Survivable{checkpoint::capture(*strategy, run, parts(), done), e.what(), last_step_end, done};
+    // A sharded strategy: the lost rank held the only copy of its shard, so
+    // the survivors go back to the last checkpoint (a later one may be
+    // half written: load_latest takes the latest complete one).
+    if (config.checkpoint_dir.empty())
+      throw InvalidInput(str("--strategy ", config.strategy, ": a rank was lost and there is no checkpoint to go back to"));
+    throw Survivable{checkpoint::load_latest(config.checkpoint_dir), e.what(), last_step_end, done};
+  }
   return result;
+}
+
+}  // namespace
+
+TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer) {
+  Communicator* now = &comm;
+  std::unique_ptr<Communicator> owned;  // the communicator of the survivors, after a loss
+  TrainConfig c = config;
+  std::vector<MembershipChange> changes;
+  for (;;) {
+    try {
+      TrainResult r = train_segment(*now, data, c, observer, changes.empty());
+      r.membership = std::move(changes);
+      return r;
+    } catch (Survivable& lost) {
+      const int before = now->size(), rank_before = now->rank();
+      owned = now->shrink();
+      now = owned.get();
+      // The survivors agree on the step they go on from (a commit vote).
+      const std::int64_t mine[2] = {static_cast<std::int64_t>(lost.state.step), rank_before};
+      std::vector<std::int64_t> all(2 * static_cast<std::size_t>(now->size()));
+      now->all_gather(mine, all.data(), 2, ElemType::i64);
+      MembershipChange change;
+      change.step = lost.state.step;
+      change.steps_redone = lost.done - static_cast<std::size_t>(lost.state.step);
+      change.world_before = before;
+      change.world = now->size();
+      std::vector<char> alive(static_cast<std::size_t>(before), 0);
+      for (int r = 0; r < now->size(); ++r) {
+        if (all[2 * static_cast<std::size_t>(r)] != mine[0])
+          throw CommError(str("the survivors of a lost rank disagree on the last step: ", mine[0], " here, ",
+                              all[2 * static_cast<std::size_t>(r)], " on rank ", r));
+        alive[static_cast<std::size_t>(all[2 * static_cast<std::size_t>(r) + 1])] = 1;
+      }
+      for (int r = 0; r < before; ++r)
+        if (!alive[static_cast<std::size_t>(r)]) change.lost.push_back(r);
+      change.reason = lost.what;
+      c.resume = std::make_shared<const checkpoint::Loaded>(std::move(lost.state));
+      change.seconds = seconds_since(lost.since);
+      if (observer != nullptr && now->rank() == 0) observer->on_membership(change);
+      changes.push_back(std::move(change));
+    }
+  }
 }
 
 }  // namespace distopt::train

@@ -41,6 +41,7 @@ struct TrainArgs {
   std::string device = "cpu";
   std::string matmul_precision = "f32";
   std::string on_nonfinite = "error", comm_timeout;
+  std::string on_rank_failure = "stop";
   std::set<std::string> gossip_flags;  // gossip options given on the command line
   std::set<std::string> live_flags;    // --prefetch-units, --max-live-params, --max-buckets-in-flight given
   std::string link_bandwidth = "none";

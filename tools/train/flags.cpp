@@ -154,6 +154,10 @@ Runner add_train(CLI::App& app) {
                   "a non-finite loss or gradient norm: error (default: stop, exit status 4), warn (say so once, "
                   "train on) or ignore")
       ->check(CLI::IsMember({"error", "warn", "ignore"}));
+  sub->add_option("--on-rank-failure", a->on_rank_failure,
+                  "a rank lost (failed, or silent past --comm-timeout): stop (default: every rank ends with the "
+                  "error) or continue (the survivors go on; ddp on the threads backend)")
+      ->check(CLI::IsMember({"stop", "continue"}));
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "seconds a rank waits for the others before the job ends naming the silent rank (default 300, "
                   "or DISTOPT_COMM_TIMEOUT)");

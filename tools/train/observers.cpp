@@ -105,6 +105,22 @@ void Progress::on_warning(const std::string& what) {
   std::fprintf(stderr, "%sdistopt: warning: %s\n", bar_ ? "\r\x1b[K" : "", printable(what.c_str()).c_str());
 }
 
+namespace {
+std::string rank_list(const std::vector<int>& ranks, const char* sep) {
+  std::string out;
+  for (int r : ranks) out += (out.empty() ? "" : sep) + std::to_string(r);
+  return out;
+}
+}  // namespace
+
+void Progress::on_membership(const train::MembershipChange& c) {
+  const std::string back =
+      c.steps_redone > 0 ? str(" (back to the checkpoint of step ", c.step, ": ", c.steps_redone, " steps again)") : "";
+  std::fprintf(stderr, "%sdistopt: rank(s) %s lost after step %zu; %d ranks go on from step %zu%s (%.2f s lost): %s\n",
+               bar_ ? "\r\x1b[K" : "", rank_list(c.lost, ", ").c_str(), c.step + c.steps_redone, c.world, c.step,
+               back.c_str(), c.seconds, printable(c.reason.c_str()).c_str());
+}
+
 MetricsFile::MetricsFile(const std::string& path)
     : path_(output_path(path)),
       tmp_(path_ + ".tmp." + std::to_string(::getpid())),
@@ -181,6 +197,15 @@ void MetricsFile::on_epoch(const train::EpochMetrics& m) {
   out_.flush();
 }
 
+void MetricsFile::on_membership(const train::MembershipChange& c) {
+  if (csv_) return;
+  out_ << str("{\"kind\": \"membership\", \"step\": ", c.step, ", \"steps_redone\": ", c.steps_redone,
+              ", \"world_before\": ", c.world_before,
+              ", \"world\": ", c.world, ", \"lost\": [", rank_list(c.lost, ", "), "], \"seconds\": ", jnum(c.seconds),
+              "}\n");
+  out_.flush();
+}
+
 void MetricsFile::finish() {
   out_.close();
   if (!out_) throw IoError(str(path_, ": write failed"));
@@ -188,6 +213,11 @@ void MetricsFile::finish() {
   std::filesystem::rename(tmp_, path_, ec);
   if (ec) throw IoError(str(path_, ": cannot replace: ", ec.message()));
   done_ = true;
+}
+
+void Both::on_membership(const train::MembershipChange& c) {
+  for (auto* o : {a_, b_})
+    if (o) o->on_membership(c);
 }
 
 void Both::on_start(int e, std::size_t s) {

@@ -35,6 +35,7 @@ class Progress final : public train::Observer {
   void on_epoch(const train::EpochMetrics& m) override;
   // Warnings print whatever the progress mode, on a line of their own.
   void on_warning(const std::string& what) override;
+  void on_membership(const train::MembershipChange& c) override;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -53,6 +54,8 @@ class MetricsFile final : public train::Observer {
   ~MetricsFile() override;  // removes the temporary file unless finished
   void on_step(const train::StepMetrics& m) override;
   void on_epoch(const train::EpochMetrics& m) override;
+  // JSON lines only: {"kind": "membership", ...} (docs/formats.md).
+  void on_membership(const train::MembershipChange& c) override;
   // Removes the temporary file only (a stuck rank may still hold this object).
   void discard() { std::remove(tmp_.c_str()); }
   // Closes the file and renames it onto its name.
@@ -74,6 +77,7 @@ class Both final : public train::Observer {
   void on_step(const train::StepMetrics& m) override;
   void on_epoch(const train::EpochMetrics& m) override;
   void on_warning(const std::string& w) override;
+  void on_membership(const train::MembershipChange& c) override;
 
  private:
   train::Observer *a_, *b_;

@@ -329,6 +329,17 @@ void prepare(TrainArgs& a) {
     throw InvalidInput(
         "--init-scale, --growth-factor, --backoff-factor and --growth-interval need --loss-scale dynamic");
   }
+  if (a.on_rank_failure == "continue") {
+    const parallel::StrategyInfo& s = parallel::strategy_or_throw(a.config.strategy);
+    if (s.per_rank_models)
+      throw InvalidInput(str("--on-rank-failure continue: --strategy ", a.config.strategy,
+                             " cannot go on without a lost rank yet; ddp and zero1-3 can"));
+    if (!s.replicated_params && a.config.checkpoint_dir.empty())
+      throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy,
+                             " needs --checkpoint-dir: a lost rank holds the only copy of its shard, so the survivors "
+                             "go back to the last checkpoint"));
+    a.config.on_rank_failure = train::TrainConfig::OnRankFailure::go_on;
+  }
   if (a.on_nonfinite == "warn") a.config.on_nonfinite = train::TrainConfig::OnNonFinite::warn;
   else if (a.on_nonfinite == "ignore") a.config.on_nonfinite = train::TrainConfig::OnNonFinite::ignore;
 }

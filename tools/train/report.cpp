@@ -41,6 +41,12 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
   if (a.config.on_nonfinite != train::TrainConfig::OnNonFinite::error)
     out += str(", \"nonfinite_steps\": ", r.nonfinite_steps);
   if (!std::isnan(r.consensus_distance)) out += str(", \"consensus_distance\": ", jnum(r.consensus_distance));
+  if (a.config.on_rank_failure == train::TrainConfig::OnRankFailure::go_on) {
+    double lost = 0;
+    for (const auto& c : r.membership) lost += c.seconds;
+    out += str(", \"membership_changes\": ", r.membership.size(), ", \"world_at_end\": ",
+               r.membership.empty() ? world : r.membership.back().world, ", \"seconds_lost\": ", jnum(lost));
+  }
   // The process's peak resident memory so far: every rank of the threads
   // backend together, this process's rank under MPI.
   rusage usage{};

@@ -48,6 +48,8 @@ class Launcher {
   virtual void run(const std::function<void(Communicator&)>& fn) = 0;
   // After the outputs are written: the ranks finish together.
   virtual void finish() {}
+  // Whether ranks were left running (lost and stalled, the run went on).
+  virtual bool abandoned() const { return false; }
   // DISTOPT_FAULT's stall at the run's end (train::Fault): stops this
   // process as `kill -STOP` would (MPI), or the calling rank thread.
   [[noreturn]] virtual void stop_here() {
@@ -61,8 +63,8 @@ class Launcher {
 
 class ThreadsLauncher final : public Launcher {
  public:
-  ThreadsLauncher(int world, std::chrono::milliseconds timeout, LinkModel link)
-      : world_(world), timeout_(timeout), link_(link) {
+  ThreadsLauncher(int world, std::chrono::milliseconds timeout, LinkModel link, Elastic elastic)
+      : world_(world), timeout_(timeout), link_(link), elastic_(elastic) {
     if (world < 1) throw InvalidInput(str("--world must be at least 1 (got ", world, ")"));
   }
   int world() const override { return world_; }
@@ -75,14 +77,17 @@ class ThreadsLauncher final : public Launcher {
                              ": every rank needs at least one sample per step"));
   }
   void run(const std::function<void(Communicator&)>& fn) override {
-    spawn(
+    const SpawnResult r = spawn(
         world_,
         [&](Communicator& comm) {
           comm.set_link_model(link_);
           fn(comm);
         },
-        timeout_);
+        timeout_, elastic_);
+    abandoned_ = !r.abandoned.empty();
   }
+  // Lost ranks left running (stalled): the process must end without unwinding.
+  bool abandoned() const override { return abandoned_; }
   [[noreturn]] void fail(const std::exception&, const std::function<void()>& cleanup) override {
     cleanup();
     throw;
@@ -92,6 +97,8 @@ class ThreadsLauncher final : public Launcher {
   int world_;
   std::chrono::milliseconds timeout_;
   LinkModel link_;
+  Elastic elastic_;
+  bool abandoned_ = false;
 };
 
 class MpiLauncher final : public Launcher {
@@ -142,8 +149,12 @@ std::unique_ptr<Launcher> launch(TrainArgs& a, std::chrono::milliseconds timeout
                              "without mpirun"));
     }
   }
+  if (a.backend == "mpi" && a.on_rank_failure == "continue")
+    throw InvalidInput("--on-rank-failure continue: the mpi backend (Open MPI) ends the job when a process is lost; "
+                       "the threads backend goes on");
   if (a.backend == "mpi") return std::make_unique<MpiLauncher>(timeout, link);
-  return std::make_unique<ThreadsLauncher>(a.world, timeout, link);
+  return std::make_unique<ThreadsLauncher>(a.world, timeout, link,
+                                           a.on_rank_failure == "continue" ? Elastic::on : Elastic::off);
 }
 
 }  // namespace
@@ -209,6 +220,11 @@ int run_train(TrainArgs& a) {
       report_stop(result);
     }
     launcher->finish();
+    if (launcher->abandoned()) {
+      // A lost rank's thread may still use what unwinding would free.
+      std::fflush(stdout);
+      std::_Exit(result.interrupted ? StopOnSignal::exit_code(result.stop_signal) : 0);
+    }
     if (a.backend == "mpi" && fault.stalls(launcher->rank_here(), train::Fault::At::finalize)) launcher->stop_here();
   } catch (const NonFiniteError& e) {
     // Every rank stopped at the same step with the same finding: one line,

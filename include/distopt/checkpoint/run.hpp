@@ -77,6 +77,14 @@ struct Loaded {
 // none, or a manifest that carries no run configuration.
 Loaded load_latest(const std::filesystem::path& root);
 
+// The state of a strategy whose every rank holds all of it (ddp: replicated
+// parameters and optimizer state), with the run's parts, as a checkpoint of
+// `step` kept in memory, from this rank alone (no communication): what the
+// survivors of a lost rank resume from at their new world size
+// (docs/reliability.md, "Survivors"). InvalidInput for a strategy whose
+// ranks do not each hold the whole (zero1-3, gossip).
+Loaded capture(parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts, std::uint64_t step);
+
 // Brings a strategy made from initial_params(layout, from.wholes) and the
 // run's parts to the saved state: the optimizer state (a gossip rank's own
 // where the run matches the saved one, see RunInfo::gossip), the strategy's

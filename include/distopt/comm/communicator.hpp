@@ -13,7 +13,8 @@
 //    second and then sleeps 1 ms between polls; the threads backend sleeps
 //    on a condition variable after a short spin.
 //    When a rank of the threads backend fails, the others are woken with
-//    CommAborted. After any CommError in a collective the communicator is
+//    CommAborted (RankLost in an elastic world, whose survivors go on
+//    through shrink()). After any CommError in a collective the communicator is
 //    broken: every later collective, queued or new, fails at once with it.
 //  * all_reduce is reduce_scatter followed by all_gather over the pieces of
 //    piece_of(), and reductions combine ranks in order 0, 1, ..., n-1
@@ -139,6 +140,13 @@ class Communicator {
   // its own: the two do not share a token bucket).
   std::unique_ptr<Communicator> split(int color, int key);
 
+  // After RankLost: the ranks still alive form a new communicator, ranked
+  // in their old order (collective over the survivors; a rank that does
+  // not come within the time-out is lost too). Only a world's top-level
+  // communicator (not one made by split) shrinks; backends that cannot
+  // re-form a group throw CommError saying so.
+  std::unique_ptr<Communicator> shrink();
+
   // Typed conveniences.
   template <class T>
   void all_reduce(std::span<T> buf, ReduceOp op);
@@ -158,6 +166,7 @@ class Communicator {
   virtual std::unique_ptr<Request> do_isend(const void* buf, std::size_t bytes, int peer, int tag) = 0;
   virtual std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
+  virtual std::unique_ptr<Communicator> do_shrink();
   // Backends call this first thing in their destructor: it finishes queued
   // non-blocking collectives and joins the progress thread while the
   // backend's members still exist.

@@ -13,8 +13,14 @@
 
 namespace distopt {
 
+// Whether a world goes on without ranks it loses: off, a failing rank ends
+// every rank (CommAborted); on, the others are woken with RankLost, a rank
+// silent past the time-out is lost as well, and the survivors re-form the
+// world with Communicator::shrink().
+enum class Elastic { off, on };
+
 // n communicators, one per rank, sharing one world. Give each to one thread.
-std::vector<std::unique_ptr<Communicator>> make_threads_world(int n);
+std::vector<std::unique_ptr<Communicator>> make_threads_world(int n, Elastic elastic = Elastic::off);
 
 // Runs fn(comm) for every rank of a new n-rank world, each on its own thread,
 // and returns when all have ended. When a rank throws, the others are woken
@@ -27,8 +33,16 @@ std::vector<std::unique_ptr<Communicator>> make_threads_world(int n);
 // it after the original failure. Whatever that thread references must then
 // outlive it: the process should report and end without unwinding
 // (std::_Exit), as distopt's commands do.
+//
+// Elastic::on: a failing rank's error is not rethrown while another rank
+// ends normally (the survivors went on); lost ranks still running when the
+// survivors have ended (stalled) are abandoned, and the result says so: the
+// process should then end without unwinding, as above.
 inline constexpr std::chrono::milliseconds kAbandonAfter{2'000};
-void spawn(int n, const std::function<void(Communicator&)>& fn,
-           std::chrono::milliseconds timeout = Communicator::default_timeout());
+struct SpawnResult {
+  std::vector<int> abandoned;  // lost ranks left running (Elastic::on)
+};
+SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn,
+                  std::chrono::milliseconds timeout = Communicator::default_timeout(), Elastic elastic = Elastic::off);
 
 }  // namespace distopt

@@ -61,6 +61,13 @@ class CommAborted : public CommError {
  public:
   using CommError::CommError;
 };
+// A world that goes on without its lost ranks (spawn's Elastic::on): a
+// rank of this group failed or fell silent past the time-out. The group is
+// broken; the survivors re-form one with Communicator::shrink().
+class RankLost : public CommError {
+ public:
+  using CommError::CommError;
+};
 
 // The piece of `count` elements that rank r of n owns in collectives that
 // split a buffer (all_reduce's reduce-scatter phase): n contiguous pieces,

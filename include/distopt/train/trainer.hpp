@@ -110,6 +110,28 @@ struct TrainConfig {
   // Resumes from a checkpoint (checkpoint::load_latest) at the step it was
   // saved at, at any world size and strategy.
   std::shared_ptr<const checkpoint::Loaded> resume;
+  // A rank lost (failed, or silent past the communicator's time-out):
+  // stop (every rank ends with the error), or go on with the survivors
+  // (docs/reliability.md, "Survivors"): they re-form the world
+  // (Communicator::shrink, an elastic threads world), take the state of the
+  // last step they all completed from their own replica (ddp) or go back
+  // to the last checkpoint in checkpoint_dir (zero1-3: the lost rank held
+  // the only copy of its shard), re-cut the data over the new world and
+  // go on from the next step. Gossip strategies cannot yet.
+  enum class OnRankFailure { stop, go_on };
+  OnRankFailure on_rank_failure = OnRankFailure::stop;
+};
+
+// A change of the run's world: ranks lost after `step`.
+struct MembershipChange {
+  std::size_t step = 0;     // the step training goes on from (the next one is step + 1)
+  // Steps done since that step, done again: a sharded strategy goes back to
+  // its last checkpoint (0 for ddp, which goes on from its last step).
+  std::size_t steps_redone = 0;
+  int world_before = 0, world = 0;
+  std::vector<int> lost;    // ranks of the world before
+  double seconds = 0;       // spent re-forming the world and resuming from memory
+  std::string reason;       // what a survivor saw (the lost collective)
 };
 
 struct StepMetrics {
@@ -149,6 +171,8 @@ class Observer {
   // Something the user should know that does not stop training (the first
   // non-finite step under OnNonFinite::warn), as one line.
   virtual void on_warning(const std::string&) {}
+  // The world lost ranks and the survivors went on (OnRankFailure::go_on).
+  virtual void on_membership(const MembershipChange&) {}
 };
 
 struct AveragedResult {
@@ -184,10 +208,10 @@ struct TrainResult {
   std::size_t checkpoints_written = 0;
   double checkpoint_seconds = 0;
   std::uint64_t checkpoint_bytes = 0;
+  // The run's changes of world (OnRankFailure::go_on), in order.
+  std::vector<MembershipChange> membership;
 };
 
-// Throws InvalidInput for bad configurations (unknown model, batch smaller
-// than the world, ...) on every rank alike, before any communication.
 // DISTOPT_FAULT, a testing aid of `distopt train` (docs/reliability.md):
 //  * stall:RANK:STEP -- that rank stops answering after that step, as a hung
 //    or SIGSTOPped process would (train() sleeps);
@@ -197,12 +221,14 @@ struct TrainResult {
 //    stall:RANK:finalize -- after they did, before MPI_Finalize. At these
 //    points an MPI process stops itself (SIGSTOP), as `kill -STOP` would;
 //    a rank thread sleeps. The tool acts on them, not train();
+//  * fail:RANK:STEP -- that rank fails (throws) after that step, as a
+//    crashed process would;
 //  * exit:RANK:STEP:file|manifest -- the process ends at once (_exit(137),
 //    as a kill would) while that rank writes the checkpoint of that step:
 //    half of its rank file written, or its file complete and no manifest.
 // Any other value throws InvalidInput naming the variable.
 struct Fault {
-  enum class Kind { none, stall, exit };
+  enum class Kind { none, stall, fail, exit };
   enum class At { step, init, end, finalize };
   Kind kind = Kind::none;
   At at = At::step;
@@ -213,6 +239,8 @@ struct Fault {
 };
 Fault fault_from_env();
 
+// Throws InvalidInput for bad configurations (unknown model, batch smaller
+// than the world, ...) on every rank alike, before any communication.
 TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config,
                   Observer* observer = nullptr);
 
