@@ -147,17 +147,18 @@ sv=(train --data synthetic --train-size 512 --test-size 128 --batch-size 48 --ep
 "$bin" "${sv[@]}" --world 4 --max-steps 5 --checkpoint-dir "$tmp/sv-ck" >/dev/null 2>"$tmp/err" || fail "survivors: checkpoint run: $(cat "$tmp/err")"
 want=$("$bin" "${sv[@]}" --max-steps 12 --world 3 --checkpoint-dir "$tmp/sv-ck" --resume --json 2>"$tmp/err" | tail -n 1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') \
   || fail "survivors: resumed run: $(cat "$tmp/err")"
-for fault in fail:2:5 stall:2:5; do
+for fault in fail:2:5 stall:2:5 fail:0:5; do
   DISTOPT_FAULT=$fault "$bin" "${sv[@]}" --max-steps 12 --world 4 --on-rank-failure continue --comm-timeout 2 --json \
     --metrics "$tmp/sv.jsonl" >"$tmp/sv.out" 2>"$tmp/err" || fail "survivors ($fault): exit $?: $(cat "$tmp/err")"
-  grep -q "^distopt: rank(s) 2 lost after step 5; 3 ranks go on from step 5 (" "$tmp/err" || fail "survivors ($fault): $(cat "$tmp/err")"
-  /usr/bin/env python3 - "$tmp/sv.out" "$tmp/sv.jsonl" "$want" "$fault" <<'PY' || fail "survivors ($fault): summary or metrics"
+  lost=${fault#*:}; lost=${lost%%:*}  # rank 0 lost too: the new rank 0 reports
+  grep -q "^distopt: rank(s) $lost lost after step 5; 3 ranks go on from step 5 (" "$tmp/err" || fail "survivors ($fault): $(cat "$tmp/err")"
+  /usr/bin/env python3 - "$tmp/sv.out" "$tmp/sv.jsonl" "$want" "$fault" "$lost" <<'PY' || fail "survivors ($fault): summary or metrics"
 import json, sys
 s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 assert s["param_hash"] == sys.argv[3], (s["param_hash"], sys.argv[3])
 assert s["steps"] == 12 and s["membership_changes"] == 1 and s["world_at_end"] == 3, s
 m = [r for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "membership"]
-assert len(m) == 1 and m[0]["step"] == 5 and m[0]["lost"] == [2] and m[0]["world"] == 3, m
+assert len(m) == 1 and m[0]["step"] == 5 and m[0]["lost"] == [int(sys.argv[5])] and m[0]["world"] == 3, m
 # a failed rank is noticed at once; a silent one after the 2 s time-out
 assert m[0]["seconds"] < (1 if sys.argv[4].startswith("fail") else 4), m
 PY

@@ -499,6 +499,41 @@ TEST(Elastic, SurvivorsOfAFailedAndOfASilentRankReformTheWorld) {
   }
 }
 
+// Two losses in a row, the second after the survivors worked longer than
+// the time-out (a failing rank ends at once: the survivors are not lost
+// for outliving it): the world shrinks twice, 4 -> 3 -> 2.
+TEST(Elastic, ASecondLossAfterLongWorkShrinksAgain) {
+  std::vector<int> final_ranks(4, -1);
+  const SpawnResult r = spawn(
+      4,
+      [&](Communicator& c) {
+        const int me = c.rank();
+        if (me == 2) throw Error("rank 2 fails");
+        std::unique_ptr<Communicator> s;
+        try {
+          c.barrier();
+          ADD_FAILURE() << "a barrier without rank 2";
+        } catch (const RankLost&) {
+          s = c.shrink();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(700));  // longer than the time-out
+        if (me == 1) throw Error("rank 1 fails");
+        try {
+          s->barrier();
+          ADD_FAILURE() << "a barrier without rank 1";
+        } catch (const RankLost&) {
+          s = s->shrink();
+        }
+        double x = me;
+        s->all_reduce(std::span(&x, 1), ReduceOp::sum);
+        EXPECT_EQ(x, 0.0 + 3.0);
+        final_ranks[me] = s->rank();
+      },
+      std::chrono::milliseconds(300), Elastic::on);
+  EXPECT_EQ(final_ranks, (std::vector<int>{0, -1, -1, 1}));
+  EXPECT_TRUE(r.abandoned.empty());
+}
+
 TEST(Elastic, OnlyAnElasticWorldsTopCommunicatorShrinks) {
   spawn(2, [](Communicator& c) { EXPECT_THROW(c.shrink(), CommError); });
   spawn(

@@ -35,8 +35,8 @@ inline void cpu_relax() {
 std::string seconds(std::chrono::milliseconds t) { return str(t.count() / 1000.0, " s"); }
 
 // Abort and membership state shared by every group of one world. Lock
-// order: never a group's mutex while holding World::m, nor World::m while
-// holding a group's.
+// order: World::m may be taken while holding a group's mutex (split makes a
+// group), never a group's mutex while holding World::m.
 struct World {
   World(int n, Elastic e) : size(n), elastic(e == Elastic::on), lost(new std::atomic<bool>[n]), arrived(n, 0) {
     for (int r = 0; r < n; ++r) lost[r] = false;
@@ -54,7 +54,13 @@ struct World {
   const struct Group* root = nullptr;
   std::uint64_t round = 0;
   std::vector<char> arrived;
-  std::map<std::uint64_t, std::shared_ptr<struct Group>> formed;
+  // Held until every member has taken it (a group holds its world: a
+  // reference kept longer would be a cycle).
+  struct Formed {
+    std::shared_ptr<struct Group> group;
+    int taken = 0;
+  };
+  std::map<std::uint64_t, Formed> formed;
   std::condition_variable shrink_cv;
   void abort(const std::string& why);
   void lose(const std::vector<int>& ranks);
@@ -83,6 +89,7 @@ struct Group {
   std::map<std::pair<std::uint64_t, int>, std::shared_ptr<Group>> children;  // (split #, color)
   std::map<std::tuple<int, int, int>, std::deque<std::vector<unsigned char>>> mail;  // (src, dst, tag)
   std::vector<int> members;  // the world rank of each rank of the group (set before use)
+  bool top = false;          // the world's first group or one shrink() formed
   // Elastic: the group's ranks the world has lost ("" for none).
   std::string lost_members() const {
     std::string out;
@@ -154,7 +161,7 @@ class ThreadsComm final : public Communicator {
     for (int r = 0; r < g_->size; ++r) inputs[r] = static_cast<const char*>(g_->slots[r].send) + offset;
     reduce_ordered(inputs.data(), g_->size, recv, counts[rank_], type, op);
     count_sent(counts[rank_] * size_of(type) * static_cast<std::size_t>(g_->size - 1));  // read from the others
-    rendezvous("reduce_scatter");
+    rendezvous("reduce_scatter", std::nullopt, Phase::closing);
   }
 
   // Push: each rank writes its own piece into every rank's output in one
@@ -176,14 +183,14 @@ class ThreadsComm final : public Communicator {
       stream_bytes_to(outs, send, bytes);
     }
     count_sent(bytes * static_cast<std::size_t>(g_->size - 1));  // written into the others' outputs
-    rendezvous("all_gather");
+    rendezvous("all_gather", std::nullopt, Phase::closing);
   }
 
   void do_broadcast(void* buf, std::size_t bytes, int root) override {
     rendezvous("broadcast", Slot{buf, buf});
     if (rank_ != root) copy_bytes(buf, g_->slots[root].send, bytes);
     if (rank_ == root) count_sent(bytes * static_cast<std::size_t>(g_->size - 1));
-    rendezvous("broadcast");
+    rendezvous("broadcast", std::nullopt, Phase::closing);
   }
 
   void do_barrier() override { rendezvous("barrier"); }
@@ -194,7 +201,10 @@ class ThreadsComm final : public Communicator {
     const int me = g_->members[rank_];
     const auto until = deadline();
     std::unique_lock lock(w.m);
-    if (w.root != g_.get()) throw CommError("shrink: only the world's top-level communicator re-forms");
+    if (w.lost[me]) throw RankLost(str("shrink on rank ", rank_, ": this rank was lost; the others went on without it"));
+    if (!g_->top) throw CommError("shrink: only the world's top-level communicator re-forms");
+    if (w.root != g_.get())
+      throw RankLost(str("shrink on rank ", rank_, ": the survivors re-formed without this rank"));
     const std::uint64_t round = w.round;
     w.arrived[me] = 1;
     auto complete = [&] {
@@ -220,14 +230,17 @@ class ThreadsComm final : public Communicator {
       }
       auto next = std::make_shared<Group>(static_cast<int>(live.size()), g_->world);
       next->members = live;
+      next->top = true;
       w.groups.push_back(next);
       w.root = next.get();
-      w.formed[round] = next;
+      w.formed[round] = {next, 0};
       std::fill(w.arrived.begin(), w.arrived.end(), 0);
       ++w.round;
       w.shrink_cv.notify_all();
     }
-    std::shared_ptr<Group> next = w.formed.at(round);
+    World::Formed& f = w.formed.at(round);
+    std::shared_ptr<Group> next = f.group;
+    if (++f.taken == next->size) w.formed.erase(round);
     lock.unlock();
     if (late) w.wake_all();
     const auto at = std::find(next->members.begin(), next->members.end(), me);
@@ -256,7 +269,7 @@ class ThreadsComm final : public Communicator {
       }
       child = slot;
     }
-    rendezvous("split");
+    rendezvous("split", std::nullopt, Phase::closing);
     if (rank_ == 0) {
       std::lock_guard lock(g_->m);
       for (auto it = g_->children.begin(); it != g_->children.end();)
@@ -284,10 +297,29 @@ class ThreadsComm final : public Communicator {
   // Posts this rank's slot (when given) and waits until every rank of the
   // group arrived. The closing rendezvous of a collective posts nothing:
   // slower ranks may still be reading the slots of the opening one.
-  void rendezvous(const char* op, std::optional<Slot> slot = std::nullopt) {
+  // The closing rendezvous of a collective (after its copies) or any other.
+  enum class Phase { opening, closing };
+  void rendezvous(const char* op, std::optional<Slot> slot = std::nullopt, Phase phase = Phase::opening) {
     const auto until = deadline();
     std::unique_lock lock(g_->m);
     if (g_->world->aborted) {
+      lock.unlock();
+      throw_aborted(op);
+    }
+    // The closing rendezvous of an elastic world: every rank passed the
+    // opening one and is in the collective's bounded copy, reading or
+    // writing the others' buffers; none may leave (and free them) before
+    // all are through, lost or not.
+    if (phase == Phase::closing && g_->world->elastic) {
+      const std::uint64_t gen = g_->generation.load(std::memory_order_relaxed);
+      if (++g_->arrived == g_->size) {
+        g_->arrived = 0;
+        g_->generation.store(gen + 1, std::memory_order_release);
+        g_->cv.notify_all();
+        return;
+      }
+      g_->cv.wait(lock, [&] { return g_->generation.load(std::memory_order_relaxed) != gen || g_->world->aborted; });
+      if (g_->generation.load(std::memory_order_relaxed) != gen) return;
       lock.unlock();
       throw_aborted(op);
     }
@@ -431,6 +463,7 @@ std::vector<std::unique_ptr<Communicator>> make_threads_world(int n, Elastic ela
   auto world = std::make_shared<World>(n, elastic);
   auto group = new_group(n, world);
   world->root = group.get();
+  group->top = true;
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < n; ++r) comms.push_back(std::make_unique<ThreadsComm>(group, r));
   return comms;
@@ -524,9 +557,20 @@ SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chro
   std::vector<int> stuck, abandoned;
   {
     std::unique_lock lock(st->m);
-    st->cv.wait(lock, [&] { return st->running < n || world.aborted.load(); });
+    // Elastic: the clock starts when a rank not lost ends well (a failing
+    // rank ends too, and the survivors go on for as long as they train).
+    auto ended_well = [&] {
+      for (int r = 0; r < n; ++r)
+        if (st->finished[r] && !st->errors[r] && !world.lost[r]) return true;
+      return false;
+    };
     if (world.elastic) {
       // A loss (World::lose) does not notify st->cv: poll for it gently.
+      while (!ended_well() && !over() && !world.aborted) st->cv.wait_for(lock, std::chrono::milliseconds(50));
+    } else {
+      st->cv.wait(lock, [&] { return st->running < n || world.aborted.load(); });
+    }
+    if (world.elastic) {
       const auto until = std::chrono::steady_clock::now() + timeout;
       while (!over() && !world.aborted && std::chrono::steady_clock::now() < until)
         st->cv.wait_for(lock, std::chrono::milliseconds(50));
@@ -564,12 +608,20 @@ SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chro
       threads[r].join();
   }
   if (world.elastic && !world.aborted) {
-    // The survivors went on: the run is theirs, unless none of them ended well.
-    for (int r = 0; r < n; ++r)
-      if (st->finished[r] && !st->errors[r]) return SpawnResult{abandoned};
+    // The survivors went on: the run is theirs, unless none of them ended
+    // well. Read under the lock, and nothing of an abandoned rank (it may
+    // still write its entries).
+    std::exception_ptr first;
+    {
+      std::lock_guard lock(st->m);
+      for (int r = 0; r < n; ++r) {
+        if (std::find(abandoned.begin(), abandoned.end(), r) != abandoned.end()) continue;
+        if (!st->errors[r]) return SpawnResult{abandoned};
+        if (!first) first = st->errors[r];
+      }
+    }
     if (!abandoned.empty()) {
-      for (int r = 0; r < n; ++r)
-        if (st->errors[r]) std::rethrow_exception(st->errors[r]);
+      if (first) std::rethrow_exception(first);
       throw RanksAbandoned("every rank was lost");
     }
   }

@@ -166,10 +166,13 @@ namespace {
 // Thrown out of a segment whose world lost ranks, under OnRankFailure::go_on:
 // the state of the last step every survivor completed, kept in memory.
 struct Survivable {
-  checkpoint::Loaded state;   // what the survivors go on from
+  // What the survivors go on from: this state (ddp), or the last
+  // checkpoint, read once they have re-formed (zero1-3).
+  std::optional<checkpoint::Loaded> state;
   std::string what;           // the loss, as the survivor saw it
   Clock::time_point since;    // when this rank's last step ended
   std::size_t done = 0;       // the steps this rank had completed
+  TrainResult counts;         // the segment's counters (checkpoints, skipped and non-finite steps)
 };
 
 // One segment of a run: to its end, or until its world loses a rank.
@@ -498,7 +501,8 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   // hash_params), kept where asked.
   // `own`: values shaped like own_params(); null: the current parameters.
   auto gathered = [&](const std::span<const float>* own, std::vector<float>& params, std::string& hash) {
-    XXH3_state_t* state = XXH3_createState();
+    const std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> owner(XXH3_createState(), XXH3_freeState);
+    XXH3_state_t* state = owner.get();
     DISTOPT_CHECK(state != nullptr && XXH3_64bits_reset(state) == XXH_OK);
     if (keep) params.reserve(strategy->layout().param_elements());
     const parallel::Strategy::ParamVisitor visit = [&](std::size_t, std::span<const float> values) {
@@ -508,8 +512,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
     if (own != nullptr) strategy->for_each_param(*own, visit);
     else strategy->for_each_current_param(visit);
     hash = hex64(XXH3_64bits_digest(state));
-    XXH3_freeState(state);
-  };
+      };
   gathered(nullptr, result.params, result.param_hash);
   result.bytes_sent = strategy->bytes_sent();
   std::size_t offset = 0;
@@ -537,14 +540,18 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
     // missed), so they agree on the step: one that updated the parameters
     // counts as done (its loss is not known).
     const std::size_t done = result.steps + (applied ? 1 : 0);
-    if (strategy->info().replicated_params && !strategy->info().per_rank_models)
-      throw Survivable{checkpoint::capture(*strategy, run, parts(), done), e.what(), last_step_end, done};
-    // A sharded strategy: the lost rank held the only copy of its shard, so
-    // the survivors go back to the last checkpoint (a later one may be
-    // half written: load_latest takes the latest complete one).
-    if (config.checkpoint_dir.empty())
+    Survivable out{std::nullopt, e.what(), last_step_end, done, {}};
+    out.counts.checkpoints_written = result.checkpoints_written;
+    out.counts.checkpoint_seconds = result.checkpoint_seconds;
+    out.counts.skipped_steps = result.skipped_steps;
+    out.counts.nonfinite_steps = result.nonfinite_steps;
+    if (strategy->info().replicated_params && !strategy->info().per_rank_models) {
+      out.state = checkpoint::capture(*strategy, run, parts(), done);
+    } else if (config.checkpoint_dir.empty()) {
+      // A sharded strategy: the lost rank held the only copy of its shard.
       throw InvalidInput(str("--strategy ", config.strategy, ": a rank was lost and there is no checkpoint to go back to"));
-    throw Survivable{checkpoint::load_latest(config.checkpoint_dir), e.what(), last_step_end, done};
+    }
+    throw out;
   }
   return result;
 }
@@ -556,39 +563,81 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
   std::unique_ptr<Communicator> owned;  // the communicator of the survivors, after a loss
   TrainConfig c = config;
   std::vector<MembershipChange> changes;
+  TrainResult counts;  // the counters of the segments before
   for (;;) {
+    Survivable lost;
     try {
       TrainResult r = train_segment(*now, data, c, observer, changes.empty());
       r.membership = std::move(changes);
+      r.rank_at_end = now->rank();
+      r.checkpoints_written += counts.checkpoints_written;
+      r.checkpoint_seconds += counts.checkpoint_seconds;
+      r.skipped_steps += counts.skipped_steps;
+      r.nonfinite_steps += counts.nonfinite_steps;
       return r;
-    } catch (Survivable& lost) {
-      const int before = now->size(), rank_before = now->rank();
-      owned = now->shrink();
-      now = owned.get();
-      // The survivors agree on the step they go on from (a commit vote).
-      const std::int64_t mine[2] = {static_cast<std::int64_t>(lost.state.step), rank_before};
-      std::vector<std::int64_t> all(2 * static_cast<std::size_t>(now->size()));
-      now->all_gather(mine, all.data(), 2, ElemType::i64);
-      MembershipChange change;
-      change.step = lost.state.step;
-      change.steps_redone = lost.done - static_cast<std::size_t>(lost.state.step);
-      change.world_before = before;
-      change.world = now->size();
-      std::vector<char> alive(static_cast<std::size_t>(before), 0);
-      for (int r = 0; r < now->size(); ++r) {
-        if (all[2 * static_cast<std::size_t>(r)] != mine[0])
-          throw CommError(str("the survivors of a lost rank disagree on the last step: ", mine[0], " here, ",
-                              all[2 * static_cast<std::size_t>(r)], " on rank ", r));
-        alive[static_cast<std::size_t>(all[2 * static_cast<std::size_t>(r) + 1])] = 1;
-      }
-      for (int r = 0; r < before; ++r)
-        if (!alive[static_cast<std::size_t>(r)]) change.lost.push_back(r);
-      change.reason = lost.what;
-      c.resume = std::make_shared<const checkpoint::Loaded>(std::move(lost.state));
-      change.seconds = seconds_since(lost.since);
-      if (observer != nullptr && now->rank() == 0) observer->on_membership(change);
-      changes.push_back(std::move(change));
+    } catch (Survivable& s) {
+      lost = std::move(s);
+    } catch (const RankLost& e) {
+      // In a segment's setup (the strategy's agreement, a resume): nothing
+      // trained in it, the survivors start it again.
+      if (config.on_rank_failure != TrainConfig::OnRankFailure::go_on) throw;
+      const std::size_t at = c.resume ? static_cast<std::size_t>(c.resume->step) : 0;
+      lost = Survivable{c.resume ? std::optional<checkpoint::Loaded>(*c.resume) : std::nullopt, e.what(), Clock::now(),
+                        at, {}};
+      if (!c.resume) lost.state.emplace();  // a fresh start: nothing to load
     }
+    counts.checkpoints_written += lost.counts.checkpoints_written;
+    counts.checkpoint_seconds += lost.counts.checkpoint_seconds;
+    counts.skipped_steps += lost.counts.skipped_steps;
+    counts.nonfinite_steps += lost.counts.nonfinite_steps;
+    const int before = now->size(), rank_before = now->rank();
+    std::int64_t from = 0;
+    std::vector<std::int64_t> all;
+    for (;;) {  // re-form; again if ranks are lost meanwhile
+      try {
+        std::unique_ptr<Communicator> next = now->shrink();
+        owned = std::move(next);
+        now = owned.get();
+        if (!lost.state) {
+          // Back to the last complete checkpoint, read once every survivor
+          // has left the collective it was in (rank 0 may have been writing
+          // or pruning one).
+          now->barrier();
+          lost.state = checkpoint::load_latest(c.checkpoint_dir);
+        }
+        // The survivors agree on the step they go on from (a commit vote).
+        from = static_cast<std::int64_t>(lost.state->step);
+        const std::int64_t mine[2] = {from, rank_before};
+        all.assign(2 * static_cast<std::size_t>(now->size()), 0);
+        now->all_gather(mine, all.data(), 2, ElemType::i64);
+        break;
+      } catch (const RankLost&) {
+        if (lost.state && !lost.state->dir.empty()) lost.state.reset();  // read it again in the new group
+      }
+    }
+    MembershipChange change;
+    change.step = static_cast<std::size_t>(from);
+    change.steps_redone = lost.done > change.step ? lost.done - change.step : 0;
+    change.world_before = before;
+    change.world = now->size();
+    std::vector<char> alive(static_cast<std::size_t>(before), 0);
+    for (int r = 0; r < now->size(); ++r) {
+      if (all[2 * static_cast<std::size_t>(r)] != from)
+        throw CommError(str("the survivors of a lost rank disagree on the step to go on from: ", from, " here, ",
+                            all[2 * static_cast<std::size_t>(r)], " on rank ", r));
+      alive[static_cast<std::size_t>(all[2 * static_cast<std::size_t>(r) + 1])] = 1;
+    }
+    for (int r = 0; r < before; ++r)
+      if (!alive[static_cast<std::size_t>(r)]) change.lost.push_back(r);
+    change.reason = lost.what;
+    // A fresh start (a loss before any step of a new run) has nothing to load.
+    if (from == 0 && lost.state->wholes.empty())
+      c.resume.reset();
+    else
+      c.resume = std::make_shared<const checkpoint::Loaded>(std::move(*lost.state));
+    change.seconds = seconds_since(lost.since);
+    if (observer != nullptr && now->rank() == 0) observer->on_membership(change);
+    changes.push_back(std::move(change));
   }
 }
 

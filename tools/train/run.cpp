@@ -202,7 +202,7 @@ int run_train(TrainArgs& a) {
       if (fault.stalls(comm.rank(), train::Fault::At::end) ||
           (a.backend != "mpi" && fault.stalls(comm.rank(), train::Fault::At::finalize)))
         launcher->stop_here();
-      if (comm.rank() == 0 || launcher->one_rank_here()) result = std::move(r);
+      if (r.rank_at_end == 0 || launcher->one_rank_here()) result = std::move(r);
     };
     try {
       launcher->run(each_rank);

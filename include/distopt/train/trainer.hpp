@@ -210,6 +210,9 @@ struct TrainResult {
   std::uint64_t checkpoint_bytes = 0;
   // The run's changes of world (OnRankFailure::go_on), in order.
   std::vector<MembershipChange> membership;
+  // This rank's rank at the end: after changes of world, not the one train()
+  // was called with (rank 0 at the end reports the run).
+  int rank_at_end = 0;
 };
 
 // DISTOPT_FAULT, a testing aid of `distopt train` (docs/reliability.md):
