@@ -127,16 +127,16 @@ DISTOPT_COMM_TIMEOUT=-3 expect_error 2 "DISTOPT_COMM_TIMEOUT: '-3' is not a numb
 DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP, stall:RANK:init|end|finalize, fail:RANK:STEP or exit:RANK:STEP:file|manifest" \
   -- train --data synthetic
 # A rank that stalls at the run's end, after its last collective: the
-# others have the time-out to end too, then the job ends naming it.
+# others have the time-out plus 2 s to end too, then the job ends naming it.
 start=$(date +%s.%N)
 DISTOPT_FAULT=stall:1:end "$bin" train --data synthetic --world 3 --max-steps 5 --progress none --comm-timeout 3 \
   >/dev/null 2>"$tmp/err"
 status=$?
 elapsed=$(echo "$(date +%s.%N) - $start" | bc)
 [ "$status" = 2 ] || fail "stall at the end: exit $status, want 2: $(cat "$tmp/err")"
-grep -qx "distopt: error: rank(s) 1 did not end within 3 s of rank(s) 0, 2 (threads backend); rank(s) 1 did not stop within 2 s and were abandoned" "$tmp/err" \
+grep -qx "distopt: error: rank(s) 1 did not end within 5 s of rank(s) 0, 2 (threads backend); rank(s) 1 did not stop within 2 s and were abandoned" "$tmp/err" \
   || fail "stall at the end: $(cat "$tmp/err")"
-[ "$(echo "$elapsed < 9" | bc)" = 1 ] || fail "stall at the end: took $elapsed s"
+[ "$(echo "$elapsed < 14" | bc)" = 1 ] || fail "stall at the end: took $elapsed s"
 
 # Survivors (--on-rank-failure continue, ddp, threads): rank 2 of 4 fails
 # (DISTOPT_FAULT=fail) or falls silent (stall) after step 5; the other three

@@ -540,7 +540,7 @@ SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chro
   // Every rank ends, or the world aborts and the ranks that can see it end;
   // one that has not ended kAbandonAfter later is stuck outside the
   // communicator and is left behind. Once a rank has ended, the others have
-  // the time-out to end too: after the last collective nothing is left to
+  // the time-out (plus kAbandonAfter) to end too: after the last collective nothing is left to
   // wait for, so one that does not is stalled (the world is aborted with
   // that reason, and it is abandoned as above).
   //
@@ -554,6 +554,10 @@ SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chro
       if (!st->finished[r] && !world.lost[r]) return false;
     return true;
   };
+  // The others' grace once one has ended: the time-out, plus kAbandonAfter
+  // so that a rank waiting in a communicator call begun just before (a
+  // mismatched collective, a recv) ends with that call's own time-out.
+  const auto grace = timeout + kAbandonAfter;
   std::vector<int> stuck, abandoned;
   {
     std::unique_lock lock(st->m);
@@ -571,7 +575,7 @@ SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chro
       st->cv.wait(lock, [&] { return st->running < n || world.aborted.load(); });
     }
     if (world.elastic) {
-      const auto until = std::chrono::steady_clock::now() + timeout;
+      const auto until = std::chrono::steady_clock::now() + grace;
       while (!over() && !world.aborted && std::chrono::steady_clock::now() < until)
         st->cv.wait_for(lock, std::chrono::milliseconds(50));
       if (!over() && !world.aborted) {
@@ -584,14 +588,14 @@ SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chro
       }
       for (int r = 0; r < n; ++r)
         if (!st->finished[r]) abandoned.push_back(r);
-    } else if (!st->cv.wait_for(lock, timeout, [&] { return st->running == 0 || world.aborted.load(); })) {
+    } else if (!st->cv.wait_for(lock, grace, [&] { return st->running == 0 || world.aborted.load(); })) {
       std::string late, done;
       for (int r = 0; r < n; ++r) {
         std::string& list = st->finished[r] ? done : late;
         list += (list.empty() ? "" : ", ") + std::to_string(r);
       }
       lock.unlock();
-      world.abort(str("rank(s) ", late, " did not end within ", seconds(timeout), " of rank(s) ", done,
+      world.abort(str("rank(s) ", late, " did not end within ", seconds(grace), " of rank(s) ", done,
                       " (threads backend)"));
       lock.lock();
     }
