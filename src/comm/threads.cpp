@@ -495,23 +495,21 @@ SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chro
   for (int r = 0; r < n; ++r) {
     st->comms[r]->set_timeout(timeout);
     auto body = [st, r, &world = world] {
+      // A rank that fails: the others go on without it (elastic), or stop.
+      const auto failed = [&](const std::string& what) {
+        st->errors[r] = std::current_exception();
+        if (world.elastic) world.lose({r});
+        else world.abort(what);
+      };
       try {
         st->fn(*st->comms[r]);
       } catch (const CommAborted&) {
         st->errors[r] = std::current_exception();
         st->consequence[r] = 1;
       } catch (const std::exception& e) {
-        st->errors[r] = std::current_exception();
-        if (world.elastic)
-          world.lose({r});  // the others go on without it
-        else
-          world.abort(str("rank ", r, " failed: ", e.what()));
+        failed(str("rank ", r, " failed: ", e.what()));
       } catch (...) {
-        st->errors[r] = std::current_exception();
-        if (world.elastic)
-          world.lose({r});
-        else
-          world.abort(str("rank ", r, " failed"));
+        failed(str("rank ", r, " failed"));
       }
       std::lock_guard lock(st->m);
       st->finished[r] = 1;

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <thread>
@@ -120,11 +121,14 @@ Fault fault_from_env() {
     f.step = static_cast<std::size_t>(step);
     return f;
   }
-  used = 0;
-  if (std::sscanf(env, "fail:%d:%llu%n", &f.rank, &step, &used) == 2 && env[used] == '\0' && f.rank >= 0) {
-    f.kind = Fault::Kind::fail;
-    f.step = static_cast<std::size_t>(step);
-    return f;
+  for (const auto& [name, kind] : {std::pair{"fail", Fault::Kind::fail}, std::pair{"kill", Fault::Kind::kill}}) {
+    used = 0;
+    if (std::sscanf(env, (std::string(name) + ":%d:%llu%n").c_str(), &f.rank, &step, &used) == 2 &&
+        env[used] == '\0' && f.rank >= 0) {
+      f.kind = kind;
+      f.step = static_cast<std::size_t>(step);
+      return f;
+    }
   }
   char point[16] = {};
   used = 0;
@@ -144,7 +148,8 @@ Fault fault_from_env() {
     return f;
   }
   throw InvalidInput(str("DISTOPT_FAULT: '", env,
-                         "' is not stall:RANK:STEP, stall:RANK:init|end|finalize, fail:RANK:STEP or exit:RANK:STEP:file|manifest"));
+                         "' is not stall:RANK:STEP, stall:RANK:init|end|finalize, fail:RANK:STEP, kill:RANK:STEP or "
+                         "exit:RANK:STEP:file|manifest"));
 }
 
 namespace {
@@ -174,6 +179,14 @@ struct Survivable {
   std::size_t done = 0;       // the steps this rank had completed
   TrainResult counts;         // the segment's counters (checkpoints, skipped and non-finite steps)
 };
+
+// The counters a run sums over its segments.
+void add_counts(TrainResult& into, const TrainResult& from) {
+  into.checkpoints_written += from.checkpoints_written;
+  into.checkpoint_seconds += from.checkpoint_seconds;
+  into.skipped_steps += from.skipped_steps;
+  into.nonfinite_steps += from.nonfinite_steps;
+}
 
 // One segment of a run: to its end, or until its world loses a rank.
 TrainResult train_segment(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer,
@@ -289,6 +302,8 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   bool warned = false;
 
   const Fault fault = fault_from_env();
+  if (fault.kind == Fault::Kind::kill && !config.process_per_rank)
+    throw InvalidInput("DISTOPT_FAULT kill:RANK:STEP needs a process per rank (--backend mpi or gloo); use fail:RANK:STEP");
   TrainResult result;
   const auto start = Clock::now();
   double train_seconds = 0, train_samples = 0;
@@ -315,218 +330,224 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   bool applied = false;  // the step in progress has updated the parameters
   Clock::time_point last_step_end = Clock::now();
   try {
-  for (int epoch = first_epoch; epoch <= config.epochs && !stop; ++epoch) {
-    epoch_now = epoch;
-    sampler.set_epoch(static_cast<std::uint64_t>(epoch - 1));
-    const auto epoch_start = Clock::now();
-    double epoch_loss = 0, epoch_count = 0;
-    for (std::size_t k = epoch == first_epoch ? start_step % per_epoch : 0; k < per_epoch; ++k) {
-      const auto global = sampler.global_batch(k);
-      const auto local = sampler.local_batch(k, comm.rank(), comm.size());
-      for (std::size_t i = 0; i < local.size(); ++i) {
-        data.train.fill(static_cast<std::uint64_t>(epoch - 1), local[i], xb.data() + i * features);
-        yb[i] = data.train.y[local[i]];
-      }
-      float scale = 1.0f / static_cast<float>(global.size());
-      const double lr = optimizer.lr(0);
-      // With loss scaling, backward computes the gradient of loss * scale.
-      const double loss_scale = scaler ? scaler->scale(1.0f) : 0.0;
-      if (scaler) scale *= static_cast<float>(loss_scale);
-      const models::BatchStats s =
-          model->forward_backward(strategy->access(), xb.data(), yb.data(), local.size(), scale);
-      if (!evaluated) {  // evaluation may grow the model's buffers past a step's
-        model_bytes[0] = std::max(model_bytes[0], model->activation_bytes());
-        model_bytes[1] = std::max(model_bytes[1], model->workspace_bytes());
-      }
-      mine[0] = s.loss_sum;
-      mine[1] = s.count;
-      mine[2] = config.stop_flag ? static_cast<double>(config.stop_flag->load(std::memory_order_relaxed)) : 0.0;
-      gather = comm.iall_gather(mine, all.data(), 3, ElemType::f64);
-      stepped = true;
-      strategy->step(update);
-      applied = true;
-      if (scaler) {
-        scaler->update();
-        if (!stepped) ++result.skipped_steps;
-      }
-      if (config.ema_decay) averaged->update(strategy->own_params());
-      const bool main_scheduler_active = !swa_scheduler;
-      if (step_scheduler_per_batch && main_scheduler_active) scheduler->step();
-      gather->wait();
-      gather.reset();
-      double loss_sum = 0, count = 0, stop_request = 0;
-      int nonfinite_rank = -1;
-      for (int r = 0; r < world; ++r) {
-        const double* v = all.data() + 3 * static_cast<std::size_t>(r);
-        loss_sum += v[0];
-        count += v[1];
-        stop_request = std::max(stop_request, v[2]);
-        if (nonfinite_rank < 0 && !std::isfinite(v[0])) nonfinite_rank = r;
-      }
-      epoch_loss += loss_sum;
-      epoch_count += count;
-      ++result.steps;
-      applied = false;
-      last_step_end = Clock::now();
-      const double loss = loss_sum / count;
-      if (report) {
-        const double t = seconds_since(epoch_start);
-        observer->on_step({epoch, result.steps, k + 1, per_epoch, loss, lr, seconds_since(start),
-                           t > 0 ? epoch_count / t : 0, grad_norm, loss_scale, !stepped, strategy->bytes_sent()});
-      }
-      // Loss scaling skips steps with inf/NaN gradients on purpose: only a
-      // step it took counts with its norm.
-      const bool bad_norm = config.clip_grad_norm && stepped && !std::isfinite(grad_norm);
-      if (!std::isfinite(loss) || bad_norm) {
-        ++result.nonfinite_steps;
-        const std::string what =
-            !std::isfinite(loss)
-                ? str("the loss is ", show(loss), nonfinite_rank >= 0 ? str(" on rank ", nonfinite_rank) : std::string())
-                : str("the total gradient norm is ", show(grad_norm));
-        const std::string last = std::isfinite(last_finite_loss)
-                                     ? str("the last finite loss was ", last_finite_loss, ", at step ", last_finite_step)
-                                     : std::string("no step had a finite loss");
-        if (config.on_nonfinite == TrainConfig::OnNonFinite::error)
-          throw NonFiniteError(str("step ", result.steps, ": ", what, " (", last,
-                                   "); lower --lr or clip gradients (--clip-grad-norm), or pass --on-nonfinite "
-                                   "warn|ignore to train on"));
-        if (config.on_nonfinite == TrainConfig::OnNonFinite::warn && !warned && report)
-          observer->on_warning(str("step ", result.steps, ": ", what, " (", last, "); training goes on (--on-nonfinite warn)"));
-        warned = true;
-      } else {
-        last_finite_loss = loss;
-        last_finite_step = result.steps;
-      }
-      // A checkpoint records the state between two steps. At an epoch's
-      // last step that is after the epoch's own work (evaluation, a
-      // per-epoch scheduler step), so it waits for it; a run stopping
-      // mid-epoch saves first, and resumes inside the same epoch.
-      const bool stopping = stop_request > 0 || (config.max_steps != 0 && result.steps >= config.max_steps);
-      if (checkpointing && (stopping || (config.checkpoint_every > 0 && result.steps % config.checkpoint_every == 0))) {
-        if (k + 1 < per_epoch) {
-          save(epoch);
-          last_saved = result.steps;
+    for (int epoch = first_epoch; epoch <= config.epochs && !stop; ++epoch) {
+      epoch_now = epoch;
+      sampler.set_epoch(static_cast<std::uint64_t>(epoch - 1));
+      const auto epoch_start = Clock::now();
+      double epoch_loss = 0, epoch_count = 0;
+      for (std::size_t k = epoch == first_epoch ? start_step % per_epoch : 0; k < per_epoch; ++k) {
+        const auto global = sampler.global_batch(k);
+        const auto local = sampler.local_batch(k, comm.rank(), comm.size());
+        for (std::size_t i = 0; i < local.size(); ++i) {
+          data.train.fill(static_cast<std::uint64_t>(epoch - 1), local[i], xb.data() + i * features);
+          yb[i] = data.train.y[local[i]];
+        }
+        float scale = 1.0f / static_cast<float>(global.size());
+        const double lr = optimizer.lr(0);
+        // With loss scaling, backward computes the gradient of loss * scale.
+        const double loss_scale = scaler ? scaler->scale(1.0f) : 0.0;
+        if (scaler) scale *= static_cast<float>(loss_scale);
+        const models::BatchStats s =
+            model->forward_backward(strategy->access(), xb.data(), yb.data(), local.size(), scale);
+        if (!evaluated) {  // evaluation may grow the model's buffers past a step's
+          model_bytes[0] = std::max(model_bytes[0], model->activation_bytes());
+          model_bytes[1] = std::max(model_bytes[1], model->workspace_bytes());
+        }
+        mine[0] = s.loss_sum;
+        mine[1] = s.count;
+        mine[2] = config.stop_flag ? static_cast<double>(config.stop_flag->load(std::memory_order_relaxed)) : 0.0;
+        gather = comm.iall_gather(mine, all.data(), 3, ElemType::f64);
+        stepped = true;
+        strategy->step(update);
+        applied = true;
+        if (scaler) {
+          scaler->update();
+          if (!stepped) ++result.skipped_steps;
+        }
+        if (config.ema_decay) averaged->update(strategy->own_params());
+        const bool main_scheduler_active = !swa_scheduler;
+        if (step_scheduler_per_batch && main_scheduler_active) scheduler->step();
+        gather->wait();
+        gather.reset();
+        double loss_sum = 0, count = 0, stop_request = 0;
+        int nonfinite_rank = -1;
+        for (int r = 0; r < world; ++r) {
+          const double* v = all.data() + 3 * static_cast<std::size_t>(r);
+          loss_sum += v[0];
+          count += v[1];
+          stop_request = std::max(stop_request, v[2]);
+          if (nonfinite_rank < 0 && !std::isfinite(v[0])) nonfinite_rank = r;
+        }
+        epoch_loss += loss_sum;
+        epoch_count += count;
+        ++result.steps;
+        applied = false;
+        last_step_end = Clock::now();
+        const double loss = loss_sum / count;
+        if (report) {
+          const double t = seconds_since(epoch_start);
+          observer->on_step({epoch, result.steps, k + 1, per_epoch, loss, lr, seconds_since(start),
+                             t > 0 ? epoch_count / t : 0, grad_norm, loss_scale, !stepped, strategy->bytes_sent()});
+        }
+        // Loss scaling skips steps with inf/NaN gradients on purpose: only a
+        // step it took counts with its norm.
+        const bool bad_norm = config.clip_grad_norm && stepped && !std::isfinite(grad_norm);
+        if (!std::isfinite(loss) || bad_norm) {
+          ++result.nonfinite_steps;
+          const std::string what = !std::isfinite(loss)
+                                       ? str("the loss is ", show(loss),
+                                             nonfinite_rank >= 0 ? str(" on rank ", nonfinite_rank) : std::string())
+                                       : str("the total gradient norm is ", show(grad_norm));
+          const std::string last = std::isfinite(last_finite_loss) ? str("the last finite loss was ", last_finite_loss,
+                                                                         ", at step ", last_finite_step)
+                                                                   : std::string("no step had a finite loss");
+          if (config.on_nonfinite == TrainConfig::OnNonFinite::error)
+            throw NonFiniteError(str("step ", result.steps, ": ", what, " (", last,
+                                     "); lower --lr or clip gradients (--clip-grad-norm), or pass --on-nonfinite "
+                                     "warn|ignore to train on"));
+          if (config.on_nonfinite == TrainConfig::OnNonFinite::warn && !warned && report)
+            observer->on_warning(
+                str("step ", result.steps, ": ", what, " (", last, "); training goes on (--on-nonfinite warn)"));
+          warned = true;
         } else {
-          save_after_epoch = true;
+          last_finite_loss = loss;
+          last_finite_step = result.steps;
+        }
+        // A checkpoint records the state between two steps. At an epoch's
+        // last step that is after the epoch's own work (evaluation, a
+        // per-epoch scheduler step), so it waits for it; a run stopping
+        // mid-epoch saves first, and resumes inside the same epoch.
+        const bool stopping = stop_request > 0 || (config.max_steps != 0 && result.steps >= config.max_steps);
+        if (checkpointing &&
+            (stopping || (config.checkpoint_every > 0 && result.steps % config.checkpoint_every == 0))) {
+          if (k + 1 < per_epoch) {
+            save(epoch);
+            last_saved = result.steps;
+          } else {
+            save_after_epoch = true;
+          }
+        }
+        // A rank of the world the run started with: survivors that go back
+        // to a checkpoint pass the step again, with that rank number held
+        // by another rank.
+        const bool fault_here = first && fault.rank == comm.rank() && fault.step == result.steps &&
+                                (fault.kind == Fault::Kind::fail || fault.kind == Fault::Kind::kill ||
+                                   fault.stalls(comm.rank(), Fault::At::step));
+        if (fault_here) {
+          if (fault.kind == Fault::Kind::fail)
+            throw Error(str("rank ", comm.rank(), " failed after step ", result.steps, " (DISTOPT_FAULT)"));
+          if (config.process_per_rank) std::raise(fault.kind == Fault::Kind::kill ? SIGKILL : SIGSTOP);
+          for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+        }
+        if (stop_request > 0) {
+          result.interrupted = true;
+          result.stop_signal = static_cast<int>(stop_request);
+          stop = true;
+          break;
+        }
+        if (config.max_steps != 0 && result.steps >= config.max_steps) {
+          stop = true;
+          break;
         }
       }
-      // Once per process: survivors that go back to a checkpoint pass the
-      // step again, with that rank number held by another rank.
-      static std::atomic<bool> fault_fired{false};
-      const bool fault_here = fault.rank == comm.rank() && fault.step == result.steps &&
-                              (fault.kind == Fault::Kind::fail || fault.stalls(comm.rank(), Fault::At::step));
-      if (fault_here && !fault_fired.exchange(true)) {
-        if (fault.kind == Fault::Kind::fail)
-          throw Error(str("rank ", comm.rank(), " failed after step ", result.steps, " (DISTOPT_FAULT)"));
-        for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+      const double epoch_seconds = seconds_since(epoch_start);
+      train_seconds += epoch_seconds;
+      train_samples += epoch_count;
+      const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test, eval_chunk);
+      evaluated = true;
+      result.consensus_distance = strategy->consensus_distance();
+      const double none = std::nan("");  // nothing measured: reported as null
+      result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : none;
+      result.test_loss = test.count > 0 ? test.loss_sum / test.count : none;
+      result.test_accuracy = test.count > 0 ? test.correct / test.count : none;
+      // SWA: average at the end of epoch swa_start and every later one; with
+      // swa_lr, SWALR then steps per epoch in place of the main scheduler
+      // (torch's recipe: update_parameters, then swa_scheduler.step()).
+      const bool swa_epoch = config.swa_start > 0 && epoch >= config.swa_start;
+      if (swa_epoch) {
+        averaged->update(strategy->own_params());
+        if (config.swa_lr && !swa_scheduler)
+          swa_scheduler = std::make_unique<SWALR>(optimizer, std::vector<double>{*config.swa_lr},
+                                                  config.swa_anneal_epochs, config.swa_anneal_strategy);
       }
-      if (stop_request > 0) {
-        result.interrupted = true;
-        result.stop_signal = static_cast<int>(stop_request);
-        stop = true;
-        break;
+      if (swa_scheduler) {
+        swa_scheduler->step();
+      } else if (scheduler && !step_scheduler_per_batch) {
+        if (scheduler->needs_metric()) scheduler->step(result.test_loss);
+        else scheduler->step();
       }
-      if (config.max_steps != 0 && result.steps >= config.max_steps) {
-        stop = true;
-        break;
+      EpochMetrics em{epoch,
+                      result.steps,
+                      result.train_loss,
+                      result.test_loss,
+                      result.test_accuracy,
+                      epoch_seconds > 0 ? epoch_count / epoch_seconds : 0,
+                      /*wall_s, below*/ 0};
+      em.consensus_distance = result.consensus_distance;
+      if (averaged && averaged->n_averaged() > 0) {
+        // Each rank holds the average of its own values; each evaluates its piece of the test set.
+        const auto access = strategy->access_to(averaged->params());
+        const models::BatchStats a = evaluate(comm, *model, *access, data.test, eval_chunk);
+        em.averaged = true;
+        em.avg_test_loss = a.count > 0 ? a.loss_sum / a.count : none;
+        em.avg_test_accuracy = a.count > 0 ? a.correct / a.count : none;
+        if (!result.averaged) result.averaged.emplace();
+        result.averaged->test_loss = em.avg_test_loss;
+        result.averaged->test_accuracy = em.avg_test_accuracy;
+      }
+      em.wall_s = seconds_since(start);
+      if (report) observer->on_epoch(em);
+      if (save_after_epoch) {
+        save(epoch);
+        last_saved = result.steps;
+        save_after_epoch = false;
       }
     }
-    const double epoch_seconds = seconds_since(epoch_start);
-    train_seconds += epoch_seconds;
-    train_samples += epoch_count;
-    const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test, eval_chunk);
-    evaluated = true;
-    result.consensus_distance = strategy->consensus_distance();
-    const double none = std::nan("");  // nothing measured: reported as null
-    result.train_loss = epoch_count > 0 ? epoch_loss / epoch_count : none;
-    result.test_loss = test.count > 0 ? test.loss_sum / test.count : none;
-    result.test_accuracy = test.count > 0 ? test.correct / test.count : none;
-    // SWA: average at the end of epoch swa_start and every later one; with
-    // swa_lr, SWALR then steps per epoch in place of the main scheduler
-    // (torch's recipe: update_parameters, then swa_scheduler.step()).
-    const bool swa_epoch = config.swa_start > 0 && epoch >= config.swa_start;
-    if (swa_epoch) {
-      averaged->update(strategy->own_params());
-      if (config.swa_lr && !swa_scheduler)
-        swa_scheduler = std::make_unique<SWALR>(optimizer, std::vector<double>{*config.swa_lr},
-                                                config.swa_anneal_epochs, config.swa_anneal_strategy);
+    if (!evaluated) {
+      // A resumed run with nothing left to train still reports its model.
+      const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test, eval_chunk);
+      result.train_loss = std::nan("");
+      result.test_loss = test.count > 0 ? test.loss_sum / test.count : std::nan("");
+      result.test_accuracy = test.count > 0 ? test.correct / test.count : std::nan("");
     }
-    if (swa_scheduler) {
-      swa_scheduler->step();
-    } else if (scheduler && !step_scheduler_per_batch) {
-      if (scheduler->needs_metric())
-        scheduler->step(result.test_loss);
-      else
-        scheduler->step();
-    }
-    EpochMetrics em{epoch, result.steps, result.train_loss, result.test_loss, result.test_accuracy,
-                    epoch_seconds > 0 ? epoch_count / epoch_seconds : 0, /*wall_s, below*/ 0};
-    em.consensus_distance = result.consensus_distance;
-    if (averaged && averaged->n_averaged() > 0) {
-      // Each rank holds the average of its own values; each evaluates its piece of the test set.
-      const auto access = strategy->access_to(averaged->params());
-      const models::BatchStats a = evaluate(comm, *model, *access, data.test, eval_chunk);
-      em.averaged = true;
-      em.avg_test_loss = a.count > 0 ? a.loss_sum / a.count : none;
-      em.avg_test_accuracy = a.count > 0 ? a.correct / a.count : none;
-      if (!result.averaged) result.averaged.emplace();
-      result.averaged->test_loss = em.avg_test_loss;
-      result.averaged->test_accuracy = em.avg_test_accuracy;
-    }
-    em.wall_s = seconds_since(start);
-    if (report) observer->on_epoch(em);
-    if (save_after_epoch) {
-      save(epoch);
-      last_saved = result.steps;
-      save_after_epoch = false;
-    }
-  }
-  if (!evaluated) {
-    // A resumed run with nothing left to train still reports its model.
-    const models::BatchStats test = evaluate(comm, *model, strategy->eval_access(), data.test, eval_chunk);
-    result.train_loss = std::nan("");
-    result.test_loss = test.count > 0 ? test.loss_sum / test.count : std::nan("");
-    result.test_accuracy = test.count > 0 ? test.correct / test.count : std::nan("");
-  }
-  if (checkpointing && last_saved != result.steps)
-    save(epoch_now);
-  result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
-  result.memory = strategy->memory();
-  result.memory.activations = model_bytes[0];  // a training step's, before any evaluation
-  result.memory.workspaces = model_bytes[1];
-  using KeepParams = TrainConfig::KeepParams;
-  const bool keep = config.keep_params == KeepParams::every_rank ||
-                    (config.keep_params == KeepParams::rank0 && comm.rank() == 0);
-  // Hashed as they are gathered (XXH3 of the concatenation, as
-  // hash_params), kept where asked.
-  // `own`: values shaped like own_params(); null: the current parameters.
-  auto gathered = [&](const std::span<const float>* own, std::vector<float>& params, std::string& hash) {
-    const std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> owner(XXH3_createState(), XXH3_freeState);
-    XXH3_state_t* state = owner.get();
-    DISTOPT_CHECK(state != nullptr && XXH3_64bits_reset(state) == XXH_OK);
-    if (keep) params.reserve(strategy->layout().param_elements());
-    const parallel::Strategy::ParamVisitor visit = [&](std::size_t, std::span<const float> values) {
-      XXH3_64bits_update(state, values.data(), values.size_bytes());
-      if (keep) params.insert(params.end(), values.begin(), values.end());
-    };
-    if (own != nullptr) strategy->for_each_param(*own, visit);
-    else strategy->for_each_current_param(visit);
-    hash = hex64(XXH3_64bits_digest(state));
+    if (checkpointing && last_saved != result.steps) save(epoch_now);
+    result.samples_per_s = train_seconds > 0 ? train_samples / train_seconds : 0;
+    result.memory = strategy->memory();
+    result.memory.activations = model_bytes[0];  // a training step's, before any evaluation
+    result.memory.workspaces = model_bytes[1];
+    using KeepParams = TrainConfig::KeepParams;
+    const bool keep =
+        config.keep_params == KeepParams::every_rank || (config.keep_params == KeepParams::rank0 && comm.rank() == 0);
+    // Hashed as they are gathered (XXH3 of the concatenation, as
+    // hash_params), kept where asked.
+    // `own`: values shaped like own_params(); null: the current parameters.
+    auto gathered = [&](const std::span<const float>* own, std::vector<float>& params, std::string& hash) {
+      const std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> owner(XXH3_createState(), XXH3_freeState);
+      XXH3_state_t* state = owner.get();
+      DISTOPT_CHECK(state != nullptr && XXH3_64bits_reset(state) == XXH_OK);
+      if (keep) params.reserve(strategy->layout().param_elements());
+      const parallel::Strategy::ParamVisitor visit = [&](std::size_t, std::span<const float> values) {
+        XXH3_64bits_update(state, values.data(), values.size_bytes());
+        if (keep) params.insert(params.end(), values.begin(), values.end());
       };
-  gathered(nullptr, result.params, result.param_hash);
-  result.bytes_sent = strategy->bytes_sent();
-  std::size_t offset = 0;
-  for (const ParamSlot& s : layout.params) {
-    result.slots.push_back({s.name, offset, s.shape});
-    offset += s.numel();
-  }
-  if (scaler) result.loss_scale = scaler->get_scale();
-  if (result.averaged) {
-    result.averaged->kind = averaged->options().kind;
-    result.averaged->n_averaged = averaged->n_averaged();
-    const std::span<const float> own = averaged->params();
-    gathered(&own, result.averaged->params, result.averaged->param_hash);
-  }
+      if (own != nullptr) strategy->for_each_param(*own, visit);
+      else strategy->for_each_current_param(visit);
+      hash = hex64(XXH3_64bits_digest(state));
+    };
+    gathered(nullptr, result.params, result.param_hash);
+    result.bytes_sent = strategy->bytes_sent();
+    std::size_t offset = 0;
+    for (const ParamSlot& s : layout.params) {
+      result.slots.push_back({s.name, offset, s.shape});
+      offset += s.numel();
+    }
+    if (scaler) result.loss_scale = scaler->get_scale();
+    if (result.averaged) {
+      result.averaged->kind = averaged->options().kind;
+      result.averaged->n_averaged = averaged->n_averaged();
+      const std::span<const float> own = averaged->params();
+      gathered(&own, result.averaged->params, result.averaged->param_hash);
+    }
   } catch (const RankLost& e) {
     if (config.on_rank_failure != TrainConfig::OnRankFailure::go_on) throw;
     if (gather) {  // the step's loss gather, failed too: done with its buffers
@@ -541,10 +562,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
     // counts as done (its loss is not known).
     const std::size_t done = result.steps + (applied ? 1 : 0);
     Survivable out{std::nullopt, e.what(), last_step_end, done, {}};
-    out.counts.checkpoints_written = result.checkpoints_written;
-    out.counts.checkpoint_seconds = result.checkpoint_seconds;
-    out.counts.skipped_steps = result.skipped_steps;
-    out.counts.nonfinite_steps = result.nonfinite_steps;
+    add_counts(out.counts, result);
     if (strategy->info().replicated_params && !strategy->info().per_rank_models) {
       out.state = checkpoint::capture(*strategy, run, parts(), done);
     } else if (config.checkpoint_dir.empty()) {
@@ -570,10 +588,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
       TrainResult r = train_segment(*now, data, c, observer, changes.empty());
       r.membership = std::move(changes);
       r.rank_at_end = now->rank();
-      r.checkpoints_written += counts.checkpoints_written;
-      r.checkpoint_seconds += counts.checkpoint_seconds;
-      r.skipped_steps += counts.skipped_steps;
-      r.nonfinite_steps += counts.nonfinite_steps;
+      add_counts(r, counts);
       return r;
     } catch (Survivable& s) {
       lost = std::move(s);
@@ -586,10 +601,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
                         at, {}};
       if (!c.resume) lost.state.emplace();  // a fresh start: nothing to load
     }
-    counts.checkpoints_written += lost.counts.checkpoints_written;
-    counts.checkpoint_seconds += lost.counts.checkpoint_seconds;
-    counts.skipped_steps += lost.counts.skipped_steps;
-    counts.nonfinite_steps += lost.counts.nonfinite_steps;
+    add_counts(counts, lost.counts);
     const int before = now->size(), rank_before = now->rank();
     std::int64_t from = 0;
     std::vector<std::int64_t> all;

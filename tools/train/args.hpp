@@ -42,6 +42,11 @@ struct TrainArgs {
   std::string matmul_precision = "f32";
   std::string on_nonfinite = "error", comm_timeout;
   std::string on_rank_failure = "stop";
+  // --backend gloo: this process's rank, the rendezvous directory, the
+  // address the others reach it at.
+  int rank = 0;
+  bool rank_given = false;
+  std::string rendezvous, gloo_host;
   std::set<std::string> gossip_flags;  // gossip options given on the command line
   std::set<std::string> live_flags;    // --prefetch-units, --max-live-params, --max-buckets-in-flight given
   std::string link_bandwidth = "none";
@@ -78,6 +83,10 @@ DataDims dims_of(const TrainArgs& a);
 bool is_text(const std::string& data);
 
 // report.cpp
+// Outputs are written to NAME.tmp.<pid> and renamed: removes the temporary
+// files of NAME whose process no longer exists on this machine (killed),
+// saying so: "left by WHOSE (process N) that was killed".
+void remove_stale_temp_files(const std::string& output, const char* whose = "an earlier run");
 void print_result(const train::TrainResult& r, const TrainArgs& a, int world);
 void report_stop(const train::TrainResult& r);
 void export_params(const train::TrainResult& r, const TrainArgs& a);

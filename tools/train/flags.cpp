@@ -133,9 +133,17 @@ Runner add_train(CLI::App& app) {
     a->world_given = true;
   });
   sub->add_option("--backend", a->backend,
-                  "threads (default) or mpi (world size from mpirun; chosen by itself under mpirun)")
+                  "threads (default), mpi (world size from mpirun; chosen by itself under mpirun) or gloo (one "
+                  "process per rank, started by you: --world, --rank, --rendezvous)")
       ->each([a](const std::string&) { a->backend_given = true; })
-      ->check(CLI::IsMember({"threads", "mpi"}));
+      ->check(CLI::IsMember({"threads", "mpi", "gloo"}));
+  sub->add_option("--rank", a->rank, "gloo: this process's rank, 0 .. --world - 1")
+      ->each([a](const std::string&) { a->rank_given = true; });
+  sub->add_option("--rendezvous", a->rendezvous,
+                  "gloo: a directory every process of the run sees (one machine, or a shared file system); one per "
+                  "run");
+  sub->add_option("--gloo-host", a->gloo_host, "gloo: the address the others reach this process at (default: the "
+                                               "host name)");
   sub->add_option("--epochs", c.epochs, "epochs (default 1)");
   sub->add_option("--batch-size", c.batch_size, "global batch size, the same at every world size (default 128)")
       ->check(non_negative("integer"));
@@ -156,7 +164,7 @@ Runner add_train(CLI::App& app) {
       ->check(CLI::IsMember({"error", "warn", "ignore"}));
   sub->add_option("--on-rank-failure", a->on_rank_failure,
                   "a rank lost (failed, or silent past --comm-timeout): stop (default: every rank ends with the "
-                  "error) or continue (the survivors go on; ddp on the threads backend)")
+                  "error) or continue (the survivors go on: ddp and zero1-3, threads and gloo backends)")
       ->check(CLI::IsMember({"stop", "continue"}));
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "seconds a rank waits for the others before the job ends naming the silent rank (default 300, "

@@ -63,28 +63,6 @@ void check_writable(const std::string& flag, const std::string& path) {
     throw IoError(str(flag, " ", path, ": cannot create (folder ", parent.string(), " is missing or not writable)"));
 }
 
-// Outputs are written to NAME.tmp.<pid> and renamed; a run killed by
-// SIGKILL (or a second Ctrl-C) leaves that file behind. Before writing
-// NAME, remove the ones whose process no longer exists on this machine.
-void remove_stale_temp_files(const std::string& output) {
-  namespace fs = std::filesystem;
-  const fs::path real = output_path(output);
-  const std::string prefix = real.filename().string() + ".tmp.";
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(real.parent_path().empty() ? "." : real.parent_path(), ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    const auto pid = static_cast<pid_t>(std::stol(digits));
-    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
-    std::error_code rm;
-    if (fs::remove(entry.path(), rm))
-      std::fprintf(stderr, "distopt: removed %s, left by an earlier run (process %d) that was killed\n",
-                   printable(entry.path().string().c_str()).c_str(), static_cast<int>(pid));
-  }
-}
-
 // Every output checked before work starts, and no two naming one file.
 void check_outputs(const TrainArgs& a) {
   const std::pair<const char*, const std::string*> outputs[] = {
@@ -148,6 +126,28 @@ void check_live_flags(const TrainArgs& a) {
 }
 
 }  // namespace
+
+// Outputs are written to NAME.tmp.<pid> and renamed; a run killed by
+// SIGKILL (or a second Ctrl-C) leaves that file behind. Before writing
+// NAME, remove the ones whose process no longer exists on this machine.
+void remove_stale_temp_files(const std::string& output, const char* whose) {
+  namespace fs = std::filesystem;
+  const fs::path real = output_path(output);
+  const std::string prefix = real.filename().string() + ".tmp.";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(real.parent_path().empty() ? "." : real.parent_path(), ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    const auto pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    std::error_code rm;
+    if (fs::remove(entry.path(), rm))
+      std::fprintf(stderr, "distopt: removed %s, left by %s (process %d) that was killed\n",
+                   printable(entry.path().string().c_str()).c_str(), whose, static_cast<int>(pid));
+  }
+}
 
 // Floats a rank keeps per parameter (parameters, gradients and up to three
 // state tensors) by what the strategy shards, and how many of the largest

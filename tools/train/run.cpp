@@ -20,6 +20,7 @@
 #include "../commands.hpp"
 #include "../signals.hpp"
 #include "args.hpp"
+#include "distopt/comm/gloo.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "observers.hpp"
@@ -134,6 +135,61 @@ class MpiLauncher final : public Launcher {
   std::unique_ptr<MpiWorld> world_;
 };
 
+#ifdef DISTOPT_HAVE_GLOO
+// One process of a gloo run: this process holds one rank; the others were
+// started by the user (or a script) with the same --world and --rendezvous.
+class GlooLauncher final : public Launcher {
+ public:
+  GlooLauncher(const TrainArgs& a, std::chrono::milliseconds timeout, LinkModel link, Elastic elastic) {
+    GlooOptions o;
+    o.rendezvous = a.rendezvous;
+    o.rank = a.rank;
+    o.size = a.world;
+    o.host = a.gloo_host;
+    o.timeout = timeout;
+    o.elastic = elastic;
+    world_ = open_gloo_world(o);
+    world_->comm().set_link_model(link);
+  }
+  int world() const override { return world_->comm().size(); }
+  bool reports() const override { return world_->first_rank() == 0; }
+  bool one_rank_here() const override { return true; }
+  int rank_here() const override { return world_->first_rank(); }
+  void check(const TrainArgs& a) const override { check_memory(a, 1); }
+  void run(const std::function<void(Communicator&)>& fn) override { fn(world_->comm()); }
+  void finish() override { world_->finish(); }
+  [[noreturn]] void stop_here() override {
+    std::raise(SIGSTOP);
+    Launcher::stop_here();  // continued: still silent
+  }
+  [[noreturn]] void fail(const std::exception& e, const std::function<void()>& cleanup) override {
+    std::fprintf(stderr, "distopt: error (rank %d): %s\n", world_->first_rank(), printable(e.what()).c_str());
+    std::fflush(stderr);
+    cleanup();
+    std::_Exit(2);  // the others see this process's connections close
+  }
+
+ private:
+  std::unique_ptr<GlooWorld> world_;
+};
+#endif
+
+// The gloo backend's flags, together or not at all.
+void check_gloo_flags(const TrainArgs& a) {
+  if (a.backend != "gloo") {
+    if (a.rank_given || !a.rendezvous.empty() || !a.gloo_host.empty())
+      throw InvalidInput("--rank, --rendezvous and --gloo-host are for --backend gloo");
+    return;
+  }
+#ifndef DISTOPT_HAVE_GLOO
+  throw InvalidInput("this distopt was built without gloo: install libgloo-dev (scripts/install-deps) and rebuild");
+#endif
+  if (!a.world_given || !a.rank_given || a.rendezvous.empty())
+    throw InvalidInput("--backend gloo needs --world N, --rank R (0 .. N-1) and --rendezvous DIR on every process");
+  if (a.rank < 0 || a.rank >= a.world)
+    throw InvalidInput(str("--rank ", a.rank, " is not a rank of --world ", a.world, " (0 .. ", a.world - 1, ")"));
+}
+
 // Started by Open MPI's mpirun: the MPI backend, whatever was (not) said.
 // Without it every process would train its own copy and exit 0.
 std::unique_ptr<Launcher> launch(TrainArgs& a, std::chrono::milliseconds timeout, LinkModel link) {
@@ -149,10 +205,16 @@ std::unique_ptr<Launcher> launch(TrainArgs& a, std::chrono::milliseconds timeout
                              "without mpirun"));
     }
   }
+  check_gloo_flags(a);
   if (a.backend == "mpi" && a.on_rank_failure == "continue")
     throw InvalidInput("--on-rank-failure continue: the mpi backend (Open MPI) ends the job when a process is lost; "
-                       "the threads backend goes on");
+                       "the threads and gloo backends go on");
   if (a.backend == "mpi") return std::make_unique<MpiLauncher>(timeout, link);
+#ifdef DISTOPT_HAVE_GLOO
+  if (a.backend == "gloo")
+    return std::make_unique<GlooLauncher>(a, timeout, link,
+                                          a.on_rank_failure == "continue" ? Elastic::on : Elastic::off);
+#endif
   return std::make_unique<ThreadsLauncher>(a.world, timeout, link,
                                            a.on_rank_failure == "continue" ? Elastic::on : Elastic::off);
 }
@@ -180,6 +242,10 @@ int run_train(TrainArgs& a) {
   const std::unique_ptr<Launcher> launcher = launch(a, timeout, link);
   const StopOnSignal stop(launcher->reports());
   a.config.stop_flag = &stop.flag();
+  a.config.process_per_rank = a.backend != "threads";
+  // Survivors of a process world: whichever process holds rank 0 at the end
+  // reports, so each keeps its metrics until then.
+  const bool any_may_report = a.backend == "gloo" && a.on_rank_failure == "continue";
   // Only rank 0 exports them; the summary needs only their hash.
   a.config.keep_params = a.export_path.empty() && a.export_averaged.empty() ? train::TrainConfig::KeepParams::none
                                                                              : train::TrainConfig::KeepParams::rank0;
@@ -193,14 +259,14 @@ int run_train(TrainArgs& a) {
     a.ranks_here = launcher->one_rank_here() ? 1 : launcher->world();
     warmup_cosine(a, data);
     Progress progress(bar, lines);
-    if (launcher->reports() && !a.metrics.empty()) metrics.emplace(a.metrics);
+    if ((launcher->reports() || any_may_report) && !a.metrics.empty()) metrics.emplace(a.metrics);
     Both both(&progress, metrics ? &*metrics : nullptr);
     const std::function<void(Communicator&)> each_rank = [&](Communicator& comm) {
       if (a.backend != "mpi" && fault.stalls(comm.rank(), train::Fault::At::init)) launcher->stop_here();
       train::TrainResult r = train::train(comm, data, a.config, &both);
       // A rank thread has no MPI_Finalize of its own: both points are here.
       if (fault.stalls(comm.rank(), train::Fault::At::end) ||
-          (a.backend != "mpi" && fault.stalls(comm.rank(), train::Fault::At::finalize)))
+          (a.backend == "threads" && fault.stalls(comm.rank(), train::Fault::At::finalize)))
         launcher->stop_here();
       if (r.rank_at_end == 0 || launcher->one_rank_here()) result = std::move(r);
     };
@@ -213,11 +279,15 @@ int run_train(TrainArgs& a) {
         if (metrics) metrics->discard();
       });
     }
-    if (launcher->reports()) {
+    if (any_may_report ? result.rank_at_end == 0 : launcher->reports()) {
       if (metrics) metrics->finish();
+      // Those of lost processes of this run.
+      if (metrics && !result.membership.empty()) remove_stale_temp_files(a.metrics, "a lost rank of this run");
       export_params(result, a);
       print_result(result, a, launcher->world());
       report_stop(result);
+    } else if (metrics) {
+      metrics->discard();
     }
     launcher->finish();
     if (launcher->abandoned()) {
@@ -225,7 +295,8 @@ int run_train(TrainArgs& a) {
       std::fflush(stdout);
       std::_Exit(result.interrupted ? StopOnSignal::exit_code(result.stop_signal) : 0);
     }
-    if (a.backend == "mpi" && fault.stalls(launcher->rank_here(), train::Fault::At::finalize)) launcher->stop_here();
+    if (a.backend != "threads" && fault.stalls(launcher->rank_here(), train::Fault::At::finalize))
+      launcher->stop_here();
   } catch (const NonFiniteError& e) {
     // Every rank stopped at the same step with the same finding: one line,
     // the metrics up to that step kept, status 4: the line distopt.cpp

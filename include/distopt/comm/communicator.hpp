@@ -65,6 +65,12 @@ struct LinkModel {
   bool active() const { return bandwidth_bps > 0 || latency_s > 0; }
 };
 
+// Whether a world goes on without ranks it loses: off, a failing rank ends
+// every rank (CommAborted, or the backend's error); on, the others are woken
+// with RankLost, a rank silent past the time-out is lost as well, and the
+// survivors re-form the world with Communicator::shrink() (threads, gloo).
+enum class Elastic { off, on };
+
 class Communicator {
  public:
   using Clock = std::chrono::steady_clock;

@@ -13,12 +13,6 @@
 
 namespace distopt {
 
-// Whether a world goes on without ranks it loses: off, a failing rank ends
-// every rank (CommAborted); on, the others are woken with RankLost, a rank
-// silent past the time-out is lost as well, and the survivors re-form the
-// world with Communicator::shrink().
-enum class Elastic { off, on };
-
 // n communicators, one per rank, sharing one world. Give each to one thread.
 std::vector<std::unique_ptr<Communicator>> make_threads_world(int n, Elastic elastic = Elastic::off);
 

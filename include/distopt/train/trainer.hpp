@@ -120,6 +120,10 @@ struct TrainConfig {
   // go on from the next step. Gossip strategies cannot yet.
   enum class OnRankFailure { stop, go_on };
   OnRankFailure on_rank_failure = OnRankFailure::stop;
+  // Each rank is a process of its own (the mpi and gloo backends):
+  // DISTOPT_FAULT's stall:RANK:STEP stops the process (SIGSTOP) and
+  // kill:RANK:STEP kills it (SIGKILL), as `kill -STOP` and `kill -9` would.
+  bool process_per_rank = false;
 };
 
 // A change of the run's world: ranks lost after `step`.
@@ -216,8 +220,11 @@ struct TrainResult {
 };
 
 // DISTOPT_FAULT, a testing aid of `distopt train` (docs/reliability.md):
+// RANK is a rank of the world the run started with (after a change of
+// world, the faults of a step do not fire again).
 //  * stall:RANK:STEP -- that rank stops answering after that step, as a hung
-//    or SIGSTOPped process would (train() sleeps);
+//    or SIGSTOPped process would (train() sleeps; with process_per_rank the
+//    process stops itself with SIGSTOP);
 //  * stall:RANK:init -- it stops before it starts (an MPI process before
 //    MPI_Init, a rank thread before train()); stall:RANK:end -- after its
 //    training returned, before the ranks finish together;
@@ -225,13 +232,14 @@ struct TrainResult {
 //    points an MPI process stops itself (SIGSTOP), as `kill -STOP` would;
 //    a rank thread sleeps. The tool acts on them, not train();
 //  * fail:RANK:STEP -- that rank fails (throws) after that step, as a
-//    crashed process would;
+//    crashed process would; kill:RANK:STEP -- its process is killed
+//    (SIGKILL) after that step (TrainConfig::process_per_rank only);
 //  * exit:RANK:STEP:file|manifest -- the process ends at once (_exit(137),
 //    as a kill would) while that rank writes the checkpoint of that step:
 //    half of its rank file written, or its file complete and no manifest.
 // Any other value throws InvalidInput naming the variable.
 struct Fault {
-  enum class Kind { none, stall, fail, exit };
+  enum class Kind { none, stall, fail, kill, exit };
   enum class At { step, init, end, finalize };
   Kind kind = Kind::none;
   At at = At::step;

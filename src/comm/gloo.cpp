@@ -1,0 +1,618 @@
+// The gloo backend: see include/distopt/comm/gloo.hpp and
+// docs/reliability.md ("Processes").
+//
+// Data: every message is a gloo unbound buffer sent to one peer on a slot;
+// collectives use a slot of their own each (a per-communicator sequence, the
+// same on every rank since ranks issue collectives in the same order),
+// point-to-point messages the slot of their tag. Sums are reduce_ordered's.
+//
+// Membership: every process beats (a counter in its heartbeat file, 10 times
+// a second). To re-form after a loss, each survivor announces itself for the
+// next epoch and waits until every member of the current one has announced
+// itself or fallen silent (its heartbeat unchanged for kSilent), at most the
+// time-out; the first to finish waiting writes the new member list, created
+// exclusively, so that there is one decision; every survivor reads it.
+#include "distopt/comm/gloo.hpp"
+
+#include <netdb.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <gloo/context.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "distopt/core/buffer.hpp"
+#include "distopt/core/copy.hpp"
+
+namespace distopt {
+
+namespace {
+
+using Clock = Communicator::Clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kBeat{100};     // heartbeat period
+constexpr milliseconds kSilent{1000};  // a heartbeat unchanged this long: the process is gone or stopped
+
+std::string seconds(milliseconds t) { return str(static_cast<double>(t.count()) / 1000.0, " s"); }
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);
+  return s;
+}
+
+// A key-value store in a directory: one file per key, written under a
+// temporary name and renamed, so that a reader sees a whole value or none.
+class DirStore final : public gloo::rendezvous::Store {
+ public:
+  DirStore(std::string dir, milliseconds timeout) : dir_(std::move(dir)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    const std::string tmp = temp_name();
+    write_file(tmp, data);
+    if (std::rename(tmp.c_str(), path(key).c_str()) != 0) {
+      const int err = errno;
+      std::remove(tmp.c_str());
+      throw CommError(str("rendezvous: cannot write ", path(key), ": ", std::strerror(err)));
+    }
+  }
+  // Creates the key unless it exists; true when this call created it.
+  bool create_once(const std::string& key, const std::vector<char>& data) {
+    const std::string tmp = temp_name();
+    write_file(tmp, data);
+    const int rc = ::link(tmp.c_str(), path(key).c_str());
+    const int err = errno;
+    std::remove(tmp.c_str());
+    if (rc == 0) return true;
+    if (err == EEXIST) return false;
+    throw CommError(str("rendezvous: cannot create ", path(key), ": ", std::strerror(err)));
+  }
+  bool has(const std::string& key) const { return ::access(path(key).c_str(), F_OK) == 0; }
+  std::vector<char> read(const std::string& key) const {
+    std::ifstream in(path(key), std::ios::binary);
+    if (!in) throw CommError(str("rendezvous: cannot read ", path(key)));
+    return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  }
+  std::vector<char> get(const std::string& key) override {
+    wait({key}, timeout_);
+    return read(key);
+  }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
+    const auto start = Clock::now();
+    for (;;) {
+      std::vector<std::string> missing;
+      for (const std::string& k : keys)
+        if (!has(k)) missing.push_back(k);
+      if (missing.empty()) return;
+      if (Clock::now() - start > timeout) throw CommTimeout(describe_missing(missing, timeout));
+      std::this_thread::sleep_for(Clock::now() - start < milliseconds(100) ? milliseconds(1) : milliseconds(5));
+    }
+  }
+  std::string path(const std::string& key) const {
+    std::string name = key;
+    std::replace(name.begin(), name.end(), '/', '.');
+    return dir_ + "/" + name;
+  }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  // Unique among the processes (pid) and the stores of this one (a
+  // process-wide count).
+  static std::string temp_name(const std::string& dir) {
+    static std::atomic<std::uint64_t> counter{0};
+    return str(dir, "/.tmp.", ::getpid(), ".", counter.fetch_add(1, std::memory_order_relaxed));
+  }
+  std::string temp_name() const { return temp_name(dir_); }
+  static void write_file(const std::string& name, const std::vector<char>& data) {
+    std::ofstream out(name, std::ios::binary | std::ios::trunc);
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    out.close();
+    if (!out) throw CommError(str("rendezvous: cannot write ", name));
+  }
+  // gloo waits for "e<epoch>/<rank>": the address of that rank.
+  std::string describe_missing(const std::vector<std::string>& keys, milliseconds timeout) const {
+    std::vector<int> ranks;
+    for (const std::string& k : keys) {
+      const auto slash = k.rfind('/');
+      if (slash == std::string::npos) return str("rendezvous: timed out after ", seconds(timeout), " waiting for ", k,
+                                                 " in ", dir_);
+      ranks.push_back(std::atoi(k.c_str() + slash + 1));
+    }
+    return str("rendezvous: timed out after ", seconds(timeout), " waiting for rank(s) ", rank_list(ranks), " to join in ",
+               dir_, " (gloo backend)");
+  }
+  std::string dir_;
+  milliseconds timeout_;
+};
+
+std::vector<char> bytes_of(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
+
+// What every communicator of a process's world shares.
+struct Shared {
+  Shared(std::string dir, milliseconds timeout, Elastic e, int first)
+      : store(std::move(dir), timeout), elastic(e), first(first) {}
+  DirStore store;
+  std::shared_ptr<gloo::transport::Device> device;
+  Elastic elastic;
+  int first;  // this process's rank as first numbered
+  std::mutex m;
+  int epoch = 0;             // of the current membership
+  std::vector<int> members;  // first-numbered ranks of the current members, in order
+  std::uint64_t splits = 0;  // communicators made by split, for their rendezvous names
+
+  // The heartbeat.
+  std::mutex beat_m;
+  std::condition_variable beat_cv;
+  bool stop_beating = false;
+  std::thread beater;
+  void start_beating() {
+    beater = std::thread([this] {
+      std::uint64_t beat = 0;
+      std::unique_lock lock(beat_m);
+      while (!stop_beating) {
+        lock.unlock();
+        try {
+          store.set(str("hb/", first), bytes_of(std::to_string(++beat)));
+        } catch (const std::exception&) {
+          // A full disk or a vanished directory: the others will see this
+          // process as silent, which is what it then is to them.
+        }
+        lock.lock();
+        beat_cv.wait_for(lock, kBeat, [&] { return stop_beating; });
+      }
+    });
+  }
+  ~Shared() {
+    {
+      std::lock_guard lock(beat_m);
+      stop_beating = true;
+    }
+    beat_cv.notify_all();
+    if (beater.joinable()) beater.join();
+  }
+};
+
+std::shared_ptr<gloo::rendezvous::Context> connect(Shared& sh, const std::string& prefix, int rank, int size,
+                                                   milliseconds timeout) {
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(timeout);
+  gloo::rendezvous::PrefixStore store(prefix, sh.store);
+  ctx->connectFullMesh(store, sh.device);
+  return ctx;
+}
+
+class GlooComm;
+
+// One message of an exchange.
+struct Part {
+  int peer;
+  char* data;
+  std::size_t bytes;
+};
+
+class GlooRequest final : public Request {
+ public:
+  GlooRequest(GlooComm& comm, std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool send, int peer, int tag)
+      : comm_(comm), buf_(std::move(buf)), send_(send), peer_(peer), tag_(tag) {}
+  // gloo has no test that leaves the context usable when it is not done
+  // (a wait that expires fails every pair): test waits.
+  bool test() override {
+    wait();
+    return true;
+  }
+  void wait() override;
+
+ private:
+  GlooComm& comm_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+  bool send_;
+  int peer_, tag_;
+  bool done_ = false;
+};
+
+class GlooComm final : public Communicator {
+ public:
+  GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> ctx, bool top)
+      : shared_(std::move(shared)), ctx_(std::move(ctx)), top_(top) {}
+  ~GlooComm() override { stop_progress(); }
+
+  int rank() const override { return ctx_->rank; }
+  int size() const override { return ctx_->size; }
+  std::string_view backend() const override { return "gloo"; }
+
+  // A failed wait: names the peer; RankLost in an elastic world's top
+  // communicator. Closes every pair first, so that nothing more is written
+  // into buffers the caller may free, and peers waiting on this rank learn
+  // at once.
+  [[noreturn]] void fail(const std::string& op, int peer, const std::exception& e, Clock::time_point until) {
+    try {
+      ctx_->closeConnections();
+    } catch (const std::exception&) {
+    }
+    const bool timed_out = Clock::now() >= until - milliseconds(5) ||
+                           std::string_view(e.what()).find("Timed out") != std::string_view::npos;
+    const std::string who = peer >= 0 ? str("rank ", peer) : std::string("the other ranks");
+    const std::string msg = timed_out ? str(op, " on rank ", rank(), ": timed out after ", seconds(timeout()),
+                                            " waiting for ", who, " (gloo backend)")
+                                      : str(op, " on rank ", rank(), ": lost ", who, " (gloo: ", e.what(), ")");
+    if (shared_->elastic == Elastic::on && top_) throw RankLost(msg);
+    if (timed_out) throw CommTimeout(msg);
+    throw CommError(msg);
+  }
+
+ protected:
+  std::unique_ptr<Request> do_isend(const void* buf, std::size_t bytes, int peer, int tag) override {
+    auto ub = ctx_->createUnboundBuffer(const_cast<void*>(buf), bytes);
+    ub->send(peer, p2p_slot(tag), 0, bytes);
+    count_sent(bytes);
+    return std::make_unique<GlooRequest>(*this, std::move(ub), true, peer, tag);
+  }
+  std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) override {
+    auto ub = ctx_->createUnboundBuffer(buf, bytes);
+    ub->recv(peer, p2p_slot(tag), 0, bytes);
+    return std::make_unique<GlooRequest>(*this, std::move(ub), false, peer, tag);
+  }
+
+  // Each rank receives its piece from every other rank, then sums all n
+  // in rank order.
+  void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
+                           ReduceOp op) override {
+    const int n = size(), me = rank();
+    const std::size_t es = size_of(type);
+    const auto offsets = offsets_of(counts);
+    const std::size_t mine = counts[me] * es;
+    if (scratch_.size_bytes() < mine * n) scratch_ = Buffer(mine * n, 5);
+    std::vector<Part> sends, recvs;
+    for (int j = 1; j < n; ++j) {
+      const int to = (me + j) % n, from = (me + n - j) % n;
+      sends.push_back({to, const_cast<char*>(static_cast<const char*>(send)) + offsets[to] * es, counts[to] * es});
+      recvs.push_back({from, scratch_.as<char>() + from * mine, mine});
+    }
+    exchange("reduce_scatter", sends, recvs);
+    std::vector<const void*> inputs(n);
+    for (int r = 0; r < n; ++r)
+      inputs[r] = r == me ? static_cast<const char*>(send) + offsets[me] * es : scratch_.as<char>() + r * mine;
+    reduce_ordered(inputs.data(), n, recv, counts[me], type, op);
+  }
+
+  void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override {
+    const int n = size(), me = rank();
+    const std::size_t es = size_of(type);
+    const auto offsets = offsets_of(counts);
+    std::vector<Part> sends, recvs;
+    for (int j = 1; j < n; ++j) {
+      const int to = (me + j) % n, from = (me + n - j) % n;
+      sends.push_back({to, const_cast<char*>(static_cast<const char*>(send)), counts[me] * es});
+      recvs.push_back({from, static_cast<char*>(recv) + offsets[from] * es, counts[from] * es});
+    }
+    exchange("all_gather", sends, recvs);
+    char* own = static_cast<char*>(recv) + offsets[me] * es;
+    if (own != send) copy_bytes(own, send, counts[me] * es);
+  }
+
+  void do_broadcast(void* buf, std::size_t bytes, int root) override {
+    std::vector<Part> sends, recvs;
+    if (rank() == root) {
+      for (int r = 0; r < size(); ++r)
+        if (r != root) sends.push_back({r, static_cast<char*>(buf), bytes});
+    } else {
+      recvs.push_back({root, static_cast<char*>(buf), bytes});
+    }
+    exchange("broadcast", sends, recvs);
+  }
+
+  void do_barrier() override {
+    const int n = size(), me = rank();
+    std::vector<char> out(1, 1), in(static_cast<std::size_t>(n), 0);
+    std::vector<Part> sends, recvs;
+    for (int j = 1; j < n; ++j) {
+      sends.push_back({(me + j) % n, out.data(), 1});
+      recvs.push_back({(me + n - j) % n, in.data() + (me + n - j) % n, 1});
+    }
+    exchange("barrier", sends, recvs);
+  }
+
+  std::unique_ptr<Communicator> do_split(int color, int key) override {
+    const int n = size();
+    const std::int64_t mine[3] = {color, key, rank()};
+    std::vector<std::int64_t> all(3 * static_cast<std::size_t>(n));
+    all_gather(mine, all.data(), 3, ElemType::i64);
+    std::uint64_t seq = 0;
+    int epoch = 0;
+    {
+      std::lock_guard lock(shared_->m);
+      seq = ++shared_->splits;
+      epoch = shared_->epoch;
+    }
+    if (color < 0) return nullptr;
+    std::vector<std::pair<std::int64_t, std::int64_t>> group;  // (key, rank)
+    for (int r = 0; r < n; ++r)
+      if (all[3 * r] == color) group.emplace_back(all[3 * r + 1], all[3 * r + 2]);
+    std::sort(group.begin(), group.end());
+    int new_rank = 0;
+    for (std::size_t i = 0; i < group.size(); ++i)
+      if (group[i].second == rank()) new_rank = static_cast<int>(i);
+    // The first member of the parent names the rendezvous: split's seq is
+    // per process, so it is combined with the parent's first global rank.
+    const std::string prefix = str("split/", epoch, ".", seq, ".", color);
+    try {
+      auto ctx = connect(*shared_, prefix, new_rank, static_cast<int>(group.size()), timeout());
+      return std::make_unique<GlooComm>(shared_, std::move(ctx), false);
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError(str("split on rank ", rank(), ": ", e.what(), " (gloo backend)"));
+    }
+  }
+
+  std::unique_ptr<Communicator> do_shrink() override;
+
+ private:
+  static constexpr std::uint64_t kP2p = 1ull << 40, kCollective = 1ull << 41;
+  static std::uint64_t p2p_slot(int tag) { return kP2p + static_cast<std::uint32_t>(tag); }
+
+  void exchange(const char* op, const std::vector<Part>& sends, const std::vector<Part>& recvs) {
+    const std::uint64_t slot = kCollective + seq_++;
+    const auto until = deadline();
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> in(recvs.size()), out(sends.size());
+    int peer = -1;
+    try {
+      for (std::size_t i = 0; i < recvs.size(); ++i) {
+        if (recvs[i].bytes == 0) continue;
+        peer = recvs[i].peer;
+        in[i] = ctx_->createUnboundBuffer(recvs[i].data, recvs[i].bytes);
+        in[i]->recv(recvs[i].peer, slot, 0, recvs[i].bytes);
+      }
+      for (std::size_t i = 0; i < sends.size(); ++i) {
+        if (sends[i].bytes == 0) continue;
+        peer = sends[i].peer;
+        out[i] = ctx_->createUnboundBuffer(sends[i].data, sends[i].bytes);
+        out[i]->send(sends[i].peer, slot, 0, sends[i].bytes);
+        count_sent(sends[i].bytes);
+      }
+      for (std::size_t i = 0; i < recvs.size(); ++i) {
+        if (!in[i]) continue;
+        peer = recvs[i].peer;
+        in[i]->waitRecv(left(until));
+      }
+      for (std::size_t i = 0; i < sends.size(); ++i) {
+        if (!out[i]) continue;
+        peer = sends[i].peer;
+        out[i]->waitSend(left(until));
+      }
+    } catch (const std::exception& e) {
+      fail(op, std::string_view(op) == "barrier" ? -1 : peer, e, until);
+    }
+  }
+  static milliseconds left(Clock::time_point until) {
+    return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(until - Clock::now()));
+  }
+
+  friend class GlooRequest;
+  std::shared_ptr<Shared> shared_;
+  std::shared_ptr<gloo::Context> ctx_;
+  bool top_;
+  std::uint64_t seq_ = 0;
+  Buffer scratch_;
+};
+
+void GlooRequest::wait() {
+  if (done_) return;
+  const auto until = Clock::now() + comm_.timeout();
+  try {
+    if (send_)
+      buf_->waitSend(comm_.timeout());
+    else
+      buf_->waitRecv(comm_.timeout());
+  } catch (const std::exception& e) {
+    comm_.fail(str(send_ ? "send" : "recv", " (tag ", tag_, ")"), peer_, e, until);
+  }
+  done_ = true;
+}
+
+std::vector<char> encode(const std::vector<int>& ranks) { return bytes_of(rank_list(ranks)); }
+std::vector<int> decode(const std::vector<char>& text) {
+  std::vector<int> out;
+  std::stringstream in(std::string(text.begin(), text.end()));
+  std::string item;
+  while (std::getline(in, item, ','))
+    if (!item.empty()) out.push_back(std::atoi(item.c_str()));
+  return out;
+}
+
+std::unique_ptr<Communicator> GlooComm::do_shrink() {
+  if (!top_) throw CommError("only a world's top communicator re-forms without its lost ranks");
+  if (shared_->elastic != Elastic::on)
+    throw CommError("this gloo world was opened without Elastic::on: it does not go on without its lost ranks");
+  // The peers still waiting on this rank learn of the loss at once.
+  try {
+    ctx_->closeConnections();
+  } catch (const std::exception&) {
+  }
+  Shared& sh = *shared_;
+  std::lock_guard lock(sh.m);
+  const int next = sh.epoch + 1;
+  const std::vector<int> before = sh.members;
+  sh.store.set(str("alive/", next, "/", sh.first), bytes_of("1"));
+  // Who comes: each member of the current group announces itself, or falls
+  // silent (its heartbeat stops), or the time-out passes.
+  const auto start = Clock::now();
+  struct Seen {
+    std::string beat;
+    Clock::time_point since;
+  };
+  std::map<int, Seen> beats;
+  const std::string decision = str("members/", next);
+  while (!sh.store.has(decision)) {
+    std::vector<int> present;
+    bool pending = false;
+    for (int m : before) {
+      if (sh.store.has(str("alive/", next, "/", m))) {
+        present.push_back(m);
+        continue;
+      }
+      std::string beat;
+      try {
+        const auto b = sh.store.read(str("hb/", m));
+        beat.assign(b.begin(), b.end());
+      } catch (const CommError&) {
+      }
+      auto [it, fresh] = beats.try_emplace(m, Seen{beat, Clock::now()});
+      if (!fresh && it->second.beat != beat) it->second = Seen{beat, Clock::now()};
+      if (Clock::now() - it->second.since < kSilent) pending = true;
+    }
+    if (!pending || Clock::now() - start > timeout()) {
+      sh.store.create_once(decision, encode(present));  // the first decides
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  const std::vector<int> after = decode(sh.store.read(decision));
+  const auto at = std::find(after.begin(), after.end(), sh.first);
+  if (at == after.end())
+    throw CommError(str("rank ", rank(), " (first rank ", sh.first, ") was left out when the others re-formed the group ",
+                        "without their lost ranks (it answered after the time-out or after they had decided)"));
+  if (2 * after.size() <= before.size())
+    throw CommError(str("only ", after.size(), " of the ", before.size(), " ranks (first ranks ", rank_list(after),
+                        ") are left after a loss: a group goes on only with more than half of its ranks (no split brain)"));
+  sh.epoch = next;
+  sh.members = after;
+  try {
+    auto ctx = connect(sh, str("e", next), static_cast<int>(at - after.begin()), static_cast<int>(after.size()),
+                       timeout());
+    return std::make_unique<GlooComm>(shared_, std::move(ctx), true);
+  } catch (const std::exception& e) {
+    // A member lost while re-forming: the survivors re-form again.
+    throw RankLost(str("re-forming the group of first ranks ", rank_list(after), ": ", e.what()));
+  }
+}
+
+class World final : public GlooWorld {
+ public:
+  explicit World(const GlooOptions& o) {
+    if (o.size < 1) throw InvalidInput(str("gloo backend: the world size must be at least 1 (got ", o.size, ")"));
+    if (o.rank < 0 || o.rank >= o.size)
+      throw InvalidInput(str("gloo backend: rank ", o.rank, " is not a rank of a world of ", o.size));
+    if (o.rendezvous.empty()) throw InvalidInput("gloo backend: a rendezvous directory is needed (--rendezvous DIR)");
+    std::error_code ec;
+    std::filesystem::create_directories(o.rendezvous, ec);
+    if (!std::filesystem::is_directory(o.rendezvous))
+      throw InvalidInput(str("--rendezvous ", o.rendezvous, ": not a directory, and cannot be created",
+                             ec ? str(" (", ec.message(), ")") : std::string()));
+    shared_ = std::make_shared<Shared>(o.rendezvous, o.timeout, o.elastic, o.rank);
+    Shared& sh = *shared_;
+    if (sh.store.has("closed"))
+      throw InvalidInput(str("--rendezvous ", o.rendezvous,
+                             ": an earlier run ended in this directory; give each run a directory of its own"));
+    char machine[256] = {};
+    if (::gethostname(machine, sizeof machine - 1) != 0) throw InvalidInput("gloo backend: this machine has no host name");
+    const std::string host = o.host.empty() ? std::string(machine) : o.host;
+    // gloo reads getaddrinfo's failures as success (and crashes): asked first.
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0)
+      throw InvalidInput(str("gloo backend: the host ", host, " has no address here (", ::gai_strerror(rc),
+                             "); give this machine's address with --gloo-host"));
+    ::freeaddrinfo(found);
+    // The rank, taken: "<machine> <pid>". One a process of this machine
+    // took and that no longer exists (a run that failed to start) is free.
+    const std::string rank_key = str("rank/", o.rank), owner = str(machine, " ", ::getpid());
+    if (!sh.store.create_once(rank_key, bytes_of(owner))) {
+      const std::vector<char> held = sh.store.read(rank_key);
+      std::istringstream in(std::string(held.begin(), held.end()));
+      std::string who;
+      long pid = 0;
+      in >> who >> pid;
+      if (who != machine || pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
+        throw InvalidInput(str("--rendezvous ", o.rendezvous, ": rank ", o.rank, " is already taken there (by process ",
+                               pid, " on ", who, "; each process needs a rank of its own, each run a directory of its "
+                               "own)"));
+      sh.store.set(rank_key, bytes_of(owner));
+    }
+    try {
+      sh.device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr(host.c_str()));
+    } catch (const std::exception& e) {
+      throw InvalidInput(str("gloo backend: cannot listen on ", host, " (", e.what(),
+                             "); give this machine's address with --gloo-host"));
+    }
+    // A write to a peer that is gone must fail, not end this process.
+    std::signal(SIGPIPE, SIG_IGN);
+    for (int r = 0; r < o.size; ++r) sh.members.push_back(r);
+    sh.start_beating();
+    try {
+      comm_ = std::make_unique<GlooComm>(shared_, connect(sh, "e0", o.rank, o.size, o.timeout), true);
+    } catch (const CommTimeout&) {
+      std::vector<int> missing;
+      for (int r = 0; r < o.size; ++r)
+        if (!sh.store.has(str("rank/", r))) missing.push_back(r);
+      if (missing.empty()) throw;
+      throw CommTimeout(str("rendezvous: timed out after ", seconds(o.timeout), " waiting for rank(s) ",
+                            rank_list(missing), " to start in ", o.rendezvous, " (gloo backend)"));
+    } catch (const CommError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw CommError(str("gloo backend: rank ", o.rank, " could not connect to the others: ", e.what()));
+    }
+    comm_->set_timeout(o.timeout);
+  }
+  ~World() override { comm_.reset(); }
+
+  Communicator& comm() override { return *comm_; }
+  std::vector<int> members() const override {
+    std::lock_guard lock(shared_->m);
+    return shared_->members;
+  }
+  int first_rank() const override { return shared_->first; }
+  void finish() override {
+    Shared& sh = *shared_;
+    std::vector<int> members;
+    int epoch = 0;
+    {
+      std::lock_guard lock(sh.m);
+      members = sh.members;
+      epoch = sh.epoch;
+    }
+    sh.store.set(str("done/", epoch, "/", sh.first), bytes_of("1"));
+    const auto start = Clock::now();
+    for (;;) {
+      std::vector<int> missing;
+      for (int m : members)
+        if (!sh.store.has(str("done/", epoch, "/", m))) missing.push_back(m);
+      if (missing.empty()) break;
+      if (Clock::now() - start > comm_->timeout())
+        throw CommTimeout(str("the run's end on rank ", sh.first, ": timed out after ", seconds(comm_->timeout()),
+                              " waiting for rank(s) ", rank_list(missing), " (gloo backend)"));
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    if (members.front() == sh.first) sh.store.set("closed", bytes_of("1"));
+  }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  std::unique_ptr<Communicator> comm_;
+};
+
+}  // namespace
+
+std::unique_ptr<GlooWorld> open_gloo_world(const GlooOptions& options) { return std::make_unique<World>(options); }
+
+}  // namespace distopt

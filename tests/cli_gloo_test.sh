@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# docs/reliability.md ("Processes") from outside: `distopt train --backend
+# gloo` with one process per rank. The threads backend's bits; survivors of
+# a killed (SIGKILL) or stopped (SIGSTOP) process, of two losses in a row
+# and of the loss of rank 0; zero2 going back to its checkpoint; a minority
+# stops; without --on-rank-failure continue every process ends named; bad
+# input.
+set -u
+bin=$1
+source "$(dirname "$0")/check_lib.sh"
+
+timeout=3
+base=(train --data synthetic --test-size 128 --batch-size 48 --progress none --json)
+sv=("${base[@]}" --train-size 512 --epochs 2)
+
+# gloo_run NAME N [VAR=VALUE ...] -- ARGS...: N processes of one run, rank r
+# writing $tmp/NAME/out.r and err.r, pids in pid.r; waits for all; their
+# exit statuses in $tmp/NAME/status (one line per rank) and the seconds the
+# run took in $tmp/NAME/seconds.
+gloo_run() {
+  local name=$1 n=$2 d="$tmp/$1" r
+  shift 2
+  local env=()
+  while [ "$1" != "--" ]; do env+=("$1"); shift; done
+  shift
+  mkdir -p "$d"
+  local t0 pids=()
+  t0=$(date +%s.%N)
+  for ((r = 0; r < n; r++)); do
+    env "${env[@]}" "$bin" "$@" --backend gloo --world "$n" --rank "$r" --rendezvous "$d/rv" \
+      >"$d/out.$r" 2>"$d/err.$r" &
+    pids[r]=$!
+    echo "${pids[r]}" >"$d/pid.$r"
+  done
+  : >"$d/status"
+  for ((r = 0; r < n; r++)); do
+    wait "${pids[r]}"
+    echo $? >>"$d/status"
+  done
+  echo "$(date +%s.%N) - $t0" | bc >"$d/seconds"
+}
+statuses() { tr '\n' ' ' <"$tmp/$1/status" | sed 's/ $//'; }
+hash_of() { tail -n 1 "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])'; }
+
+# 1. Four processes have the threads backend's bits (ddp and zero2).
+for strategy in ddp zero2; do
+  want=$("$bin" "${sv[@]}" --world 4 --max-steps 12 --strategy $strategy 2>"$tmp/err" | tail -n 1 |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+  gloo_run plain-$strategy 4 -- "${sv[@]}" --max-steps 12 --strategy $strategy
+  [ "$(statuses plain-$strategy)" = "0 0 0 0" ] || fail "plain $strategy: exits $(statuses plain-$strategy): $(cat "$tmp/plain-$strategy"/err.*)"
+  [ "$(hash_of "$tmp/plain-$strategy/out.0")" = "$want" ] || fail "plain $strategy: not the threads backend's bits"
+  [ ! -s "$tmp/plain-$strategy/out.1" ] || fail "plain $strategy: rank 1 printed a summary"
+  [ -e "$tmp/plain-$strategy/rv/closed" ] || fail "plain $strategy: the rendezvous is not marked closed"
+done
+
+# 2. Survivors, ddp: rank 2 of 4 killed (SIGKILL, DISTOPT_FAULT=kill) or
+# stopped (SIGSTOP, stall) after step 5. The three others finish at world 3
+# with the bits of a run checkpointed at step 5 and resumed at world 3; the
+# metrics and the summary record the change; seconds lost: a killed rank
+# about 1 s (its heartbeat falls silent), a stopped one the time-out + 1 s.
+"$bin" "${sv[@]}" --world 4 --max-steps 5 --checkpoint-dir "$tmp/ck5" >/dev/null 2>"$tmp/err" || fail "checkpoint run: $(cat "$tmp/err")"
+want=$("$bin" "${sv[@]}" --max-steps 12 --world 3 --checkpoint-dir "$tmp/ck5" --resume 2>"$tmp/err" | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') || fail "resumed run: $(cat "$tmp/err")"
+for fault in kill:2:5 stall:2:5 kill:0:5; do
+  name=sv-${fault//:/-}
+  lost=${fault#*:}; lost=${lost%%:*}
+  reporter=$([ "$lost" = 0 ] && echo 1 || echo 0)
+  if [ "${fault%%:*}" = stall ]; then  # the stopped process is killed once the others are done
+    ( for i in $(seq 600); do [ -s "$tmp/$name/out.$reporter" ] && break; sleep 0.05; done
+      kill -9 "$(cat "$tmp/$name/pid.2")" 2>/dev/null ) &
+  fi
+  gloo_run "$name" 4 DISTOPT_FAULT=$fault -- "${sv[@]}" --max-steps 12 --on-rank-failure continue \
+    --comm-timeout $timeout --metrics "$tmp/$name/m.jsonl"
+  wait
+  want_status=$([ "$lost" = 0 ] && echo "137 0 0 0" || echo "0 0 137 0")
+  [ "$(statuses "$name")" = "$want_status" ] || fail "$fault: exits $(statuses "$name"), want $want_status: $(cat "$tmp/$name"/err.*)"
+  grep -q "^distopt: rank(s) $lost lost after step 5; 3 ranks go on from step 5 (" "$tmp/$name/err.$reporter" \
+    || fail "$fault: no membership line: $(cat "$tmp/$name/err.$reporter")"
+  # A killed rank's temporary metrics are removed by the reporter; a
+  # stopped one's (its process still exists then) by the next run.
+  left=$(ls "$tmp/$name" | grep '\.tmp\.')
+  [ "${fault%%:*}" = stall ] && left=$(echo "$left" | grep -v "^m.jsonl.tmp.$(cat "$tmp/$name/pid.2")\$")
+  [ -z "$left" ] || fail "$fault: temporary files left: $left"
+  python3 - "$tmp/$name/out.$reporter" "$tmp/$name/m.jsonl" "$want" "$fault" "$lost" "$timeout" <<'PY' || fail "$fault: summary or metrics"
+import json, sys
+s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+assert s["param_hash"] == sys.argv[3], (s["param_hash"], sys.argv[3])
+assert s["steps"] == 12 and s["membership_changes"] == 1 and s["world_at_end"] == 3, s
+assert s["backend"] == "gloo", s
+m = [r for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "membership"]
+assert len(m) == 1 and m[0]["step"] == 5 and m[0]["lost"] == [int(sys.argv[5])] and m[0]["world"] == 3, m
+t = float(sys.argv[6])
+if sys.argv[4].startswith("stall"):
+    assert t <= s["seconds_lost"] <= t + 2, s["seconds_lost"]
+else:
+    assert s["seconds_lost"] <= 2, s["seconds_lost"]
+PY
+done
+
+# 3. zero2: rank 2 killed after step 6, checkpoints every 4 steps: the
+# survivors go back to step 4 and end with the bits of a run resumed from
+# that checkpoint at world 3.
+z=("${sv[@]}" --strategy zero2)
+"$bin" "${z[@]}" --world 4 --max-steps 4 --checkpoint-dir "$tmp/zck" >/dev/null 2>"$tmp/err" || fail "zero2 checkpoint run: $(cat "$tmp/err")"
+want=$("$bin" "${z[@]}" --world 3 --max-steps 12 --checkpoint-dir "$tmp/zck" --resume 2>"$tmp/err" | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') || fail "zero2 resumed run: $(cat "$tmp/err")"
+gloo_run zero2 4 DISTOPT_FAULT=kill:2:6 -- "${z[@]}" --max-steps 12 --on-rank-failure continue --comm-timeout $timeout \
+  --checkpoint-dir "$tmp/zero2/ck" --checkpoint-every 4
+[ "$(statuses zero2)" = "0 0 137 0" ] || fail "zero2: exits $(statuses zero2): $(cat "$tmp/zero2"/err.*)"
+grep -q "^distopt: rank(s) 2 lost after step 6; 3 ranks go on from step 4 (back to the checkpoint of step 4: 2 steps again)" \
+  "$tmp/zero2/err.0" || fail "zero2: $(cat "$tmp/zero2/err.0")"
+[ "$(hash_of "$tmp/zero2/out.0")" = "$want" ] || fail "zero2: not the bits of the run resumed at world 3"
+
+# 4. Two losses in a row: rank 2 killed after step 5, then rank 1 killed
+# from outside (kill -9) once the first change is reported; the last two
+# finish at world 2, both changes recorded.
+long=("${base[@]}" --train-size 4096 --epochs 3)
+( for i in $(seq 600); do grep -q "lost after" "$tmp/two/err.0" 2>/dev/null && break; sleep 0.05; done
+  sleep 0.3; kill -9 "$(cat "$tmp/two/pid.1")" ) &
+gloo_run two 4 DISTOPT_FAULT=kill:2:5 -- "${long[@]}" --on-rank-failure continue --comm-timeout $timeout \
+  --metrics "$tmp/two/m.jsonl"
+wait
+[ "$(statuses two)" = "0 137 137 0" ] || fail "two losses: exits $(statuses two): $(cat "$tmp/two"/err.*)"
+python3 - "$tmp/two/out.0" "$tmp/two/m.jsonl" <<'PY' || fail "two losses: summary or metrics: $(cat "$tmp/two/err.0")"
+import json, sys
+s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+assert s["membership_changes"] == 2 and s["world_at_end"] == 2 and s["steps"] == 258, s
+m = [r for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "membership"]
+assert [(r["world_before"], r["world"], r["lost"]) for r in m] == [(4, 3, [2]), (3, 2, [1])], m
+PY
+
+# 5. A minority stops: one survivor of two.
+gloo_run minority 2 DISTOPT_FAULT=kill:1:5 -- "${sv[@]}" --max-steps 12 --on-rank-failure continue --comm-timeout $timeout
+[ "$(statuses minority)" = "2 137" ] || fail "minority: exits $(statuses minority)"
+grep -q "only 1 of the 2 ranks .* more than half of its ranks (no split brain)" "$tmp/minority/err.0" \
+  || fail "minority: $(cat "$tmp/minority/err.0")"
+
+# 6. Without --on-rank-failure continue: every other process ends at once,
+# naming the lost rank.
+gloo_run stop 4 DISTOPT_FAULT=kill:2:5 -- "${sv[@]}" --max-steps 12 --comm-timeout $timeout
+[ "$(statuses stop)" = "2 2 137 2" ] || fail "stop: exits $(statuses stop)"
+# (Each names the first peer it found gone: rank 2, or one that ended for it.)
+for r in 0 1 3; do
+  grep -q "^distopt: error (rank $r): .* on rank $r: lost rank [0-9] (gloo: " "$tmp/stop/err.$r" || fail "stop: rank $r: $(cat "$tmp/stop/err.$r")"
+done
+cat "$tmp/stop/err.0" "$tmp/stop/err.1" "$tmp/stop/err.3" | grep -q "lost rank 2" || fail "stop: nobody names rank 2"
+[ "$(echo "$(cat "$tmp/stop/seconds") < $timeout" | bc)" = 1 ] || fail "stop: took $(cat "$tmp/stop/seconds") s"
+
+# 7. Bad input: one line each.
+b=("${sv[@]}" --max-steps 3 --backend gloo --world 2)
+expect_error 2 "--backend gloo needs --world N, --rank R (0 .. N-1) and --rendezvous DIR" -- "${b[@]}" --rendezvous "$tmp/b1"
+expect_error 2 "--rank 2 is not a rank of --world 2 (0 .. 1)" -- "${b[@]}" --rank 2 --rendezvous "$tmp/b1"
+expect_error 2 "--rank, --rendezvous and --gloo-host are for --backend gloo" -- "${sv[@]}" --rank 1
+expect_error 2 "--rendezvous $tmp/plain-ddp/rv: an earlier run ended in this directory" -- "${b[@]}" --rank 0 --rendezvous "$tmp/plain-ddp/rv"
+expect_error 2 "rendezvous: timed out after 1 s waiting for rank(s) 1 to start in $tmp/b2" -- "${b[@]}" --rank 0 --rendezvous "$tmp/b2" --comm-timeout 1
+expect_error 2 "the host no.such.host.invalid has no address here" -- "${b[@]}" --rank 0 --rendezvous "$tmp/b3" --gloo-host no.such.host.invalid
+expect_error 2 "--on-rank-failure continue: --strategy sgp cannot go on" -- "${b[@]}" --rank 0 --rendezvous "$tmp/b4" --strategy sgp --on-rank-failure continue
+DISTOPT_FAULT=kill:1:1 expect_error 2 "DISTOPT_FAULT kill:RANK:STEP needs a process per rank" -- "${sv[@]}" --world 2 --max-steps 3
+finish cli.gloo

@@ -1,0 +1,246 @@
+// The gloo backend (include/distopt/comm/gloo.hpp). Each rank opens a world
+// of its own -- its own rendezvous files, heartbeat, TCP pairs -- as a
+// process would; here they are threads of the test, so that the results
+// can be compared with the threads backend's in one place. The commands'
+// checks with real processes (kill -9, SIGSTOP) are in cli_gloo_test.sh.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "distopt/comm/gloo.hpp"
+#include "distopt/comm/threads.hpp"
+
+namespace distopt {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string fresh_dir(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / ("distopt-gloo-" + std::to_string(::getpid()) + "-" + name);
+  std::filesystem::remove_all(d);
+  return d.string();
+}
+
+// Runs fn(world) for ranks 0..n-1 of a gloo world, each on a thread; a
+// rank's exception fails the test.
+void run_gloo(int n, const std::string& dir, std::chrono::milliseconds timeout, Elastic elastic,
+              const std::function<void(GlooWorld&, int)>& fn) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(n);
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        GlooOptions o;
+        o.rendezvous = dir;
+        o.rank = r;
+        o.size = n;
+        o.host = "127.0.0.1";
+        o.timeout = timeout;
+        o.elastic = elastic;
+        auto world = open_gloo_world(o);
+        fn(*world, r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  std::filesystem::remove_all(dir);
+}
+
+std::vector<float> input(int rank, std::size_t count) {
+  std::vector<float> x(count);
+  for (std::size_t i = 0; i < count; ++i) x[i] = 0.1f * static_cast<float>(rank + 1) + 1e-3f * static_cast<float>(i) / 7.0f;
+  return x;
+}
+
+// The same collectives on the threads backend: the reference bits.
+struct Results {
+  std::vector<float> reduced, scattered, gathered, broadcast;
+};
+Results collectives(Communicator& c, const std::vector<std::size_t>& counts) {
+  Results out;
+  const std::size_t total = 1000;
+  out.reduced = input(c.rank(), total);
+  c.all_reduce(out.reduced.data(), out.reduced.data(), total, ElemType::f32, ReduceOp::sum);
+  std::size_t sum = 0;
+  for (std::size_t k : counts) sum += k;
+  const std::vector<float> x = input(c.rank(), sum);
+  out.scattered.resize(counts[static_cast<std::size_t>(c.rank())]);
+  c.reduce_scatter_v(x.data(), out.scattered.data(), counts, ElemType::f32, ReduceOp::sum);
+  out.gathered.resize(sum);
+  c.all_gather_v(out.scattered.data(), out.gathered.data(), counts, ElemType::f32);
+  out.broadcast = c.rank() == 1 ? input(7, 333) : std::vector<float>(333, 0.f);
+  c.broadcast(out.broadcast.data(), 333, ElemType::f32, 1);
+  c.barrier();
+  return out;
+}
+
+TEST(Gloo, CollectivesHaveTheThreadsBackendsBits) {
+  const int n = 3;
+  const std::vector<std::size_t> counts = {5, 0, 17};  // uneven, one empty
+  std::vector<Results> want(n), got(n);
+  spawn(n, [&](Communicator& c) { want[static_cast<std::size_t>(c.rank())] = collectives(c, counts); });
+  run_gloo(n, fresh_dir("bits"), 20s, Elastic::off, [&](GlooWorld& w, int r) {
+    EXPECT_EQ(w.comm().backend(), "gloo");
+    EXPECT_EQ(w.comm().rank(), r);
+    got[static_cast<std::size_t>(r)] = collectives(w.comm(), counts);
+    w.finish();
+  });
+  for (int r = 0; r < n; ++r) {
+    const auto& a = want[static_cast<std::size_t>(r)];
+    const auto& b = got[static_cast<std::size_t>(r)];
+    ASSERT_EQ(a.reduced.size(), b.reduced.size());
+    EXPECT_EQ(std::memcmp(a.reduced.data(), b.reduced.data(), a.reduced.size() * 4), 0) << "all_reduce, rank " << r;
+    EXPECT_EQ(a.scattered, b.scattered) << "reduce_scatter_v, rank " << r;
+    EXPECT_EQ(a.gathered, b.gathered) << "all_gather_v, rank " << r;
+    EXPECT_EQ(a.broadcast, b.broadcast) << "broadcast, rank " << r;
+  }
+}
+
+TEST(Gloo, PointToPointSplitAndNonBlockingCollectives) {
+  run_gloo(3, fresh_dir("p2p"), 20s, Elastic::off, [&](GlooWorld& w, int r) {
+    Communicator& c = w.comm();
+    // A ring: each sends its rank to the next, with two tags in flight.
+    const int next = (r + 1) % 3, prev = (r + 2) % 3;
+    std::int32_t out[2] = {r, 100 + r}, in[2] = {-1, -1};
+    auto s1 = c.isend(&out[1], 1, ElemType::i32, next, 9);
+    auto s0 = c.isend(&out[0], 1, ElemType::i32, next, 4);
+    auto r0 = c.irecv(&in[0], 1, ElemType::i32, prev, 4);
+    auto r1 = c.irecv(&in[1], 1, ElemType::i32, prev, 9);
+    r0->wait();
+    r1->wait();
+    s0->wait();
+    EXPECT_TRUE(s1->test());
+    EXPECT_EQ(in[0], prev);
+    EXPECT_EQ(in[1], 100 + prev);
+    // split: ranks 0 and 2 together, in reverse order; rank 1 alone.
+    auto sub = c.split(r == 1 ? 1 : 0, -r);
+    ASSERT_NE(sub, nullptr);
+    EXPECT_EQ(sub->size(), r == 1 ? 1 : 2);
+    EXPECT_EQ(sub->rank(), r == 2 ? 0 : 0 + (r == 0 ? 1 : 0));
+    std::int64_t v = r, sum = 0;
+    sub->all_reduce(&v, &sum, 1, ElemType::i64, ReduceOp::sum);
+    EXPECT_EQ(sum, r == 1 ? 1 : 2);
+    // Non-blocking collectives run in issue order on the progress thread.
+    std::vector<float> a(64, static_cast<float>(r)), b(64, 1.f);
+    auto ra = c.iall_reduce(a.data(), a.data(), 64, ElemType::f32, ReduceOp::sum);
+    auto rb = c.iall_reduce(b.data(), b.data(), 64, ElemType::f32, ReduceOp::sum);
+    rb->wait();
+    ra->wait();
+    EXPECT_EQ(a[63], 3.f);
+    EXPECT_EQ(b[0], 3.f);
+    w.finish();
+  });
+}
+
+TEST(Gloo, ASilentRankIsNamedAtTheTimeOut) {
+  std::atomic<bool> done{false};
+  std::string what;
+  std::chrono::duration<double> took{};
+  run_gloo(2, fresh_dir("silent"), 1000ms, Elastic::off, [&](GlooWorld& w, int r) {
+    if (r == 1) {  // connected, then silent until rank 0 gave up
+      while (!done) std::this_thread::sleep_for(10ms);
+      return;
+    }
+    float x = 1;
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      w.comm().all_reduce(&x, &x, 1, ElemType::f32, ReduceOp::sum);
+    } catch (const CommTimeout& e) {
+      what = e.what();
+    }
+    took = std::chrono::steady_clock::now() - t0;
+    done = true;
+  });
+  EXPECT_NE(what.find("reduce_scatter on rank 0: timed out after 1 s waiting for rank 1 (gloo backend)"),
+            std::string::npos)
+      << what;
+  EXPECT_GT(took.count(), 0.9);
+  EXPECT_LT(took.count(), 3.0);
+}
+
+TEST(Gloo, SurvivorsOfALostRankShrinkAndGoOn) {
+  // Rank 2 of 4 leaves (its world closed: connections closed, heartbeat
+  // stopped, as a killed process); the others get RankLost, re-form in
+  // their old order, and sum again. A group of less than half stops.
+  std::vector<int> size_after(4, -1), rank_after(4, -1);
+  std::vector<float> sums(4, -1);
+  run_gloo(4, fresh_dir("shrink"), 5000ms, Elastic::on, [&](GlooWorld& w, int r) {
+    float x = 1;
+    w.comm().all_reduce(&x, &x, 1, ElemType::f32, ReduceOp::sum);
+    ASSERT_EQ(x, 4.f);
+    if (r == 2) return;  // gone
+    try {
+      for (;;) w.comm().all_reduce(&x, &x, 1, ElemType::f32, ReduceOp::sum);
+    } catch (const RankLost&) {
+    }
+    auto next = w.comm().shrink();
+    size_after[r] = next->size();
+    rank_after[r] = next->rank();
+    float y = static_cast<float>(r);
+    next->all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
+    sums[r] = y;
+    EXPECT_EQ(w.members(), (std::vector<int>{0, 1, 3}));
+    w.finish();
+  });
+  EXPECT_EQ(size_after, (std::vector<int>{3, 3, -1, 3}));
+  EXPECT_EQ(rank_after, (std::vector<int>{0, 1, -1, 2}));
+  EXPECT_EQ(sums, (std::vector<float>{4, 4, -1, 4}));
+}
+
+TEST(Gloo, AMinorityOfSurvivorsStops) {
+  std::string what;
+  run_gloo(2, fresh_dir("minority"), 5000ms, Elastic::on, [&](GlooWorld& w, int r) {
+    float x = 1;
+    w.comm().all_reduce(&x, &x, 1, ElemType::f32, ReduceOp::sum);
+    if (r == 1) return;
+    try {
+      w.comm().all_reduce(&x, &x, 1, ElemType::f32, ReduceOp::sum);
+    } catch (const RankLost&) {
+    }
+    try {
+      w.comm().shrink();
+    } catch (const CommError& e) {
+      what = e.what();
+    }
+  });
+  EXPECT_NE(what.find("only 1 of the 2 ranks"), std::string::npos) << what;
+  EXPECT_NE(what.find("more than half"), std::string::npos) << what;
+}
+
+TEST(Gloo, BadOptionsAreNamed) {
+  const auto message = [](GlooOptions o) {
+    try {
+      open_gloo_world(o);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  GlooOptions o;
+  o.rendezvous = fresh_dir("bad");
+  o.size = 2;
+  o.rank = 2;
+  EXPECT_NE(message(o).find("rank 2 is not a rank of a world of 2"), std::string::npos);
+  o.rank = 0;
+  o.host = "no.such.host.invalid";
+  EXPECT_NE(message(o).find("the host no.such.host.invalid has no address here"), std::string::npos) << message(o);
+  o.host = "127.0.0.1";
+  o.rendezvous = fresh_dir("bad-alone");
+  o.timeout = 300ms;
+  EXPECT_NE(message(o).find("timed out after 0.3 s waiting for rank(s) 1 to start in"), std::string::npos)
+      << message(o);
+  o.rendezvous = "/dev/null/x";
+  EXPECT_NE(message(o).find("not a directory, and cannot be created"), std::string::npos) << message(o);
+}
+
+}  // namespace
+}  // namespace distopt
