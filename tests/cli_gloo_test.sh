@@ -146,7 +146,56 @@ done
 cat "$tmp/stop/err.0" "$tmp/stop/err.1" "$tmp/stop/err.3" | grep -q "lost rank 2" || fail "stop: nobody names rank 2"
 [ "$(echo "$(cat "$tmp/stop/seconds") < $timeout" | bc)" = 1 ] || fail "stop: took $(cat "$tmp/stop/seconds") s"
 
-# 7. Bad input: one line each.
+# 7. Joins (--join DIR): a process started with the run's flags is admitted
+# between two steps and the run goes on at world 4 with the bits of a run
+# checkpointed at that step and resumed at world 4 -- into a world of 3,
+# and into one that lost rank 2 of 4 (ddp; zero2 there: back to the start,
+# no checkpoint yet, then admitted after the step its checkpoint records).
+j=("${long[@]}" --on-rank-failure continue --comm-timeout 10)
+for case in ddp-3 ddp-lost zero2-lost; do
+  extra=(); n=3; fault=
+  case $case in
+    *-lost) n=4; fault=DISTOPT_FAULT=kill:2:5 ;;
+  esac
+  [ "${case%%-*}" = zero2 ] && extra=(--strategy zero2 --checkpoint-dir "$tmp/$case/ck" --checkpoint-every 100)
+  mkdir -p "$tmp/$case"
+  ( if [ -n "$fault" ]; then
+      for i in $(seq 600); do grep -q "lost after" "$tmp/$case/err.0" 2>/dev/null && break; sleep 0.05; done
+    else
+      for i in $(seq 600); do [ -s "$tmp/$case/rv/published.config" ] && break; sleep 0.05; done
+    fi
+    "$bin" "${j[@]}" "${extra[@]}" --join "$tmp/$case/rv" >"$tmp/$case/out.join" 2>"$tmp/$case/err.join"
+    echo $? >"$tmp/$case/status.join" ) &
+  gloo_run "$case" $n ${fault:+"$fault"} -- "${j[@]}" "${extra[@]}" --metrics "$tmp/$case/m.jsonl"
+  wait
+  [ "$(cat "$tmp/$case/status.join")" = 0 ] || fail "join $case: the joiner: $(cat "$tmp/$case/err.join")"
+  step=$(python3 - "$tmp/$case/out.0" "$tmp/$case/m.jsonl" <<'PY'
+import json, sys
+s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+assert s["world_at_end"] == 4 and s["steps"] == 258, s
+m = [r for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "membership"]
+assert m[-1]["joined"] == [3] and m[-1]["lost"] == [] and m[-1]["world"] == 4 and m[-1]["world_before"] == 3, m
+print(m[-1]["step"])
+PY
+) || { fail "join $case: summary or metrics: $(cat "$tmp/$case/err.0")"; continue; }
+  grep -q "^distopt: rank(s) 3 joined after step $step; 4 ranks go on from step $step (" "$tmp/$case/err.0" \
+    || fail "join $case: no line: $(cat "$tmp/$case/err.0")"
+  # The same run on the threads backend: world 3 to that step, resumed at 4.
+  ref=("${base[@]}" --train-size 4096 --epochs 3)
+  [ "${case%%-*}" = zero2 ] && ref+=(--strategy zero2)
+  # (ddp-lost: world 4 to step 5, where rank 2 was lost, then world 3.)
+  if [ "$case" = ddp-lost ]; then
+    "$bin" "${ref[@]}" --world 4 --max-steps 5 --checkpoint-dir "$tmp/$case/ref" >/dev/null 2>&1
+    "$bin" "${ref[@]}" --world 3 --max-steps "$step" --checkpoint-dir "$tmp/$case/ref" --resume >/dev/null 2>&1
+  else
+    "$bin" "${ref[@]}" --world 3 --max-steps "$step" --checkpoint-dir "$tmp/$case/ref" --checkpoint-every 100 >/dev/null 2>&1
+  fi
+  want=$("$bin" "${ref[@]}" --world 4 --max-steps 258 --checkpoint-dir "$tmp/$case/ref" --resume 2>/dev/null | tail -n 1 |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+  [ "$(hash_of "$tmp/$case/out.0")" = "$want" ] || fail "join $case: not the bits of the run resumed at world 4 from step $step"
+done
+
+# 8. Bad input: one line each.
 b=("${sv[@]}" --max-steps 3 --backend gloo --world 2)
 expect_error 2 "--backend gloo needs --world N, --rank R (0 .. N-1) and --rendezvous DIR" -- "${b[@]}" --rendezvous "$tmp/b1"
 expect_error 2 "--rank 2 is not a rank of --world 2 (0 .. 1)" -- "${b[@]}" --rank 2 --rendezvous "$tmp/b1"
@@ -156,4 +205,8 @@ expect_error 2 "rendezvous: timed out after 1 s waiting for rank(s) 1 to start i
 expect_error 2 "the host no.such.host.invalid has no address here" -- "${b[@]}" --rank 0 --rendezvous "$tmp/b3" --gloo-host no.such.host.invalid
 expect_error 2 "--on-rank-failure continue: --strategy sgp cannot go on" -- "${b[@]}" --rank 0 --rendezvous "$tmp/b4" --strategy sgp --on-rank-failure continue
 DISTOPT_FAULT=kill:1:1 expect_error 2 "DISTOPT_FAULT kill:RANK:STEP needs a process per rank" -- "${sv[@]}" --world 2 --max-steps 3
+expect_error 2 "--join $tmp/ddp-3/rv: this process has --lr 0.01, the run the default" -- "${j[@]}" --lr 0.01 --join "$tmp/ddp-3/rv"
+expect_error 2 "--join $tmp/nothing: no run has published its configuration there" -- "${j[@]}" --join "$tmp/nothing"
+expect_error 2 "--join: pass --on-rank-failure continue" -- "${long[@]}" --join "$tmp/ddp-3/rv"
+expect_error 2 "--join DIR takes no --rank, --rendezvous or --world" -- "${j[@]}" --world 2 --join "$tmp/ddp-3/rv"
 finish cli.gloo

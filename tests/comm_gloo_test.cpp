@@ -196,6 +196,79 @@ TEST(Gloo, SurvivorsOfALostRankShrinkAndGoOn) {
   EXPECT_EQ(sums, (std::vector<float>{4, 4, -1, 4}));
 }
 
+TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
+  // Three ranks sum until rank 0 sees a process waiting to join; they agree
+  // on it (rank 0's count, broadcast) and grow; the fourth gets rank 3.
+  const std::string dir = fresh_dir("join");
+  std::vector<int> size_after(4, -1), rank_after(4, -1);
+  std::vector<float> sums(4, -1);
+  std::thread joiner([&] {
+    std::this_thread::sleep_for(300ms);
+    try {
+      GlooOptions o;
+      o.rendezvous = dir;
+      o.host = "127.0.0.1";
+      o.timeout = 10s;
+      o.elastic = Elastic::on;
+      o.join = true;
+      auto world = open_gloo_world(o);
+      size_after[3] = world->comm().size();
+      rank_after[3] = world->comm().rank();
+      float y = 10;
+      world->comm().all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
+      sums[3] = y;
+      world->finish();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "joiner: " << e.what();
+    }
+  });
+  run_gloo(3, dir + "/", 10s, Elastic::on, [&](GlooWorld& w, int r) {
+    EXPECT_EQ(w.comm().pending_joins(), 0);
+    std::int32_t joins = 0;
+    for (int round = 0; joins == 0 && round < 1000; ++round) {
+      joins = r == 0 ? w.comm().pending_joins() : 0;
+      w.comm().broadcast(&joins, 1, ElemType::i32, 0);
+      if (joins == 0) std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_EQ(joins, 1);
+    auto next = w.comm().grow(joins);
+    size_after[r] = next->size();
+    rank_after[r] = next->rank();
+    float y = static_cast<float>(r);
+    next->all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
+    sums[r] = y;
+    EXPECT_EQ(w.members(), (std::vector<int>{0, 1, 2, 3}));
+    w.finish();
+  });
+  joiner.join();
+  EXPECT_EQ(size_after, (std::vector<int>{4, 4, 4, 4}));
+  EXPECT_EQ(rank_after, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(sums, (std::vector<float>{13, 13, 13, 13}));
+}
+
+TEST(Gloo, AJoinNobodyAdmitsIsWithdrawnAtTheTimeOut) {
+  std::string what;
+  const std::string dir = fresh_dir("nojoin");
+  run_gloo(2, dir, 10s, Elastic::on, [&](GlooWorld& w, int r) {
+    if (r == 0) {
+      GlooOptions o;
+      o.rendezvous = dir;
+      o.host = "127.0.0.1";
+      o.timeout = 500ms;
+      o.join = true;
+      try {
+        open_gloo_world(o);
+      } catch (const CommTimeout& e) {
+        what = e.what();
+      }
+      EXPECT_EQ(w.comm().pending_joins(), 0);  // withdrawn
+    }
+    w.comm().barrier();
+    w.finish();
+  });
+  EXPECT_NE(what.find("the run did not admit this process within 0.5 s"), std::string::npos) << what;
+}
+
 TEST(Gloo, AMinorityOfSurvivorsStops) {
   std::string what;
   run_gloo(2, fresh_dir("minority"), 5000ms, Elastic::on, [&](GlooWorld& w, int r) {

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "distopt/checkpoint/run_state.hpp"
@@ -179,6 +180,101 @@ Loaded capture(parallel::Strategy& strategy, const RunInfo& run, const RunParts&
   out.config = run.config;
   out.state = run_state_json(state_of(parts));
   out.wholes = assemble(pieces);
+  return out;
+}
+
+namespace {
+
+// Little-endian 64-bit sizes, then the bytes they count.
+void put_u64(std::vector<char>& out, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void put_text(std::vector<char>& out, const std::string& s) {
+  put_u64(out, s.size());
+  out.insert(out.end(), s.begin(), s.end());
+}
+
+class Reader {
+ public:
+  explicit Reader(std::span<const char> b) : b_(b) {}
+  std::uint64_t u64(const char* what) {
+    need(8, what);
+    std::uint64_t v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<std::uint64_t>(static_cast<unsigned char>(b_[at_ + i])) << (8 * i);
+    at_ += 8;
+    return v;
+  }
+  std::string text(const char* what) {
+    const std::uint64_t n = u64(what);
+    need(n, what);
+    std::string s(b_.data() + at_, n);
+    at_ += n;
+    return s;
+  }
+  void floats(std::vector<float>& out, std::uint64_t n, const char* what) {
+    if (n > (b_.size() - at_) / sizeof(float)) fail(what);
+    out.resize(n);
+    std::memcpy(out.data(), b_.data() + at_, n * sizeof(float));
+    at_ += n * sizeof(float);
+  }
+  bool done() const { return at_ == b_.size(); }
+
+ private:
+  void need(std::uint64_t n, const char* what) {
+    if (n > b_.size() - at_) fail(what);
+  }
+  [[noreturn]] static void fail(const char* what) {
+    throw InvalidInput(str("a run's state in memory: its ", what, " runs past the end of the bytes"));
+  }
+  std::span<const char> b_;
+  std::size_t at_ = 0;
+};
+
+}  // namespace
+
+std::vector<char> to_bytes(const Loaded& state) {
+  std::vector<char> out;
+  put_u64(out, state.step);
+  put_text(out, state.config);
+  put_text(out, state.state);
+  put_u64(out, state.wholes.size());
+  for (const auto& [name, w] : state.wholes) {
+    put_text(out, name);
+    put_u64(out, w.shape.size());
+    for (std::int64_t d : w.shape) put_u64(out, static_cast<std::uint64_t>(d));
+    put_u64(out, w.values.size());
+    const char* v = reinterpret_cast<const char*>(w.values.data());
+    out.insert(out.end(), v, v + w.values.size() * sizeof(float));
+  }
+  return out;
+}
+
+Loaded from_bytes(std::span<const char> bytes) {
+  Reader in(bytes);
+  Loaded out;
+  out.step = in.u64("step");
+  out.config = in.text("configuration");
+  out.state = in.text("state");
+  const std::uint64_t n = in.u64("tensor count");
+  for (std::uint64_t i = 0; i < n; ++i) {
+    std::string name = in.text("tensor name");
+    Whole w;
+    const std::uint64_t dims = in.u64("shape");
+    if (dims > 16) throw InvalidInput(str("a run's state in memory: tensor ", name, " has ", dims, " dimensions"));
+    std::uint64_t numel = 1;
+    for (std::uint64_t d = 0; d < dims; ++d) {
+      const std::uint64_t extent = in.u64("shape");
+      if (extent > (1ull << 40)) throw InvalidInput(str("a run's state in memory: tensor ", name, " is too large"));
+      numel *= extent;
+      w.shape.push_back(static_cast<std::int64_t>(extent));
+    }
+    const std::uint64_t count = in.u64("values");
+    if (count != numel)
+      throw InvalidInput(str("a run's state in memory: tensor ", name, " has ", count, " values for its shape's ", numel));
+    in.floats(w.values, count, "values");
+    out.wholes.emplace(std::move(name), std::move(w));
+  }
+  if (!in.done()) throw InvalidInput("a run's state in memory: bytes after its last tensor");
   return out;
 }
 

@@ -399,4 +399,15 @@ std::unique_ptr<Communicator> Communicator::do_shrink() {
   throw CommError(str("the ", backend(), " backend cannot re-form a group without its lost ranks"));
 }
 
+std::unique_ptr<Communicator> Communicator::grow(int joins) {
+  std::unique_ptr<Communicator> out = do_grow(joins);
+  out->set_link_model(link_);
+  out->set_timeout(timeout_);
+  return out;
+}
+
+std::unique_ptr<Communicator> Communicator::do_grow(int) {
+  throw CommError(str("the ", backend(), " backend cannot admit new ranks"));
+}
+
 }  // namespace distopt

@@ -156,6 +156,8 @@ struct Shared {
   int epoch = 0;             // of the current membership
   std::vector<int> members;  // first-numbered ranks of the current members, in order
   std::uint64_t splits = 0;  // communicators made by split, for their rendezvous names
+  int next_join = 0;         // the first join request not yet answered ("join/<k>")
+  int next_id = 0;           // the first rank number (as first numbered) not yet given
 
   // The heartbeat.
   std::mutex beat_m;
@@ -363,6 +365,18 @@ class GlooComm final : public Communicator {
   }
 
   std::unique_ptr<Communicator> do_shrink() override;
+  std::unique_ptr<Communicator> do_grow(int joins) override;
+
+ public:
+  int pending_joins() override {
+    if (!top_ || shared_->elastic != Elastic::on) return 0;
+    Shared& sh = *shared_;
+    std::lock_guard lock(sh.m);
+    int n = 0;
+    for (int k = sh.next_join; sh.store.has(str("join/", k)); ++k)
+      if (!sh.store.has(str("joined/", k))) ++n;  // not withdrawn
+    return n;
+  }
 
  private:
   static constexpr std::uint64_t kP2p = 1ull << 40, kCollective = 1ull << 41;
@@ -504,6 +518,50 @@ std::unique_ptr<Communicator> GlooComm::do_shrink() {
   }
 }
 
+// The grown group: the first member picks the first `joins` requests not
+// withdrawn, gives them the next rank numbers and writes the decision; the
+// others read it.
+std::unique_ptr<Communicator> GlooComm::do_grow(int joins) {
+  if (!top_ || shared_->elastic != Elastic::on)
+    throw CommError("only an elastic gloo world's top communicator admits new ranks");
+  Shared& sh = *shared_;
+  std::lock_guard lock(sh.m);
+  const int next = sh.epoch + 1;
+  const std::string decision = str("members/", next), grown = str("grow/", next);
+  if (rank() == 0) {
+    std::vector<int> after = sh.members;
+    int k = sh.next_join, id = sh.next_id;
+    for (int taken = 0; taken < joins && sh.store.has(str("join/", k)); ++k) {
+      // The answer is created once: a request withdrawn meanwhile (its
+      // process gave up waiting) keeps its "withdrawn".
+      if (!sh.store.create_once(str("joined/", k), bytes_of(str(next, " ", id)))) continue;
+      after.push_back(id++);
+      ++taken;
+    }
+    sh.store.set(grown, bytes_of(str(k, ",", id)));
+    sh.store.create_once(decision, encode(after));
+  } else {
+    try {
+      sh.store.wait({grown, decision});
+    } catch (const CommTimeout& e) {
+      throw RankLost(str("admitting new ranks: rank 0 did not decide (", e.what(), ")"));
+    }
+  }
+  const std::vector<int> after = decode(sh.store.read(decision));
+  const std::vector<int> counters = decode(sh.store.read(grown));
+  sh.next_join = counters.at(0);
+  sh.next_id = counters.at(1);
+  sh.epoch = next;
+  sh.members = after;
+  const int index = static_cast<int>(std::find(after.begin(), after.end(), sh.first) - after.begin());
+  try {
+    auto ctx = connect(sh, str("e", next), index, static_cast<int>(after.size()), timeout());
+    return std::make_unique<GlooComm>(shared_, std::move(ctx), true);
+  } catch (const std::exception& e) {
+    throw RankLost(str("admitting new ranks (first ranks ", rank_list(after), "): ", e.what()));
+  }
+}
+
 class World final : public GlooWorld {
  public:
   explicit World(const GlooOptions& o) {
@@ -533,9 +591,17 @@ class World final : public GlooWorld {
       throw InvalidInput(str("gloo backend: the host ", host, " has no address here (", ::gai_strerror(rc),
                              "); give this machine's address with --gloo-host"));
     ::freeaddrinfo(found);
+    const std::string owner = str(machine, " ", ::getpid());
+    make_device(sh, host);
+    // A write to a peer that is gone must fail, not end this process.
+    std::signal(SIGPIPE, SIG_IGN);
+    if (o.join) {
+      join(o, owner);
+      return;
+    }
     // The rank, taken: "<machine> <pid>". One a process of this machine
     // took and that no longer exists (a run that failed to start) is free.
-    const std::string rank_key = str("rank/", o.rank), owner = str(machine, " ", ::getpid());
+    const std::string rank_key = str("rank/", o.rank);
     if (!sh.store.create_once(rank_key, bytes_of(owner))) {
       const std::vector<char> held = sh.store.read(rank_key);
       std::istringstream in(std::string(held.begin(), held.end()));
@@ -548,15 +614,8 @@ class World final : public GlooWorld {
                                "own)"));
       sh.store.set(rank_key, bytes_of(owner));
     }
-    try {
-      sh.device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr(host.c_str()));
-    } catch (const std::exception& e) {
-      throw InvalidInput(str("gloo backend: cannot listen on ", host, " (", e.what(),
-                             "); give this machine's address with --gloo-host"));
-    }
-    // A write to a peer that is gone must fail, not end this process.
-    std::signal(SIGPIPE, SIG_IGN);
     for (int r = 0; r < o.size; ++r) sh.members.push_back(r);
+    sh.next_id = o.size;
     sh.start_beating();
     try {
       comm_ = std::make_unique<GlooComm>(shared_, connect(sh, "e0", o.rank, o.size, o.timeout), true);
@@ -575,6 +634,16 @@ class World final : public GlooWorld {
     comm_->set_timeout(o.timeout);
   }
   ~World() override { comm_.reset(); }
+
+  void publish(const std::string& key, const std::string& value) override {
+    shared_->store.set(str("published/", key), bytes_of(value));
+  }
+  std::string published(const std::string& key) const override {
+    const std::string k = str("published/", key);
+    if (!shared_->store.has(k)) return "";
+    const auto v = shared_->store.read(k);
+    return std::string(v.begin(), v.end());
+  }
 
   Communicator& comm() override { return *comm_; }
   std::vector<int> members() const override {
@@ -607,6 +676,69 @@ class World final : public GlooWorld {
   }
 
  private:
+  static void make_device(Shared& sh, const std::string& host) {
+    try {
+      sh.device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr(host.c_str()));
+    } catch (const std::exception& e) {
+      throw InvalidInput(str("gloo backend: cannot listen on ", host, " (", e.what(),
+                             "); give this machine's address with --gloo-host"));
+    }
+  }
+
+  // Asks to join ("join/<k>", the first k free) and waits for the answer
+  // ("joined/<k>": the epoch and this process's rank number), withdrawing
+  // the request past the time-out; then connects to the grown group.
+  void join(const GlooOptions& o, const std::string& owner) {
+    Shared& sh = *shared_;
+    if (!sh.store.has("rank/0"))
+      throw InvalidInput(str("--join ", o.rendezvous, ": no run has started there"));
+    int k = 0;
+    while (!sh.store.create_once(str("join/", k), bytes_of(owner))) ++k;
+    const std::string answer = str("joined/", k);
+    const auto start = Clock::now();
+    while (!sh.store.has(answer)) {
+      const bool ended = sh.store.has("closed");
+      if ((ended || Clock::now() - start > o.timeout) && sh.store.create_once(answer, bytes_of("withdrawn"))) {
+        if (ended) throw CommError(str("--join ", o.rendezvous, ": the run ended before it admitted this process"));
+        throw CommTimeout(str("--join ", o.rendezvous, ": the run did not admit this process within ",
+                              seconds(o.timeout), " (it admits new ranks between two steps)"));
+      }
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    std::istringstream in([&] {
+      const auto a = sh.store.read(answer);
+      return std::string(a.begin(), a.end());
+    }());
+    int epoch = 0, id = -1;
+    in >> epoch >> id;
+    if (epoch <= 0 || id < 0) throw CommError(str("--join ", o.rendezvous, ": a malformed answer in ", answer));
+    const std::string decision = str("members/", epoch), grown = str("grow/", epoch);
+    sh.store.wait({decision, grown});
+    const std::vector<int> after = decode(sh.store.read(decision));
+    const std::vector<int> counters = decode(sh.store.read(grown));
+    const auto at = std::find(after.begin(), after.end(), id);
+    if (at == after.end() || counters.size() != 2)
+      throw CommError(str("--join ", o.rendezvous, ": rank ", id, " is not in the group of epoch ", epoch));
+    {
+      std::lock_guard lock(sh.m);
+      sh.first = id;
+      sh.epoch = epoch;
+      sh.members = after;
+      sh.next_join = counters[0];
+      sh.next_id = counters[1];
+    }
+    sh.start_beating();
+    try {
+      comm_ = std::make_unique<GlooComm>(
+          shared_, connect(sh, str("e", epoch), static_cast<int>(at - after.begin()), static_cast<int>(after.size()),
+                           o.timeout),
+          true);
+    } catch (const std::exception& e) {
+      throw CommError(str("--join ", o.rendezvous, ": could not connect to the run's ranks: ", e.what()));
+    }
+    comm_->set_timeout(o.timeout);
+  }
+
   std::shared_ptr<Shared> shared_;
   std::unique_ptr<Communicator> comm_;
 };
@@ -614,5 +746,13 @@ class World final : public GlooWorld {
 }  // namespace
 
 std::unique_ptr<GlooWorld> open_gloo_world(const GlooOptions& options) { return std::make_unique<World>(options); }
+
+std::string published_in(const std::string& rendezvous, const std::string& key) {
+  DirStore store(rendezvous, milliseconds(0));
+  const std::string k = str("published/", key);
+  if (!store.has(k)) return "";
+  const auto v = store.read(k);
+  return std::string(v.begin(), v.end());
+}
 
 }  // namespace distopt

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "distopt/checkpoint/run.hpp"
+#include "distopt/checkpoint/store.hpp"
 #include "distopt/checkpoint/state.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/fp_mode.hpp"
@@ -178,6 +179,9 @@ struct Survivable {
   Clock::time_point since;    // when this rank's last step ended
   std::size_t done = 0;       // the steps this rank had completed
   TrainResult counts;         // the segment's counters (checkpoints, skipped and non-finite steps)
+  // > 0: no rank was lost; this many processes wait to join (grow). < 0:
+  // this process is the one joining (its state comes from the others).
+  int joins = 0;
 };
 
 // The counters a run sums over its segments.
@@ -285,8 +289,12 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   // rank stops all of them after the same step. If the step throws, the
   // request must not outlive the buffers.
   const int world = comm.size();
-  double mine[3] = {0, 0, 0};
-  std::vector<double> all(3 * static_cast<std::size_t>(world));
+  // Per rank: loss sum, count, stop request and, in an elastic world,
+  // processes waiting to join (rank 0's count).
+  const bool elastic = config.on_rank_failure == TrainConfig::OnRankFailure::go_on;
+  const std::size_t per = elastic ? 4 : 3;
+  double mine[4] = {0, 0, 0, 0};
+  std::vector<double> all(per * static_cast<std::size_t>(world));
   std::unique_ptr<Request> gather;
   struct WaitOnExit {
     std::unique_ptr<Request>& r;
@@ -356,7 +364,8 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         mine[0] = s.loss_sum;
         mine[1] = s.count;
         mine[2] = config.stop_flag ? static_cast<double>(config.stop_flag->load(std::memory_order_relaxed)) : 0.0;
-        gather = comm.iall_gather(mine, all.data(), 3, ElemType::f64);
+        if (elastic && comm.rank() == 0) mine[3] = comm.pending_joins();
+        gather = comm.iall_gather(mine, all.data(), per, ElemType::f64);
         stepped = true;
         strategy->step(update);
         applied = true;
@@ -369,13 +378,14 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         if (step_scheduler_per_batch && main_scheduler_active) scheduler->step();
         gather->wait();
         gather.reset();
-        double loss_sum = 0, count = 0, stop_request = 0;
+        double loss_sum = 0, count = 0, stop_request = 0, joins = 0;
         int nonfinite_rank = -1;
         for (int r = 0; r < world; ++r) {
-          const double* v = all.data() + 3 * static_cast<std::size_t>(r);
+          const double* v = all.data() + per * static_cast<std::size_t>(r);
           loss_sum += v[0];
           count += v[1];
           stop_request = std::max(stop_request, v[2]);
+          if (elastic) joins = std::max(joins, v[3]);
           if (nonfinite_rank < 0 && !std::isfinite(v[0])) nonfinite_rank = r;
         }
         epoch_loss += loss_sum;
@@ -448,6 +458,20 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         if (config.max_steps != 0 && result.steps >= config.max_steps) {
           stop = true;
           break;
+        }
+        // Processes wait to join: the world grows between this step and the
+        // next (not after an epoch's last step: its end-of-epoch work first).
+        if (joins > 0 && k + 1 < per_epoch) {
+          Survivable out{std::nullopt, str("admitting ", joins, " new rank(s)"), last_step_end, result.steps, {}};
+          out.joins = static_cast<int>(joins);
+          if (strategy->info().replicated_params && !strategy->info().per_rank_models) {
+            out.state = checkpoint::capture(*strategy, run, parts(), result.steps);
+          } else if (last_saved != result.steps) {
+            save(epoch);  // the new ranks read their shards from it
+            last_saved = result.steps;
+          }
+          add_counts(out.counts, result);
+          throw out;
         }
       }
       const double epoch_seconds = seconds_since(epoch_start);
@@ -578,69 +602,106 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
 
 TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig& config, Observer* observer) {
   Communicator* now = &comm;
-  std::unique_ptr<Communicator> owned;  // the communicator of the survivors, after a loss
+  std::unique_ptr<Communicator> owned;  // the communicator after a change of world
   TrainConfig c = config;
+  c.joining = false;
   std::vector<MembershipChange> changes;
   TrainResult counts;  // the counters of the segments before
+  const parallel::StrategyInfo& info = parallel::strategy_or_throw(config.strategy);
+  const bool replicated = info.replicated_params && !info.per_rank_models;
+  bool joining = config.joining;
   for (;;) {
     Survivable lost;
-    try {
-      TrainResult r = train_segment(*now, data, c, observer, changes.empty());
-      r.membership = std::move(changes);
-      r.rank_at_end = now->rank();
-      add_counts(r, counts);
-      return r;
-    } catch (Survivable& s) {
-      lost = std::move(s);
-    } catch (const RankLost& e) {
-      // In a segment's setup (the strategy's agreement, a resume): nothing
-      // trained in it, the survivors start it again.
-      if (config.on_rank_failure != TrainConfig::OnRankFailure::go_on) throw;
-      const std::size_t at = c.resume ? static_cast<std::size_t>(c.resume->step) : 0;
-      lost = Survivable{c.resume ? std::optional<checkpoint::Loaded>(*c.resume) : std::nullopt, e.what(), Clock::now(),
-                        at, {}};
-      if (!c.resume) lost.state.emplace();  // a fresh start: nothing to load
+    if (joining) {
+      // This process was admitted into a running run (comm is the grown
+      // world): the state comes from the others below.
+      joining = false;
+      lost = Survivable{std::nullopt, "joined a running run", Clock::now(), 0, {}};
+      lost.joins = -1;
+    } else {
+      try {
+        TrainResult r = train_segment(*now, data, c, observer, changes.empty() && !config.joining);
+        r.membership = std::move(changes);
+        r.rank_at_end = now->rank();
+        add_counts(r, counts);
+        return r;
+      } catch (Survivable& s) {
+        lost = std::move(s);
+      } catch (const RankLost& e) {
+        // In a segment's setup (the strategy's agreement, a resume): nothing
+        // trained in it, the survivors start it again.
+        if (config.on_rank_failure != TrainConfig::OnRankFailure::go_on) throw;
+        const std::size_t at = c.resume ? static_cast<std::size_t>(c.resume->step) : 0;
+        lost = Survivable{c.resume ? std::optional<checkpoint::Loaded>(*c.resume) : std::nullopt, e.what(),
+                          Clock::now(), at, {}};
+        if (!c.resume) lost.state.emplace();  // a fresh start: nothing to load
+      }
     }
     add_counts(counts, lost.counts);
-    const int before = now->size(), rank_before = now->rank();
+    const int before = now->size(), rank_before = lost.joins < 0 ? -1 : now->rank();
     std::int64_t from = 0;
     std::vector<std::int64_t> all;
-    for (;;) {  // re-form; again if ranks are lost meanwhile
+    for (;;) {  // re-form (grow, or shrink); shrink again if ranks are lost meanwhile
       try {
-        std::unique_ptr<Communicator> next = now->shrink();
-        owned = std::move(next);
-        now = owned.get();
-        if (!lost.state) {
+        if (lost.joins >= 0) {
+          std::unique_ptr<Communicator> next = lost.joins > 0 ? now->grow(lost.joins) : now->shrink();
+          owned = std::move(next);
+          now = owned.get();
+        }
+        if (lost.joins != 0 && replicated) {
+          // The new ranks take rank 0's state (every other rank has its own).
+          std::vector<char> bytes = now->rank() == 0 ? checkpoint::to_bytes(*lost.state) : std::vector<char>();
+          std::uint64_t n = bytes.size();
+          now->broadcast(&n, 1, ElemType::i64, 0);
+          bytes.resize(n);
+          now->broadcast(bytes.data(), n, ElemType::u8, 0);
+          if (!lost.state) lost.state = checkpoint::from_bytes(bytes);
+        } else if (!lost.state) {
           // Back to the last complete checkpoint, read once every survivor
           // has left the collective it was in (rank 0 may have been writing
           // or pruning one).
           now->barrier();
-          lost.state = checkpoint::load_latest(c.checkpoint_dir);
+          if (checkpoint::latest_complete(c.checkpoint_dir))
+            lost.state = checkpoint::load_latest(c.checkpoint_dir);
+          else
+            lost.state.emplace();  // none written yet: the run starts again
         }
-        // The survivors agree on the step they go on from (a commit vote).
+        // The ranks agree on the step they go on from (a commit vote).
         from = static_cast<std::int64_t>(lost.state->step);
         const std::int64_t mine[2] = {from, rank_before};
         all.assign(2 * static_cast<std::size_t>(now->size()), 0);
         now->all_gather(mine, all.data(), 2, ElemType::i64);
         break;
       } catch (const RankLost&) {
+        if (rank_before < 0 && !lost.state)
+          throw CommError("a rank of the run was lost while this process joined it, before it had the run's state: "
+                          "start it again");
+        lost.joins = 0;  // the ones still there re-form without the lost
         if (lost.state && !lost.state->dir.empty()) lost.state.reset();  // read it again in the new group
       }
     }
     MembershipChange change;
     change.step = static_cast<std::size_t>(from);
     change.steps_redone = lost.done > change.step ? lost.done - change.step : 0;
-    change.world_before = before;
     change.world = now->size();
-    std::vector<char> alive(static_cast<std::size_t>(before), 0);
+    std::vector<char> alive(static_cast<std::size_t>(std::max(before, 0)), 0);
     for (int r = 0; r < now->size(); ++r) {
       if (all[2 * static_cast<std::size_t>(r)] != from)
-        throw CommError(str("the survivors of a lost rank disagree on the step to go on from: ", from, " here, ",
+        throw CommError(str("the ranks of a changed world disagree on the step to go on from: ", from, " here, ",
                             all[2 * static_cast<std::size_t>(r)], " on rank ", r));
-      alive[static_cast<std::size_t>(all[2 * static_cast<std::size_t>(r) + 1])] = 1;
+      const std::int64_t old = all[2 * static_cast<std::size_t>(r) + 1];
+      if (old < 0)
+        change.joined.push_back(r);
+      else if (old < before)
+        alive[static_cast<std::size_t>(old)] = 1;
     }
-    for (int r = 0; r < before; ++r)
-      if (!alive[static_cast<std::size_t>(r)]) change.lost.push_back(r);
+    if (rank_before < 0) {
+      change.world_before = now->size() - static_cast<int>(change.joined.size());
+    } else {
+      change.world_before = before;
+      for (int r = 0; r < before; ++r)
+        if (!alive[static_cast<std::size_t>(r)]) change.lost.push_back(r);
+    }
     change.reason = lost.what;
     // A fresh start (a loss before any step of a new run) has nothing to load.
     if (from == 0 && lost.state->wholes.empty())

@@ -47,6 +47,7 @@ struct TrainArgs {
   int rank = 0;
   bool rank_given = false;
   std::string rendezvous, gloo_host;
+  std::string join;  // --join DIR: the rendezvous of a running gloo run to join
   std::set<std::string> gossip_flags;  // gossip options given on the command line
   std::set<std::string> live_flags;    // --prefetch-units, --max-live-params, --max-buckets-in-flight given
   std::string link_bandwidth = "none";

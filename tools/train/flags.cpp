@@ -142,6 +142,9 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--rendezvous", a->rendezvous,
                   "gloo: a directory every process of the run sees (one machine, or a shared file system); one per "
                   "run");
+  sub->add_option("--join", a->join,
+                  "join the gloo run going on in this rendezvous directory (started with --on-rank-failure "
+                  "continue), with the same training flags; it admits this process between two steps");
   sub->add_option("--gloo-host", a->gloo_host, "gloo: the address the others reach this process at (default: the "
                                                "host name)");
   sub->add_option("--epochs", c.epochs, "epochs (default 1)");

@@ -114,8 +114,15 @@ std::string rank_list(const std::vector<int>& ranks, const char* sep) {
 }  // namespace
 
 void Progress::on_membership(const train::MembershipChange& c) {
+  if (c.lost.empty()) {
+    std::fprintf(stderr, "%sdistopt: rank(s) %s joined after step %zu; %d ranks go on from step %zu (%.2f s)\n",
+                 bar_ ? "\r\x1b[K" : "", rank_list(c.joined, ", ").c_str(), c.step, c.world, c.step, c.seconds);
+    return;
+  }
   const std::string back =
-      c.steps_redone > 0 ? str(" (back to the checkpoint of step ", c.step, ": ", c.steps_redone, " steps again)") : "";
+      c.steps_redone == 0 ? ""
+      : c.step == 0       ? str(" (back to the start, no checkpoint yet: ", c.steps_redone, " steps again)")
+                          : str(" (back to the checkpoint of step ", c.step, ": ", c.steps_redone, " steps again)");
   std::fprintf(stderr, "%sdistopt: rank(s) %s lost after step %zu; %d ranks go on from step %zu%s (%.2f s lost): %s\n",
                bar_ ? "\r\x1b[K" : "", rank_list(c.lost, ", ").c_str(), c.step + c.steps_redone, c.world, c.step,
                back.c_str(), c.seconds, printable(c.reason.c_str()).c_str());
@@ -201,7 +208,8 @@ void MetricsFile::on_membership(const train::MembershipChange& c) {
   if (csv_) return;
   out_ << str("{\"kind\": \"membership\", \"step\": ", c.step, ", \"steps_redone\": ", c.steps_redone,
               ", \"world_before\": ", c.world_before,
-              ", \"world\": ", c.world, ", \"lost\": [", rank_list(c.lost, ", "), "], \"seconds\": ", jnum(c.seconds),
+              ", \"world\": ", c.world, ", \"lost\": [", rank_list(c.lost, ", "), "], \"joined\": [",
+              rank_list(c.joined, ", "), "], \"seconds\": ", jnum(c.seconds),
               "}\n");
   out_.flush();
 }

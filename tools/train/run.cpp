@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "../backends.hpp"
@@ -135,6 +136,17 @@ class MpiLauncher final : public Launcher {
   std::unique_ptr<MpiWorld> world_;
 };
 
+// A run's configuration as processes that join it must match it: without
+// what is each process's own (its rank, outputs, progress, time-out).
+std::string comparable(const std::string& config) {
+  static const char* const kOwn[] = {"rank",    "rendezvous", "gloo-host",    "join",         "world",
+                                     "backend", "metrics",    "export-params", "export-averaged", "progress",
+                                     "json",    "config",     "print-config", "comm-timeout", "resume"};
+  nlohmann::json j = nlohmann::json::parse(config);
+  for (const char* k : kOwn) j.erase(k);
+  return j.dump();
+}
+
 #ifdef DISTOPT_HAVE_GLOO
 // One process of a gloo run: this process holds one rank; the others were
 // started by the user (or a script) with the same --world and --rendezvous.
@@ -142,14 +154,18 @@ class GlooLauncher final : public Launcher {
  public:
   GlooLauncher(const TrainArgs& a, std::chrono::milliseconds timeout, LinkModel link, Elastic elastic) {
     GlooOptions o;
-    o.rendezvous = a.rendezvous;
-    o.rank = a.rank;
-    o.size = a.world;
+    o.rendezvous = a.join.empty() ? a.rendezvous : a.join;
+    o.rank = a.join.empty() ? a.rank : 0;
+    o.size = a.join.empty() ? a.world : 1;
     o.host = a.gloo_host;
     o.timeout = timeout;
     o.elastic = elastic;
+    o.join = !a.join.empty();
+    joining_ = o.join;
+    if (o.join) check_join(a);
     world_ = open_gloo_world(o);
     world_->comm().set_link_model(link);
+    if (world_->first_rank() == 0) world_->publish("config", comparable(a.config.checkpoint_run));
   }
   int world() const override { return world_->comm().size(); }
   bool reports() const override { return world_->first_rank() == 0; }
@@ -162,6 +178,7 @@ class GlooLauncher final : public Launcher {
     std::raise(SIGSTOP);
     Launcher::stop_here();  // continued: still silent
   }
+  bool joined() const { return joining_; }
   [[noreturn]] void fail(const std::exception& e, const std::function<void()>& cleanup) override {
     std::fprintf(stderr, "distopt: error (rank %d): %s\n", world_->first_rank(), printable(e.what()).c_str());
     std::fflush(stderr);
@@ -170,12 +187,42 @@ class GlooLauncher final : public Launcher {
   }
 
  private:
+  // Before asking to join: the run's configuration (its rank 0 publishes
+  // it) against this process's, one differing flag named.
+  static void check_join(const TrainArgs& a) {
+    const std::string text = published_in(a.join, "config");
+    if (text.empty()) throw InvalidInput(str("--join ", a.join, ": no run has published its configuration there"));
+    const nlohmann::json run = nlohmann::json::parse(text, nullptr, false);
+    const nlohmann::json mine = nlohmann::json::parse(comparable(a.config.checkpoint_run));
+    if (run.is_discarded() || !run.is_object())
+      throw InvalidInput(str("--join ", a.join, ": the run's published configuration is malformed"));
+    for (const auto& [key, value] : run.items())
+      if (!mine.contains(key) || mine[key] != value)
+        throw InvalidInput(str("--join ", a.join, ": the run has --", key, " ", value.dump(), ", this process ",
+                               mine.contains(key) ? str("--", key, " ", mine[key].dump()) : std::string("the default")));
+    for (const auto& [key, value] : mine.items())
+      if (!run.contains(key))
+        throw InvalidInput(str("--join ", a.join, ": this process has --", key, " ", value.dump(), ", the run the default"));
+  }
   std::unique_ptr<GlooWorld> world_;
+  bool joining_ = false;
 };
 #endif
 
 // The gloo backend's flags, together or not at all.
-void check_gloo_flags(const TrainArgs& a) {
+void check_gloo_flags(TrainArgs& a) {
+  if (!a.join.empty()) {
+    if (a.backend_given && a.backend != "gloo") throw InvalidInput("--join is for --backend gloo");
+    if (a.rank_given || !a.rendezvous.empty() || a.world_given)
+      throw InvalidInput("--join DIR takes no --rank, --rendezvous or --world: the run gives them");
+    if (a.on_rank_failure != "continue")
+      throw InvalidInput("--join: pass --on-rank-failure continue, as the run's processes were started with");
+    a.backend = "gloo";
+#ifndef DISTOPT_HAVE_GLOO
+    throw InvalidInput("this distopt was built without gloo: install libgloo-dev (scripts/install-deps) and rebuild");
+#endif
+    return;
+  }
   if (a.backend != "gloo") {
     if (a.rank_given || !a.rendezvous.empty() || !a.gloo_host.empty())
       throw InvalidInput("--rank, --rendezvous and --gloo-host are for --backend gloo");
@@ -243,6 +290,7 @@ int run_train(TrainArgs& a) {
   const StopOnSignal stop(launcher->reports());
   a.config.stop_flag = &stop.flag();
   a.config.process_per_rank = a.backend != "threads";
+  a.config.joining = !a.join.empty();
   // Survivors of a process world: whichever process holds rank 0 at the end
   // reports, so each keeps its metrics until then.
   const bool any_may_report = a.backend == "gloo" && a.on_rank_failure == "continue";

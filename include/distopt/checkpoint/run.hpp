@@ -15,7 +15,9 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "distopt/checkpoint/pieces.hpp"
 #include "distopt/comm/communicator.hpp"
@@ -84,6 +86,12 @@ Loaded load_latest(const std::filesystem::path& root);
 // (docs/reliability.md, "Survivors"). InvalidInput for a strategy whose
 // ranks do not each hold the whole (zero1-3, gossip).
 Loaded capture(parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts, std::uint64_t step);
+
+// A state kept in memory (capture) as bytes, to send to a rank that joins
+// a run, and back. from_bytes checks every size against the bytes before
+// allocating; InvalidInput names what is malformed.
+std::vector<char> to_bytes(const Loaded& state);
+Loaded from_bytes(std::span<const char> bytes);
 
 // Brings a strategy made from initial_params(layout, from.wholes) and the
 // run's parts to the saved state: the optimizer state (a gossip rank's own

@@ -153,6 +153,14 @@ class Communicator {
   // re-form a group throw CommError saying so.
   std::unique_ptr<Communicator> shrink();
 
+  // Worlds that admit new ranks (gloo's --join): how many processes wait to
+  // join (asked on rank 0; not collective; always 0 where none can). grow()
+  // is collective over this world's top communicator and the first `joins`
+  // of them: a new communicator with the current ranks first, in order,
+  // and the new ones after them. Backends that cannot throw CommError.
+  virtual int pending_joins() { return 0; }
+  std::unique_ptr<Communicator> grow(int joins);
+
   // Typed conveniences.
   template <class T>
   void all_reduce(std::span<T> buf, ReduceOp op);
@@ -173,6 +181,7 @@ class Communicator {
   virtual std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) = 0;
   virtual std::unique_ptr<Communicator> do_split(int color, int key) = 0;
   virtual std::unique_ptr<Communicator> do_shrink();
+  virtual std::unique_ptr<Communicator> do_grow(int joins);
   // Backends call this first thing in their destructor: it finishes queued
   // non-blocking collectives and joins the progress thread while the
   // backend's members still exist.

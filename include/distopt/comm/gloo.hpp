@@ -17,6 +17,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "distopt/comm/communicator.hpp"
 
@@ -31,6 +32,10 @@ struct GlooOptions {
   std::string host;
   std::chrono::milliseconds timeout = Communicator::default_timeout();
   Elastic elastic = Elastic::off;
+  // Join the run going on in `rendezvous` (rank and size are then ignored):
+  // wait, up to the time-out, until its ranks admit this process between two
+  // of their steps (Communicator::grow); comm() is then the grown group.
+  bool join = false;
 };
 
 // What a process of a gloo world holds: the rendezvous, its heartbeat, the
@@ -50,12 +55,21 @@ class GlooWorld {
   // replaced by shrink() inside the trainer). Throws CommTimeout naming
   // the members that did not come.
   virtual void finish() = 0;
+  // Small values every process of the run can read (the run's configuration,
+  // for processes that join): written whole or not at all.
+  virtual void publish(const std::string& key, const std::string& value) = 0;
+  // The value, or "" when nothing was published under `key`.
+  virtual std::string published(const std::string& key) const = 0;
 };
 
 // Connects this process to the others (each calls it with its own rank;
-// waits up to the time-out for all). Throws InvalidInput for bad options
+// waits up to the time-out for all), or joins a run (options.join). Throws InvalidInput for bad options
 // or a directory an earlier run finished in, CommTimeout naming the ranks
 // that did not come.
 std::unique_ptr<GlooWorld> open_gloo_world(const GlooOptions& options);
+
+// What a run published under `key` in its rendezvous directory (before
+// joining it: its configuration), or "" when nothing is there.
+std::string published_in(const std::string& rendezvous, const std::string& key);
 
 }  // namespace distopt

@@ -124,6 +124,12 @@ struct TrainConfig {
   // DISTOPT_FAULT's stall:RANK:STEP stops the process (SIGSTOP) and
   // kill:RANK:STEP kills it (SIGKILL), as `kill -STOP` and `kill -9` would.
   bool process_per_rank = false;
+  // This process was admitted into a running run (gloo's --join): train()
+  // takes the run's state from the others first (rank 0's replica under
+  // ddp, the last checkpoint under zero1-3) and goes on with them. With
+  // OnRankFailure::go_on, a run admits the processes that wait to join
+  // between two steps (Communicator::pending_joins, grow).
+  bool joining = false;
 };
 
 // A change of the run's world: ranks lost after `step`.
@@ -134,6 +140,7 @@ struct MembershipChange {
   std::size_t steps_redone = 0;
   int world_before = 0, world = 0;
   std::vector<int> lost;    // ranks of the world before
+  std::vector<int> joined;  // ranks of the new world that joined it (Communicator::grow)
   double seconds = 0;       // spent re-forming the world and resuming from memory
   std::string reason;       // what a survivor saw (the lost collective)
 };
