@@ -97,19 +97,22 @@ else:
 PY
 done
 
-# 3. zero2: rank 2 killed after step 6, checkpoints every 4 steps: the
-# survivors go back to step 4 and end with the bits of a run resumed from
-# that checkpoint at world 3.
-z=("${sv[@]}" --strategy zero2)
-"$bin" "${z[@]}" --world 4 --max-steps 4 --checkpoint-dir "$tmp/zck" >/dev/null 2>"$tmp/err" || fail "zero2 checkpoint run: $(cat "$tmp/err")"
-want=$("$bin" "${z[@]}" --world 3 --max-steps 12 --checkpoint-dir "$tmp/zck" --resume 2>"$tmp/err" | tail -n 1 |
-  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') || fail "zero2 resumed run: $(cat "$tmp/err")"
-gloo_run zero2 4 DISTOPT_FAULT=kill:2:6 -- "${z[@]}" --max-steps 12 --on-rank-failure continue --comm-timeout $timeout \
-  --checkpoint-dir "$tmp/zero2/ck" --checkpoint-every 4
-[ "$(statuses zero2)" = "0 0 137 0" ] || fail "zero2: exits $(statuses zero2): $(cat "$tmp/zero2"/err.*)"
-grep -q "^distopt: rank(s) 2 lost after step 6; 3 ranks go on from step 4 (back to the checkpoint of step 4: 2 steps again)" \
-  "$tmp/zero2/err.0" || fail "zero2: $(cat "$tmp/zero2/err.0")"
-[ "$(hash_of "$tmp/zero2/out.0")" = "$want" ] || fail "zero2: not the bits of the run resumed at world 3"
+# 3. zero2 and diloco: rank 2 killed after step 6, checkpoints every 4
+# steps: the survivors go back to step 4 and end with the bits of a run
+# resumed from that checkpoint at world 3 (diloco: from the ranks' mean).
+for strategy in zero2 diloco; do
+  z=("${sv[@]}" --strategy $strategy)
+  [ $strategy = diloco ] && z+=(--sync-every 3)
+  "$bin" "${z[@]}" --world 4 --max-steps 4 --checkpoint-dir "$tmp/$strategy-ck" >/dev/null 2>"$tmp/err" || fail "$strategy checkpoint run: $(cat "$tmp/err")"
+  want=$("$bin" "${z[@]}" --world 3 --max-steps 12 --checkpoint-dir "$tmp/$strategy-ck" --resume 2>"$tmp/err" | tail -n 1 |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') || fail "$strategy resumed run: $(cat "$tmp/err")"
+  gloo_run $strategy 4 DISTOPT_FAULT=kill:2:6 -- "${z[@]}" --max-steps 12 --on-rank-failure continue --comm-timeout $timeout \
+    --checkpoint-dir "$tmp/$strategy/ck" --checkpoint-every 4
+  [ "$(statuses $strategy)" = "0 0 137 0" ] || fail "$strategy: exits $(statuses $strategy): $(cat "$tmp/$strategy"/err.*)"
+  grep -q "^distopt: rank(s) 2 lost after step [67]; 3 ranks go on from step 4 (back to the checkpoint of step 4: [23] steps again)" \
+    "$tmp/$strategy/err.0" || fail "$strategy: $(cat "$tmp/$strategy/err.0")"
+  [ "$(hash_of "$tmp/$strategy/out.0")" = "$want" ] || fail "$strategy: not the bits of the run resumed at world 3"
+done
 
 # 4. Two losses in a row: rank 2 killed after step 5, then rank 1 killed
 # from outside (kill -9) once the first change is reported; the last two
@@ -203,7 +206,7 @@ expect_error 2 "--rank, --rendezvous and --gloo-host are for --backend gloo" -- 
 expect_error 2 "--rendezvous $tmp/plain-ddp/rv: an earlier run ended in this directory" -- "${b[@]}" --rank 0 --rendezvous "$tmp/plain-ddp/rv"
 expect_error 2 "rendezvous: timed out after 1 s waiting for rank(s) 1 to start in $tmp/b2" -- "${b[@]}" --rank 0 --rendezvous "$tmp/b2" --comm-timeout 1
 expect_error 2 "the host no.such.host.invalid has no address here" -- "${b[@]}" --rank 0 --rendezvous "$tmp/b3" --gloo-host no.such.host.invalid
-expect_error 2 "--on-rank-failure continue: --strategy sgp cannot go on" -- "${b[@]}" --rank 0 --rendezvous "$tmp/b4" --strategy sgp --on-rank-failure continue
+expect_error 2 "--on-rank-failure continue: --strategy adpsgd (asynchronous pairs) cannot go on" -- "${b[@]}" --rank 0 --rendezvous "$tmp/b4" --strategy adpsgd --on-rank-failure continue --checkpoint-dir "$tmp/b4ck"
 DISTOPT_FAULT=kill:1:1 expect_error 2 "DISTOPT_FAULT kill:RANK:STEP needs a process per rank" -- "${sv[@]}" --world 2 --max-steps 3
 expect_error 2 "--join $tmp/ddp-3/rv: this process has --lr 0.01, the run the default" -- "${j[@]}" --lr 0.01 --join "$tmp/ddp-3/rv"
 expect_error 2 "--join $tmp/nothing: no run has published its configuration there" -- "${j[@]}" --join "$tmp/nothing"

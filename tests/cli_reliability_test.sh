@@ -176,10 +176,26 @@ grep -q "^distopt: rank(s) 2 lost after step 6; 3 ranks go on from step 4 (back 
   || fail "zero2 survivors: $(cat "$tmp/err")"
 [ "$(tail -n 1 "$tmp/sv.out" | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')" = "$want" ] \
   || fail "zero2 survivors: param_hash is not the resumed run's $want"
+# Gossip (sgp) and diloco survivors go back to the last checkpoint too and
+# go on from its mean model: the bits of the run resumed from it at world 3.
+for strategy in sgp diloco; do
+  g=(train --data synthetic --train-size 512 --test-size 128 --batch-size 48 --epochs 2 --progress none --json --strategy $strategy)
+  [ $strategy = diloco ] && g+=(--sync-every 3)
+  "$bin" "${g[@]}" --world 4 --max-steps 4 --checkpoint-dir "$tmp/$strategy-ck" >/dev/null 2>"$tmp/err" || fail "$strategy: $(cat "$tmp/err")"
+  want=$("$bin" "${g[@]}" --world 3 --max-steps 12 --checkpoint-dir "$tmp/$strategy-ck" --resume 2>/dev/null | tail -n 1 |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+  DISTOPT_FAULT=fail:2:6 "$bin" "${g[@]}" --world 4 --max-steps 12 --on-rank-failure continue --comm-timeout 2 \
+    --checkpoint-dir "$tmp/$strategy-sv" --checkpoint-every 4 >"$tmp/out" 2>"$tmp/err" || fail "$strategy survivors: $(cat "$tmp/err")"
+  got=$(tail -n 1 "$tmp/out" | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+  [ "$got" = "$want" ] || fail "$strategy survivors: $got, want the resumed run's $want"
+  grep -q "3 ranks go on from step 4 (back to the checkpoint of step 4" "$tmp/err" || fail "$strategy survivors: $(cat "$tmp/err")"
+done
 expect_error 2 "--on-rank-failure continue with --strategy zero2 needs --checkpoint-dir: a lost rank holds the only copy of its shard" \
   -- train --data synthetic --strategy zero2 --on-rank-failure continue
-expect_error 2 "--on-rank-failure continue: --strategy sgp cannot go on without a lost rank yet; ddp and zero1-3 can" \
+expect_error 2 "--on-rank-failure continue with --strategy sgp needs --checkpoint-dir: each rank trains a model of its own" \
   -- train --data synthetic --strategy sgp --on-rank-failure continue
+expect_error 2 "--on-rank-failure continue: --strategy adpsgd (asynchronous pairs) cannot go on without a lost rank" \
+  -- train --data synthetic --strategy adpsgd --on-rank-failure continue --checkpoint-dir "$tmp/adck"
 expect_error 2 "--on-rank-failure: maybe not in" -- train --data synthetic --on-rank-failure maybe
 
 # A run killed while it writes a checkpoint (DISTOPT_FAULT=exit:RANK:STEP:POINT

@@ -254,7 +254,7 @@ class GlooComm final : public Communicator {
     const std::string msg = timed_out ? str(op, " on rank ", rank(), ": timed out after ", seconds(timeout()),
                                             " waiting for ", who, " (gloo backend)")
                                       : str(op, " on rank ", rank(), ": lost ", who, " (gloo: ", e.what(), ")");
-    if (shared_->elastic == Elastic::on && top_) throw RankLost(msg);
+    if (shared_->elastic == Elastic::on) throw RankLost(msg);  // (only the top communicator shrinks)
     if (timed_out) throw CommTimeout(msg);
     throw CommError(msg);
   }

@@ -590,7 +590,8 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
     if (strategy->info().replicated_params && !strategy->info().per_rank_models) {
       out.state = checkpoint::capture(*strategy, run, parts(), done);
     } else if (config.checkpoint_dir.empty()) {
-      // A sharded strategy: the lost rank held the only copy of its shard.
+      // A sharded strategy: the lost rank held the only copy of its shard;
+      // a gossip one: it held a model of its own.
       throw InvalidInput(str("--strategy ", config.strategy, ": a rank was lost and there is no checkpoint to go back to"));
     }
     throw out;

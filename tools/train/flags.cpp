@@ -167,7 +167,8 @@ Runner add_train(CLI::App& app) {
       ->check(CLI::IsMember({"error", "warn", "ignore"}));
   sub->add_option("--on-rank-failure", a->on_rank_failure,
                   "a rank lost (failed, or silent past --comm-timeout): stop (default: every rank ends with the "
-                  "error) or continue (the survivors go on: ddp and zero1-3, threads and gloo backends)")
+                  "error) or continue (the survivors go on: every strategy but adpsgd; threads and gloo backends; sharded, "
+                  "gossip and diloco runs need --checkpoint-dir)")
       ->check(CLI::IsMember({"stop", "continue"}));
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "seconds a rank waits for the others before the job ends naming the silent rank (default 300, "

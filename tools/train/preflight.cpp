@@ -331,9 +331,13 @@ void prepare(TrainArgs& a) {
   }
   if (a.on_rank_failure == "continue") {
     const parallel::StrategyInfo& s = parallel::strategy_or_throw(a.config.strategy);
-    if (s.per_rank_models)
-      throw InvalidInput(str("--on-rank-failure continue: --strategy ", a.config.strategy,
-                             " cannot go on without a lost rank yet; ddp and zero1-3 can"));
+    if (a.config.strategy == "adpsgd")
+      throw InvalidInput("--on-rank-failure continue: --strategy adpsgd (asynchronous pairs) cannot go on without a "
+                         "lost rank; ddp, zero1-3, the other gossip strategies and diloco can");
+    if (s.per_rank_models && a.config.checkpoint_dir.empty())
+      throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy,
+                             " needs --checkpoint-dir: each rank trains a model of its own, so the survivors go back "
+                             "to the last checkpoint and go on from its mean model"));
     if (!s.replicated_params && a.config.checkpoint_dir.empty())
       throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy,
                              " needs --checkpoint-dir: a lost rank holds the only copy of its shard, so the survivors "

@@ -116,8 +116,9 @@ struct TrainConfig {
   // (Communicator::shrink, an elastic threads world), take the state of the
   // last step they all completed from their own replica (ddp) or go back
   // to the last checkpoint in checkpoint_dir (zero1-3: the lost rank held
-  // the only copy of its shard), re-cut the data over the new world and
-  // go on from the next step. Gossip strategies cannot yet.
+  // the only copy of its shard; gossip and diloco: a model of its own, the
+  // survivors go on from the checkpoint's mean), re-cut the data over the
+  // new world and go on from the next step. adpsgd cannot.
   enum class OnRankFailure { stop, go_on };
   OnRankFailure on_rank_failure = OnRankFailure::stop;
   // Each rank is a process of its own (the mpi and gloo backends):
