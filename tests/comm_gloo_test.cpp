@@ -196,6 +196,28 @@ TEST(Gloo, SurvivorsOfALostRankShrinkAndGoOn) {
   EXPECT_EQ(sums, (std::vector<float>{4, 4, -1, 4}));
 }
 
+TEST(Gloo, AFailureFoundByOneThreadWakesAnothersWait) {
+  // Ranks 0 and 1 wait on the main thread for a message the other never
+  // sends, while their progress thread runs an all-reduce that finds rank
+  // 2 gone: the main thread's wait ends with RankLost at once, not at the
+  // time-out (closing the pairs alone would not wake it).
+  std::vector<double> waited(2, -1);
+  run_gloo(3, fresh_dir("wake"), 8000ms, Elastic::on, [&](GlooWorld& w, int r) {
+    Communicator& c = w.comm();
+    c.barrier();
+    if (r == 2) return;  // gone
+    std::int32_t never = 0;
+    auto req = c.irecv(&never, 1, ElemType::i32, 1 - r, 5);
+    float x = 1;
+    auto sum = c.iall_reduce(&x, &x, 1, ElemType::f32, ReduceOp::sum);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_THROW(req->wait(), RankLost);
+    waited[static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_THROW(sum->wait(), RankLost);
+  });
+  for (double t : waited) EXPECT_LT(t, 3.0) << "the wait was not woken";
+}
+
 TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
   // Three ranks sum until rank 0 sees a process waiting to join; they agree
   // on it (rank 0's count, broadcast) and grow; the fourth gets rank 3.

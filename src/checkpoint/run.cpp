@@ -264,7 +264,8 @@ Loaded from_bytes(std::span<const char> bytes) {
     std::uint64_t numel = 1;
     for (std::uint64_t d = 0; d < dims; ++d) {
       const std::uint64_t extent = in.u64("shape");
-      if (extent > (1ull << 40)) throw InvalidInput(str("a run's state in memory: tensor ", name, " is too large"));
+      if (extent != 0 && numel > (std::uint64_t{1} << 40) / extent)
+        throw InvalidInput(str("a run's state in memory: tensor ", name, " is too large"));
       numel *= extent;
       w.shape.push_back(static_cast<std::int64_t>(extent));
     }

@@ -34,6 +34,7 @@
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "distopt/core/buffer.hpp"
@@ -113,11 +114,16 @@ class DirStore final : public gloo::rendezvous::Store {
   const std::string& dir() const { return dir_; }
 
  private:
-  // Unique among the processes (pid) and the stores of this one (a
-  // process-wide count).
+  // Unique among the machines (host), their processes (pid) and the
+  // stores of this one (a process-wide count).
   static std::string temp_name(const std::string& dir) {
     static std::atomic<std::uint64_t> counter{0};
-    return str(dir, "/.tmp.", ::getpid(), ".", counter.fetch_add(1, std::memory_order_relaxed));
+    static const std::string host = [] {
+      char name[256] = {};
+      ::gethostname(name, sizeof name - 1);
+      return std::string(name);
+    }();
+    return str(dir, "/.tmp.", host, ".", ::getpid(), ".", counter.fetch_add(1, std::memory_order_relaxed));
   }
   std::string temp_name() const { return temp_name(dir_); }
   static void write_file(const std::string& name, const std::vector<char>& data) {
@@ -209,10 +215,61 @@ struct Part {
   std::size_t bytes;
 };
 
+// The unbound buffers of a communicator with an operation pending: a
+// failure found by one thread aborts another's wait on the same
+// communicator (closing the pairs does not wake it).
+class LiveBuffers {
+ public:
+  void add(gloo::transport::UnboundBuffer* b) {
+    std::lock_guard lock(m_);
+    live_.push_back(b);
+  }
+  void remove(gloo::transport::UnboundBuffer* b) {
+    std::lock_guard lock(m_);
+    live_.erase(std::remove(live_.begin(), live_.end(), b), live_.end());
+  }
+  void abort_all() {
+    std::lock_guard lock(m_);
+    for (auto* b : live_) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<gloo::transport::UnboundBuffer*> live_;
+};
+
+// Registers buffers for the scope of an operation.
+class Registered {
+ public:
+  explicit Registered(LiveBuffers& live) : live_(live) {}
+  ~Registered() {
+    for (auto* b : mine_) live_.remove(b);
+  }
+  Registered(const Registered&) = delete;
+  Registered& operator=(const Registered&) = delete;
+  void add(gloo::transport::UnboundBuffer* b) {
+    live_.add(b);
+    mine_.push_back(b);
+  }
+
+ private:
+  LiveBuffers& live_;
+  std::vector<gloo::transport::UnboundBuffer*> mine_;
+};
+
+// A wait that returned false: aborted by a failure another thread found.
+[[noreturn]] void aborted() { throw std::runtime_error("aborted: another operation of this rank lost a peer"); }
+
 class GlooRequest final : public Request {
  public:
-  GlooRequest(GlooComm& comm, std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool send, int peer, int tag)
-      : comm_(comm), buf_(std::move(buf)), send_(send), peer_(peer), tag_(tag) {}
+  GlooRequest(GlooComm& comm, LiveBuffers& live, std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool send,
+              int peer, int tag)
+      : comm_(comm), buf_(std::move(buf)), registered_(live), send_(send), peer_(peer), tag_(tag) {
+    registered_.add(buf_.get());
+  }
   // gloo has no test that leaves the context usable when it is not done
   // (a wait that expires fails every pair): test waits.
   bool test() override {
@@ -224,6 +281,7 @@ class GlooRequest final : public Request {
  private:
   GlooComm& comm_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
+  Registered registered_;  // after buf_: unregistered before it is freed
   bool send_;
   int peer_, tag_;
   bool done_ = false;
@@ -248,6 +306,7 @@ class GlooComm final : public Communicator {
       ctx_->closeConnections();
     } catch (const std::exception&) {
     }
+    live_.abort_all();
     const bool timed_out = Clock::now() >= until - milliseconds(5) ||
                            std::string_view(e.what()).find("Timed out") != std::string_view::npos;
     const std::string who = peer >= 0 ? str("rank ", peer) : std::string("the other ranks");
@@ -264,12 +323,12 @@ class GlooComm final : public Communicator {
     auto ub = ctx_->createUnboundBuffer(const_cast<void*>(buf), bytes);
     ub->send(peer, p2p_slot(tag), 0, bytes);
     count_sent(bytes);
-    return std::make_unique<GlooRequest>(*this, std::move(ub), true, peer, tag);
+    return std::make_unique<GlooRequest>(*this, live_, std::move(ub), true, peer, tag);
   }
   std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) override {
     auto ub = ctx_->createUnboundBuffer(buf, bytes);
     ub->recv(peer, p2p_slot(tag), 0, bytes);
-    return std::make_unique<GlooRequest>(*this, std::move(ub), false, peer, tag);
+    return std::make_unique<GlooRequest>(*this, live_, std::move(ub), false, peer, tag);
   }
 
   // Each rank receives its piece from every other rank, then sums all n
@@ -351,16 +410,15 @@ class GlooComm final : public Communicator {
     int new_rank = 0;
     for (std::size_t i = 0; i < group.size(); ++i)
       if (group[i].second == rank()) new_rank = static_cast<int>(i);
-    // The first member of the parent names the rendezvous: split's seq is
-    // per process, so it is combined with the parent's first global rank.
+    // The count restarts with each membership epoch (a joiner's is 0).
     const std::string prefix = str("split/", epoch, ".", seq, ".", color);
     try {
       auto ctx = connect(*shared_, prefix, new_rank, static_cast<int>(group.size()), timeout());
       return std::make_unique<GlooComm>(shared_, std::move(ctx), false);
-    } catch (const CommError&) {
-      throw;
     } catch (const std::exception& e) {
-      throw CommError(str("split on rank ", rank(), ": ", e.what(), " (gloo backend)"));
+      const std::string msg = str("split on rank ", rank(), ": ", e.what(), " (gloo backend)");
+      if (shared_->elastic == Elastic::on) throw RankLost(msg);
+      throw CommError(msg);
     }
   }
 
@@ -386,30 +444,33 @@ class GlooComm final : public Communicator {
     const std::uint64_t slot = kCollective + seq_++;
     const auto until = deadline();
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> in(recvs.size()), out(sends.size());
+    Registered registered(live_);  // after the buffers: unregistered before they are freed
     int peer = -1;
     try {
       for (std::size_t i = 0; i < recvs.size(); ++i) {
         if (recvs[i].bytes == 0) continue;
         peer = recvs[i].peer;
         in[i] = ctx_->createUnboundBuffer(recvs[i].data, recvs[i].bytes);
+        registered.add(in[i].get());
         in[i]->recv(recvs[i].peer, slot, 0, recvs[i].bytes);
       }
       for (std::size_t i = 0; i < sends.size(); ++i) {
         if (sends[i].bytes == 0) continue;
         peer = sends[i].peer;
         out[i] = ctx_->createUnboundBuffer(sends[i].data, sends[i].bytes);
+        registered.add(out[i].get());
         out[i]->send(sends[i].peer, slot, 0, sends[i].bytes);
         count_sent(sends[i].bytes);
       }
       for (std::size_t i = 0; i < recvs.size(); ++i) {
         if (!in[i]) continue;
         peer = recvs[i].peer;
-        in[i]->waitRecv(left(until));
+        if (!in[i]->waitRecv(left(until))) aborted();
       }
       for (std::size_t i = 0; i < sends.size(); ++i) {
         if (!out[i]) continue;
         peer = sends[i].peer;
-        out[i]->waitSend(left(until));
+        if (!out[i]->waitSend(left(until))) aborted();
       }
     } catch (const std::exception& e) {
       fail(op, std::string_view(op) == "barrier" ? -1 : peer, e, until);
@@ -420,6 +481,7 @@ class GlooComm final : public Communicator {
   }
 
   friend class GlooRequest;
+  LiveBuffers live_;  // first: outlives every operation's registration
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<gloo::Context> ctx_;
   bool top_;
@@ -431,10 +493,7 @@ void GlooRequest::wait() {
   if (done_) return;
   const auto until = Clock::now() + comm_.timeout();
   try {
-    if (send_)
-      buf_->waitSend(comm_.timeout());
-    else
-      buf_->waitRecv(comm_.timeout());
+    if (!(send_ ? buf_->waitSend(comm_.timeout()) : buf_->waitRecv(comm_.timeout()))) aborted();
   } catch (const std::exception& e) {
     comm_.fail(str(send_ ? "send" : "recv", " (tag ", tag_, ")"), peer_, e, until);
   }
@@ -508,6 +567,7 @@ std::unique_ptr<Communicator> GlooComm::do_shrink() {
                         ") are left after a loss: a group goes on only with more than half of its ranks (no split brain)"));
   sh.epoch = next;
   sh.members = after;
+  sh.splits = 0;
   try {
     auto ctx = connect(sh, str("e", next), static_cast<int>(at - after.begin()), static_cast<int>(after.size()),
                        timeout());
@@ -551,11 +611,15 @@ std::unique_ptr<Communicator> GlooComm::do_grow(int joins) {
   const std::vector<int> counters = decode(sh.store.read(grown));
   sh.next_join = counters.at(0);
   sh.next_id = counters.at(1);
+  // The members change once the grown group is connected: a rank lost
+  // meanwhile makes the others shrink from the group they had (the new
+  // ones, who cannot connect either, end).
   sh.epoch = next;
-  sh.members = after;
+  sh.splits = 0;
   const int index = static_cast<int>(std::find(after.begin(), after.end(), sh.first) - after.begin());
   try {
     auto ctx = connect(sh, str("e", next), index, static_cast<int>(after.size()), timeout());
+    sh.members = after;
     return std::make_unique<GlooComm>(shared_, std::move(ctx), true);
   } catch (const std::exception& e) {
     throw RankLost(str("admitting new ranks (first ranks ", rank_list(after), "): ", e.what()));
@@ -599,20 +663,14 @@ class World final : public GlooWorld {
       join(o, owner);
       return;
     }
-    // The rank, taken: "<machine> <pid>". One a process of this machine
-    // took and that no longer exists (a run that failed to start) is free.
+    // The rank, taken: "<machine> <pid>". Never taken over: the keys an
+    // earlier start left (its addresses) would mislead the others.
     const std::string rank_key = str("rank/", o.rank);
     if (!sh.store.create_once(rank_key, bytes_of(owner))) {
       const std::vector<char> held = sh.store.read(rank_key);
-      std::istringstream in(std::string(held.begin(), held.end()));
-      std::string who;
-      long pid = 0;
-      in >> who >> pid;
-      if (who != machine || pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
-        throw InvalidInput(str("--rendezvous ", o.rendezvous, ": rank ", o.rank, " is already taken there (by process ",
-                               pid, " on ", who, "; each process needs a rank of its own, each run a directory of its "
-                               "own)"));
-      sh.store.set(rank_key, bytes_of(owner));
+      throw InvalidInput(str("--rendezvous ", o.rendezvous, ": rank ", o.rank, " is already taken there (by process ",
+                             std::string(held.begin(), held.end()), "); each process needs a rank of its own, and each "
+                             "run (or new start of one) a directory of its own"));
     }
     for (int r = 0; r < o.size; ++r) sh.members.push_back(r);
     sh.next_id = o.size;

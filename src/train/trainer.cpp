@@ -364,7 +364,10 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         mine[0] = s.loss_sum;
         mine[1] = s.count;
         mine[2] = config.stop_flag ? static_cast<double>(config.stop_flag->load(std::memory_order_relaxed)) : 0.0;
-        if (elastic && comm.rank() == 0) mine[3] = comm.pending_joins();
+        // (New ranks of a sharded or gossip run read the checkpoint written
+        // when they are admitted: none without a checkpoint folder.)
+        if (elastic && comm.rank() == 0 && (!config.checkpoint_dir.empty() || strategy->info().replicated_params))
+          mine[3] = comm.pending_joins();
         gather = comm.iall_gather(mine, all.data(), per, ElemType::f64);
         stepped = true;
         strategy->step(update);
@@ -649,14 +652,18 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           owned = std::move(next);
           now = owned.get();
         }
-        if (lost.joins != 0 && replicated) {
-          // The new ranks take rank 0's state (every other rank has its own).
-          std::vector<char> bytes = now->rank() == 0 ? checkpoint::to_bytes(*lost.state) : std::vector<char>();
+        // A replica's state, from rank `src` to every rank that has none or
+        // an older one (`take`).
+        const auto share = [&](int src, bool take) {
+          std::vector<char> bytes = now->rank() == src ? checkpoint::to_bytes(*lost.state) : std::vector<char>();
           std::uint64_t n = bytes.size();
-          now->broadcast(&n, 1, ElemType::i64, 0);
+          now->broadcast(&n, 1, ElemType::i64, src);
           bytes.resize(n);
-          now->broadcast(bytes.data(), n, ElemType::u8, 0);
-          if (!lost.state) lost.state = checkpoint::from_bytes(bytes);
+          now->broadcast(bytes.data(), n, ElemType::u8, src);
+          if (take) lost.state = checkpoint::from_bytes(bytes);
+        };
+        if (lost.joins != 0 && replicated) {
+          share(0, !lost.state);  // the new ranks take rank 0's state; the others have their own
         } else if (!lost.state) {
           // Back to the last complete checkpoint, read once every survivor
           // has left the collective it was in (rank 0 may have been writing
@@ -664,14 +671,36 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           now->barrier();
           if (checkpoint::latest_complete(c.checkpoint_dir))
             lost.state = checkpoint::load_latest(c.checkpoint_dir);
+          else if (c.resume)
+            lost.state = *c.resume;  // none written since the run resumed: from where it resumed
           else
             lost.state.emplace();  // none written yet: the run starts again
         }
-        // The ranks agree on the step they go on from (a commit vote).
+        // The ranks agree on the step they go on from (a commit vote). A
+        // lost process may have delivered a step's last messages to some
+        // ranks and not to others: those completed the step, these did not.
+        // The step counts as done by all: under ddp the first rank that
+        // completed it sends its replica to the others (replicas of one
+        // step are identical). Sharded, gossip and diloco runs all read
+        // one checkpoint.
         from = static_cast<std::int64_t>(lost.state->step);
         const std::int64_t mine[2] = {from, rank_before};
         all.assign(2 * static_cast<std::size_t>(now->size()), 0);
         now->all_gather(mine, all.data(), 2, ElemType::i64);
+        std::int64_t most = from;
+        int src = now->rank();
+        for (int r = now->size() - 1; r >= 0; --r)
+          if (all[2 * static_cast<std::size_t>(r)] >= most) {
+            most = all[2 * static_cast<std::size_t>(r)];
+            src = r;
+          }
+        bool behind = false;
+        for (int r = 0; r < now->size(); ++r) behind = behind || all[2 * static_cast<std::size_t>(r)] != most;
+        if (behind && replicated) {
+          share(src, from != most);
+          from = most;
+          for (int r = 0; r < now->size(); ++r) all[2 * static_cast<std::size_t>(r)] = most;
+        }
         break;
       } catch (const RankLost&) {
         if (rank_before < 0 && !lost.state)
