@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "distopt/checkpoint/pieces.hpp"
+#include "distopt/checkpoint/run.hpp"
 #include "distopt/checkpoint/run_state.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/checkpoint/store.hpp"
@@ -202,6 +203,42 @@ std::string parse_error(const std::vector<std::byte>& f) {
 }
 
 }  // namespace
+
+// A run's state as bytes (what a rank that joins a gloo run receives):
+// round trip, an empty tensor (state_bytes_fuzz found memcpy given a null
+// destination for it), and malformed bytes as one line.
+TEST(StateBytes, RoundTripEmptyTensorsAndMalformedBytes) {
+  checkpoint::Loaded a;
+  a.step = 7;
+  a.config = R"({"world": 3})";
+  a.state = R"({"groups": []})";
+  a.wholes["param.w"] = checkpoint::Whole{{2, 2}, {1, 2, 3, 4}};
+  a.wholes["param.empty"] = checkpoint::Whole{{0, 4}, {}};
+  a.wholes["state.0.step"] = checkpoint::Whole{{}, {5}};
+  const std::vector<char> bytes = checkpoint::to_bytes(a);
+  const checkpoint::Loaded b = checkpoint::from_bytes(bytes);
+  EXPECT_EQ(b.step, 7u);
+  EXPECT_EQ(b.config, a.config);
+  EXPECT_EQ(b.state, a.state);
+  ASSERT_EQ(b.wholes.size(), 3u);
+  EXPECT_EQ(b.wholes.at("param.w").values, (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(b.wholes.at("param.empty").shape, (Shape{0, 4}));
+  EXPECT_TRUE(b.wholes.at("param.empty").values.empty());
+  EXPECT_EQ(checkpoint::to_bytes(b), bytes);
+  const auto message = [](std::vector<char> v) {
+    try {
+      checkpoint::from_bytes(v);
+    } catch (const InvalidInput& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  std::vector<char> cut(bytes.begin(), bytes.end() - 3);
+  EXPECT_NE(message(cut).find("runs past the end of the bytes"), std::string::npos) << message(cut);
+  std::vector<char> more = bytes;
+  more.push_back(0);
+  EXPECT_NE(message(more).find("bytes after its last tensor"), std::string::npos);
+}
 
 TEST(Safetensors, RoundTripAndEveryMalformedHeaderIsOneLine) {
   TempDir t;

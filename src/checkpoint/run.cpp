@@ -214,7 +214,7 @@ class Reader {
   void floats(std::vector<float>& out, std::uint64_t n, const char* what) {
     if (n > (b_.size() - at_) / sizeof(float)) fail(what);
     out.resize(n);
-    std::memcpy(out.data(), b_.data() + at_, n * sizeof(float));
+    if (n > 0) std::memcpy(out.data(), b_.data() + at_, n * sizeof(float));  // (data() may be null when empty)
     at_ += n * sizeof(float);
   }
   bool done() const { return at_ == b_.size(); }
