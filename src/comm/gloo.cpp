@@ -510,6 +510,19 @@ std::vector<int> decode(const std::vector<char>& text) {
   return out;
 }
 
+// The grown group of `epoch` (do_grow's decision): its members and the
+// join counters after it, as every member and every new rank reads them.
+struct Grown {
+  std::vector<int> members;
+  int next_join = 0, next_id = 0;
+};
+Grown read_grown(const DirStore& store, int epoch) {
+  const std::string decision = str("members/", epoch), grown = str("grow/", epoch);
+  const std::vector<int> counters = decode(store.read(grown));
+  if (counters.size() != 2) throw CommError(str("rendezvous: ", store.path(grown), " is malformed"));
+  return {decode(store.read(decision)), counters[0], counters[1]};
+}
+
 std::unique_ptr<Communicator> GlooComm::do_shrink() {
   if (!top_) throw CommError("only a world's top communicator re-forms without its lost ranks");
   if (shared_->elastic != Elastic::on)
@@ -607,10 +620,10 @@ std::unique_ptr<Communicator> GlooComm::do_grow(int joins) {
       throw RankLost(str("admitting new ranks: rank 0 did not decide (", e.what(), ")"));
     }
   }
-  const std::vector<int> after = decode(sh.store.read(decision));
-  const std::vector<int> counters = decode(sh.store.read(grown));
-  sh.next_join = counters.at(0);
-  sh.next_id = counters.at(1);
+  const Grown g = read_grown(sh.store, next);
+  const std::vector<int>& after = g.members;
+  sh.next_join = g.next_join;
+  sh.next_id = g.next_id;
   // The members change once the grown group is connected: a rank lost
   // meanwhile makes the others shrink from the group they had (the new
   // ones, who cannot connect either, end).
@@ -696,12 +709,7 @@ class World final : public GlooWorld {
   void publish(const std::string& key, const std::string& value) override {
     shared_->store.set(str("published/", key), bytes_of(value));
   }
-  std::string published(const std::string& key) const override {
-    const std::string k = str("published/", key);
-    if (!shared_->store.has(k)) return "";
-    const auto v = shared_->store.read(k);
-    return std::string(v.begin(), v.end());
-  }
+  std::string published(const std::string& key) const override { return published_in(shared_->store.dir(), key); }
 
   Communicator& comm() override { return *comm_; }
   std::vector<int> members() const override {
@@ -772,18 +780,18 @@ class World final : public GlooWorld {
     if (epoch <= 0 || id < 0) throw CommError(str("--join ", o.rendezvous, ": a malformed answer in ", answer));
     const std::string decision = str("members/", epoch), grown = str("grow/", epoch);
     sh.store.wait({decision, grown});
-    const std::vector<int> after = decode(sh.store.read(decision));
-    const std::vector<int> counters = decode(sh.store.read(grown));
+    const Grown g = read_grown(sh.store, epoch);
+    const std::vector<int>& after = g.members;
     const auto at = std::find(after.begin(), after.end(), id);
-    if (at == after.end() || counters.size() != 2)
+    if (at == after.end())
       throw CommError(str("--join ", o.rendezvous, ": rank ", id, " is not in the group of epoch ", epoch));
     {
       std::lock_guard lock(sh.m);
       sh.first = id;
       sh.epoch = epoch;
       sh.members = after;
-      sh.next_join = counters[0];
-      sh.next_id = counters[1];
+      sh.next_join = g.next_join;
+      sh.next_id = g.next_id;
     }
     sh.start_beating();
     try {
