@@ -2,7 +2,9 @@
 # docs/reliability.md ("Processes") from outside: `distopt train --backend
 # gloo` with one process per rank. The threads backend's bits; survivors of
 # a killed (SIGKILL) or stopped (SIGSTOP) process, of two losses in a row
-# and of the loss of rank 0; zero2 going back to its checkpoint; a minority
+# and of the loss of rank 0; zero2 going back to its checkpoint; diloco
+# survivors going on in memory with the threads backend's bits; joins
+# (diloco at an outer cycle's end); a minority
 # stops; without --on-rank-failure continue every process ends named; bad
 # input.
 set -u
@@ -97,12 +99,11 @@ else:
 PY
 done
 
-# 3. zero2 and diloco: rank 2 killed after step 6, checkpoints every 4
-# steps: the survivors go back to step 4 and end with the bits of a run
-# resumed from that checkpoint at world 3 (diloco: from the ranks' mean).
-for strategy in zero2 diloco; do
+# 3. zero2: rank 2 killed after step 6, checkpoints every 4 steps: the
+# survivors go back to step 4 and end with the bits of a run resumed from
+# that checkpoint at world 3.
+for strategy in zero2; do
   z=("${sv[@]}" --strategy $strategy)
-  [ $strategy = diloco ] && z+=(--sync-every 3)
   "$bin" "${z[@]}" --world 4 --max-steps 4 --checkpoint-dir "$tmp/$strategy-ck" >/dev/null 2>"$tmp/err" || fail "$strategy checkpoint run: $(cat "$tmp/err")"
   want=$("$bin" "${z[@]}" --world 3 --max-steps 12 --checkpoint-dir "$tmp/$strategy-ck" --resume 2>"$tmp/err" | tail -n 1 |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') || fail "$strategy resumed run: $(cat "$tmp/err")"
@@ -113,6 +114,17 @@ for strategy in zero2 diloco; do
     "$tmp/$strategy/err.0" || fail "$strategy: $(cat "$tmp/$strategy/err.0")"
   [ "$(hash_of "$tmp/$strategy/out.0")" = "$want" ] || fail "$strategy: not the bits of the run resumed at world 3"
 done
+# diloco: rank 2 killed at the start of step 5, in the middle of an outer
+# cycle (H = 3); the survivors go on from step 5, each from its own replica,
+# with the bits of the same failure on the threads backend.
+d=("${sv[@]}" --strategy diloco --sync-every 3 --max-steps 12 --on-rank-failure continue --comm-timeout $timeout)
+want=$(DISTOPT_FAULT=fail:2:4 "$bin" "${d[@]}" --world 4 2>"$tmp/err" | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') || fail "diloco on threads: $(cat "$tmp/err")"
+gloo_run diloco 4 DISTOPT_FAULT=kill:2:4 -- "${d[@]}"
+[ "$(statuses diloco)" = "0 0 137 0" ] || fail "diloco: exits $(statuses diloco): $(cat "$tmp/diloco"/err.*)"
+grep -q "^distopt: rank(s) 2 lost after step 5; 3 ranks go on from step 5 ([0-9.]* s lost)" "$tmp/diloco/err.0" \
+  || fail "diloco: $(cat "$tmp/diloco/err.0")"
+[ "$(hash_of "$tmp/diloco/out.0")" = "$want" ] || fail "diloco: not the threads backend's bits"
 
 # 4. Two losses in a row: rank 2 killed after step 5, then rank 1 killed
 # from outside (kill -9) once the first change is reported; the last two
@@ -154,13 +166,15 @@ cat "$tmp/stop/err.0" "$tmp/stop/err.1" "$tmp/stop/err.3" | grep -q "lost rank 2
 # checkpointed at that step and resumed at world 4 -- into a world of 3,
 # and into one that lost rank 2 of 4 (ddp; zero2 there: back to the start,
 # no checkpoint yet, then admitted after the step its checkpoint records).
+# diloco admits a new rank only at the end of an outer cycle.
 j=("${long[@]}" --on-rank-failure continue --comm-timeout 10)
-for case in ddp-3 ddp-lost zero2-lost; do
+for case in ddp-3 ddp-lost zero2-lost diloco-3; do
   extra=(); n=3; fault=
   case $case in
     *-lost) n=4; fault=DISTOPT_FAULT=kill:2:5 ;;
   esac
   [ "${case%%-*}" = zero2 ] && extra=(--strategy zero2 --checkpoint-dir "$tmp/$case/ck" --checkpoint-every 100)
+  [ "${case%%-*}" = diloco ] && extra=(--strategy diloco --sync-every 40)
   mkdir -p "$tmp/$case"
   ( if [ -n "$fault" ]; then
       for i in $(seq 600); do grep -q "lost after" "$tmp/$case/err.0" 2>/dev/null && break; sleep 0.05; done
@@ -183,6 +197,10 @@ PY
 ) || { fail "join $case: summary or metrics: $(cat "$tmp/$case/err.0")"; continue; }
   grep -q "^distopt: rank(s) 3 joined after step $step; 4 ranks go on from step $step (" "$tmp/$case/err.0" \
     || fail "join $case: no line: $(cat "$tmp/$case/err.0")"
+  if [ "${case%%-*}" = diloco ]; then  # admitted only where an outer cycle ends, taking rank 0's state
+    [ $((step % 40)) = 0 ] || fail "join $case: admitted after step $step, inside an outer cycle of 40"
+    continue
+  fi
   # The same run on the threads backend: world 3 to that step, resumed at 4.
   ref=("${base[@]}" --train-size 4096 --epochs 3)
   [ "${case%%-*}" = zero2 ] && ref+=(--strategy zero2)

@@ -9,9 +9,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "distopt/checkpoint/pieces.hpp"
@@ -414,4 +417,114 @@ TEST(GossipResume, ASavedStateThatDoesNotFitIsOneLine) {
   for (auto it = no_rank.wholes.begin(); it != no_rank.wholes.end();)
     it = it->first.rfind("gossip.3.", 0) == 0 ? no_rank.wholes.erase(it) : std::next(it);
   EXPECT_NE(error_of(no_rank).find("the checkpoint has no"), std::string::npos) << error_of(no_rank);
+}
+
+// ---- gossip survivors: each rank goes on from its own state in memory ----
+
+namespace {
+
+// `at` steps under a gossip strategy, each rank's survivor_state() (which
+// takes no communication, so no rank need fail) passed to `tamper`, kept
+// as the trainer keeps it (survivor_pieces, one rank's tensors) and
+// resumed at the same world; then `steps` more.
+GossipRun survivors_run(int world, const std::string& strategy, const parallel::GossipOptions& g, std::size_t at,
+                        std::size_t steps, const std::function<void(int, parallel::LocalState&)>& tamper) {
+  const data::Split& d = data_set();
+  std::vector<std::map<std::string, Whole>> wholes(static_cast<std::size_t>(world));
+  std::vector<std::vector<double>> numbers(static_cast<std::size_t>(world));
+  parallel::StrategyOptions options;
+  options.gossip = g;
+  spawn(world, [&](Communicator& comm) {
+    auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 40, 8});
+    const parallel::FlatLayout flat = parallel::flat_layout(*model);
+    std::vector<float> initial(flat.elements);
+    model->init(initial, 5);
+    auto s = parallel::make_strategy(strategy, comm, flat, initial, spec_of("adam"), options);
+    train_steps(comm, *model, *s, 0, at);
+    std::optional<parallel::LocalState> local = s->survivor_state();
+    ASSERT_TRUE(local.has_value());
+    EXPECT_TRUE(local->survivor);
+    tamper(comm.rank(), *local);
+    const auto r = static_cast<std::size_t>(comm.rank());
+    wholes[r] = assemble(survivor_pieces(*s, comm.rank(), *local, {}).copies());
+    numbers[r] = local->scalars;
+    comm.barrier();  // (no rank's rounds in flight end before every rank took its state)
+  });
+  GossipRun out;
+  out.locals.resize(static_cast<std::size_t>(world));
+  std::mutex m;
+  spawn(world, [&](Communicator& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 40, 8});
+    const parallel::FlatLayout flat = parallel::flat_layout(*model);
+    auto s = parallel::make_strategy(strategy, comm, flat, initial_params(flat, wholes[r]), spec_of("adam"), options);
+    load_optimizer_state(*s, wholes[r], local_prefix(comm.rank()));
+    parallel::LocalState local = checkpoint::local_state(wholes[r], comm.rank(), at, numbers[r]);
+    local.survivor = true;
+    s->resume(at, &local);
+    train_steps(comm, *model, *s, at, steps);
+    std::vector<float> params = s->gather_params();
+    const std::optional<parallel::LocalState> end = s->local_state();
+    std::lock_guard lock(m);
+    if (comm.rank() == 0) out.params = std::move(params);
+    out.locals[r] = *end;
+  });
+  return out;
+}
+
+std::vector<float>& tensor(parallel::LocalState& st, const std::string& name) {
+  for (auto& [n, values] : st.tensors)
+    if (n == name) return values;
+  throw InvalidInput("no tensor " + name);
+}
+
+}  // namespace
+
+TEST(GossipSurvivors, TheirStatesResumedAtTheSameWorldAreTheUninterruptedRun) {
+  // Where no round is in flight and the weights are 1 (local SGD between
+  // averages, DiLoCo mid-cycle), a survivor's state is all of it: model,
+  // optimizer state, the outer state and the carried error, in the model's
+  // flat layout.
+  for (const GossipCase& c : gossip_cases()) {
+    if (c.name != "slowmo-localsgd" && !c.name.starts_with("diloco")) continue;
+    if (c.name.starts_with("diloco-streaming")) continue;  // (an average in flight at 8, which a survivor drops)
+    for (const int world : {3, 4}) {
+      SCOPED_TRACE(c.name + " at " + std::to_string(world));
+      const GossipRun straight = gossip_run(world, c.strategy, c.options, 0, 14, nullptr);
+      const GossipRun survivors = survivors_run(world, c.strategy, c.options, 8, 6, [](int, parallel::LocalState&) {});
+      EXPECT_TRUE(same_bits(survivors.params, straight.params));
+      EXPECT_TRUE(same_locals(survivors.locals, straight.locals));
+    }
+  }
+}
+
+TEST(GossipSurvivors, OneBehindAnOuterStepTakesTheSharedStateOfTheOneAhead) {
+  // After the outer step of step 5 every replica is the synced model. Rank
+  // 1's state is made that of a rank whose sync failed (one outer step
+  // fewer, another synced model, outer state and model): the survivors'
+  // agreement gives it rank 0's, and the run goes on as the uninterrupted one.
+  parallel::GossipOptions diloco;
+  diloco.sync_every = 5;
+  parallel::GossipOptions slowmo;
+  slowmo.localsgd_frequency = 3;
+  slowmo.slowmo_frequency = 5;
+  for (const auto& [strategy, g, counter, shared] :
+       {std::tuple{"diloco", diloco, "diloco_applied", std::vector<std::string>{"diloco_start", "outer.0.momentum_buffer"}},
+        std::tuple{"slowmo", slowmo, "slowmo_outer", std::vector<std::string>{"slow_x", "slow_u"}}}) {
+    SCOPED_TRACE(strategy);
+    const GossipRun straight = gossip_run(3, strategy, g, 0, 11, nullptr);
+    const auto behind = [&](int rank, parallel::LocalState& st) {
+      if (rank != 1) return;
+      tensor(st, counter)[0] -= 1;
+      for (const std::string& name : shared)
+        for (float& v : tensor(st, name)) v += 0.25f;
+      for (float& v : tensor(st, "x")) v -= 0.5f;
+    };
+    const GossipRun survivors = survivors_run(3, strategy, g, 5, 6, behind);
+    EXPECT_TRUE(same_bits(survivors.params, straight.params));
+    EXPECT_TRUE(same_locals(survivors.locals, straight.locals));
+    // Without the agreement (every rank tampered alike: no one is ahead), the run differs.
+    const GossipRun all = survivors_run(3, strategy, g, 5, 6, [&](int, parallel::LocalState& st) { behind(1, st); });
+    EXPECT_FALSE(same_bits(all.params, straight.params));
+  }
 }

@@ -183,6 +183,49 @@ Loaded capture(parallel::Strategy& strategy, const RunInfo& run, const RunParts&
   return out;
 }
 
+Loaded capture_survivor(parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts,
+                        const parallel::LocalState& local, int rank, int world) {
+  std::span<const float> averaged;
+  if (parts.averaged != nullptr && parts.averaged->n_averaged() > 0) averaged = parts.averaged->params();
+  PieceSet set = survivor_pieces(strategy, rank, local, averaged);
+  std::vector<Piece> pieces;
+  for (Piece& p : set.copies()) pieces.push_back(std::move(p));
+  RunState st = state_of(parts);
+  st.gossip = RunState::Gossip{run.strategy, world, run.gossip,
+                               std::vector<RunState::Gossip::Rank>(static_cast<std::size_t>(world), {local.steps, local.scalars}),
+                               /*survivors=*/true};
+  Loaded out;
+  out.step = local.steps;
+  out.config = run.config;
+  out.state = run_state_json(st);
+  out.wholes = assemble(pieces);
+  return out;
+}
+
+bool is_survivors_state(const Loaded& state) {
+  const RunState st = parse_run_state(state.state);
+  return st.gossip && st.gossip->survivors;
+}
+
+void rebase_survivor(Loaded& state, int rank, int world, std::uint64_t step, std::string_view run_state) {
+  const RunState mine = parse_run_state(state.state);
+  DISTOPT_CHECK(mine.gossip && mine.gossip->survivors && !mine.gossip->ranks.empty(), "not a survivor's state");
+  RunState out = parse_run_state(run_state);
+  RunState::Gossip::Rank me = mine.gossip->ranks[0];
+  me.steps = step;
+  out.gossip = mine.gossip;
+  out.gossip->world = world;
+  out.gossip->ranks.assign(static_cast<std::size_t>(world), me);
+  std::map<std::string, Whole> wholes;
+  for (auto& [name, w] : state.wholes) {
+    const std::size_t dot = name.rfind("gossip.", 0) == 0 ? name.find('.', 7) : std::string::npos;
+    wholes.emplace(dot == std::string::npos ? name : local_prefix(rank) + name.substr(dot + 1), std::move(w));
+  }
+  state.wholes = std::move(wholes);
+  state.state = run_state_json(out);
+  state.step = step;
+}
+
 namespace {
 
 // Little-endian 64-bit sizes, then the bytes they count.
@@ -299,7 +342,8 @@ std::string resume(Communicator& comm, parallel::Strategy& strategy, const Loade
     const auto me = static_cast<std::size_t>(comm.rank());
     if (me >= st.gossip->ranks.size()) throw InvalidInput(str("checkpoint manifest: no gossip state for rank ", comm.rank()));
     const RunState::Gossip::Rank& r = st.gossip->ranks[me];
-    const parallel::LocalState local = local_state(from.wholes, comm.rank(), r.steps, r.numbers);
+    parallel::LocalState local = local_state(from.wholes, comm.rank(), r.steps, r.numbers);
+    local.survivor = st.gossip->survivors;
     strategy.resume(local.steps, &local);
   } else {
     strategy.resume(from.step, nullptr);

@@ -197,6 +197,7 @@ std::string run_state_json(const RunState& s) {
     if (s.gossip->options) g["options"] = gossip_options_json(*s.gossip->options);
     g["ranks"] = OJson::array();
     for (const RunState::Gossip::Rank& r : s.gossip->ranks) g["ranks"].push_back({{"steps", r.steps}, {"numbers", r.numbers}});
+    if (s.gossip->survivors) g["survivors"] = true;
     j["gossip"] = g;
   }
   return j.dump();
@@ -241,6 +242,11 @@ RunState parse_run_state(std::string_view text) {
                        ? world.get<int>()
                        : 0;
     gossip.options = gossip_options(member(g, "options"));
+    if (g.contains("survivors")) {
+      const Json& v = member(g, "survivors");
+      if (!v.is_boolean()) malformed("a malformed gossip state");
+      gossip.survivors = v.get<bool>();
+    }
     for (const Json& r : ranks) {
       const Json &steps = member(r, "steps"), &numbers = member(r, "numbers");
       if (!steps.is_number_unsigned() || !numbers.is_array())

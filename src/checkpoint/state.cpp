@@ -68,10 +68,9 @@ void whole_pieces(const parallel::ShardLayout& layout, std::span<const float> pa
   }
 }
 
-// A gossip rank's optimizer state, whole, under its local prefix; and the
-// ranks' mean of it put into `dict`, for the consensus tensors (a step
-// count as a float, as every checkpoint keeps it).
-void local_state_pieces(parallel::Strategy& s, int rank, StateDict& dict, PieceSet& out) {
+// A gossip rank's optimizer state, whole, under its local prefix (no
+// communication); the values packed in dict's order.
+std::vector<float> add_local_state(parallel::Strategy& s, int rank, const StateDict& dict, PieceSet& out) {
   const auto index = slot_index(s.layout());
   const Optimizer& opt = s.optimizer();
   std::vector<float> packed;
@@ -89,7 +88,14 @@ void local_state_pieces(parallel::Strategy& s, int rank, StateDict& dict, PieceS
       }
     }
   }
-  const std::vector<float> mean = s.mean_over_ranks(packed);
+  return packed;
+}
+
+// A gossip rank's optimizer state, whole, under its local prefix; and the
+// ranks' mean of it put into `dict`, for the consensus tensors (a step
+// count as a float, as every checkpoint keeps it).
+void local_state_pieces(parallel::Strategy& s, int rank, StateDict& dict, PieceSet& out) {
+  const std::vector<float> mean = s.mean_over_ranks(add_local_state(s, rank, dict, out));
   std::size_t at = 0;
   for (auto& [i, entries] : dict.state)
     for (auto& [key, value] : entries) {
@@ -312,6 +318,19 @@ parallel::LocalState local_state(const std::map<std::string, Whole>& wholes, int
   }
   if (st.tensors.empty()) throw InvalidInput(str("the checkpoint has no gossip state of rank ", rank));
   return st;
+}
+
+PieceSet survivor_pieces(parallel::Strategy& s, int rank, const parallel::LocalState& state,
+                         std::span<const float> averaged) {
+  PieceSet out;
+  for (const auto& [name, values] : state.tensors)
+    if (name == "x")  // (in the model's flat layout)
+      for (const ParamSlot& slot : s.layout().params())
+        out.view("param." + slot.name, slot.shape, 0, std::span<const float>(values).subspan(slot.offset, slot.numel()));
+  add_local_state(s, rank, s.optimizer().state_dict(), out);
+  if (!averaged.empty()) whole_pieces(s.layout(), averaged, local_prefix(rank) + "avg.", out);
+  out.append(local_pieces(state, rank));
+  return out;
 }
 
 }  // namespace distopt::checkpoint

@@ -150,6 +150,17 @@ class DirStore final : public gloo::rendezvous::Store {
 
 std::vector<char> bytes_of(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
 
+// A small value of the store, or "" where there is none (yet).
+std::string read_or_empty(const DirStore& store, const std::string& key) {
+  try {
+    if (!store.has(key)) return {};
+    const std::vector<char> b = store.read(key);
+    return std::string(b.begin(), b.end());
+  } catch (const CommError&) {
+    return {};  // renamed over meanwhile
+  }
+}
+
 // What every communicator of a process's world shares.
 struct Shared {
   Shared(std::string dir, milliseconds timeout, Elastic e, int first)
@@ -164,6 +175,10 @@ struct Shared {
   std::uint64_t splits = 0;  // communicators made by split, for their rendezvous names
   int next_join = 0;         // the first join request not yet answered ("join/<k>")
   int next_id = 0;           // the first rank number (as first numbered) not yet given
+  // Rank 0 marks "joins-seen" while requests wait (a join waits as long as
+  // the run sees it: diloco admits only at the end of an outer cycle).
+  std::uint64_t joins_seen = 0;
+  Clock::time_point joins_seen_at{};
 
   // The heartbeat.
   std::mutex beat_m;
@@ -433,6 +448,14 @@ class GlooComm final : public Communicator {
     int n = 0;
     for (int k = sh.next_join; sh.store.has(str("join/", k)); ++k)
       if (!sh.store.has(str("joined/", k))) ++n;  // not withdrawn
+    if (n > 0 && Clock::now() - sh.joins_seen_at > kBeat) {
+      try {
+        sh.store.set("joins-seen", bytes_of(std::to_string(++sh.joins_seen)));
+      } catch (const CommError&) {
+        // (a full disk: the joining process will withdraw at its time-out)
+      }
+      sh.joins_seen_at = Clock::now();
+    }
     return n;
   }
 
@@ -753,7 +776,8 @@ class World final : public GlooWorld {
 
   // Asks to join ("join/<k>", the first k free) and waits for the answer
   // ("joined/<k>": the epoch and this process's rank number), withdrawing
-  // the request past the time-out; then connects to the grown group.
+  // the request once the run has not seen it for the time-out ("joins-seen"
+  // unchanged); then connects to the grown group.
   void join(const GlooOptions& o, const std::string& owner) {
     Shared& sh = *shared_;
     if (!sh.store.has("rank/0"))
@@ -761,8 +785,13 @@ class World final : public GlooWorld {
     int k = 0;
     while (!sh.store.create_once(str("join/", k), bytes_of(owner))) ++k;
     const std::string answer = str("joined/", k);
-    const auto start = Clock::now();
-    while (!sh.store.has(answer)) {
+    auto start = Clock::now();
+    std::string seen = read_or_empty(sh.store, "joins-seen");
+    for (int polls = 0; !sh.store.has(answer); ++polls) {
+      if (polls % 20 == 19) {  // every 0.1 s: the run saw the request again
+        std::string now = read_or_empty(sh.store, "joins-seen");
+        if (now != seen) seen = std::move(now), start = Clock::now();
+      }
       const bool ended = sh.store.has("closed");
       if ((ended || Clock::now() - start > o.timeout) && sh.store.create_once(answer, bytes_of("withdrawn"))) {
         if (ended) throw CommError(str("--join ", o.rendezvous, ": the run ended before it admitted this process"));

@@ -214,6 +214,10 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
     });
     strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
   }
+  if (config.on_rank_failure == TrainConfig::OnRankFailure::go_on && strategy->info().per_rank_models &&
+      !strategy->survivor_state())
+    throw InvalidInput(str("--on-rank-failure continue: --strategy ", config.strategy,
+                           " has no state of its own to go on from without a lost rank"));
   Optimizer& optimizer = strategy->optimizer();
   std::unique_ptr<Scheduler> scheduler;
   if (config.scheduler) scheduler = make_scheduler(optimizer, *config.scheduler);
@@ -336,6 +340,16 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   };
   if (config.max_steps != 0 && start_step >= config.max_steps) stop = true;
   bool applied = false;  // the step in progress has updated the parameters
+  // What follows a step's update: the scaler's, the EMA's and the
+  // scheduler's steps.
+  const auto after_update = [&] {
+    if (scaler) {
+      scaler->update();
+      if (!stepped) ++result.skipped_steps;
+    }
+    if (config.ema_decay) averaged->update(strategy->own_params());
+    if (step_scheduler_per_batch && !swa_scheduler) scheduler->step();
+  };
   Clock::time_point last_step_end = Clock::now();
   try {
     for (int epoch = first_epoch; epoch <= config.epochs && !stop; ++epoch) {
@@ -372,13 +386,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         stepped = true;
         strategy->step(update);
         applied = true;
-        if (scaler) {
-          scaler->update();
-          if (!stepped) ++result.skipped_steps;
-        }
-        if (config.ema_decay) averaged->update(strategy->own_params());
-        const bool main_scheduler_active = !swa_scheduler;
-        if (step_scheduler_per_batch && main_scheduler_active) scheduler->step();
+        after_update();
         gather->wait();
         gather.reset();
         double loss_sum = 0, count = 0, stop_request = 0, joins = 0;
@@ -464,11 +472,16 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         }
         // Processes wait to join: the world grows between this step and the
         // next (not after an epoch's last step: its end-of-epoch work first).
-        if (joins > 0 && k + 1 < per_epoch) {
+        if (joins > 0 && k + 1 < per_epoch && strategy->admits_new_ranks()) {
           Survivable out{std::nullopt, str("admitting ", joins, " new rank(s)"), last_step_end, result.steps, {}};
           out.joins = static_cast<int>(joins);
+          const std::optional<parallel::LocalState> local = strategy->survivor_state();
           if (strategy->info().replicated_params && !strategy->info().per_rank_models) {
             out.state = checkpoint::capture(*strategy, run, parts(), result.steps);
+          } else if (local) {
+            // Gossip ranks go on from their own models (the new ones from
+            // rank 0's), as after a loss, but with nothing lost.
+            out.state = checkpoint::capture_survivor(*strategy, run, parts(), *local, comm.rank(), comm.size());
           } else if (last_saved != result.steps) {
             save(epoch);  // the new ranks read their shards from it
             last_saved = result.steps;
@@ -587,14 +600,24 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
     // Every survivor is in the same collective (the first the lost rank
     // missed), so they agree on the step: one that updated the parameters
     // counts as done (its loss is not known).
-    const std::size_t done = result.steps + (applied ? 1 : 0);
+    std::size_t done = result.steps + (applied ? 1 : 0);
+    const parallel::StrategyInfo& info = strategy->info();
+    // A gossip survivor goes on from its own model (adpsgd has none).
+    const std::optional<parallel::LocalState> local = strategy->survivor_state();
+    if (local && local->steps > done) {
+      // Its update was applied and its mixing failed: the step counts as
+      // done, and what follows an update follows it.
+      after_update();
+      done = local->steps;
+    }
     Survivable out{std::nullopt, e.what(), last_step_end, done, {}};
     add_counts(out.counts, result);
-    if (strategy->info().replicated_params && !strategy->info().per_rank_models) {
+    if (info.replicated_params && !info.per_rank_models) {
       out.state = checkpoint::capture(*strategy, run, parts(), done);
+    } else if (local) {
+      out.state = checkpoint::capture_survivor(*strategy, run, parts(), *local, comm.rank(), comm.size());
     } else if (config.checkpoint_dir.empty()) {
-      // A sharded strategy: the lost rank held the only copy of its shard;
-      // a gossip one: it held a model of its own.
+      // A sharded strategy: the lost rank held the only copy of its shard.
       throw InvalidInput(str("--strategy ", config.strategy, ": a rank was lost and there is no checkpoint to go back to"));
     }
     throw out;
@@ -662,7 +685,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           now->broadcast(bytes.data(), n, ElemType::u8, src);
           if (take) lost.state = checkpoint::from_bytes(bytes);
         };
-        if (lost.joins != 0 && replicated) {
+        if (lost.joins != 0 && (replicated || info.per_rank_models)) {
           share(0, !lost.state);  // the new ranks take rank 0's state; the others have their own
         } else if (!lost.state) {
           // Back to the last complete checkpoint, read once every survivor
@@ -698,6 +721,19 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         for (int r = 0; r < now->size(); ++r) behind = behind || all[2 * static_cast<std::size_t>(r)] != most;
         if (behind && replicated) {
           share(src, from != most);
+        } else if (checkpoint::is_survivors_state(*lost.state)) {
+          // Gossip survivors: each goes on from its own model, in step
+          // with the one ahead, whose run state (schedulers, scaler) all take.
+          std::string run_state = lost.state->state;
+          if (behind) {
+            std::uint64_t n = run_state.size();
+            now->broadcast(&n, 1, ElemType::i64, src);
+            run_state.resize(n);
+            now->broadcast(run_state.data(), n, ElemType::u8, src);
+          }
+          checkpoint::rebase_survivor(*lost.state, now->rank(), now->size(), static_cast<std::uint64_t>(most), run_state);
+        }
+        if (behind) {
           from = most;
           for (int r = 0; r < now->size(); ++r) all[2 * static_cast<std::size_t>(r)] = most;
         }

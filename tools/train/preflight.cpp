@@ -334,14 +334,19 @@ void prepare(TrainArgs& a) {
     if (a.config.strategy == "adpsgd")
       throw InvalidInput("--on-rank-failure continue: --strategy adpsgd (asynchronous pairs) cannot go on without a "
                          "lost rank; ddp, zero1-3, the other gossip strategies and diloco can");
-    if (s.per_rank_models && a.config.checkpoint_dir.empty())
-      throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy,
-                             " needs --checkpoint-dir: each rank trains a model of its own, so the survivors go back "
-                             "to the last checkpoint and go on from its mean model"));
     if (!s.replicated_params && a.config.checkpoint_dir.empty())
       throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy,
                              " needs --checkpoint-dir: a lost rank holds the only copy of its shard, so the survivors "
                              "go back to the last checkpoint"));
+    // Gossip survivors re-form their graph at world n - 1.
+    const std::string_view topology =
+        a.config.parallel.gossip.topology.empty() ? s.topology : std::string_view(a.config.parallel.gossip.topology);
+    if (s.per_rank_models && !topology.empty() && a.world > 2) try {
+        gossip::Topology(topology, a.world - 1, a.config.parallel.gossip.peers_per_iteration);
+      } catch (const InvalidInput& e) {
+        throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy, ": the ", a.world - 1,
+                               " survivors of a lost rank could not gossip (", e.what(), "); choose another --topology"));
+      }
     a.config.on_rank_failure = train::TrainConfig::OnRankFailure::go_on;
   }
   if (a.on_nonfinite == "warn") a.config.on_nonfinite = train::TrainConfig::OnNonFinite::warn;

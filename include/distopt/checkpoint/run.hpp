@@ -87,6 +87,20 @@ Loaded load_latest(const std::filesystem::path& root);
 // ranks do not each hold the whole (zero1-3, gossip).
 Loaded capture(parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts, std::uint64_t step);
 
+// A gossip rank's own state after a collective of its world failed
+// (`local`, its Strategy::survivor_state(); no communication), as a
+// checkpoint of local.steps kept in memory for rank `rank` of a run of
+// `world` ranks: what the survivors go on from, each its own
+// (docs/reliability.md, "Survivors").
+Loaded capture_survivor(parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts,
+                        const parallel::LocalState& local, int rank, int world);
+// A survivor's state (capture_survivor) made rank `rank`'s of `world`
+// ranks after `step` steps, with the run's state (schedulers, scaler,
+// groups) of `run_state` (another survivor's, when it was ahead).
+void rebase_survivor(Loaded& state, int rank, int world, std::uint64_t step, std::string_view run_state);
+// Whether `state` is a survivor's (capture_survivor).
+bool is_survivors_state(const Loaded& state);
+
 // A state kept in memory (capture) as bytes, to send to a rank that joins
 // a run, and back. from_bytes checks every size against the bytes before
 // allocating; InvalidInput names what is malformed.

@@ -44,6 +44,9 @@ struct RunState {
       std::vector<double> numbers;
     };
     std::vector<Rank> ranks;
+    // The state of survivors of a lost rank, kept in memory
+    // (LocalState::survivor): never in a checkpoint on disk.
+    bool survivors = false;
   };
   std::optional<Gossip> gossip;
 };

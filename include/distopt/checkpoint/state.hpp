@@ -41,6 +41,12 @@ std::string local_prefix(int rank);
 PieceSet local_pieces(const parallel::LocalState& state, int rank);
 parallel::LocalState local_state(const std::map<std::string, Whole>& wholes, int rank, std::uint64_t steps,
                                  std::vector<double> scalars);
+// A survivor's own state, without communication (Strategy::survivor_state):
+// its model (the tensor "x") whole as the parameters, and under
+// local_prefix(rank) its optimizer state, `averaged` (SWA/EMA; none when
+// empty) and the LocalState's tensors. Views of `state` and `averaged`.
+PieceSet survivor_pieces(parallel::Strategy& strategy, int rank, const parallel::LocalState& state,
+                         std::span<const float> averaged);
 
 // Values shaped like the strategy's own_params() (SWA/EMA averages) as
 // pieces named PREFIX<param name>, cut like the parameters (gossip: their

@@ -182,6 +182,11 @@ struct LocalState {
   std::uint64_t steps = 0;
   std::vector<double> scalars;
   std::vector<std::pair<std::string, std::vector<float>>> tensors;
+  // A survivor's state (Strategy::survivor_state): nothing in flight,
+  // model-sized tensors in the model's flat layout (the padded one depends
+  // on the world size), and what the ranks share agreed again when it is
+  // resumed.
+  bool survivor = false;
 };
 
 // What a step runs on the combined gradient in place of opt.step(): it may
@@ -204,6 +209,9 @@ struct StrategyInfo {
   // the rank's own, evaluation runs on the ranks' average, checkpoints keep
   // every rank's own state (Strategy::local_state), and GossipOptions apply.
   bool per_rank_models = false;
+  // The gossip graph without --topology (gossip::Topology's name); empty:
+  // none (adpsgd pairs ranks itself, diloco averages exactly).
+  std::string_view topology = {};
   // Runs whole_tensor rules exactly only through RuleInfo::whole (gathering
   // each tensor's pieces); false: every rule's tensors are whole on the rank.
   bool whole_tensor_needs_gather = false;
@@ -346,6 +354,20 @@ class Strategy {
   // and adpsgd's allowed rounds completed; the run goes on unchanged).
   // Others: none.
   virtual std::optional<LocalState> local_state() { return std::nullopt; }
+  // Gossip strategies that can go on without a lost rank (all but
+  // adpsgd), after a collective failed: this rank's LocalState without
+  // communication (docs/reliability.md, "Survivors"). Rounds in flight are
+  // dropped; x is the de-biased model with weight 1, so the survivors'
+  // average is their models' average; SlowMo's and DiLoCo's shared state
+  // carries how many outer steps it has taken, so that resume() can give
+  // every survivor the state of the one that took the most (a collective
+  // that failed may have completed on some ranks only). Others: none.
+  virtual std::optional<LocalState> survivor_state() { return std::nullopt; }
+  // Whether new ranks may join after the step just taken (they take rank
+  // 0's state): diloco admits them only at the end of an outer cycle (every
+  // H steps), where every replica restarts from the synced model; the
+  // others at any step.
+  virtual bool admits_new_ranks() { return true; }
   // Gossip strategies, right after construction: go on as a run after
   // `steps` steps, from `saved` (this rank's local_state() in a run of the
   // same strategy, world size and gossip options, the strategy made with
@@ -353,7 +375,8 @@ class Strategy {
   // parameters and optimizer state it was made with, every rank alike
   // (weight 1, nothing in flight, SlowMo's momentum zero, DiLoCo's synced
   // model the current one and its outer state fresh). Others: nothing
-  // to do. InvalidInput when `saved` does not fit.
+  // to do. InvalidInput when `saved` does not fit. With a survivor's
+  // state, collective: the survivors agree on their shared state.
   virtual void resume(std::uint64_t /*steps*/, const LocalState* /*saved*/) {}
 };
 

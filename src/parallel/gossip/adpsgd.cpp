@@ -14,7 +14,7 @@ namespace {
 
 class Adpsgd final : public GossipCore {
  public:
-  explicit Adpsgd(const StrategyArgs& a) : GossipCore(a, /*default_topology=*/{}) {
+  explicit Adpsgd(const StrategyArgs& a) : GossipCore(a) {
     z_ = x_;
     if (comm_.size() > 1) {
       pair_comm_ = comm_.split(0, comm_.rank());
@@ -33,6 +33,9 @@ class Adpsgd final : public GossipCore {
   std::uint64_t bytes_sent() const override {
     return GossipCore::bytes_sent() + (pairwise_ ? pairwise_->bytes_sent() : 0);
   }
+
+  // Pairs average at any time: no step at which the survivors' models stand.
+  std::optional<LocalState> survivor_state() override { return std::nullopt; }
 
   void resume(std::uint64_t steps, const LocalState* saved) override {
     GossipCore::resume(steps, saved);

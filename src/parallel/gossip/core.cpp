@@ -59,8 +59,8 @@ std::string gossip_misfit(std::string_view strategy, std::string_view flag, bool
   return {};
 }
 
-GossipCore::GossipCore(const StrategyArgs& a, std::string_view default_topology)
-    : StrategyCore(a), options_(a.options.gossip) {
+GossipCore::GossipCore(const StrategyArgs& a) : StrategyCore(a), options_(a.options.gossip) {
+  const std::string_view default_topology = a.info.topology;
   Communicator& comm = a.comm;
   const FlatLayout& flat = a.layout;
   const InitialParams& initial = a.initial;
@@ -139,6 +139,7 @@ void GossipCore::step(const UpdateFn& update) {
       optimizer_->step();
   }
   ++steps_;
+  z_valid_ = false;  // (also if mix() fails: a survivor's model is x / w)
   mix();
   z_valid_ = false;
 }
@@ -211,13 +212,52 @@ std::optional<LocalState> GossipCore::local_state() {
   return st;
 }
 
+// The layout of local_state() with weight 1 and no round in flight: x is
+// the de-biased model. A push-sum round that failed halfway scaled x and w
+// alike (PushSum::start) and added nothing, so x / w is this rank's model
+// with or without the round. (The cached z may predate the step's update.)
+std::optional<LocalState> GossipCore::survivor_state() {
+  LocalState st;
+  st.survivor = true;
+  st.steps = steps_;
+  st.scalars.push_back(1.0);
+  std::vector<float> z(x_);
+  if (w_ != 1.0) {
+    const auto inv = static_cast<float>(1.0 / w_);
+    for (float& v : z) v *= inv;
+  }
+  st.tensors.emplace_back("x", std::move(z));
+  survivor_tensors(st);
+  // The padded layout depends on the world size, which changes: model-sized
+  // tensors go in the model's flat layout.
+  for (auto& [name, values] : st.tensors)
+    if (values.size() == x_.size()) values = to_flat(values);
+  for (std::size_t p = 0; p < gossipers().size(); ++p) {
+    st.scalars.push_back(static_cast<double>(steps_));
+    st.scalars.push_back(0.0);
+  }
+  return st;
+}
+
 void GossipCore::resume(std::uint64_t steps, const LocalState* saved) {
   steps_ = steps;
   if (saved == nullptr) {
     for (gossip::PushSum* g : gossipers()) g->set_iteration(steps);
     start_fresh();
+  } else if (saved->survivor) {
+    LocalState padded = *saved;  // (model-sized tensors flat: survivor_state)
+    for (auto& [name, values] : padded.tensors)
+      if (values.size() == layout_.model_elements() && !name.starts_with("outer.")) values = to_padded(values);
+    load_local(padded);
   } else {
     load_local(*saved);
+  }
+  if (saved != nullptr && saved->survivor) {
+    // The survivors go on in step (`steps` is the count they agreed on;
+    // a rank whose last collective failed where another's completed is
+    // one behind) and with the same gossip schedule.
+    for (gossip::PushSum* g : gossipers()) g->set_iteration(steps);
+    agree_survivors();
   }
   z_valid_ = false;
 }
@@ -231,6 +271,22 @@ std::span<const float> GossipCore::model_values() {
     z_valid_ = true;
   }
   return z_;
+}
+
+std::vector<float> GossipCore::to_flat(std::span<const float> padded) const {
+  std::vector<float> out(layout_.model_elements());
+  for (const auto& u : layout_.units())
+    std::copy_n(padded.begin() + static_cast<std::ptrdiff_t>(u.padded_offset), u.size(),
+                out.begin() + static_cast<std::ptrdiff_t>(u.begin));
+  return out;
+}
+
+std::vector<float> GossipCore::to_padded(std::span<const float> flat) const {
+  std::vector<float> out(x_.size(), 0.0f);
+  for (const auto& u : layout_.units())
+    std::copy_n(flat.begin() + static_cast<std::ptrdiff_t>(u.begin), u.size(),
+                out.begin() + static_cast<std::ptrdiff_t>(u.padded_offset));
+  return out;
 }
 
 gossip::PushSum& GossipCore::add_push_sum(int tag) {
@@ -253,10 +309,14 @@ std::vector<float> GossipCore::average(std::span<const float> values) {
   return out;
 }
 
-const std::vector<float>& GossipCore::saved_tensor(const LocalState& st, const std::string& name) const {
+const std::vector<float>& GossipCore::saved_tensor(const LocalState& st, const std::string& name,
+                                                  std::size_t size) const {
   for (const auto& [n, v] : st.tensors)
     if (n == name) {
-      if (name.rfind("pushsum", 0) != 0 && v.size() != x_.size())
+      if (size != 0 && v.size() != size)
+        throw InvalidInput(str("the saved ", info_.name, " state of rank ", comm_.rank(), ": ", name, " has ",
+                               v.size(), " elements, not ", size));
+      if (size == 0 && name.rfind("pushsum", 0) != 0 && v.size() != x_.size())
         throw InvalidInput(str("the saved ", info_.name, " state of rank ", comm_.rank(), ": ", name, " has ",
                                v.size(), " elements, this run's model ", x_.size()));
       return v;

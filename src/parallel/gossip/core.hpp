@@ -59,15 +59,16 @@ class GossipCore : public StrategyCore {
   std::vector<float> mean_over_ranks(std::span<const float> values) final { return average(values); }
   double consensus_distance() final;
   std::optional<LocalState> local_state() final;
+  std::optional<LocalState> survivor_state() override;
   void resume(std::uint64_t steps, const LocalState* saved) override;
 
   // The checks a policy adds to check_gossip_options(); none by default.
   static void check_policy_options(const GossipOptions&) {}
 
  protected:
-  // `default_topology` is the graph without --topology; empty: the policy
-  // has none (adpsgd pairs ranks by gossip::pairwise_partner).
-  GossipCore(const StrategyArgs& a, std::string_view default_topology);
+  // The graph is --topology, or without it the registry entry's
+  // StrategyInfo::topology; none when that is empty.
+  explicit GossipCore(const StrategyArgs& a);
 
   // ---- the policy's hooks ----
   // Before the update, after the gradient is the rank's own (dpsgd: x <- W x).
@@ -82,6 +83,11 @@ class GossipCore : public StrategyCore {
   // LocalState's tensors after x (local_state()'s, then resume()'s order).
   virtual void save_tensors(LocalState&) {}
   virtual void load_tensors(const LocalState&) {}
+  // A survivor's tensors after x (survivor_state(), without communication;
+  // load_tensors reads them back with LocalState::survivor set), and the
+  // survivors' agreement on what they share once resumed (collective).
+  virtual void survivor_tensors(LocalState&) {}
+  virtual void agree_survivors() {}
   // resume() without a saved state, after the gossipers' iterations are set.
   virtual void start_fresh() {}
   // Bytes beyond x, z and the gradients and optimizer state.
@@ -97,9 +103,10 @@ class GossipCore : public StrategyCore {
   void set_x(std::span<const float> values);
   // The mean over ranks of padded values (rank-ordered sum, then / n).
   std::vector<float> average(std::span<const float> values);
-  // A saved tensor of `st` by name (model-sized unless a push-sum share);
-  // InvalidInput naming the strategy and rank otherwise.
-  const std::vector<float>& saved_tensor(const LocalState& st, const std::string& name) const;
+  // A saved tensor of `st` by name, model-sized (a push-sum share: any
+  // size) or of `size` elements when given; InvalidInput naming the
+  // strategy and rank otherwise.
+  const std::vector<float>& saved_tensor(const LocalState& st, const std::string& name, std::size_t size = 0) const;
 
   GossipOptions options_;
   std::optional<gossip::Topology> topology_;  // none for adpsgd
@@ -119,6 +126,10 @@ class GossipCore : public StrategyCore {
   std::vector<gossip::PushSum*> gossipers();
   // resume() from a LocalState of local_state()'s layout.
   void load_local(const LocalState& st);
+  // Model-sized values from the padded layout (which depends on the world
+  // size) to the model's flat one, and back (padding zero).
+  std::vector<float> to_flat(std::span<const float> padded) const;
+  std::vector<float> to_padded(std::span<const float> flat) const;
 };
 
 // The options every gossip strategy checks (the parameter dtype, the ranges

@@ -40,7 +40,7 @@ std::size_t elements(const Optimizer::StateView& v) { return static_cast<std::si
 
 class Diloco final : public GossipCore {
  public:
-  explicit Diloco(const StrategyArgs& a) : GossipCore(a, /*default_topology=*/"") {
+  explicit Diloco(const StrategyArgs& a) : GossipCore(a) {
     gossip::parse_wire_dtype(options_.outer_dtype, &wire_);  // checked in check_policy_options
     start_ = x_;
     delta_.assign(x_.size(), 0.0f);
@@ -92,6 +92,8 @@ class Diloco final : public GossipCore {
       }
   }
 
+  bool admits_new_ranks() override { return steps_ % static_cast<std::uint64_t>(options_.sync_every) == 0; }
+
   std::uint64_t bytes_sent() const override {
     return GossipCore::bytes_sent() + (sync_comm_ ? sync_comm_->bytes_sent() : 0);
   }
@@ -140,6 +142,7 @@ class Diloco final : public GossipCore {
     bool in_flight = false;  // started, not applied
     std::uint64_t apply_at = 0;  // while in flight: the step that applies it
     bool landed = false;     // values holds the average
+    std::uint64_t applied = 0;  // outer steps since the strategy was made (survivors compare them)
   };
 
   // A fragment's outer optimizer over its parameters (muon's companion
@@ -241,6 +244,7 @@ class Diloco final : public GossipCore {
     }
     f.in_flight = false;
     f.landed = false;
+    ++f.applied;
   }
 
   // In place: the outer optimizers' views point into start_.
@@ -254,6 +258,66 @@ class Diloco final : public GossipCore {
   // fragments in order) and the average of each fragment in flight
   // ("diloco_flight.<p>", waited for here).
   void save_tensors(LocalState& st) override {
+    save_synced(st);
+    for (std::size_t p = 0; p < fragments_.size(); ++p)
+      if (fragments_[p].in_flight) {
+        land(fragments_[p]);
+        st.tensors.emplace_back(str("diloco_flight.", p), fragments_[p].values);
+      }
+  }
+  // A survivor drops the averages in flight (the ranks that started them
+  // are not all there): the fragment's next sync measures its
+  // pseudo-gradient from the theta_sync it still has, so the lost average's
+  // change is carried into it.
+  void survivor_tensors(LocalState& st) override {
+    save_synced(st);
+    std::vector<float> applied;
+    for (const Fragment& f : fragments_) applied.push_back(static_cast<float>(f.applied));
+    st.tensors.emplace_back("diloco_applied", std::move(applied));
+  }
+  // A sync that failed may have completed on some survivors only: for each
+  // fragment, those behind take theta_sync and the outer state of the
+  // first that applied the most outer steps, and restart from it as apply()
+  // does.
+  void agree_survivors() override {
+    const std::size_t P = fragments_.size(), n = static_cast<std::size_t>(comm_.size());
+    std::vector<std::int64_t> mine(P), all(P * n);
+    for (std::size_t f = 0; f < P; ++f) mine[f] = static_cast<std::int64_t>(fragments_[f].applied);
+    comm_.all_gather(mine.data(), all.data(), P, ElemType::i64);
+    for (std::size_t p = 0; p < P; ++p) {
+      Fragment& f = fragments_[p];
+      std::int64_t most = 0;
+      int src = 0;
+      bool same = true;
+      for (std::size_t r = 0; r < n; ++r) {
+        same = same && all[r * P + p] == all[p];
+        if (all[r * P + p] > most) most = all[r * P + p], src = static_cast<int>(r);
+      }
+      if (same) continue;
+      const bool behind = mine[p] != most;
+      std::vector<float> packed(f.elements);
+      each(f, [&](std::size_t i, std::size_t k) { packed[k] = start_[i]; });
+      for (std::size_t j = 0; f.outer && j < f.outer->num_params(); ++j) {
+        if (behind && !f.outer->has_state(j)) f.outer->init_state(j);
+        for (const auto& v : f.outer->state_views(j)) packed.insert(packed.end(), v.data, v.data + elements(v));
+      }
+      comm_.broadcast(packed.data(), packed.size(), ElemType::f32, src);
+      if (!behind) continue;
+      each(f, [&](std::size_t i, std::size_t k) { start_[i] = packed[k]; });
+      std::size_t at = f.elements;
+      for (std::size_t j = 0; f.outer && j < f.outer->num_params(); ++j)
+        for (const auto& v : f.outer->state_views(j)) {
+          std::copy_n(packed.begin() + static_cast<std::ptrdiff_t>(at), elements(v), v.data);
+          at += elements(v);
+        }
+      if (f.outer) f.outer->state_written();
+      const auto alpha = static_cast<float>(options_.fragment_alpha);
+      each(f, [&](std::size_t i, std::size_t) { x_[i] = alpha == 0.0f ? start_[i] : (1.0f - alpha) * start_[i] + alpha * x_[i]; });
+      f.applied = static_cast<std::uint64_t>(most);
+    }
+  }
+  // theta_sync, the carried error and the outer optimizers' state.
+  void save_synced(LocalState& st) {
     st.tensors.emplace_back("diloco_start", start_);
     if (!error_.empty()) st.tensors.emplace_back("diloco_error", error_);
     std::size_t i = 0;
@@ -261,11 +325,6 @@ class Diloco final : public GossipCore {
       for (std::size_t j = 0; f.outer && j < f.outer->num_params(); ++j, ++i)
         for (const auto& v : f.outer->state_views(j))
           st.tensors.emplace_back(str(kOuterPrefix, i, ".", v.key), std::vector<float>(v.data, v.data + elements(v)));
-    for (std::size_t p = 0; p < fragments_.size(); ++p)
-      if (fragments_[p].in_flight) {
-        land(fragments_[p]);
-        st.tensors.emplace_back(str("diloco_flight.", p), fragments_[p].values);
-      }
   }
   void load_tensors(const LocalState& st) override {
     const std::vector<float>& start = saved_tensor(st, "diloco_start");
@@ -299,6 +358,11 @@ class Diloco final : public GossipCore {
       // The optimizer's own step counts (LAMB's bias corrections) follow
       // the loaded "step".
       f.outer->state_written();
+    }
+    if (st.survivor) {
+      const std::vector<float>& applied = saved_tensor(st, "diloco_applied", fragments_.size());
+      for (std::size_t p = 0; p < fragments_.size(); ++p) fragments_[p].applied = static_cast<std::uint64_t>(applied[p]);
+      return;  // nothing in flight
     }
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
       Fragment& f = fragments_[p];

@@ -12,7 +12,7 @@ namespace {
 
 class Dpsgd final : public GossipCore {
  public:
-  explicit Dpsgd(const StrategyArgs& a) : GossipCore(a, "bipartite-exponential") {
+  explicit Dpsgd(const StrategyArgs& a) : GossipCore(a) {
     add_push_sum();
     start_exchange();  // of x^0, during the first forward and backward
   }
@@ -60,6 +60,8 @@ class Dpsgd final : public GossipCore {
     st.tensors.emplace_back("send", send_);
   }
   void load_tensors(const LocalState& st) override { send_ = saved_tensor(st, "send"); }
+  // A survivor drops the exchange in flight: the next step takes its own x.
+  void survivor_tensors(LocalState& st) override { st.tensors.emplace_back("send", x_); }
   void add_memory(MemoryUse& m) const override { m.params += send_.size() * sizeof(float); }
 
   std::vector<float> send_;
@@ -70,6 +72,6 @@ class Dpsgd final : public GossipCore {
 constexpr const char* kHelp =
     "a whole model per rank; x <- W x - lr g(x), the exchange of x overlapping forward and backward";
 extern const StrategyInfo kDpsgd{.name = "dpsgd", .help = kHelp, .per_rank_models = true,
-                                 .option_misfit = topology_flags<false>, .make = make_gossip<Dpsgd>};
+                                 .topology = "bipartite-exponential", .option_misfit = topology_flags<false>, .make = make_gossip<Dpsgd>};
 
 }  // namespace distopt::parallel::detail

@@ -12,7 +12,7 @@ namespace {
 
 class Osgp final : public GossipCore {
  public:
-  explicit Osgp(const StrategyArgs& a) : GossipCore(a, "exponential") {
+  explicit Osgp(const StrategyArgs& a) : GossipCore(a) {
     add_push_sum();
     for (int j = 1; j <= options_.synch_freq; ++j) add_push_sum(gossip::PushSum::kTag + j);
   }
@@ -35,6 +35,6 @@ class Osgp final : public GossipCore {
 constexpr const char* kHelp =
     "sgp overlapped: a push-sum round sent after every step is added synch_freq + 1 steps later";
 extern const StrategyInfo kOsgp{.name = "osgp", .help = kHelp, .per_rank_models = true,
-                                .option_misfit = topology_flags<true>, .make = make_gossip<Osgp>};
+                                .topology = "exponential", .option_misfit = topology_flags<true>, .make = make_gossip<Osgp>};
 
 }  // namespace distopt::parallel::detail

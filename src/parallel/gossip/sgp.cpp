@@ -10,7 +10,7 @@ namespace {
 
 class Sgp final : public GossipCore {
  public:
-  explicit Sgp(const StrategyArgs& a) : GossipCore(a, "exponential") { add_push_sum(); }
+  explicit Sgp(const StrategyArgs& a) : GossipCore(a) { add_push_sum(); }
 
  private:
   void mix() override { mix_push_sum(); }
@@ -19,7 +19,7 @@ class Sgp final : public GossipCore {
 }  // namespace
 
 constexpr const char* kHelp = "a whole model per rank; a push-sum round on the topology after every step";
-extern const StrategyInfo kSgp{.name = "sgp", .help = kHelp, .per_rank_models = true,
+extern const StrategyInfo kSgp{.name = "sgp", .help = kHelp, .per_rank_models = true, .topology = "exponential",
                                .option_misfit = topology_flags<false>, .make = make_gossip<Sgp>};
 
 }  // namespace distopt::parallel::detail

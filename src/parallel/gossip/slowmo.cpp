@@ -5,6 +5,8 @@
 // momentum step, which replaces the base communication of that step:
 //   u <- beta u + (x_old - x_avg) / lr;  x_old <- x_old - alpha lr u;  x <- x_old.
 // slow_x_ is x_old, the model after the last outer step; slow_u_ is u.
+#include <algorithm>
+
 #include "core.hpp"
 
 namespace distopt::parallel::detail {
@@ -14,7 +16,7 @@ namespace {
 class Slowmo final : public GossipCore {
  public:
   explicit Slowmo(const StrategyArgs& a)
-      : GossipCore(a, "exponential"),
+      : GossipCore(a),
         sgp_base_(a.options.gossip.slowmo_base == "sgp") {
     if (sgp_base_) add_push_sum();
     slow_x_ = x_;
@@ -43,6 +45,7 @@ class Slowmo final : public GossipCore {
       }
       set_x(average(x_));
     });
+    ++outer_steps_;
     const double lr = optimizer_->lr(0);
     const double beta = options_.slowmo_momentum, alpha = options_.slowmo_lr;
     for (std::size_t i = 0; i < x_.size(); ++i) {
@@ -60,6 +63,30 @@ class Slowmo final : public GossipCore {
   void load_tensors(const LocalState& st) override {
     slow_x_ = saved_tensor(st, "slow_x");
     slow_u_ = saved_tensor(st, "slow_u");
+    if (st.survivor) outer_steps_ = static_cast<std::uint64_t>(saved_tensor(st, "slowmo_outer", 1)[0]);
+  }
+  void survivor_tensors(LocalState& st) override {
+    save_tensors(st);
+    st.tensors.emplace_back("slowmo_outer", std::vector<float>{static_cast<float>(outer_steps_)});
+  }
+  // The outer step's average may have completed on some survivors only:
+  // those behind take the outer state of the first that took the most
+  // outer steps, and its model, as the outer step ends.
+  void agree_survivors() override {
+    const auto n = static_cast<std::size_t>(comm_.size());
+    const auto mine = static_cast<std::int64_t>(outer_steps_);
+    std::vector<std::int64_t> all(n);
+    comm_.all_gather(&mine, all.data(), 1, ElemType::i64);
+    const auto most = std::max_element(all.begin(), all.end());
+    if (std::all_of(all.begin(), all.end(), [&](std::int64_t v) { return v == *most; })) return;
+    const int src = static_cast<int>(most - all.begin());
+    comm_.broadcast(slow_x_.data(), slow_x_.size(), ElemType::f32, src);
+    comm_.broadcast(slow_u_.data(), slow_u_.size(), ElemType::f32, src);
+    if (mine != *most) {
+      set_x(slow_x_);
+      w_ = 1.0;
+      outer_steps_ = static_cast<std::uint64_t>(*most);
+    }
   }
   void add_memory(MemoryUse& m) const override {
     m.params += slow_x_.size() * sizeof(float);
@@ -68,6 +95,7 @@ class Slowmo final : public GossipCore {
 
   const bool sgp_base_;  // the base is sgp (push-sum rounds), else local SGD
   std::vector<float> slow_x_, slow_u_;
+  std::uint64_t outer_steps_ = 0;  // since the strategy was made (survivors compare them)
 };
 
 // The topology flags follow the base: local SGD averages exactly.
@@ -85,7 +113,8 @@ std::string misfit(const StrategyInfo& self, std::string_view flag, const Gossip
 
 constexpr const char* kHelp =
     "local SGD or sgp, with SlowMo's outer momentum step on the exact average every slowmo_frequency steps";
-extern const StrategyInfo kSlowmo{.name = "slowmo", .help = kHelp, .per_rank_models = true, .option_misfit = misfit,
+extern const StrategyInfo kSlowmo{.name = "slowmo", .help = kHelp, .per_rank_models = true,
+                                  .topology = "exponential", .option_misfit = misfit,
                                   .make = make_gossip<Slowmo>};
 
 }  // namespace distopt::parallel::detail
