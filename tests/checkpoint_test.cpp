@@ -183,6 +183,20 @@ TEST(CheckpointStore, PruneKeepsTheNewestCompleteOnesAndAWriteInProgress) {
   EXPECT_NO_THROW((void)verify(checkpoint_dir(t.path, 300)));
 }
 
+TEST(CheckpointStore, PruneAfterAWriteRemovesEveryLaterCheckpoint) {
+  // A run writing step 12 into a directory holding another run's steps 10
+  // and 16: the 16 goes (else it would be the newest, what --resume and
+  // survivors go back to), the 10 is kept as an older one.
+  TempDir t;
+  for (std::uint64_t s : {5, 10, 12, 16}) write_checkpoint(t.path, s);
+  fs::create_directories(checkpoint_dir(t.path, 20));  // an interrupted write of a later step too
+  const auto removed = prune(t.path, 3, 12);
+  EXPECT_EQ(removed.size(), 2u);
+  for (std::uint64_t s : {16, 20}) EXPECT_FALSE(fs::exists(checkpoint_dir(t.path, s))) << s;
+  for (std::uint64_t s : {5, 10, 12}) EXPECT_TRUE(fs::exists(checkpoint_dir(t.path, s))) << s;
+  EXPECT_EQ(*latest_complete(t.path), checkpoint_dir(t.path, 12));
+}
+
 namespace {
 
 // A safetensors file of the given header text and data bytes.

@@ -99,16 +99,19 @@ else:
 PY
 done
 
-# 3. zero2: rank 2 killed after step 6, checkpoints every 4 steps: the
-# survivors go back to step 4 and end with the bits of a run resumed from
-# that checkpoint at world 3.
-for strategy in zero2; do
-  z=("${sv[@]}" --strategy $strategy)
-  "$bin" "${z[@]}" --world 4 --max-steps 4 --checkpoint-dir "$tmp/$strategy-ck" >/dev/null 2>"$tmp/err" || fail "$strategy checkpoint run: $(cat "$tmp/err")"
-  want=$("$bin" "${z[@]}" --world 3 --max-steps 12 --checkpoint-dir "$tmp/$strategy-ck" --resume 2>"$tmp/err" | tail -n 1 |
-    python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') || fail "$strategy resumed run: $(cat "$tmp/err")"
+# 3. zero2: rank 2 killed after step 6, checkpoints every 4 steps (on
+# disk, or kept in memory: --memory-checkpoint): the survivors go back to
+# step 4 and end with the bits of a run resumed from that checkpoint at
+# world 3.
+z=("${sv[@]}" --strategy zero2)
+"$bin" "${z[@]}" --world 4 --max-steps 4 --checkpoint-dir "$tmp/zero2-ck" >/dev/null 2>"$tmp/err" || fail "zero2 checkpoint run: $(cat "$tmp/err")"
+want=$("$bin" "${z[@]}" --world 3 --max-steps 12 --checkpoint-dir "$tmp/zero2-ck" --resume 2>"$tmp/err" | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])') || fail "zero2 resumed run: $(cat "$tmp/err")"
+for strategy in zero2 zero2-memory; do
+  where=(--checkpoint-dir "$tmp/$strategy/ck")
+  [ $strategy = zero2-memory ] && where=(--memory-checkpoint)
   gloo_run $strategy 4 DISTOPT_FAULT=kill:2:6 -- "${z[@]}" --max-steps 12 --on-rank-failure continue --comm-timeout $timeout \
-    --checkpoint-dir "$tmp/$strategy/ck" --checkpoint-every 4
+    "${where[@]}" --checkpoint-every 4
   [ "$(statuses $strategy)" = "0 0 137 0" ] || fail "$strategy: exits $(statuses $strategy): $(cat "$tmp/$strategy"/err.*)"
   grep -q "^distopt: rank(s) 2 lost after step [67]; 3 ranks go on from step 4 (back to the checkpoint of step 4: [23] steps again)" \
     "$tmp/$strategy/err.0" || fail "$strategy: $(cat "$tmp/$strategy/err.0")"

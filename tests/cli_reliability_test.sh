@@ -176,6 +176,21 @@ grep -q "^distopt: rank(s) 2 lost after step 6; 3 ranks go on from step 4 (back 
   || fail "zero2 survivors: $(cat "$tmp/err")"
 [ "$(tail -n 1 "$tmp/sv.out" | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')" = "$want" ] \
   || fail "zero2 survivors: param_hash is not the resumed run's $want"
+# The same with the checkpoint kept in memory (--memory-checkpoint, no
+# --checkpoint-dir): each rank's file and its neighbour's; zero1-3 all end
+# with the bits of the run resumed from step 4 at world 3.
+for strategy in zero1 zero2 zero3; do
+  DISTOPT_FAULT=fail:2:6 "$bin" "${sv[@]}" --strategy $strategy --max-steps 12 --world 4 --on-rank-failure continue \
+    --memory-checkpoint --checkpoint-every 4 --json >"$tmp/sv.out" 2>"$tmp/err" || fail "$strategy in memory: exit $?: $(cat "$tmp/err")"
+  grep -q "^distopt: rank(s) 2 lost after step 6; 3 ranks go on from step 4 (back to the checkpoint of step 4: 2 steps again) (" "$tmp/err" \
+    || fail "$strategy in memory: $(cat "$tmp/err")"
+  [ "$(tail -n 1 "$tmp/sv.out" | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')" = "$want" ] \
+    || fail "$strategy in memory: param_hash is not the resumed run's $want"
+done
+expect_error 2 "--memory-checkpoint is for --on-rank-failure continue" -- train --data synthetic --strategy zero2 --memory-checkpoint --checkpoint-every 4
+expect_error 2 "--memory-checkpoint applies to zero1-3: under --strategy ddp every survivor goes on from its own state" \
+  -- train --data synthetic --memory-checkpoint --checkpoint-every 4 --on-rank-failure continue
+expect_error 2 "--memory-checkpoint needs --checkpoint-every N" -- train --data synthetic --strategy zero3 --memory-checkpoint --on-rank-failure continue
 # Gossip and diloco survivors go on in memory, each from its own model, at
 # the step they reached (rank 2 fails at the start of step 7: the others
 # apply that step's update, and its mixing or loss fails): nothing is done
@@ -215,7 +230,7 @@ PY
 done
 expect_error 2 "--on-rank-failure continue with --strategy dpsgd: the 3 survivors of a lost rank could not gossip (topology bipartite-exponential needs an even world size (got 3)" \
   -- train --data synthetic --strategy dpsgd --world 4 --on-rank-failure continue
-expect_error 2 "--on-rank-failure continue with --strategy zero2 needs --checkpoint-dir: a lost rank holds the only copy of its shard" \
+expect_error 2 "--on-rank-failure continue with --strategy zero2 needs --checkpoint-dir or --memory-checkpoint: a lost rank holds the only copy of its shard" \
   -- train --data synthetic --strategy zero2 --on-rank-failure continue
 expect_error 2 "--on-rank-failure continue: --strategy adpsgd (asynchronous pairs) cannot go on without a lost rank" \
   -- train --data synthetic --strategy adpsgd --on-rank-failure continue --checkpoint-dir "$tmp/adck"

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "distopt/checkpoint/pieces.hpp"
+#include "distopt/checkpoint/run.hpp"
 #include "distopt/checkpoint/state.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/data/dataset.hpp"
@@ -527,4 +528,63 @@ TEST(GossipSurvivors, OneBehindAnOuterStepTakesTheSharedStateOfTheOneAhead) {
     const GossipRun all = survivors_run(3, strategy, g, 5, 6, [&](int, parallel::LocalState& st) { behind(1, st); });
     EXPECT_FALSE(same_bits(all.params, straight.params));
   }
+}
+
+// ---- --memory-checkpoint: each rank's file and its neighbour's, in memory ----
+
+TEST(MemoryCheckpoint, SurvivorsRestoreTheWholeCheckpointUnlessTwoNeighboursWereLost) {
+  // zero2 at 4 ranks after 5 steps: every rank keeps its file and rank
+  // r - 1's. The survivors {0, 2} (and, in a group of their own, {1, 3})
+  // restore every tensor of the checkpoint save() would write, bit for
+  // bit; {0, 3} lost 1 and 2, neighbours, so rank 1's file is gone.
+  const data::Split& d = data_set();
+  std::vector<checkpoint::Piece> pieces;
+  std::map<std::string, Whole> restored[2];
+  int restored_none = 0;
+  std::mutex m;
+  spawn(4, [&](Communicator& comm) {
+    auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 40, 8});
+    const parallel::FlatLayout flat = parallel::flat_layout(*model);
+    std::vector<float> initial(flat.elements);
+    model->init(initial, 5);
+    parallel::StrategyOptions options;
+    options.bucket_elements = 300;
+    auto s = parallel::make_strategy("zero2", comm, flat, initial, spec_of("adam"), options);
+    train_steps(comm, *model, *s, 0, 5);
+    const RunInfo info{"zero2", "mlp", "adam", {}, R"({"k": 1})"};
+    const RunParts parts{&s->optimizer(), nullptr, nullptr, nullptr, nullptr};
+    const InMemory kept = keep_in_memory(comm, *s, info, parts, 5);
+    EXPECT_EQ(kept.step, 5u);
+    EXPECT_FALSE(kept.buddy.empty());
+    {
+      std::vector<checkpoint::Piece> mine = strategy_pieces(*s, comm.rank()).copies();
+      std::lock_guard lock(m);
+      pieces.insert(pieces.end(), mine.begin(), mine.end());
+    }
+    // Two groups of survivors: even ranks and odd ones.
+    std::unique_ptr<Communicator> alternate = comm.split(comm.rank() % 2, comm.rank());
+    std::optional<Loaded> back = restore_from_memory(*alternate, std::span(&kept, 1));
+    ASSERT_TRUE(back.has_value());
+    EXPECT_EQ(back->step, 5u);
+    EXPECT_EQ(back->config, R"({"k": 1})");
+    // Neighbours lost: survivors {0, 3} (and {1, 2}).
+    std::unique_ptr<Communicator> ends = comm.split(comm.rank() == 0 || comm.rank() == 3 ? 0 : 1, comm.rank());
+    std::optional<Loaded> none = restore_from_memory(*ends, std::span(&kept, 1));
+    // A survivor that keeps nothing (rank 2): no step all keep.
+    std::optional<Loaded> empty = restore_from_memory(*alternate, comm.rank() == 2 ? std::span<const InMemory>() : std::span(&kept, 1));
+    std::lock_guard lock(m);
+    if (comm.rank() < 2) restored[comm.rank()] = std::move(back->wholes);
+    restored_none += none.has_value() ? 0 : 1;
+    EXPECT_EQ(empty.has_value(), comm.rank() % 2 == 1);  // (only the even ranks' group lacks a rank's)
+  });
+  const std::map<std::string, Whole> whole = assemble(pieces);
+  for (const auto& r : restored) {
+    ASSERT_EQ(r.size(), whole.size());
+    for (const auto& [name, w] : whole) {
+      ASSERT_TRUE(r.count(name)) << name;
+      EXPECT_TRUE(same_bits(r.at(name).values, w.values)) << name;
+      EXPECT_EQ(r.at(name).shape, w.shape) << name;
+    }
+  }
+  EXPECT_EQ(restored_none, 4);
 }

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -137,7 +138,7 @@ std::uint64_t save(Communicator& comm, parallel::Strategy& strategy, const RunIn
       m.files.push_back({str("rank", r, ".safetensors"), static_cast<std::uint64_t>(v[1]), static_cast<std::uint64_t>(v[2])});
     }
     write_manifest(dir, m);
-    (void)prune(options.root, options.keep);
+    (void)prune(options.root, options.keep, step);
   }
   comm.barrier();
   std::uint64_t bytes = 0;
@@ -224,6 +225,109 @@ void rebase_survivor(Loaded& state, int rank, int world, std::uint64_t step, std
   state.wholes = std::move(wholes);
   state.state = run_state_json(out);
   state.step = step;
+}
+
+namespace {
+
+constexpr int kBuddyTag = 0x4d43;  // keep_in_memory's messages
+
+}  // namespace
+
+InMemory keep_in_memory(Communicator& comm, parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts,
+                        std::uint64_t step) {
+  PieceSet pieces = strategy_pieces(strategy, comm.rank());
+  if (parts.averaged != nullptr && parts.averaged->n_averaged() > 0)
+    pieces.append(own_pieces(strategy, comm.rank(), parts.averaged->params(), "avg."));
+  InMemory m;
+  m.step = step;
+  m.world = comm.size();
+  m.rank = comm.rank();
+  m.mine = pieces_bytes(pieces);
+  m.config = run.config;
+  m.state = run_state_json(state_of(parts));
+  const int n = comm.size();
+  if (n > 1) {
+    const int to = (m.rank + 1) % n, from = (m.rank + n - 1) % n;
+    const std::uint64_t out = m.mine.size();
+    std::uint64_t in = 0;
+    auto r = comm.irecv(&in, 1, ElemType::i64, from, kBuddyTag);
+    auto s = comm.isend(&out, 1, ElemType::i64, to, kBuddyTag);
+    r->wait();
+    s->wait();
+    m.buddy.resize(in);
+    r = comm.irecv(m.buddy.data(), in, ElemType::u8, from, kBuddyTag + 1);
+    s = comm.isend(m.mine.data(), out, ElemType::u8, to, kBuddyTag + 1);
+    r->wait();
+    s->wait();
+  }
+  return m;
+}
+
+std::optional<Loaded> restore_from_memory(Communicator& comm, std::span<const InMemory> kept) {
+  // Per survivor: its rank and world when it kept them, and the steps kept
+  // (-1: none).
+  constexpr std::size_t kMost = 2, kPer = 2 + kMost;
+  DISTOPT_CHECK(kept.size() <= kMost, kept.size(), " checkpoints kept in memory");
+  std::int64_t mine[kPer] = {kept.empty() ? -1 : kept[0].rank, kept.empty() ? 0 : kept[0].world, -1, -1};
+  for (std::size_t i = 0; i < kept.size(); ++i) mine[2 + i] = static_cast<std::int64_t>(kept[i].step);
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::int64_t> all(kPer * n);
+  comm.all_gather(mine, all.data(), kPer, ElemType::i64);
+  const auto keeps = [&](std::size_t s, std::int64_t step) {
+    return all[s * kPer + 2] == step || all[s * kPer + 3] == step;
+  };
+  std::int64_t step = -1;
+  for (std::size_t i = 2; i < kPer; ++i) {
+    const std::int64_t candidate = all[i];
+    bool everyone = candidate >= 0;
+    for (std::size_t s = 0; s < n && everyone; ++s) everyone = keeps(s, candidate) && all[s * kPer + 1] == all[1];
+    if (everyone) step = std::max(step, candidate);
+  }
+  if (step < 0) return std::nullopt;
+  const auto world = static_cast<int>(all[1]);
+  std::vector<char> alive(static_cast<std::size_t>(world), 0);
+  for (std::size_t s = 0; s < n; ++s) alive.at(static_cast<std::size_t>(all[s * kPer])) = 1;
+  for (int q = 0; q < world; ++q)
+    if (!alive[static_cast<std::size_t>(q)] && !alive[static_cast<std::size_t>((q + 1) % world)]) return std::nullopt;
+  const InMemory& at = kept[0].step == static_cast<std::uint64_t>(step) ? kept[0] : kept[1];
+  // This rank's file, and its buddy's where the buddy was lost: each a
+  // rank number and a size, then the bytes.
+  std::vector<std::byte> blob;
+  const auto put = [&](std::int64_t rank, const std::vector<std::byte>& bytes) {
+    const std::uint64_t head[2] = {static_cast<std::uint64_t>(rank), bytes.size()};
+    const auto* h = reinterpret_cast<const std::byte*>(head);
+    blob.insert(blob.end(), h, h + sizeof head);
+    blob.insert(blob.end(), bytes.begin(), bytes.end());
+  };
+  put(at.rank, at.mine);
+  const int buddy = (at.rank + world - 1) % world;
+  if (!alive[static_cast<std::size_t>(buddy)]) put(buddy, at.buddy);
+  const auto size = static_cast<std::int64_t>(blob.size());
+  std::vector<std::int64_t> sizes(n);
+  comm.all_gather(&size, sizes.data(), 1, ElemType::i64);
+  std::vector<std::size_t> counts(sizes.begin(), sizes.end());
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  std::vector<std::byte> everything(total);
+  comm.all_gather_v(blob.data(), everything.data(), counts, ElemType::u8);
+  std::vector<Piece> pieces;
+  for (std::size_t off = 0; off < total;) {
+    std::uint64_t head[2];
+    DISTOPT_CHECK(total - off >= sizeof head, "a malformed checkpoint in memory");
+    std::memcpy(head, everything.data() + off, sizeof head);
+    off += sizeof head;
+    DISTOPT_CHECK(head[1] <= total - off, "a malformed checkpoint in memory");
+    const std::string name = str("rank", head[0], " in memory");
+    auto mine_pieces = pieces_of(parse_safetensors(std::span(everything.data() + off, head[1]), name), name);
+    pieces.insert(pieces.end(), std::make_move_iterator(mine_pieces.begin()), std::make_move_iterator(mine_pieces.end()));
+    off += head[1];
+  }
+  Loaded out;
+  out.step = static_cast<std::uint64_t>(step);
+  out.config = at.config;
+  out.state = at.state;
+  out.wholes = assemble(pieces);
+  return out;
 }
 
 namespace {

@@ -268,12 +268,26 @@ std::optional<fs::path> latest_complete(const fs::path& root) {
   return std::nullopt;
 }
 
-std::vector<fs::path> prune(const fs::path& root, std::size_t keep) {
-  const auto all = checkpoints(root);
+std::vector<fs::path> prune(const fs::path& root, std::size_t keep, std::optional<std::uint64_t> written) {
+  std::vector<fs::path> removed;
+  const auto remove = [&](const fs::path& dir) {
+    // The manifest first: a removal cut short leaves an interrupted write,
+    // never a "complete" checkpoint with files missing.
+    std::error_code ec;
+    if (fs::remove(dir / kManifest, ec)) fsync_dir(dir);
+    fs::remove_all(dir, ec);
+    if (ec) throw IoError(str(dir.string(), ": cannot remove an old checkpoint: ", ec.message()));
+    removed.push_back(dir);
+  };
+  auto all = checkpoints(root);
+  if (written) {
+    for (const auto& [step, dir] : all)
+      if (step > *written) remove(dir);
+    std::erase_if(all, [&](const auto& entry) { return entry.first > *written; });
+  }
   std::vector<std::uint64_t> complete_steps;
   for (const auto& [step, dir] : all)
     if (complete(dir)) complete_steps.push_back(step);
-  std::vector<fs::path> removed;
   if (complete_steps.empty()) return removed;
   const std::uint64_t newest = complete_steps.back();
   const std::uint64_t oldest_kept =
@@ -282,14 +296,7 @@ std::vector<fs::path> prune(const fs::path& root, std::size_t keep) {
     // Interrupted writes older than the newest complete checkpoint are
     // dead; one newer may be a write in progress.
     const bool stale = complete(dir) ? step < oldest_kept : step < newest;
-    if (!stale) continue;
-    // The manifest first: a removal cut short leaves an interrupted write,
-    // never a "complete" checkpoint with files missing.
-    std::error_code ec;
-    if (fs::remove(dir / kManifest, ec)) fsync_dir(dir);
-    fs::remove_all(dir, ec);
-    if (ec) throw IoError(str(dir.string(), ": cannot remove an old checkpoint: ", ec.message()));
-    removed.push_back(dir);
+    if (stale) remove(dir);
   }
   return removed;
 }

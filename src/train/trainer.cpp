@@ -182,11 +182,13 @@ struct Survivable {
   // > 0: no rank was lost; this many processes wait to join (grow). < 0:
   // this process is the one joining (its state comes from the others).
   int joins = 0;
+  std::vector<checkpoint::InMemory> memory = {};  // --memory-checkpoint's, newest first
 };
 
 // The counters a run sums over its segments.
 void add_counts(TrainResult& into, const TrainResult& from) {
   into.checkpoints_written += from.checkpoints_written;
+  into.checkpoints_in_memory += from.checkpoints_in_memory;
   into.checkpoint_seconds += from.checkpoint_seconds;
   into.skipped_steps += from.skipped_steps;
   into.nonfinite_steps += from.nonfinite_steps;
@@ -329,14 +331,28 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   int epoch_now = first_epoch;
   bool evaluated = false;
   bool save_after_epoch = false;
+  // --memory-checkpoint: the checkpoints kept in memory, newest first (two
+  // only until the next step shows that every rank kept the newest).
+  const bool in_memory = config.memory_checkpoint && elastic;
+  std::vector<checkpoint::InMemory> kept;
+  const auto keep_in_memory = [&] {
+    kept.insert(kept.begin(), checkpoint::keep_in_memory(comm, *strategy, run, parts(), result.steps));
+    if (kept.size() > 2) kept.pop_back();
+  };
   auto save = [&](int epoch) {
     const auto t0 = Clock::now();
     checkpoint::SaveOptions where{config.checkpoint_dir, config.keep_checkpoints, checkpoint::SaveOptions::Die::no};
     if (fault.kind == Fault::Kind::exit && fault.rank == comm.rank() && fault.step == result.steps)
       where.die = fault.in_file ? checkpoint::SaveOptions::Die::in_file : checkpoint::SaveOptions::Die::after_file;
-    result.checkpoint_bytes = checkpoint::save(comm, *strategy, run, parts(), where, result.steps, epoch);
+    if (checkpointing) {
+      result.checkpoint_bytes = checkpoint::save(comm, *strategy, run, parts(), where, result.steps, epoch);
+      ++result.checkpoints_written;
+    }
+    if (in_memory) {
+      keep_in_memory();
+      ++result.checkpoints_in_memory;
+    }
     result.checkpoint_seconds += seconds_since(t0);
-    ++result.checkpoints_written;
   };
   if (config.max_steps != 0 && start_step >= config.max_steps) stop = true;
   bool applied = false;  // the step in progress has updated the parameters
@@ -352,6 +368,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   };
   Clock::time_point last_step_end = Clock::now();
   try {
+    if (in_memory) keep_in_memory();  // where this segment starts
     for (int epoch = first_epoch; epoch <= config.epochs && !stop; ++epoch) {
       epoch_now = epoch;
       sampler.set_epoch(static_cast<std::uint64_t>(epoch - 1));
@@ -389,6 +406,10 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         after_update();
         gather->wait();
         gather.reset();
+        // Every rank has contributed to this step's gather, so every rank
+        // finished keeping the last checkpoint in memory: the one before
+        // it is no longer needed.
+        if (kept.size() > 1) kept.pop_back();
         double loss_sum = 0, count = 0, stop_request = 0, joins = 0;
         int nonfinite_rank = -1;
         for (int r = 0; r < world; ++r) {
@@ -439,7 +460,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         // per-epoch scheduler step), so it waits for it; a run stopping
         // mid-epoch saves first, and resumes inside the same epoch.
         const bool stopping = stop_request > 0 || (config.max_steps != 0 && result.steps >= config.max_steps);
-        if (checkpointing &&
+        if ((checkpointing || in_memory) &&
             (stopping || (config.checkpoint_every > 0 && result.steps % config.checkpoint_every == 0))) {
           if (k + 1 < per_epoch) {
             save(epoch);
@@ -616,10 +637,11 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
       out.state = checkpoint::capture(*strategy, run, parts(), done);
     } else if (local) {
       out.state = checkpoint::capture_survivor(*strategy, run, parts(), *local, comm.rank(), comm.size());
-    } else if (config.checkpoint_dir.empty()) {
+    } else if (config.checkpoint_dir.empty() && !in_memory) {
       // A sharded strategy: the lost rank held the only copy of its shard.
       throw InvalidInput(str("--strategy ", config.strategy, ": a rank was lost and there is no checkpoint to go back to"));
     }
+    out.memory = std::move(kept);
     throw out;
   }
   return result;
@@ -668,6 +690,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     const int before = now->size(), rank_before = lost.joins < 0 ? -1 : now->rank();
     std::int64_t from = 0;
     std::vector<std::int64_t> all;
+    bool from_memory = false;  // lost.state is the survivors' checkpoint kept in memory
     for (;;) {  // re-form (grow, or shrink); shrink again if ranks are lost meanwhile
       try {
         if (lost.joins >= 0) {
@@ -688,7 +711,16 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         if (lost.joins != 0 && (replicated || info.per_rank_models)) {
           share(0, !lost.state);  // the new ranks take rank 0's state; the others have their own
         } else if (!lost.state) {
-          // Back to the last complete checkpoint, read once every survivor
+          // Back to the last checkpoint kept in memory (--memory-checkpoint),
+          if (c.memory_checkpoint) {
+            if (auto m = checkpoint::restore_from_memory(*now, lost.memory)) {
+              lost.state = std::move(*m);
+              from_memory = true;
+            }
+          }
+        }
+        if (!lost.state) {
+          // or to the last complete one on disk, read once every survivor
           // has left the collective it was in (rank 0 may have been writing
           // or pruning one).
           now->barrier();
@@ -704,8 +736,8 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         // ranks and not to others: those completed the step, these did not.
         // The step counts as done by all: under ddp the first rank that
         // completed it sends its replica to the others (replicas of one
-        // step are identical). Sharded, gossip and diloco runs all read
-        // one checkpoint.
+        // step are identical). Sharded runs read one checkpoint (on disk or
+        // kept in memory); gossip and diloco ones take the greater step.
         from = static_cast<std::int64_t>(lost.state->step);
         const std::int64_t mine[2] = {from, rank_before};
         all.assign(2 * static_cast<std::size_t>(now->size()), 0);
@@ -743,7 +775,8 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           throw CommError("a rank of the run was lost while this process joined it, before it had the run's state: "
                           "start it again");
         lost.joins = 0;  // the ones still there re-form without the lost
-        if (lost.state && !lost.state->dir.empty()) lost.state.reset();  // read it again in the new group
+        if (lost.state && (!lost.state->dir.empty() || from_memory)) lost.state.reset();  // again in the new group
+        from_memory = false;
       }
     }
     MembershipChange change;

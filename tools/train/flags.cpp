@@ -167,9 +167,12 @@ Runner add_train(CLI::App& app) {
       ->check(CLI::IsMember({"error", "warn", "ignore"}));
   sub->add_option("--on-rank-failure", a->on_rank_failure,
                   "a rank lost (failed, or silent past --comm-timeout): stop (default: every rank ends with the "
-                  "error) or continue (the survivors go on: every strategy but adpsgd; threads and gloo backends; sharded, "
-                  "gossip and diloco runs need --checkpoint-dir)")
+                  "error) or continue (the survivors go on: every strategy but adpsgd; threads and gloo backends; "
+                  "zero1-3 go back to a checkpoint: --checkpoint-dir or --memory-checkpoint)")
       ->check(CLI::IsMember({"stop", "continue"}));
+  sub->add_flag("--memory-checkpoint", c.memory_checkpoint,
+                "zero1-3 with --on-rank-failure continue: every --checkpoint-every steps each rank keeps its "
+                "checkpoint in memory and a copy of its neighbour's, so survivors go back without the disk");
   sub->add_option("--comm-timeout", a->comm_timeout,
                   "seconds a rank waits for the others before the job ends naming the silent rank (default 300, "
                   "or DISTOPT_COMM_TIMEOUT)");

@@ -329,15 +329,25 @@ void prepare(TrainArgs& a) {
     throw InvalidInput(
         "--init-scale, --growth-factor, --backoff-factor and --growth-interval need --loss-scale dynamic");
   }
+  if (a.config.memory_checkpoint) {
+    const parallel::StrategyInfo& s = parallel::strategy_or_throw(a.config.strategy);
+    if (a.on_rank_failure != "continue")
+      throw InvalidInput("--memory-checkpoint is for --on-rank-failure continue (what survivors go back to)");
+    if (s.replicated_params)
+      throw InvalidInput(str("--memory-checkpoint applies to zero1-3: under --strategy ", a.config.strategy,
+                             " every survivor goes on from its own state"));
+    if (a.config.checkpoint_every == 0)
+      throw InvalidInput("--memory-checkpoint needs --checkpoint-every N (the steps between the checkpoints it keeps)");
+  }
   if (a.on_rank_failure == "continue") {
     const parallel::StrategyInfo& s = parallel::strategy_or_throw(a.config.strategy);
     if (a.config.strategy == "adpsgd")
       throw InvalidInput("--on-rank-failure continue: --strategy adpsgd (asynchronous pairs) cannot go on without a "
                          "lost rank; ddp, zero1-3, the other gossip strategies and diloco can");
-    if (!s.replicated_params && a.config.checkpoint_dir.empty())
+    if (!s.replicated_params && a.config.checkpoint_dir.empty() && !a.config.memory_checkpoint)
       throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy,
-                             " needs --checkpoint-dir: a lost rank holds the only copy of its shard, so the survivors "
-                             "go back to the last checkpoint"));
+                             " needs --checkpoint-dir or --memory-checkpoint: a lost rank holds the only copy of its "
+                             "shard, so the survivors go back to the last checkpoint"));
     // Gossip survivors re-form their graph at world n - 1.
     const std::string_view topology =
         a.config.parallel.gossip.topology.empty() ? s.topology : std::string_view(a.config.parallel.gossip.topology);

@@ -77,10 +77,11 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
                ", \"context\": ", a.config.gpt.context, ", \"parameters\": ", parameter_count(r),
                ", \"threads\": ", a.config.threads, ", \"matmul_precision\": \"", a.matmul_precision, "\"}");
   }
-  if (r.checkpoints_written > 0 || a.config.resume)
-    out +=
-        str(", \"checkpoints\": {\"written\": ", r.checkpoints_written, ", \"seconds\": ", jnum(r.checkpoint_seconds),
-            ", \"last_bytes\": ", r.checkpoint_bytes, ", \"resume_load_s\": ", jnum(a.resume_load_seconds), "}");
+  if (r.checkpoints_written > 0 || r.checkpoints_in_memory > 0 || a.config.resume)
+    out += str(", \"checkpoints\": {\"written\": ", r.checkpoints_written,
+               a.config.memory_checkpoint ? str(", \"in_memory\": ", r.checkpoints_in_memory) : std::string(),
+               ", \"seconds\": ", jnum(r.checkpoint_seconds), ", \"last_bytes\": ", r.checkpoint_bytes,
+               ", \"resume_load_s\": ", jnum(a.resume_load_seconds), "}");
   if (r.averaged) {
     char m[320];
     std::snprintf(m, sizeof m,

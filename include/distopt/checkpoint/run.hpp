@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -100,6 +101,26 @@ Loaded capture_survivor(parallel::Strategy& strategy, const RunInfo& run, const 
 void rebase_survivor(Loaded& state, int rank, int world, std::uint64_t step, std::string_view run_state);
 // Whether `state` is a survivor's (capture_survivor).
 bool is_survivors_state(const Loaded& state);
+
+// --memory-checkpoint (zero1-3; docs/reliability.md, "Survivors"): this
+// rank's file of a checkpoint of `step`, as save() writes it, and its
+// buddy's (rank r - 1's, the buddy of rank r + 1 being rank r), kept in
+// memory; the run's configuration and state besides the tensors.
+struct InMemory {
+  std::uint64_t step = 0;
+  int world = 0, rank = 0;
+  std::vector<std::byte> mine, buddy;
+  std::string config, state;
+};
+// Collective (a send to rank r + 1 and a receive from rank r - 1 on each).
+InMemory keep_in_memory(Communicator& comm, parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts,
+                        std::uint64_t step);
+// Collective on the survivors of the world the checkpoints were kept in,
+// each passing the ones it keeps (any order; none is allowed): the
+// checkpoint of the newest step every survivor keeps, each lost rank's
+// file from its buddy. None where no step is kept by all, or a lost
+// rank's buddy was lost too (the checkpoint on disk is then the way back).
+std::optional<Loaded> restore_from_memory(Communicator& comm, std::span<const InMemory> kept);
 
 // A state kept in memory (capture) as bytes, to send to a rank that joins
 // a run, and back. from_bytes checks every size against the bytes before

@@ -91,7 +91,11 @@ std::optional<std::filesystem::path> latest_complete(const std::filesystem::path
 
 // Keeps the newest `keep` complete checkpoints under root and removes the
 // older ones, and interrupted writes older than the newest complete one.
+// With `written` (the step a run has just written), every checkpoint of a
+// later step goes first: another run's in the same directory, or one from
+// before survivors went back; the newest is then always the run's last.
 // Returns the directories removed.
-std::vector<std::filesystem::path> prune(const std::filesystem::path& root, std::size_t keep);
+std::vector<std::filesystem::path> prune(const std::filesystem::path& root, std::size_t keep,
+                                         std::optional<std::uint64_t> written = std::nullopt);
 
 }  // namespace distopt::checkpoint

@@ -116,11 +116,17 @@ struct TrainConfig {
   // (Communicator::shrink, an elastic threads world), take the state of the
   // last step they all completed from their own replica (ddp) or go back
   // to the last checkpoint in checkpoint_dir (zero1-3: the lost rank held
-  // the only copy of its shard; gossip and diloco: a model of its own, the
-  // survivors go on from the checkpoint's mean), re-cut the data over the
-  // new world and go on from the next step. adpsgd cannot.
+  // the only copy of its shard; see memory_checkpoint) or go on from each
+  // one's own model (gossip and diloco), re-cut the data over the new world
+  // and go on from the next step. adpsgd cannot.
   enum class OnRankFailure { stop, go_on };
   OnRankFailure on_rank_failure = OnRankFailure::stop;
+  // With go_on under zero1-3: every checkpoint_every steps (and when a
+  // segment starts) each rank keeps its checkpoint file in memory and sends
+  // a copy to rank r + 1 (checkpoint::keep_in_memory); survivors go back to
+  // it, the lost rank's file from its buddy, without reading the disk (the
+  // checkpoint in checkpoint_dir, if any, when two neighbours were lost).
+  bool memory_checkpoint = false;
   // Each rank is a process of its own (the mpi and gloo backends):
   // DISTOPT_FAULT's stall:RANK:STEP stops the process (SIGSTOP) and
   // kill:RANK:STEP kills it (SIGKILL), as `kill -STOP` and `kill -9` would.
@@ -218,6 +224,7 @@ struct TrainResult {
   // them (this rank's wall time, the collective included), and the bytes
   // of the last one's rank files.
   std::size_t checkpoints_written = 0;
+  std::size_t checkpoints_in_memory = 0;  // memory_checkpoint's (their seconds in checkpoint_seconds)
   double checkpoint_seconds = 0;
   std::uint64_t checkpoint_bytes = 0;
   // The run's changes of world (OnRankFailure::go_on), in order.
