@@ -214,9 +214,10 @@ void rebase_survivor(Loaded& state, int rank, int world, std::uint64_t step, std
   RunState out = parse_run_state(run_state);
   RunState::Gossip::Rank me = mine.gossip->ranks[0];
   me.steps = step;
-  out.gossip = mine.gossip;
-  out.gossip->world = world;
-  out.gossip->ranks.assign(static_cast<std::size_t>(world), me);
+  RunState::Gossip gossip = *mine.gossip;
+  gossip.world = world;
+  gossip.ranks = std::vector<RunState::Gossip::Rank>(static_cast<std::size_t>(world), me);
+  out.gossip = std::move(gossip);
   std::map<std::string, Whole> wholes;
   for (auto& [name, w] : state.wholes) {
     const std::size_t dot = name.rfind("gossip.", 0) == 0 ? name.find('.', 7) : std::string::npos;
