@@ -228,7 +228,7 @@ PY
     [ "$got" = "$want" ] || fail "diloco survivors: $got the second time, $want the first"
   fi
 done
-expect_error 2 "--on-rank-failure continue with --strategy dpsgd: the 3 survivors of a lost rank could not gossip (topology bipartite-exponential needs an even world size (got 3)" \
+expect_error 2 "--on-rank-failure continue with --strategy dpsgd: the 3 survivors of lost ranks could not gossip (topology bipartite-exponential needs an even world size (got 3)" \
   -- train --data synthetic --strategy dpsgd --world 4 --on-rank-failure continue
 expect_error 2 "--on-rank-failure continue with --strategy zero2 needs --checkpoint-dir or --memory-checkpoint: a lost rank holds the only copy of its shard" \
   -- train --data synthetic --strategy zero2 --on-rank-failure continue

@@ -159,6 +159,8 @@ Loaded load_latest(const std::filesystem::path& root) {
   l.step = m.step;
   l.config = config.dump();
   if (body.contains("state")) l.state = detail::member(body, "state").dump();
+  if (is_survivors_state(l))  // (kept in memory only)
+    throw InvalidInput(str("checkpoint ", latest->string(), ": its manifest holds a survivor's state in memory"));
   l.wholes = read_wholes(*latest, m);
   return l;
 }

@@ -2,6 +2,7 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -356,6 +357,8 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   };
   if (config.max_steps != 0 && start_step >= config.max_steps) stop = true;
   bool applied = false;  // the step in progress has updated the parameters
+  const bool may_grow = elastic && (!config.checkpoint_dir.empty() || strategy->info().replicated_params) &&
+                        strategy->can_run_at(world + 1);
   // What follows a step's update: the scaler's, the EMA's and the
   // scheduler's steps.
   const auto after_update = [&] {
@@ -395,10 +398,10 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         mine[0] = s.loss_sum;
         mine[1] = s.count;
         mine[2] = config.stop_flag ? static_cast<double>(config.stop_flag->load(std::memory_order_relaxed)) : 0.0;
-        // (New ranks of a sharded or gossip run read the checkpoint written
-        // when they are admitted: none without a checkpoint folder.)
-        if (elastic && comm.rank() == 0 && (!config.checkpoint_dir.empty() || strategy->info().replicated_params))
-          mine[3] = comm.pending_joins();
+        // (New ranks of a sharded run read the checkpoint written when they
+        // are admitted: none without a checkpoint folder; a gossip graph
+        // may not exist at one rank more.)
+        if (may_grow && comm.rank() == 0) mine[3] = comm.pending_joins();
         gather = comm.iall_gather(mine, all.data(), per, ElemType::f64);
         stepped = true;
         strategy->step(update);
@@ -493,9 +496,11 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         }
         // Processes wait to join: the world grows between this step and the
         // next (not after an epoch's last step: its end-of-epoch work first).
-        if (joins > 0 && k + 1 < per_epoch && strategy->admits_new_ranks()) {
+        if (joins > 0 && k + 1 < per_epoch && strategy->admits_new_ranks() &&
+            strategy->can_run_at(world + static_cast<int>(joins))) {
           Survivable out{std::nullopt, str("admitting ", joins, " new rank(s)"), last_step_end, result.steps, {}};
           out.joins = static_cast<int>(joins);
+          if (strategy->info().per_rank_models) strategy->complete_in_flight();  // nothing dropped
           const std::optional<parallel::LocalState> local = strategy->survivor_state();
           if (strategy->info().replicated_params && !strategy->info().per_rank_models) {
             out.state = checkpoint::capture(*strategy, run, parts(), result.steps);
@@ -684,6 +689,9 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         lost = Survivable{c.resume ? std::optional<checkpoint::Loaded>(*c.resume) : std::nullopt, e.what(),
                           Clock::now(), at, {}};
         if (!c.resume) lost.state.emplace();  // a fresh start: nothing to load
+        // A sharded run's ranks look for the last checkpoint together, as
+        // the ranks that trained do.
+        if (!info.replicated_params) lost.state.reset();
       }
     }
     add_counts(counts, lost.counts);
@@ -730,6 +738,21 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
             lost.state = *c.resume;  // none written since the run resumed: from where it resumed
           else
             lost.state.emplace();  // none written yet: the run starts again
+        }
+        // The ranks' states are of one kind: a rank lost while some ranks
+        // were still setting a segment up and others training leaves the
+        // first with the segment's starting state and the others with
+        // their own (gossip). Then all go on from where the segment started.
+        {
+          const std::int64_t kind = checkpoint::is_survivors_state(*lost.state) ? 1 : 0;
+          std::vector<std::int64_t> kinds(static_cast<std::size_t>(now->size()));
+          now->all_gather(&kind, kinds.data(), 1, ElemType::i64);
+          if (std::any_of(kinds.begin(), kinds.end(), [&](std::int64_t k) { return k != kinds[0]; })) {
+            if (c.resume)
+              lost.state = *c.resume;
+            else
+              lost.state.emplace();
+          }
         }
         // The ranks agree on the step they go on from (a commit vote). A
         // lost process may have delivered a step's last messages to some

@@ -348,14 +348,16 @@ void prepare(TrainArgs& a) {
       throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy,
                              " needs --checkpoint-dir or --memory-checkpoint: a lost rank holds the only copy of its "
                              "shard, so the survivors go back to the last checkpoint"));
-    // Gossip survivors re-form their graph at world n - 1.
+    // Gossip survivors re-form their graph at every world down to a
+    // majority of the first (a join at a world where it cannot exist is
+    // not admitted).
     const std::string_view topology =
         a.config.parallel.gossip.topology.empty() ? s.topology : std::string_view(a.config.parallel.gossip.topology);
-    if (s.per_rank_models && !topology.empty() && a.world > 2) try {
-        gossip::Topology(topology, a.world - 1, a.config.parallel.gossip.peers_per_iteration);
+    for (int w = a.world - 1; s.per_rank_models && !topology.empty() && w > a.world / 2 && w >= 2; --w) try {
+        gossip::Topology(topology, w, a.config.parallel.gossip.peers_per_iteration);
       } catch (const InvalidInput& e) {
-        throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy, ": the ", a.world - 1,
-                               " survivors of a lost rank could not gossip (", e.what(), "); choose another --topology"));
+        throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy, ": the ", w,
+                               " survivors of lost ranks could not gossip (", e.what(), "); choose another --topology"));
       }
     a.config.on_rank_failure = train::TrainConfig::OnRankFailure::go_on;
   }

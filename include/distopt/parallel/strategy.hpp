@@ -363,11 +363,19 @@ class Strategy {
   // every survivor the state of the one that took the most (a collective
   // that failed may have completed on some ranks only). Others: none.
   virtual std::optional<LocalState> survivor_state() { return std::nullopt; }
+  // Gossip strategies, before new ranks join (collective: every rank is
+  // there, after the same step): the rounds in flight complete into the
+  // ranks' models, and diloco's averages in flight land and are kept by
+  // survivor_state() (applied at their step), so nothing is dropped.
+  virtual void complete_in_flight() {}
   // Whether new ranks may join after the step just taken (they take rank
   // 0's state): diloco admits them only at the end of an outer cycle (every
   // H steps), where every replica restarts from the synced model; the
   // others at any step.
   virtual bool admits_new_ranks() { return true; }
+  // Whether the strategy can run at `world` ranks (gossip: its graph
+  // exists there); checked before new ranks are counted.
+  virtual bool can_run_at(int /*world*/) { return true; }
   // Gossip strategies, right after construction: go on as a run after
   // `steps` steps, from `saved` (this rank's local_state() in a run of the
   // same strategy, world size and gossip options, the strategy made with

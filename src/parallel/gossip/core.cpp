@@ -239,6 +239,22 @@ std::optional<LocalState> GossipCore::survivor_state() {
   return st;
 }
 
+bool GossipCore::can_run_at(int world) {
+  if (!topology_) return true;
+  try {
+    gossip::Topology(topology_->name(), world, topology_->peers_per_iteration());
+    return true;
+  } catch (const InvalidInput&) {
+    return false;
+  }
+}
+
+void GossipCore::complete_in_flight() {
+  for (gossip::PushSum* g : gossipers())
+    if (g->in_flight()) blocked([&] { g->finish(x_, w_); });
+  z_valid_ = false;
+}
+
 void GossipCore::resume(std::uint64_t steps, const LocalState* saved) {
   steps_ = steps;
   if (saved == nullptr) {

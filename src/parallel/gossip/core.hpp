@@ -60,6 +60,8 @@ class GossipCore : public StrategyCore {
   double consensus_distance() final;
   std::optional<LocalState> local_state() final;
   std::optional<LocalState> survivor_state() override;
+  void complete_in_flight() override;
+  bool can_run_at(int world) override;
   void resume(std::uint64_t steps, const LocalState* saved) override;
 
   // The checks a policy adds to check_gossip_options(); none by default.

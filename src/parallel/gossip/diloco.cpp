@@ -271,6 +271,9 @@ class Diloco final : public GossipCore {
   // change is carried into it.
   void survivor_tensors(LocalState& st) override {
     save_synced(st);
+    for (std::size_t p = 0; p < fragments_.size(); ++p)  // landed by complete_in_flight()
+      if (fragments_[p].in_flight && fragments_[p].landed)
+        st.tensors.emplace_back(str("diloco_flight.", p), fragments_[p].values);
     std::vector<float> applied;
     for (const Fragment& f : fragments_) applied.push_back(static_cast<float>(f.applied));
     st.tensors.emplace_back("diloco_applied", std::move(applied));
@@ -315,6 +318,10 @@ class Diloco final : public GossipCore {
       each(f, [&](std::size_t i, std::size_t) { x_[i] = alpha == 0.0f ? start_[i] : (1.0f - alpha) * start_[i] + alpha * x_[i]; });
       f.applied = static_cast<std::uint64_t>(most);
     }
+  }
+  void complete_in_flight() override {
+    for (Fragment& f : fragments_)
+      if (f.in_flight) land(f);
   }
   // theta_sync, the carried error and the outer optimizers' state.
   void save_synced(LocalState& st) {
@@ -361,8 +368,22 @@ class Diloco final : public GossipCore {
     }
     if (st.survivor) {
       const std::vector<float>& applied = saved_tensor(st, "diloco_applied", fragments_.size());
-      for (std::size_t p = 0; p < fragments_.size(); ++p) fragments_[p].applied = static_cast<std::uint64_t>(applied[p]);
-      return;  // nothing in flight
+      for (std::size_t p = 0; p < fragments_.size(); ++p) {
+        if (!(applied[p] >= 0 && applied[p] < 1.6e7f))
+          throw InvalidInput(str("diloco: a survivor's state counts ", applied[p], " outer steps of fragment ", p));
+        Fragment& f = fragments_[p];
+        f.applied = static_cast<std::uint64_t>(applied[p]);
+        // An average that landed before a join (complete_in_flight) is
+        // applied at its step; a survivor of a loss has none.
+        const std::vector<float>* flight = find(str("diloco_flight.", p));
+        f.apply_at = last_sync(f, steps_) + static_cast<std::uint64_t>(options_.sync_delay);
+        f.in_flight = f.landed = flight != nullptr && f.apply_at > steps_;
+        if (flight != nullptr && (!f.in_flight || flight->size() != f.elements))
+          throw InvalidInput(str("diloco: a survivor's state has an average in flight of fragment ", p,
+                                 " that does not fit step ", steps_));
+        if (flight) std::copy(flight->begin(), flight->end(), f.values.begin());
+      }
+      return;
     }
     for (std::size_t p = 0; p < fragments_.size(); ++p) {
       Fragment& f = fragments_[p];

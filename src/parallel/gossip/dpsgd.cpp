@@ -60,11 +60,17 @@ class Dpsgd final : public GossipCore {
     st.tensors.emplace_back("send", send_);
   }
   void load_tensors(const LocalState& st) override { send_ = saved_tensor(st, "send"); }
-  // A survivor drops the exchange in flight: the next step takes its own x.
-  void survivor_tensors(LocalState& st) override { st.tensors.emplace_back("send", x_); }
+  // A survivor drops the exchange in flight: the next step takes its own
+  // x (before a join, the exchange completes: its W x).
+  void survivor_tensors(LocalState& st) override { st.tensors.emplace_back("send", exchanged_ ? send_ : x_); }
+  void complete_in_flight() override {
+    if (push_sum_->in_flight()) blocked([&] { finish_exchange(); });
+    exchanged_ = true;
+  }
   void add_memory(MemoryUse& m) const override { m.params += send_.size() * sizeof(float); }
 
   std::vector<float> send_;
+  bool exchanged_ = false;  // complete_in_flight() finished the exchange into send_
 };
 
 }  // namespace

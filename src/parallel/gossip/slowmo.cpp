@@ -63,7 +63,12 @@ class Slowmo final : public GossipCore {
   void load_tensors(const LocalState& st) override {
     slow_x_ = saved_tensor(st, "slow_x");
     slow_u_ = saved_tensor(st, "slow_u");
-    if (st.survivor) outer_steps_ = static_cast<std::uint64_t>(saved_tensor(st, "slowmo_outer", 1)[0]);
+    if (st.survivor) {
+      const float outer = saved_tensor(st, "slowmo_outer", 1)[0];
+      if (!(outer >= 0 && outer < 1.6e7f))
+        throw InvalidInput(str("slowmo: a survivor's state counts ", outer, " outer steps"));
+      outer_steps_ = static_cast<std::uint64_t>(outer);
+    }
   }
   void survivor_tensors(LocalState& st) override {
     save_tensors(st);
