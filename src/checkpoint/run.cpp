@@ -55,6 +55,15 @@ RunState state_of(const RunParts& parts) {
   return s;
 }
 
+// Rank `rank`'s pieces of the strategy's state and of the averages (cut
+// like the parameters): a rank file's tensors, less a gossip rank's own.
+PieceSet rank_pieces(parallel::Strategy& strategy, int rank, const RunParts& parts) {
+  PieceSet pieces = strategy_pieces(strategy, rank);
+  if (parts.averaged != nullptr && parts.averaged->n_averaged() > 0)
+    pieces.append(own_pieces(strategy, rank, parts.averaged->params(), "avg."));
+  return pieces;
+}
+
 // Whether a gossip checkpoint's ranks go on one by one in this run.
 bool same_gossip_run(const RunState::Gossip& saved, const RunInfo& run, int world) {
   return saved.strategy == run.strategy && saved.world == world && saved.options == run.gossip;
@@ -85,9 +94,7 @@ std::uint64_t save(Communicator& comm, parallel::Strategy& strategy, const RunIn
   // The collective parts first (gossip: the consensus, the rounds in flight).
   // The pieces are views of the live parameters and optimizer state: the
   // file is streamed from them, never assembled in memory.
-  PieceSet pieces = strategy_pieces(strategy, comm.rank());
-  if (parts.averaged != nullptr && parts.averaged->n_averaged() > 0)
-    pieces.append(own_pieces(strategy, comm.rank(), parts.averaged->params(), "avg."));  // cut like the parameters
+  PieceSet pieces = rank_pieces(strategy, comm.rank(), parts);
   const std::optional<parallel::LocalState> local = strategy.local_state();
   std::vector<RunState::Gossip::Rank> ranks;
   if (local) {
@@ -172,12 +179,8 @@ Loaded capture(parallel::Strategy& strategy, const RunInfo& run, const RunParts&
   // Every rank's pieces, cut from this rank's replica: replicated values
   // cut as the ranks' files would hold them, which assemble joins.
   std::vector<Piece> pieces;
-  for (int r = 0; r < strategy.layout().world(); ++r) {
-    PieceSet set = strategy_pieces(strategy, r);
-    if (parts.averaged != nullptr && parts.averaged->n_averaged() > 0)
-      set.append(own_pieces(strategy, r, parts.averaged->params(), "avg."));
-    for (Piece& p : set.copies()) pieces.push_back(std::move(p));
-  }
+  for (int r = 0; r < strategy.layout().world(); ++r)
+    for (Piece& p : rank_pieces(strategy, r, parts).copies()) pieces.push_back(std::move(p));
   Loaded out;
   out.step = step;
   out.config = run.config;
@@ -238,9 +241,7 @@ constexpr int kBuddyTag = 0x4d43;  // keep_in_memory's messages
 
 InMemory keep_in_memory(Communicator& comm, parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts,
                         std::uint64_t step) {
-  PieceSet pieces = strategy_pieces(strategy, comm.rank());
-  if (parts.averaged != nullptr && parts.averaged->n_averaged() > 0)
-    pieces.append(own_pieces(strategy, comm.rank(), parts.averaged->params(), "avg."));
+  const PieceSet pieces = rank_pieces(strategy, comm.rank(), parts);
   InMemory m;
   m.step = step;
   m.world = comm.size();

@@ -217,10 +217,9 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
     });
     strategy = parallel::make_strategy(config.strategy, comm, layout, initial, config.optimizer, config.parallel);
   }
-  if (config.on_rank_failure == TrainConfig::OnRankFailure::go_on && strategy->info().per_rank_models &&
-      !strategy->survivor_state())
-    throw InvalidInput(str("--on-rank-failure continue: --strategy ", config.strategy,
-                           " has no state of its own to go on from without a lost rank"));
+  if (config.on_rank_failure == TrainConfig::OnRankFailure::go_on && !strategy->info().cannot_go_on.empty())
+    throw InvalidInput(str("--on-rank-failure continue: --strategy ", config.strategy, " (",
+                           strategy->info().cannot_go_on, ") cannot go on without a lost rank"));
   Optimizer& optimizer = strategy->optimizer();
   std::unique_ptr<Scheduler> scheduler;
   if (config.scheduler) scheduler = make_scheduler(optimizer, *config.scheduler);
@@ -628,7 +627,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
     // counts as done (its loss is not known).
     std::size_t done = result.steps + (applied ? 1 : 0);
     const parallel::StrategyInfo& info = strategy->info();
-    // A gossip survivor goes on from its own model (adpsgd has none).
+    // A gossip survivor goes on from its own model.
     const std::optional<parallel::LocalState> local = strategy->survivor_state();
     if (local && local->steps > done) {
       // Its update was applied and its mixing failed: the step counts as
@@ -708,12 +707,16 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         }
         // A replica's state, from rank `src` to every rank that has none or
         // an older one (`take`).
-        const auto share = [&](int src, bool take) {
-          std::vector<char> bytes = now->rank() == src ? checkpoint::to_bytes(*lost.state) : std::vector<char>();
+        // Bytes (a vector or a string) from rank `src` to every rank, size first.
+        const auto broadcast_bytes = [&](auto& bytes, int src) {
           std::uint64_t n = bytes.size();
           now->broadcast(&n, 1, ElemType::i64, src);
           bytes.resize(n);
           now->broadcast(bytes.data(), n, ElemType::u8, src);
+        };
+        const auto share = [&](int src, bool take) {
+          std::vector<char> bytes = now->rank() == src ? checkpoint::to_bytes(*lost.state) : std::vector<char>();
+          broadcast_bytes(bytes, src);
           if (take) lost.state = checkpoint::from_bytes(bytes);
         };
         if (lost.joins != 0 && (replicated || info.per_rank_models)) {
@@ -780,12 +783,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           // Gossip survivors: each goes on from its own model, in step
           // with the one ahead, whose run state (schedulers, scaler) all take.
           std::string run_state = lost.state->state;
-          if (behind) {
-            std::uint64_t n = run_state.size();
-            now->broadcast(&n, 1, ElemType::i64, src);
-            run_state.resize(n);
-            now->broadcast(run_state.data(), n, ElemType::u8, src);
-          }
+          if (behind) broadcast_bytes(run_state, src);
           checkpoint::rebase_survivor(*lost.state, now->rank(), now->size(), static_cast<std::uint64_t>(most), run_state);
         }
         if (behind) {

@@ -341,9 +341,10 @@ void prepare(TrainArgs& a) {
   }
   if (a.on_rank_failure == "continue") {
     const parallel::StrategyInfo& s = parallel::strategy_or_throw(a.config.strategy);
-    if (a.config.strategy == "adpsgd")
-      throw InvalidInput("--on-rank-failure continue: --strategy adpsgd (asynchronous pairs) cannot go on without a "
-                         "lost rank; ddp, zero1-3, the other gossip strategies and diloco can");
+    if (!s.cannot_go_on.empty())
+      throw InvalidInput(str("--on-rank-failure continue: --strategy ", s.name, " (", s.cannot_go_on,
+                             ") cannot go on without a lost rank; ddp, zero1-3, the other gossip strategies and "
+                             "diloco can"));
     if (!s.replicated_params && a.config.checkpoint_dir.empty() && !a.config.memory_checkpoint)
       throw InvalidInput(str("--on-rank-failure continue with --strategy ", a.config.strategy,
                              " needs --checkpoint-dir or --memory-checkpoint: a lost rank holds the only copy of its "

@@ -212,6 +212,10 @@ struct StrategyInfo {
   // The gossip graph without --topology (gossip::Topology's name); empty:
   // none (adpsgd pairs ranks itself, diloco averages exactly).
   std::string_view topology = {};
+  // Why its ranks cannot go on without a lost rank (--on-rank-failure
+  // continue), in a few words; empty: they can (Strategy::survivor_state
+  // for the gossip strategies).
+  std::string_view cannot_go_on = {};
   // Runs whole_tensor rules exactly only through RuleInfo::whole (gathering
   // each tensor's pieces); false: every rule's tensors are whole on the rank.
   bool whole_tensor_needs_gather = false;

@@ -81,6 +81,6 @@ class Adpsgd final : public GossipCore {
 
 constexpr const char* kHelp = "a whole model per rank; asynchronous pairwise averaging on a communication thread";
 extern const StrategyInfo kAdpsgd{.name = "adpsgd", .help = kHelp, .per_rank_models = true,
-                                  .option_misfit = topology_flags<true>, .make = make_gossip<Adpsgd>};
+                                  .cannot_go_on = "asynchronous pairs", .option_misfit = topology_flags<true>, .make = make_gossip<Adpsgd>};
 
 }  // namespace distopt::parallel::detail

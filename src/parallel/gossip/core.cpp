@@ -215,18 +215,14 @@ std::optional<LocalState> GossipCore::local_state() {
 // The layout of local_state() with weight 1 and no round in flight: x is
 // the de-biased model. A push-sum round that failed halfway scaled x and w
 // alike (PushSum::start) and added nothing, so x / w is this rank's model
-// with or without the round. (The cached z may predate the step's update.)
+// with or without the round (step() drops the cached z before mixing).
 std::optional<LocalState> GossipCore::survivor_state() {
   LocalState st;
   st.survivor = true;
   st.steps = steps_;
   st.scalars.push_back(1.0);
-  std::vector<float> z(x_);
-  if (w_ != 1.0) {
-    const auto inv = static_cast<float>(1.0 / w_);
-    for (float& v : z) v *= inv;
-  }
-  st.tensors.emplace_back("x", std::move(z));
+  const std::span<const float> z = model_values();
+  st.tensors.emplace_back("x", std::vector<float>(z.begin(), z.end()));
   survivor_tensors(st);
   // The padded layout depends on the world size, which changes: model-sized
   // tensors go in the model's flat layout.
