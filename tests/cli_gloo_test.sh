@@ -91,6 +91,10 @@ assert s["steps"] == 12 and s["membership_changes"] == 1 and s["world_at_end"] =
 assert s["backend"] == "gloo", s
 m = [r for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "membership"]
 assert len(m) == 1 and m[0]["step"] == 5 and m[0]["lost"] == [int(sys.argv[5])] and m[0]["world"] == 3, m
+# Every step once, also where rank 0 was lost: the promoted one's record
+# holds the steps before its promotion.
+steps = [r["step"] for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "step"]
+assert steps == list(range(1, 13)), steps
 t = float(sys.argv[6])
 if sys.argv[4].startswith("stall"):
     assert t <= s["seconds_lost"] <= t + 2, s["seconds_lost"]
@@ -168,15 +172,18 @@ cat "$tmp/stop/err.0" "$tmp/stop/err.1" "$tmp/stop/err.3" | grep -q "lost rank 2
 # between two steps and the run goes on at world 4 with the bits of a run
 # checkpointed at that step and resumed at world 4 -- into a world of 3,
 # and into one that lost rank 2 of 4 (ddp; zero2 there: back to the start,
-# no checkpoint yet, then admitted after the step its checkpoint records).
-# diloco admits a new rank only at the end of an outer cycle.
+# no checkpoint yet, then admitted after the step its checkpoint records,
+# on disk or kept in memory: zero2mem, the joiner taking its part of the
+# survivors' checkpoint in memory). diloco admits a new rank only at the
+# end of an outer cycle.
 j=("${long[@]}" --on-rank-failure continue --comm-timeout 10)
-for case in ddp-3 ddp-lost zero2-lost diloco-3; do
+for case in ddp-3 ddp-lost zero2-lost zero2mem-lost diloco-3; do
   extra=(); n=3; fault=
   case $case in
     *-lost) n=4; fault=DISTOPT_FAULT=kill:2:5 ;;
   esac
   [ "${case%%-*}" = zero2 ] && extra=(--strategy zero2 --checkpoint-dir "$tmp/$case/ck" --checkpoint-every 100)
+  [ "${case%%-*}" = zero2mem ] && extra=(--strategy zero2 --memory-checkpoint --checkpoint-every 100)
   [ "${case%%-*}" = diloco ] && extra=(--strategy diloco --sync-every 40)
   mkdir -p "$tmp/$case"
   ( if [ -n "$fault" ]; then
@@ -206,7 +213,7 @@ PY
   fi
   # The same run on the threads backend: world 3 to that step, resumed at 4.
   ref=("${base[@]}" --train-size 4096 --epochs 3)
-  [ "${case%%-*}" = zero2 ] && ref+=(--strategy zero2)
+  [ "${case%%-*}" = zero2 ] || [ "${case%%-*}" = zero2mem ] && ref+=(--strategy zero2)
   # (ddp-lost: world 4 to step 5, where rank 2 was lost, then world 3.)
   if [ "$case" = ddp-lost ]; then
     "$bin" "${ref[@]}" --world 4 --max-steps 5 --checkpoint-dir "$tmp/$case/ref" >/dev/null 2>&1

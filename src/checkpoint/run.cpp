@@ -267,33 +267,58 @@ InMemory keep_in_memory(Communicator& comm, parallel::Strategy& strategy, const 
   return m;
 }
 
-std::optional<Loaded> restore_from_memory(Communicator& comm, std::span<const InMemory> kept) {
-  // Per survivor: its rank and world when it kept them, and the steps kept
-  // (-1: none).
+std::optional<Loaded> restore_from_memory(Communicator& comm, std::span<const InMemory> kept, bool joining) {
+  // Per rank: its rank and world when it kept them (a joining rank: -1, 0),
+  // and the steps kept (-1: none).
   constexpr std::size_t kMost = 2, kPer = 2 + kMost;
   DISTOPT_CHECK(kept.size() <= kMost, kept.size(), " checkpoints kept in memory");
-  std::int64_t mine[kPer] = {kept.empty() ? -1 : kept[0].rank, kept.empty() ? 0 : kept[0].world, -1, -1};
+  DISTOPT_CHECK(!joining || kept.empty(), "a joining rank keeps no checkpoint");
+  std::int64_t mine[kPer] = {joining ? -1 : kept.empty() ? -2 : kept[0].rank, kept.empty() ? 0 : kept[0].world, -1, -1};
   for (std::size_t i = 0; i < kept.size(); ++i) mine[2 + i] = static_cast<std::int64_t>(kept[i].step);
   const auto n = static_cast<std::size_t>(comm.size());
   std::vector<std::int64_t> all(kPer * n);
   comm.all_gather(mine, all.data(), kPer, ElemType::i64);
+  // The ranks that kept checkpoints (all but the joining ones); the first
+  // of them sends the run's configuration and state to the joining ones.
+  std::vector<std::size_t> keepers;
+  for (std::size_t s = 0; s < n; ++s)
+    if (all[s * kPer] != -1) keepers.push_back(s);
+  if (keepers.empty()) return std::nullopt;
+  const std::size_t first = keepers[0];
   const auto keeps = [&](std::size_t s, std::int64_t step) {
     return all[s * kPer + 2] == step || all[s * kPer + 3] == step;
   };
   std::int64_t step = -1;
   for (std::size_t i = 2; i < kPer; ++i) {
-    const std::int64_t candidate = all[i];
+    const std::int64_t candidate = all[first * kPer + i];
     bool everyone = candidate >= 0;
-    for (std::size_t s = 0; s < n && everyone; ++s) everyone = keeps(s, candidate) && all[s * kPer + 1] == all[1];
+    for (std::size_t s : keepers)
+      everyone = everyone && keeps(s, candidate) && all[s * kPer + 1] == all[first * kPer + 1];
     if (everyone) step = std::max(step, candidate);
   }
   if (step < 0) return std::nullopt;
-  const auto world = static_cast<int>(all[1]);
+  const auto world = static_cast<int>(all[first * kPer + 1]);
   std::vector<char> alive(static_cast<std::size_t>(world), 0);
-  for (std::size_t s = 0; s < n; ++s) alive.at(static_cast<std::size_t>(all[s * kPer])) = 1;
+  for (std::size_t s : keepers) alive.at(static_cast<std::size_t>(all[s * kPer])) = 1;
   for (int q = 0; q < world; ++q)
     if (!alive[static_cast<std::size_t>(q)] && !alive[static_cast<std::size_t>((q + 1) % world)]) return std::nullopt;
-  const InMemory& at = kept[0].step == static_cast<std::uint64_t>(step) ? kept[0] : kept[1];
+  Loaded out;
+  out.step = static_cast<std::uint64_t>(step);
+  const InMemory* at = joining ? nullptr : kept[0].step == static_cast<std::uint64_t>(step) ? &kept[0] : &kept[1];
+  if (keepers.size() < n) {  // the joining ones take the first keeper's
+    std::string config = at != nullptr ? at->config : std::string(), state = at != nullptr ? at->state : std::string();
+    for (std::string* text : {&config, &state}) {
+      std::uint64_t size = text->size();
+      comm.broadcast(&size, 1, ElemType::i64, static_cast<int>(first));
+      text->resize(size);
+      comm.broadcast(text->data(), size, ElemType::u8, static_cast<int>(first));
+    }
+    out.config = std::move(config);
+    out.state = std::move(state);
+  } else {
+    out.config = at->config;
+    out.state = at->state;
+  }
   // This rank's file, and its buddy's where the buddy was lost: each a
   // rank number and a size, then the bytes.
   std::vector<std::byte> blob;
@@ -303,9 +328,11 @@ std::optional<Loaded> restore_from_memory(Communicator& comm, std::span<const In
     blob.insert(blob.end(), h, h + sizeof head);
     blob.insert(blob.end(), bytes.begin(), bytes.end());
   };
-  put(at.rank, at.mine);
-  const int buddy = (at.rank + world - 1) % world;
-  if (!alive[static_cast<std::size_t>(buddy)]) put(buddy, at.buddy);
+  if (at != nullptr) {
+    put(at->rank, at->mine);
+    const int buddy = (at->rank + world - 1) % world;
+    if (!alive[static_cast<std::size_t>(buddy)]) put(buddy, at->buddy);
+  }
   const auto size = static_cast<std::int64_t>(blob.size());
   std::vector<std::int64_t> sizes(n);
   comm.all_gather(&size, sizes.data(), 1, ElemType::i64);
@@ -326,10 +353,6 @@ std::optional<Loaded> restore_from_memory(Communicator& comm, std::span<const In
     pieces.insert(pieces.end(), std::make_move_iterator(mine_pieces.begin()), std::make_move_iterator(mine_pieces.end()));
     off += head[1];
   }
-  Loaded out;
-  out.step = static_cast<std::uint64_t>(step);
-  out.config = at.config;
-  out.state = at.state;
   out.wholes = assemble(pieces);
   return out;
 }

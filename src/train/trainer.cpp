@@ -170,6 +170,27 @@ std::string hash_params(const std::vector<float>& params) {
 
 namespace {
 
+// The observers a rank feeds: the run's (rank 0's only: null elsewhere)
+// and TrainConfig::every_rank_observer; either may be null.
+class RankObservers final : public Observer {
+ public:
+  RankObservers(Observer* rank0, Observer* every) : a_(rank0), b_(every) {}
+  bool any() const { return a_ != nullptr || b_ != nullptr; }
+  void on_start(int e, std::size_t s) override { each([&](Observer& o) { o.on_start(e, s); }); }
+  void on_step(const StepMetrics& m) override { each([&](Observer& o) { o.on_step(m); }); }
+  void on_epoch(const EpochMetrics& m) override { each([&](Observer& o) { o.on_epoch(m); }); }
+  void on_warning(const std::string& w) override { each([&](Observer& o) { o.on_warning(w); }); }
+  void on_membership(const MembershipChange& c) override { each([&](Observer& o) { o.on_membership(c); }); }
+
+ private:
+  template <class F>
+  void each(F f) {
+    if (a_ != nullptr) f(*a_);
+    if (b_ != nullptr) f(*b_);
+  }
+  Observer *a_, *b_;
+};
+
 // Thrown out of a segment whose world lost ranks, under OnRankFailure::go_on:
 // the state of the last step every survivor completed, kept in memory.
 struct Survivable {
@@ -252,7 +273,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   };
   if (config.resume) {
     const std::string warning = checkpoint::resume(comm, *strategy, *config.resume, run, parts(), start_swa);
-    if (!warning.empty() && observer != nullptr && comm.rank() == 0) observer->on_warning(warning);
+    if (!warning.empty()) RankObservers(comm.rank() == 0 ? observer : nullptr, config.every_rank_observer).on_warning(warning);
   }
   double grad_norm = -1;
   bool stepped = true;
@@ -274,8 +295,9 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   data::BatchSampler sampler(data.train.size(), config.batch_size, config.seed, config.drop_last);
   const std::size_t per_epoch = sampler.batches_per_epoch();
   const std::size_t features = data.train.features;
-  const bool report = observer != nullptr && comm.rank() == 0;
-  if (report && first) observer->on_start(config.epochs, per_epoch);
+  RankObservers reporting(comm.rank() == 0 ? observer : nullptr, config.every_rank_observer);
+  const bool report = reporting.any();
+  if (report && first) reporting.on_start(config.epochs, per_epoch);
 
   // This rank's piece of a batch, gathered contiguously.
   // (A batch never holds more than the training set.)
@@ -356,7 +378,8 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   };
   if (config.max_steps != 0 && start_step >= config.max_steps) stop = true;
   bool applied = false;  // the step in progress has updated the parameters
-  const bool may_grow = elastic && (!config.checkpoint_dir.empty() || strategy->info().replicated_params) &&
+  const bool may_grow = elastic &&
+                        (!config.checkpoint_dir.empty() || in_memory || strategy->info().replicated_params) &&
                         strategy->can_run_at(world + 1);
   // What follows a step's update: the scaler's, the EMA's and the
   // scheduler's steps.
@@ -430,7 +453,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         const double loss = loss_sum / count;
         if (report) {
           const double t = seconds_since(epoch_start);
-          observer->on_step({epoch, result.steps, k + 1, per_epoch, loss, lr, seconds_since(start),
+          reporting.on_step({epoch, result.steps, k + 1, per_epoch, loss, lr, seconds_since(start),
                              t > 0 ? epoch_count / t : 0, grad_norm, loss_scale, !stepped, strategy->bytes_sent()});
         }
         // Loss scaling skips steps with inf/NaN gradients on purpose: only a
@@ -450,7 +473,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
                                      "); lower --lr or clip gradients (--clip-grad-norm), or pass --on-nonfinite "
                                      "warn|ignore to train on"));
           if (config.on_nonfinite == TrainConfig::OnNonFinite::warn && !warned && report)
-            observer->on_warning(
+            reporting.on_warning(
                 str("step ", result.steps, ": ", what, " (", last, "); training goes on (--on-nonfinite warn)"));
           warned = true;
         } else {
@@ -508,10 +531,11 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
             // rank 0's), as after a loss, but with nothing lost.
             out.state = checkpoint::capture_survivor(*strategy, run, parts(), *local, comm.rank(), comm.size());
           } else if (last_saved != result.steps) {
-            save(epoch);  // the new ranks read their shards from it
+            save(epoch);  // the new ranks read their shards from it (on disk or kept in memory)
             last_saved = result.steps;
           }
           add_counts(out.counts, result);
+          out.memory = std::move(kept);
           throw out;
         }
       }
@@ -561,7 +585,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         result.averaged->test_accuracy = em.avg_test_accuracy;
       }
       em.wall_s = seconds_since(start);
-      if (report) observer->on_epoch(em);
+      if (report) reporting.on_epoch(em);
       if (save_after_epoch) {
         save(epoch);
         last_saved = result.steps;
@@ -724,7 +748,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         } else if (!lost.state) {
           // Back to the last checkpoint kept in memory (--memory-checkpoint),
           if (c.memory_checkpoint) {
-            if (auto m = checkpoint::restore_from_memory(*now, lost.memory)) {
+            if (auto m = checkpoint::restore_from_memory(*now, lost.memory, rank_before < 0)) {
               lost.state = std::move(*m);
               from_memory = true;
             }
@@ -829,7 +853,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     else
       c.resume = std::make_shared<const checkpoint::Loaded>(std::move(*lost.state));
     change.seconds = seconds_since(lost.since);
-    if (observer != nullptr && now->rank() == 0) observer->on_membership(change);
+    RankObservers(now->rank() == 0 ? observer : nullptr, config.every_rank_observer).on_membership(change);
     changes.push_back(std::move(change));
   }
 }

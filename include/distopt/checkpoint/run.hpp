@@ -120,7 +120,9 @@ InMemory keep_in_memory(Communicator& comm, parallel::Strategy& strategy, const 
 // checkpoint of the newest step every survivor keeps, each lost rank's
 // file from its buddy. None where no step is kept by all, or a lost
 // rank's buddy was lost too (the checkpoint on disk is then the way back).
-std::optional<Loaded> restore_from_memory(Communicator& comm, std::span<const InMemory> kept);
+// A rank that joins the run keeps none and passes `joining`: it receives
+// the checkpoint with the others.
+std::optional<Loaded> restore_from_memory(Communicator& comm, std::span<const InMemory> kept, bool joining = false);
 
 // A state kept in memory (capture) as bytes, to send to a rank that joins
 // a run, and back. from_bytes checks every size against the bytes before

@@ -137,6 +137,11 @@ struct TrainConfig {
   // OnRankFailure::go_on, a run admits the processes that wait to join
   // between two steps (Communicator::pending_joins, grow).
   bool joining = false;
+  // Fed on every rank, where train()'s observer is fed on rank 0 only: a
+  // process world whose rank 0 may change (a survivor promoted after a
+  // loss) keeps each process's record of the whole run until the end shows
+  // which one reports.
+  class Observer* every_rank_observer = nullptr;
 };
 
 // A change of the run's world: ranks lost after `step`.
