@@ -226,6 +226,35 @@ PY
   [ "$(hash_of "$tmp/$case/out.0")" = "$want" ] || fail "join $case: not the bits of the run resumed at world 4 from step $step"
 done
 
+# 7b. A rank lost in the step where a process waits to join (diloco, at an
+# outer cycle's end, H = 80: rank 2 killed after step 80 with the joiner's
+# request pending, the run held until it is): the others form the group of
+# the survivors and admit no one (some may have been admitting it, others
+# shrinking); the joiner waits on and is admitted at the next cycle's end.
+case=lost-while-joining
+mkdir -p "$tmp/$case"
+jd=("${j[@]}" --strategy diloco --sync-every 80)
+( for i in $(seq 600); do [ -s "$tmp/$case/rv/published.config" ] && [ -s "$tmp/$case/pid.3" ] && break; sleep 0.01; done
+  for r in 0 1 2 3; do kill -STOP "$(cat "$tmp/$case/pid.$r")"; done
+  "$bin" "${jd[@]}" --join "$tmp/$case/rv" >"$tmp/$case/out.join" 2>"$tmp/$case/err.join" &
+  joiner=$!
+  for i in $(seq 600); do [ -e "$tmp/$case/rv/join.0" ] && break; sleep 0.01; done
+  for r in 0 1 2 3; do kill -CONT "$(cat "$tmp/$case/pid.$r")"; done
+  wait $joiner
+  echo $? >"$tmp/$case/status.join" ) &
+gloo_run $case 4 DISTOPT_FAULT=kill:2:80 -- "${jd[@]}" --metrics "$tmp/$case/m.jsonl"
+wait
+[ "$(statuses $case)" = "0 0 137 0" ] || fail "$case: exits $(statuses $case): $(cat "$tmp/$case"/err.*)"
+[ "$(cat "$tmp/$case/status.join")" = 0 ] || fail "$case: the joiner: $(cat "$tmp/$case/err.join")"
+python3 - "$tmp/$case/out.0" "$tmp/$case/m.jsonl" <<'PY' || fail "$case: summary or metrics: $(cat "$tmp/$case/err.0")"
+import json, sys
+s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+assert s["world_at_end"] == 4 and s["steps"] == 258 and s["membership_changes"] == 2, s
+m = [(r["step"], r["world_before"], r["world"], r["lost"], r["joined"])
+     for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "membership"]
+assert m == [(80, 4, 3, [2], []), (160, 3, 4, [], [3])], m
+PY
+
 # 8. Bad input: one line each.
 b=("${sv[@]}" --max-steps 3 --backend gloo --world 2)
 expect_error 2 "--backend gloo needs --world N, --rank R (0 .. N-1) and --rendezvous DIR" -- "${b[@]}" --rendezvous "$tmp/b1"

@@ -268,6 +268,79 @@ TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
   EXPECT_EQ(sums, (std::vector<float>{13, 13, 13, 13}));
 }
 
+TEST(Gloo, ARankLostWhileAJoinWaitsLeavesTheSurvivorsWhoAdmitItNext) {
+  // Four ranks see a process waiting to join; rank 2 is lost in that step.
+  // Ranks 0 and 1 grow, rank 3 (which saw the loss) shrinks: all three form
+  // the survivors' group, admitting no one; the joiner waits on, and the
+  // survivors then admit it as rank 3.
+  const std::string dir = fresh_dir("lostjoin");
+  std::vector<int> size_mid(4, -1), size_after(5, -1), rank_after(5, -1);
+  std::vector<float> sums(5, -1);
+  std::thread joiner([&] {
+    std::this_thread::sleep_for(300ms);
+    try {
+      GlooOptions o;
+      o.rendezvous = dir;
+      o.host = "127.0.0.1";
+      o.timeout = 10s;
+      o.elastic = Elastic::on;
+      o.join = true;
+      auto world = open_gloo_world(o);
+      size_after[4] = world->comm().size();
+      rank_after[4] = world->comm().rank();
+      float y = 10;
+      world->comm().all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
+      sums[4] = y;
+      world->finish();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "joiner: " << e.what();
+    }
+  });
+  run_gloo(4, dir + "/", 10s, Elastic::on, [&](GlooWorld& w, int r) {
+    std::int32_t joins = 0;
+    for (int round = 0; joins == 0 && round < 1000; ++round) {
+      joins = r == 0 ? w.comm().pending_joins() : 0;
+      w.comm().broadcast(&joins, 1, ElemType::i32, 0);
+      if (joins == 0) std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_EQ(joins, 1);
+    if (r == 2) return;  // gone
+    std::unique_ptr<Communicator> mid;
+    if (r == 3) {
+      float x = 1;
+      try {
+        for (;;) w.comm().all_reduce(&x, &x, 1, ElemType::f32, ReduceOp::sum);
+      } catch (const RankLost&) {
+      }
+      mid = w.comm().shrink();
+    } else {
+      mid = w.comm().grow(joins);
+    }
+    size_mid[r] = mid->size();
+    EXPECT_EQ(w.members(), (std::vector<int>{0, 1, 3}));
+    joins = 0;
+    for (int round = 0; joins == 0 && round < 1000; ++round) {
+      joins = mid->rank() == 0 ? mid->pending_joins() : 0;
+      mid->broadcast(&joins, 1, ElemType::i32, 0);
+      if (joins == 0) std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_EQ(joins, 1);
+    auto next = mid->grow(joins);
+    size_after[r] = next->size();
+    rank_after[r] = next->rank();
+    float y = static_cast<float>(r + 1);
+    next->all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
+    sums[r] = y;
+    EXPECT_EQ(w.members(), (std::vector<int>{0, 1, 3, 4}));
+    w.finish();
+  });
+  joiner.join();
+  EXPECT_EQ(size_mid, (std::vector<int>{3, 3, -1, 3}));
+  EXPECT_EQ(size_after, (std::vector<int>{4, 4, -1, 4, 4}));
+  EXPECT_EQ(rank_after, (std::vector<int>{0, 1, -1, 2, 3}));
+  EXPECT_EQ(sums, (std::vector<float>{17, 17, -1, 17, 17}));
+}
+
 TEST(Gloo, AJoinNobodyAdmitsIsWithdrawnAtTheTimeOut) {
   std::string what;
   const std::string dir = fresh_dir("nojoin");

@@ -7,11 +7,14 @@
 // point-to-point messages the slot of their tag. Sums are reduce_ordered's.
 //
 // Membership: every process beats (a counter in its heartbeat file, 10 times
-// a second). To re-form after a loss, each survivor announces itself for the
-// next epoch and waits until every member of the current one has announced
-// itself or fallen silent (its heartbeat unchanged for kSilent), at most the
-// time-out; the first to finish waiting writes the new member list, created
-// exclusively, so that there is one decision; every survivor reads it.
+// a second). To re-form after a loss or to admit waiting processes, each
+// member announces itself for the next epoch and waits until every member
+// of the current one has announced itself or fallen silent (its heartbeat
+// unchanged for kSilent), at most the time-out. The new member list is
+// created exclusively, so that there is one decision, which every member
+// reads: the first member's, admitting new ranks, where every member came;
+// otherwise that of the first to finish waiting, without the silent ones
+// and admitting none (GlooComm::reform).
 #include "distopt/comm/gloo.hpp"
 
 #include <netdb.h>
@@ -439,6 +442,7 @@ class GlooComm final : public Communicator {
 
   std::unique_ptr<Communicator> do_shrink() override;
   std::unique_ptr<Communicator> do_grow(int joins) override;
+  std::unique_ptr<Communicator> reform(int joins);
 
  public:
   int pending_joins() override {
@@ -533,24 +537,46 @@ std::vector<int> decode(const std::vector<char>& text) {
   return out;
 }
 
-// The grown group of `epoch` (do_grow's decision): its members and the
-// join counters after it, as every member and every new rank reads them.
-struct Grown {
+// A re-forming's decision ("members/<epoch>", created once): the join
+// counters after it, then the members. Its new members (first numbered
+// from the counters before it) are the processes it admitted.
+struct Decision {
   std::vector<int> members;
   int next_join = 0, next_id = 0;
 };
-Grown read_grown(const DirStore& store, int epoch) {
-  const std::string decision = str("members/", epoch), grown = str("grow/", epoch);
-  const std::vector<int> counters = decode(store.read(grown));
-  if (counters.size() != 2) throw CommError(str("rendezvous: ", store.path(grown), " is malformed"));
-  return {decode(store.read(decision)), counters[0], counters[1]};
+std::vector<char> encode(const Decision& d) {
+  std::vector<int> all = {d.next_join, d.next_id};
+  all.insert(all.end(), d.members.begin(), d.members.end());
+  return encode(all);
+}
+Decision read_decision(const DirStore& store, int epoch) {
+  const std::string key = str("members/", epoch);
+  std::vector<int> all = decode(store.read(key));
+  if (all.size() < 3 || all[0] < 0 || all[1] < 0)
+    throw CommError(str("rendezvous: ", store.path(key), " is malformed"));
+  return {std::vector<int>(all.begin() + 2, all.end()), all[0], all[1]};
 }
 
-std::unique_ptr<Communicator> GlooComm::do_shrink() {
-  if (!top_) throw CommError("only a world's top communicator re-forms without its lost ranks");
+std::unique_ptr<Communicator> GlooComm::do_shrink() { return reform(0); }
+
+std::unique_ptr<Communicator> GlooComm::do_grow(int joins) {
+  if (joins < 1) throw CommError(str("grow: ", joins, " new ranks"));
+  return reform(joins);
+}
+
+// Survivors and admissions decide together: a rank lost in the step where
+// processes wait to join makes some ranks shrink and others grow, and both
+// come here. Each member announces itself for the next epoch and waits
+// until every member has announced itself or fallen silent (its heartbeat
+// unchanged for kSilent), at most the time-out. Where every member came,
+// the first one decides, admitting up to `joins` waiting processes (its
+// own count: 0 where it shrinks); where some did not, the first to finish
+// waiting decides the group of those that came, and admits none.
+std::unique_ptr<Communicator> GlooComm::reform(int joins) {
+  if (!top_) throw CommError("only a world's top communicator re-forms (without its lost ranks, or with new ones)");
   if (shared_->elastic != Elastic::on)
-    throw CommError("this gloo world was opened without Elastic::on: it does not go on without its lost ranks");
-  // The peers still waiting on this rank learn of the loss at once.
+    throw CommError("this gloo world was opened without Elastic::on: it does not re-form");
+  // The peers still waiting on this rank learn of the change at once.
   try {
     ctx_->closeConnections();
   } catch (const std::exception&) {
@@ -559,16 +585,14 @@ std::unique_ptr<Communicator> GlooComm::do_shrink() {
   std::lock_guard lock(sh.m);
   const int next = sh.epoch + 1;
   const std::vector<int> before = sh.members;
+  const std::string decision = str("members/", next);
   sh.store.set(str("alive/", next, "/", sh.first), bytes_of("1"));
-  // Who comes: each member of the current group announces itself, or falls
-  // silent (its heartbeat stops), or the time-out passes.
   const auto start = Clock::now();
   struct Seen {
     std::string beat;
     Clock::time_point since;
   };
   std::map<int, Seen> beats;
-  const std::string decision = str("members/", next);
   while (!sh.store.has(decision)) {
     std::vector<int> present;
     bool pending = false;
@@ -587,78 +611,56 @@ std::unique_ptr<Communicator> GlooComm::do_shrink() {
       if (!fresh && it->second.beat != beat) it->second = Seen{beat, Clock::now()};
       if (Clock::now() - it->second.since < kSilent) pending = true;
     }
-    if (!pending || Clock::now() - start > timeout()) {
-      sh.store.create_once(decision, encode(present));  // the first decides
+    const bool late = Clock::now() - start > timeout();
+    Decision d{present, sh.next_join, sh.next_id};
+    if (present.size() == before.size() && sh.first == before.front()) {
+      // The answers first, then the decision: a request withdrawn
+      // meanwhile keeps its "withdrawn"; one answered for a decision that
+      // another member made first asks again (join()).
+      for (int taken = 0; taken < joins && sh.store.has(str("join/", d.next_join)); ++d.next_join) {
+        if (!sh.store.create_once(str("joined/", d.next_join), bytes_of(str(next, " ", d.next_id)))) continue;
+        d.members.push_back(d.next_id++);
+        ++taken;
+      }
+      sh.store.create_once(decision, encode(d));
+      break;
+    }
+    // Every member came: the first decides (another only once it is late).
+    if ((present.size() < before.size() && !pending) || late) {
+      sh.store.create_once(decision, encode(d));
       break;
     }
     std::this_thread::sleep_for(milliseconds(5));
   }
-  const std::vector<int> after = decode(sh.store.read(decision));
+  const Decision d = read_decision(sh.store, next);
+  const std::vector<int>& after = d.members;
   const auto at = std::find(after.begin(), after.end(), sh.first);
   if (at == after.end())
     throw CommError(str("rank ", rank(), " (first rank ", sh.first, ") was left out when the others re-formed the group ",
                         "without their lost ranks (it answered after the time-out or after they had decided)"));
-  if (2 * after.size() <= before.size())
-    throw CommError(str("only ", after.size(), " of the ", before.size(), " ranks (first ranks ", rank_list(after),
+  const auto stayed = static_cast<std::size_t>(
+      std::count_if(after.begin(), after.end(), [&](int m) { return std::find(before.begin(), before.end(), m) != before.end(); }));
+  if (2 * stayed <= before.size())
+    throw CommError(str("only ", stayed, " of the ", before.size(), " ranks (first ranks ", rank_list(after),
                         ") are left after a loss: a group goes on only with more than half of its ranks (no split brain)"));
   sh.epoch = next;
-  sh.members = after;
+  sh.next_join = d.next_join;
+  sh.next_id = d.next_id;
   sh.splits = 0;
+  // The members change at once where no process was admitted, and once the
+  // grown group is connected where some were: a rank lost meanwhile makes
+  // the others re-form from the group they had (the new ones, who cannot
+  // connect either, end).
+  const bool grown = stayed < after.size();
+  if (!grown) sh.members = after;
   try {
     auto ctx = connect(sh, str("e", next), static_cast<int>(at - after.begin()), static_cast<int>(after.size()),
                        timeout());
-    return std::make_unique<GlooComm>(shared_, std::move(ctx), true);
-  } catch (const std::exception& e) {
-    // A member lost while re-forming: the survivors re-form again.
-    throw RankLost(str("re-forming the group of first ranks ", rank_list(after), ": ", e.what()));
-  }
-}
-
-// The grown group: the first member picks the first `joins` requests not
-// withdrawn, gives them the next rank numbers and writes the decision; the
-// others read it.
-std::unique_ptr<Communicator> GlooComm::do_grow(int joins) {
-  if (!top_ || shared_->elastic != Elastic::on)
-    throw CommError("only an elastic gloo world's top communicator admits new ranks");
-  Shared& sh = *shared_;
-  std::lock_guard lock(sh.m);
-  const int next = sh.epoch + 1;
-  const std::string decision = str("members/", next), grown = str("grow/", next);
-  if (rank() == 0) {
-    std::vector<int> after = sh.members;
-    int k = sh.next_join, id = sh.next_id;
-    for (int taken = 0; taken < joins && sh.store.has(str("join/", k)); ++k) {
-      // The answer is created once: a request withdrawn meanwhile (its
-      // process gave up waiting) keeps its "withdrawn".
-      if (!sh.store.create_once(str("joined/", k), bytes_of(str(next, " ", id)))) continue;
-      after.push_back(id++);
-      ++taken;
-    }
-    sh.store.set(grown, bytes_of(str(k, ",", id)));
-    sh.store.create_once(decision, encode(after));
-  } else {
-    try {
-      sh.store.wait({grown, decision});
-    } catch (const CommTimeout& e) {
-      throw RankLost(str("admitting new ranks: rank 0 did not decide (", e.what(), ")"));
-    }
-  }
-  const Grown g = read_grown(sh.store, next);
-  const std::vector<int>& after = g.members;
-  sh.next_join = g.next_join;
-  sh.next_id = g.next_id;
-  // The members change once the grown group is connected: a rank lost
-  // meanwhile makes the others shrink from the group they had (the new
-  // ones, who cannot connect either, end).
-  sh.epoch = next;
-  sh.splits = 0;
-  const int index = static_cast<int>(std::find(after.begin(), after.end(), sh.first) - after.begin());
-  try {
-    auto ctx = connect(sh, str("e", next), index, static_cast<int>(after.size()), timeout());
     sh.members = after;
     return std::make_unique<GlooComm>(shared_, std::move(ctx), true);
   } catch (const std::exception& e) {
-    throw RankLost(str("admitting new ranks (first ranks ", rank_list(after), "): ", e.what()));
+    throw RankLost(str(grown ? "admitting new ranks" : "re-forming the group", " (first ranks ", rank_list(after),
+                       "): ", e.what()));
   }
 }
 
@@ -777,50 +779,52 @@ class World final : public GlooWorld {
   // Asks to join ("join/<k>", the first k free) and waits for the answer
   // ("joined/<k>": the epoch and this process's rank number), withdrawing
   // the request once the run has not seen it for the time-out ("joins-seen"
-  // unchanged); then connects to the grown group.
+  // unchanged); then connects to the grown group. An answer whose epoch's
+  // group left this process out (a member decided it without admissions:
+  // GlooComm::reform) is answered by asking again.
   void join(const GlooOptions& o, const std::string& owner) {
     Shared& sh = *shared_;
     if (!sh.store.has("rank/0"))
       throw InvalidInput(str("--join ", o.rendezvous, ": no run has started there"));
-    int k = 0;
-    while (!sh.store.create_once(str("join/", k), bytes_of(owner))) ++k;
-    const std::string answer = str("joined/", k);
-    auto start = Clock::now();
-    std::string seen = read_or_empty(sh.store, "joins-seen");
-    for (int polls = 0; !sh.store.has(answer); ++polls) {
-      if (polls % 20 == 19) {  // every 0.1 s: the run saw the request again
-        std::string now = read_or_empty(sh.store, "joins-seen");
-        if (now != seen) seen = std::move(now), start = Clock::now();
+    int k = 0, epoch = 0, id = -1;
+    Decision d;
+    for (;;) {
+      while (!sh.store.create_once(str("join/", k), bytes_of(owner))) ++k;
+      const std::string answer = str("joined/", k);
+      auto start = Clock::now();
+      std::string seen = read_or_empty(sh.store, "joins-seen");
+      for (int polls = 0; !sh.store.has(answer); ++polls) {
+        if (polls % 20 == 19) {  // every 0.1 s: the run saw the request again
+          std::string now = read_or_empty(sh.store, "joins-seen");
+          if (now != seen) seen = std::move(now), start = Clock::now();
+        }
+        const bool ended = sh.store.has("closed");
+        if ((ended || Clock::now() - start > o.timeout) && sh.store.create_once(answer, bytes_of("withdrawn"))) {
+          if (ended) throw CommError(str("--join ", o.rendezvous, ": the run ended before it admitted this process"));
+          throw CommTimeout(str("--join ", o.rendezvous, ": the run did not admit this process within ",
+                                seconds(o.timeout), " (it admits new ranks between two steps)"));
+        }
+        std::this_thread::sleep_for(milliseconds(5));
       }
-      const bool ended = sh.store.has("closed");
-      if ((ended || Clock::now() - start > o.timeout) && sh.store.create_once(answer, bytes_of("withdrawn"))) {
-        if (ended) throw CommError(str("--join ", o.rendezvous, ": the run ended before it admitted this process"));
-        throw CommTimeout(str("--join ", o.rendezvous, ": the run did not admit this process within ",
-                              seconds(o.timeout), " (it admits new ranks between two steps)"));
-      }
-      std::this_thread::sleep_for(milliseconds(5));
+      std::istringstream in([&] {
+        const auto a = sh.store.read(answer);
+        return std::string(a.begin(), a.end());
+      }());
+      in >> epoch >> id;
+      if (epoch <= 0 || id < 0) throw CommError(str("--join ", o.rendezvous, ": a malformed answer in ", answer));
+      sh.store.wait({str("members/", epoch)});
+      d = read_decision(sh.store, epoch);
+      if (std::find(d.members.begin(), d.members.end(), id) != d.members.end()) break;
     }
-    std::istringstream in([&] {
-      const auto a = sh.store.read(answer);
-      return std::string(a.begin(), a.end());
-    }());
-    int epoch = 0, id = -1;
-    in >> epoch >> id;
-    if (epoch <= 0 || id < 0) throw CommError(str("--join ", o.rendezvous, ": a malformed answer in ", answer));
-    const std::string decision = str("members/", epoch), grown = str("grow/", epoch);
-    sh.store.wait({decision, grown});
-    const Grown g = read_grown(sh.store, epoch);
-    const std::vector<int>& after = g.members;
+    const std::vector<int>& after = d.members;
     const auto at = std::find(after.begin(), after.end(), id);
-    if (at == after.end())
-      throw CommError(str("--join ", o.rendezvous, ": rank ", id, " is not in the group of epoch ", epoch));
     {
       std::lock_guard lock(sh.m);
       sh.first = id;
       sh.epoch = epoch;
       sh.members = after;
-      sh.next_join = g.next_join;
-      sh.next_id = g.next_id;
+      sh.next_join = d.next_join;
+      sh.next_id = d.next_id;
     }
     sh.start_beating();
     try {

@@ -743,7 +743,13 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           broadcast_bytes(bytes, src);
           if (take) lost.state = checkpoint::from_bytes(bytes);
         };
-        if (lost.joins != 0 && (replicated || info.per_rank_models)) {
+        // Whether the group admitted new ranks (a re-forming admits none
+        // where a rank was lost, though some ranks asked it to grow).
+        const std::int64_t was = rank_before;
+        std::vector<std::int64_t> ranks_before(static_cast<std::size_t>(now->size()));
+        now->all_gather(&was, ranks_before.data(), 1, ElemType::i64);
+        const bool admitted = std::find(ranks_before.begin(), ranks_before.end(), -1) != ranks_before.end();
+        if (admitted && (replicated || info.per_rank_models)) {
           share(0, !lost.state);  // the new ranks take rank 0's state; the others have their own
         } else if (!lost.state) {
           // Back to the last checkpoint kept in memory (--memory-checkpoint),

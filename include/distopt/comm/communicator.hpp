@@ -157,7 +157,10 @@ class Communicator {
   // join (asked on rank 0; not collective; always 0 where none can). grow()
   // is collective over this world's top communicator and the first `joins`
   // of them: a new communicator with the current ranks first, in order,
-  // and the new ones after them. Backends that cannot throw CommError.
+  // and the new ones after them. A rank lost meanwhile makes the others
+  // shrink() while some grow(): both then form the group of the survivors,
+  // admitting no one (a grow may thus return a smaller world). Backends
+  // that cannot throw CommError.
   virtual int pending_joins() { return 0; }
   std::unique_ptr<Communicator> grow(int joins);
 
