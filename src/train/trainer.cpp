@@ -749,6 +749,9 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         std::vector<std::int64_t> ranks_before(static_cast<std::size_t>(now->size()));
         now->all_gather(&was, ranks_before.data(), 1, ElemType::i64);
         const bool admitted = std::find(ranks_before.begin(), ranks_before.end(), -1) != ranks_before.end();
+        if (lost.joins > 0 && !admitted)
+          lost.what = str("a rank was lost in the step that was to admit ", lost.joins,
+                          " new rank(s); they wait for the next that can");
         if (admitted && (replicated || info.per_rank_models)) {
           share(0, !lost.state);  // the new ranks take rank 0's state; the others have their own
         } else if (!lost.state) {
