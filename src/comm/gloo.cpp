@@ -576,10 +576,16 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
   if (!top_) throw CommError("only a world's top communicator re-forms (without its lost ranks, or with new ones)");
   if (shared_->elastic != Elastic::on)
     throw CommError("this gloo world was opened without Elastic::on: it does not re-form");
-  // The peers still waiting on this rank learn of the change at once.
-  try {
-    ctx_->closeConnections();
-  } catch (const std::exception&) {
+  // After a loss, the peers still waiting on this rank learn of it at once.
+  // Not where this rank grows: gloo closes hard (a reset), which would drop
+  // the step's last messages still in this side's socket buffer, and no
+  // peer waits on a rank that passed the step (the ranks that shrink
+  // meanwhile failed on the lost one).
+  if (joins == 0) {
+    try {
+      ctx_->closeConnections();
+    } catch (const std::exception&) {
+    }
   }
   Shared& sh = *shared_;
   std::lock_guard lock(sh.m);
@@ -593,6 +599,18 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
     Clock::time_point since;
   };
   std::map<int, Seen> beats;
+  // Whether member m's heartbeat has changed within kSilent.
+  const auto beating = [&](int m) {
+    std::string beat;
+    try {
+      const auto b = sh.store.read(str("hb/", m));
+      beat.assign(b.begin(), b.end());
+    } catch (const CommError&) {
+    }
+    auto [it, fresh] = beats.try_emplace(m, Seen{beat, Clock::now()});
+    if (!fresh && it->second.beat != beat) it->second = Seen{beat, Clock::now()};
+    return Clock::now() - it->second.since < kSilent;
+  };
   while (!sh.store.has(decision)) {
     std::vector<int> present;
     bool pending = false;
@@ -601,15 +619,7 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
         present.push_back(m);
         continue;
       }
-      std::string beat;
-      try {
-        const auto b = sh.store.read(str("hb/", m));
-        beat.assign(b.begin(), b.end());
-      } catch (const CommError&) {
-      }
-      auto [it, fresh] = beats.try_emplace(m, Seen{beat, Clock::now()});
-      if (!fresh && it->second.beat != beat) it->second = Seen{beat, Clock::now()};
-      if (Clock::now() - it->second.since < kSilent) pending = true;
+      if (beating(m)) pending = true;
     }
     const bool late = Clock::now() - start > timeout();
     Decision d{present, sh.next_join, sh.next_id};
@@ -625,7 +635,15 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
       sh.store.create_once(decision, encode(d));
       break;
     }
-    // Every member came: the first decides (another only once it is late).
+    // Every member came: the first decides; another only once it is late,
+    // or once the first fell silent after it came (then without it).
+    if (present.size() == before.size() && sh.first != before.front() && !beating(before.front())) {
+      d.members.erase(d.members.begin());
+      sh.store.create_once(decision, encode(d));
+      break;
+    }
+    // Some did not come: the first to see the others all come or fall
+    // silent decides.
     if ((present.size() < before.size() && !pending) || late) {
       sh.store.create_once(decision, encode(d));
       break;

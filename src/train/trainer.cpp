@@ -420,9 +420,9 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
         mine[0] = s.loss_sum;
         mine[1] = s.count;
         mine[2] = config.stop_flag ? static_cast<double>(config.stop_flag->load(std::memory_order_relaxed)) : 0.0;
-        // (New ranks of a sharded run read the checkpoint written when they
-        // are admitted: none without a checkpoint folder; a gossip graph
-        // may not exist at one rank more.)
+        // (New ranks of a sharded run take the checkpoint written or kept
+        // in memory when they are admitted: none without either; a gossip
+        // graph may not exist at one rank more.)
         if (may_grow && comm.rank() == 0) mine[3] = comm.pending_joins();
         gather = comm.iall_gather(mine, all.data(), per, ElemType::f64);
         stepped = true;
@@ -749,7 +749,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         std::vector<std::int64_t> ranks_before(static_cast<std::size_t>(now->size()));
         now->all_gather(&was, ranks_before.data(), 1, ElemType::i64);
         const bool admitted = std::find(ranks_before.begin(), ranks_before.end(), -1) != ranks_before.end();
-        if (lost.joins > 0 && !admitted)
+        if (lost.joins > 0 && !admitted && now->size() < before)
           lost.what = str("a rank was lost in the step that was to admit ", lost.joins,
                           " new rank(s); they wait for the next that can");
         if (admitted && (replicated || info.per_rank_models)) {
@@ -770,6 +770,9 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           now->barrier();
           if (checkpoint::latest_complete(c.checkpoint_dir))
             lost.state = checkpoint::load_latest(c.checkpoint_dir);
+          else if (rank_before < 0)
+            throw CommError(str("a rank of the run was lost while this process joined it, and the checkpoint it was ",
+                                "to take went with it: start it again"));
           else if (c.resume)
             lost.state = *c.resume;  // none written since the run resumed: from where it resumed
           else
@@ -784,6 +787,9 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
           std::vector<std::int64_t> kinds(static_cast<std::size_t>(now->size()));
           now->all_gather(&kind, kinds.data(), 1, ElemType::i64);
           if (std::any_of(kinds.begin(), kinds.end(), [&](std::int64_t k) { return k != kinds[0]; })) {
+            if (rank_before < 0)
+              throw CommError("a rank of the run was lost while this process joined it, and the others go back to "
+                              "where they started: start it again");
             if (c.resume)
               lost.state = *c.resume;
             else
