@@ -255,6 +255,23 @@ m = [(r["step"], r["world_before"], r["world"], r["lost"], r["joined"])
 assert m == [(80, 4, 3, [2], []), (160, 3, 4, [], [3])], m
 PY
 
+# 7c. A run that goes on after losses and then diverges: the process that
+# holds rank 0 then (rank 1 here, rank 0 was killed after step 3) names the
+# step, keeps the metrics of every step and removes the lost one's
+# temporary file; every survivor ends with status 4.
+gloo_run diverges 4 DISTOPT_FAULT=kill:0:3 -- "${sv[@]}" --max-steps 12 --on-rank-failure continue --comm-timeout $timeout \
+  --optimizer sgd --lr 1000 --warmup-steps 10 --metrics "$tmp/diverges/m.jsonl"
+[ "$(statuses diverges)" = "137 4 4 4" ] || fail "diverges: exits $(statuses diverges): $(cat "$tmp/diverges"/err.*)"
+grep -q "^distopt: error: step [0-9]*: the loss is nan" "$tmp/diverges/err.1" || fail "diverges: $(cat "$tmp/diverges/err.1")"
+! grep -q "error" "$tmp/diverges/err.2" "$tmp/diverges/err.3" || fail "diverges: another rank printed the error"
+python3 - "$tmp/diverges/m.jsonl" <<'PY' || fail "diverges: metrics"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+steps = [r["step"] for r in rows if r["kind"] == "step"]
+assert steps == list(range(1, len(steps) + 1)) and len(steps) > 3 and rows[-1]["loss"] is None, steps
+PY
+[ -z "$(ls "$tmp/diverges" | grep '\.tmp\.')" ] || fail "diverges: temporary files left: $(ls "$tmp/diverges")"
+
 # 8. Bad input: one line each.
 b=("${sv[@]}" --max-steps 3 --backend gloo --world 2)
 expect_error 2 "--backend gloo needs --world N, --rank R (0 .. N-1) and --rendezvous DIR" -- "${b[@]}" --rendezvous "$tmp/b1"

@@ -471,7 +471,8 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
           if (config.on_nonfinite == TrainConfig::OnNonFinite::error)
             throw NonFiniteError(str("step ", result.steps, ": ", what, " (", last,
                                      "); lower --lr or clip gradients (--clip-grad-norm), or pass --on-nonfinite "
-                                     "warn|ignore to train on"));
+                                     "warn|ignore to train on"),
+                                 comm.rank());
           if (config.on_nonfinite == TrainConfig::OnNonFinite::warn && !warned && report)
             reporting.on_warning(
                 str("step ", result.steps, ": ", what, " (", last, "); training goes on (--on-nonfinite warn)"));

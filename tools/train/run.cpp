@@ -351,9 +351,10 @@ int run_train(TrainArgs& a) {
   } catch (const NonFiniteError& e) {
     // Every rank stopped at the same step with the same finding: one line,
     // the metrics up to that step kept, status 4: the line distopt.cpp
-    // prints for it.
-    if (launcher->reports()) {
+    // prints for it. (Where rank 0 may have changed, the one that holds it.)
+    if (any_may_report ? e.rank() == 0 : launcher->reports()) {
       if (metrics) metrics->finish();
+      if (metrics && any_may_report) remove_stale_temp_files(a.metrics, "a lost rank of this run");
       std::fprintf(stderr, "distopt: error: %s\n", printable(e.what()).c_str());
     }
     return 4;

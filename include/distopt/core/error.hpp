@@ -34,10 +34,16 @@ class IoError : public Error {
 };
 
 // Training produced a non-finite loss or gradient norm (divergence); the
-// message names the step, the rank and the last finite loss.
+// message names the step, the rank and the last finite loss. Every rank
+// throws it at the same step; rank() is the thrower's rank in the world it
+// then trained in (a run that went on after losses: the one that reports).
 class NonFiniteError : public Error {
  public:
-  using Error::Error;
+  explicit NonFiniteError(const std::string& what, int rank = 0) : Error(what), rank_(rank) {}
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
 };
 
 // A CUDA failure: out of device memory, a kernel error, a lost device. The
