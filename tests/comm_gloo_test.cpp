@@ -218,13 +218,12 @@ TEST(Gloo, AFailureFoundByOneThreadWakesAnothersWait) {
   for (double t : waited) EXPECT_LT(t, 3.0) << "the wait was not woken";
 }
 
-TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
-  // Three ranks sum until rank 0 sees a process waiting to join; they agree
-  // on it (rank 0's count, broadcast) and grow; the fourth gets rank 3.
-  const std::string dir = fresh_dir("join");
-  std::vector<int> size_after(4, -1), rank_after(4, -1);
-  std::vector<float> sums(4, -1);
-  std::thread joiner([&] {
+// A process that joins the gloo run in `dir` after 0.3 s: its world's size
+// and its rank there go to size[at] and rank[at], its sum of 10 with the
+// others' values to sum[at].
+std::thread joining_process(const std::string& dir, std::size_t at, std::vector<int>& size, std::vector<int>& rank,
+                            std::vector<float>& sum) {
+  return std::thread([=, &size, &rank, &sum] {
     std::this_thread::sleep_for(300ms);
     try {
       GlooOptions o;
@@ -234,24 +233,40 @@ TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
       o.elastic = Elastic::on;
       o.join = true;
       auto world = open_gloo_world(o);
-      size_after[3] = world->comm().size();
-      rank_after[3] = world->comm().rank();
+      size[at] = world->comm().size();
+      rank[at] = world->comm().rank();
       float y = 10;
       world->comm().all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
-      sums[3] = y;
+      sum[at] = y;
       world->finish();
     } catch (const std::exception& e) {
       ADD_FAILURE() << "joiner: " << e.what();
     }
   });
+}
+
+// Collective: waits (at most 5 s) until comm's rank 0 sees processes
+// waiting to join; their number, on every rank.
+std::int32_t joins_seen(Communicator& comm) {
+  std::int32_t joins = 0;
+  for (int round = 0; joins == 0 && round < 1000; ++round) {
+    joins = comm.rank() == 0 ? comm.pending_joins() : 0;
+    comm.broadcast(&joins, 1, ElemType::i32, 0);
+    if (joins == 0) std::this_thread::sleep_for(5ms);
+  }
+  return joins;
+}
+
+TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
+  // Three ranks sum until rank 0 sees a process waiting to join; they agree
+  // on it (rank 0's count, broadcast) and grow; the fourth gets rank 3.
+  const std::string dir = fresh_dir("join");
+  std::vector<int> size_after(4, -1), rank_after(4, -1);
+  std::vector<float> sums(4, -1);
+  std::thread joiner = joining_process(dir, 3, size_after, rank_after, sums);
   run_gloo(3, dir + "/", 10s, Elastic::on, [&](GlooWorld& w, int r) {
     EXPECT_EQ(w.comm().pending_joins(), 0);
-    std::int32_t joins = 0;
-    for (int round = 0; joins == 0 && round < 1000; ++round) {
-      joins = r == 0 ? w.comm().pending_joins() : 0;
-      w.comm().broadcast(&joins, 1, ElemType::i32, 0);
-      if (joins == 0) std::this_thread::sleep_for(5ms);
-    }
+    std::int32_t joins = joins_seen(w.comm());
     ASSERT_EQ(joins, 1);
     auto next = w.comm().grow(joins);
     size_after[r] = next->size();
@@ -276,33 +291,9 @@ TEST(Gloo, ARankLostWhileAJoinWaitsLeavesTheSurvivorsWhoAdmitItNext) {
   const std::string dir = fresh_dir("lostjoin");
   std::vector<int> size_mid(4, -1), size_after(5, -1), rank_after(5, -1);
   std::vector<float> sums(5, -1);
-  std::thread joiner([&] {
-    std::this_thread::sleep_for(300ms);
-    try {
-      GlooOptions o;
-      o.rendezvous = dir;
-      o.host = "127.0.0.1";
-      o.timeout = 10s;
-      o.elastic = Elastic::on;
-      o.join = true;
-      auto world = open_gloo_world(o);
-      size_after[4] = world->comm().size();
-      rank_after[4] = world->comm().rank();
-      float y = 10;
-      world->comm().all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
-      sums[4] = y;
-      world->finish();
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "joiner: " << e.what();
-    }
-  });
+  std::thread joiner = joining_process(dir, 4, size_after, rank_after, sums);
   run_gloo(4, dir + "/", 10s, Elastic::on, [&](GlooWorld& w, int r) {
-    std::int32_t joins = 0;
-    for (int round = 0; joins == 0 && round < 1000; ++round) {
-      joins = r == 0 ? w.comm().pending_joins() : 0;
-      w.comm().broadcast(&joins, 1, ElemType::i32, 0);
-      if (joins == 0) std::this_thread::sleep_for(5ms);
-    }
+    std::int32_t joins = joins_seen(w.comm());
     ASSERT_EQ(joins, 1);
     if (r == 2) return;  // gone
     std::unique_ptr<Communicator> mid;
@@ -315,12 +306,7 @@ TEST(Gloo, ARankLostWhileAJoinWaitsLeavesTheSurvivorsWhoAdmitItNext) {
     }
     size_mid[r] = mid->size();
     EXPECT_EQ(w.members(), (std::vector<int>{0, 1, 3}));
-    joins = 0;
-    for (int round = 0; joins == 0 && round < 1000; ++round) {
-      joins = mid->rank() == 0 ? mid->pending_joins() : 0;
-      mid->broadcast(&joins, 1, ElemType::i32, 0);
-      if (joins == 0) std::this_thread::sleep_for(5ms);
-    }
+    joins = joins_seen(*mid);
     ASSERT_EQ(joins, 1);
     auto next = mid->grow(joins);
     size_after[r] = next->size();
