@@ -495,9 +495,18 @@ SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chro
   for (int r = 0; r < n; ++r) {
     st->comms[r]->set_timeout(timeout);
     auto body = [st, r, &world = world] {
+      const auto finish = [&] {
+        std::lock_guard lock(st->m);
+        st->finished[r] = 1;
+        --st->running;
+        st->cv.notify_all();
+      };
       // A rank that fails: the others go on without it (elastic), or stop.
+      // It counts as ended before they can see it fail, so that survivors
+      // done with the run never find it still running and abandon it.
       const auto failed = [&](const std::string& what) {
         st->errors[r] = std::current_exception();
+        finish();
         if (world.elastic) world.lose({r});
         else world.abort(what);
       };
@@ -506,15 +515,16 @@ SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chro
       } catch (const CommAborted&) {
         st->errors[r] = std::current_exception();
         st->consequence[r] = 1;
+        finish();
+        return;
       } catch (const std::exception& e) {
         failed(str("rank ", r, " failed: ", e.what()));
+        return;
       } catch (...) {
         failed(str("rank ", r, " failed"));
+        return;
       }
-      std::lock_guard lock(st->m);
-      st->finished[r] = 1;
-      --st->running;
-      st->cv.notify_all();
+      finish();
     };
     try {
       {
