@@ -307,12 +307,7 @@ std::optional<Loaded> restore_from_memory(Communicator& comm, std::span<const In
   const InMemory* at = joining ? nullptr : kept[0].step == static_cast<std::uint64_t>(step) ? &kept[0] : &kept[1];
   if (keepers.size() < n) {  // the joining ones take the first keeper's
     std::string config = at != nullptr ? at->config : std::string(), state = at != nullptr ? at->state : std::string();
-    for (std::string* text : {&config, &state}) {
-      std::uint64_t size = text->size();
-      comm.broadcast(&size, 1, ElemType::i64, static_cast<int>(first));
-      text->resize(size);
-      comm.broadcast(text->data(), size, ElemType::u8, static_cast<int>(first));
-    }
+    for (std::string* text : {&config, &state}) comm.broadcast_bytes(*text, static_cast<int>(first));
     out.config = std::move(config);
     out.state = std::move(state);
   } else {

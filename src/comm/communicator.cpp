@@ -317,6 +317,19 @@ void Communicator::broadcast(void* buf, std::size_t count, ElemType type, int ro
   run_ordered([=, this] { do_broadcast(buf, count * size_of(type), root); });
 }
 
+namespace {
+template <class Bytes>
+void broadcast_sized(Communicator& comm, Bytes& bytes, int root) {
+  std::uint64_t n = bytes.size();
+  comm.broadcast(&n, 1, ElemType::i64, root);
+  bytes.resize(static_cast<std::size_t>(n));
+  comm.broadcast(bytes.data(), bytes.size(), ElemType::u8, root);
+}
+}  // namespace
+
+void Communicator::broadcast_bytes(std::string& bytes, int root) { broadcast_sized(*this, bytes, root); }
+void Communicator::broadcast_bytes(std::vector<char>& bytes, int root) { broadcast_sized(*this, bytes, root); }
+
 void Communicator::barrier() {
   run_ordered([this] { do_barrier(); });
 }

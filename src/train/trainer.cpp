@@ -170,27 +170,6 @@ std::string hash_params(const std::vector<float>& params) {
 
 namespace {
 
-// The observers a rank feeds: the run's (rank 0's only: null elsewhere)
-// and TrainConfig::every_rank_observer; either may be null.
-class RankObservers final : public Observer {
- public:
-  RankObservers(Observer* rank0, Observer* every) : a_(rank0), b_(every) {}
-  bool any() const { return a_ != nullptr || b_ != nullptr; }
-  void on_start(int e, std::size_t s) override { each([&](Observer& o) { o.on_start(e, s); }); }
-  void on_step(const StepMetrics& m) override { each([&](Observer& o) { o.on_step(m); }); }
-  void on_epoch(const EpochMetrics& m) override { each([&](Observer& o) { o.on_epoch(m); }); }
-  void on_warning(const std::string& w) override { each([&](Observer& o) { o.on_warning(w); }); }
-  void on_membership(const MembershipChange& c) override { each([&](Observer& o) { o.on_membership(c); }); }
-
- private:
-  template <class F>
-  void each(F f) {
-    if (a_ != nullptr) f(*a_);
-    if (b_ != nullptr) f(*b_);
-  }
-  Observer *a_, *b_;
-};
-
 // Thrown out of a segment whose world lost ranks, under OnRankFailure::go_on:
 // the state of the last step every survivor completed, kept in memory.
 struct Survivable {
@@ -273,7 +252,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   };
   if (config.resume) {
     const std::string warning = checkpoint::resume(comm, *strategy, *config.resume, run, parts(), start_swa);
-    if (!warning.empty()) RankObservers(comm.rank() == 0 ? observer : nullptr, config.every_rank_observer).on_warning(warning);
+    if (!warning.empty()) BothObservers(comm.rank() == 0 ? observer : nullptr, config.every_rank_observer).on_warning(warning);
   }
   double grad_norm = -1;
   bool stepped = true;
@@ -295,7 +274,9 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   data::BatchSampler sampler(data.train.size(), config.batch_size, config.seed, config.drop_last);
   const std::size_t per_epoch = sampler.batches_per_epoch();
   const std::size_t features = data.train.features;
-  RankObservers reporting(comm.rank() == 0 ? observer : nullptr, config.every_rank_observer);
+  // What this rank reports to: the run's observer (rank 0's only) and
+  // TrainConfig::every_rank_observer; either may be null.
+  BothObservers reporting(comm.rank() == 0 ? observer : nullptr, config.every_rank_observer);
   const bool report = reporting.any();
   if (report && first) reporting.on_start(config.epochs, per_epoch);
 
@@ -721,7 +702,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     add_counts(counts, lost.counts);
     const int before = now->size(), rank_before = lost.joins < 0 ? -1 : now->rank();
     std::int64_t from = 0;
-    std::vector<std::int64_t> all;
+    std::vector<std::int64_t> all, ranks_before;  // each rank's step to go on from, and its rank before (-1: new)
     bool from_memory = false;  // lost.state is the survivors' checkpoint kept in memory
     for (;;) {  // re-form (grow, or shrink); shrink again if ranks are lost meanwhile
       try {
@@ -732,22 +713,15 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         }
         // A replica's state, from rank `src` to every rank that has none or
         // an older one (`take`).
-        // Bytes (a vector or a string) from rank `src` to every rank, size first.
-        const auto broadcast_bytes = [&](auto& bytes, int src) {
-          std::uint64_t n = bytes.size();
-          now->broadcast(&n, 1, ElemType::i64, src);
-          bytes.resize(n);
-          now->broadcast(bytes.data(), n, ElemType::u8, src);
-        };
         const auto share = [&](int src, bool take) {
           std::vector<char> bytes = now->rank() == src ? checkpoint::to_bytes(*lost.state) : std::vector<char>();
-          broadcast_bytes(bytes, src);
+          now->broadcast_bytes(bytes, src);
           if (take) lost.state = checkpoint::from_bytes(bytes);
         };
         // Whether the group admitted new ranks (a re-forming admits none
         // where a rank was lost, though some ranks asked it to grow).
         const std::int64_t was = rank_before;
-        std::vector<std::int64_t> ranks_before(static_cast<std::size_t>(now->size()));
+        ranks_before.assign(static_cast<std::size_t>(now->size()), 0);
         now->all_gather(&was, ranks_before.data(), 1, ElemType::i64);
         const bool admitted = std::find(ranks_before.begin(), ranks_before.end(), -1) != ranks_before.end();
         if (lost.joins > 0 && !admitted && now->size() < before)
@@ -805,30 +779,29 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
         // step are identical). Sharded runs read one checkpoint (on disk or
         // kept in memory); gossip and diloco ones take the greater step.
         from = static_cast<std::int64_t>(lost.state->step);
-        const std::int64_t mine[2] = {from, rank_before};
-        all.assign(2 * static_cast<std::size_t>(now->size()), 0);
-        now->all_gather(mine, all.data(), 2, ElemType::i64);
+        all.assign(static_cast<std::size_t>(now->size()), 0);
+        now->all_gather(&from, all.data(), 1, ElemType::i64);
         std::int64_t most = from;
         int src = now->rank();
         for (int r = now->size() - 1; r >= 0; --r)
-          if (all[2 * static_cast<std::size_t>(r)] >= most) {
-            most = all[2 * static_cast<std::size_t>(r)];
+          if (all[static_cast<std::size_t>(r)] >= most) {
+            most = all[static_cast<std::size_t>(r)];
             src = r;
           }
         bool behind = false;
-        for (int r = 0; r < now->size(); ++r) behind = behind || all[2 * static_cast<std::size_t>(r)] != most;
+        for (int r = 0; r < now->size(); ++r) behind = behind || all[static_cast<std::size_t>(r)] != most;
         if (behind && replicated) {
           share(src, from != most);
         } else if (checkpoint::is_survivors_state(*lost.state)) {
           // Gossip survivors: each goes on from its own model, in step
           // with the one ahead, whose run state (schedulers, scaler) all take.
           std::string run_state = lost.state->state;
-          if (behind) broadcast_bytes(run_state, src);
+          if (behind) now->broadcast_bytes(run_state, src);
           checkpoint::rebase_survivor(*lost.state, now->rank(), now->size(), static_cast<std::uint64_t>(most), run_state);
         }
         if (behind) {
           from = most;
-          for (int r = 0; r < now->size(); ++r) all[2 * static_cast<std::size_t>(r)] = most;
+          std::fill(all.begin(), all.end(), most);
         }
         break;
       } catch (const RankLost&) {
@@ -846,10 +819,10 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     change.world = now->size();
     std::vector<char> alive(static_cast<std::size_t>(std::max(before, 0)), 0);
     for (int r = 0; r < now->size(); ++r) {
-      if (all[2 * static_cast<std::size_t>(r)] != from)
+      if (all[static_cast<std::size_t>(r)] != from)
         throw CommError(str("the ranks of a changed world disagree on the step to go on from: ", from, " here, ",
-                            all[2 * static_cast<std::size_t>(r)], " on rank ", r));
-      const std::int64_t old = all[2 * static_cast<std::size_t>(r) + 1];
+                            all[static_cast<std::size_t>(r)], " on rank ", r));
+      const std::int64_t old = ranks_before[static_cast<std::size_t>(r)];
       if (old < 0)
         change.joined.push_back(r);
       else if (old < before)
@@ -869,7 +842,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     else
       c.resume = std::make_shared<const checkpoint::Loaded>(std::move(*lost.state));
     change.seconds = seconds_since(lost.since);
-    RankObservers(now->rank() == 0 ? observer : nullptr, config.every_rank_observer).on_membership(change);
+    BothObservers(now->rank() == 0 ? observer : nullptr, config.every_rank_observer).on_membership(change);
     changes.push_back(std::move(change));
   }
 }

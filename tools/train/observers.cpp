@@ -223,29 +223,4 @@ void MetricsFile::finish() {
   done_ = true;
 }
 
-void Both::on_membership(const train::MembershipChange& c) {
-  for (auto* o : {a_, b_})
-    if (o) o->on_membership(c);
-}
-
-void Both::on_start(int e, std::size_t s) {
-  for (auto* o : {a_, b_})
-    if (o) o->on_start(e, s);
-}
-
-void Both::on_step(const train::StepMetrics& m) {
-  for (auto* o : {a_, b_})
-    if (o) o->on_step(m);
-}
-
-void Both::on_epoch(const train::EpochMetrics& m) {
-  for (auto* o : {a_, b_})
-    if (o) o->on_epoch(m);
-}
-
-void Both::on_warning(const std::string& w) {
-  for (auto* o : {a_, b_})
-    if (o) o->on_warning(w);
-}
-
 }  // namespace distopt::cli

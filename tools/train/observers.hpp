@@ -69,18 +69,4 @@ class MetricsFile final : public train::Observer {
   std::chrono::steady_clock::time_point last_flush_ = std::chrono::steady_clock::now();
 };
 
-// Two observers as one (either may be null).
-class Both final : public train::Observer {
- public:
-  Both(train::Observer* a, train::Observer* b) : a_(a), b_(b) {}
-  void on_start(int e, std::size_t s) override;
-  void on_step(const train::StepMetrics& m) override;
-  void on_epoch(const train::EpochMetrics& m) override;
-  void on_warning(const std::string& w) override;
-  void on_membership(const train::MembershipChange& c) override;
-
- private:
-  train::Observer *a_, *b_;
-};
-
 }  // namespace distopt::cli

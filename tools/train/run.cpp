@@ -310,7 +310,7 @@ int run_train(TrainArgs& a) {
     if ((launcher->reports() || any_may_report) && !a.metrics.empty()) metrics.emplace(a.metrics);
     // Where rank 0 may change, every process records its metrics (a
     // promoted rank 0's file holds the whole run); progress is rank 0's.
-    Both both(&progress, metrics && !any_may_report ? &*metrics : nullptr);
+    train::BothObservers both(&progress, metrics && !any_may_report ? &*metrics : nullptr);
     if (any_may_report && metrics) a.config.every_rank_observer = &*metrics;
     const std::function<void(Communicator&)> each_rank = [&](Communicator& comm) {
       if (a.backend != "mpi" && fault.stalls(comm.rank(), train::Fault::At::init)) launcher->stop_here();

@@ -126,6 +126,10 @@ class Communicator {
   // `send` may be recv + (offset of this rank's piece): in place.
   void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type);
   void broadcast(void* buf, std::size_t count, ElemType type, int root);
+  // Bytes of any length from `root` to every rank: the size, then the bytes
+  // (the others' `bytes` are resized to it).
+  void broadcast_bytes(std::string& bytes, int root);
+  void broadcast_bytes(std::vector<char>& bytes, int root);
   void barrier();
 
   void send(const void* buf, std::size_t count, ElemType type, int peer, int tag = 0);

@@ -198,6 +198,26 @@ class Observer {
   virtual void on_membership(const MembershipChange&) {}
 };
 
+// Two observers as one (either may be null).
+class BothObservers final : public Observer {
+ public:
+  BothObservers(Observer* a, Observer* b) : a_(a), b_(b) {}
+  bool any() const { return a_ != nullptr || b_ != nullptr; }
+  void on_start(int e, std::size_t s) override { each([&](Observer& o) { o.on_start(e, s); }); }
+  void on_step(const StepMetrics& m) override { each([&](Observer& o) { o.on_step(m); }); }
+  void on_epoch(const EpochMetrics& m) override { each([&](Observer& o) { o.on_epoch(m); }); }
+  void on_warning(const std::string& w) override { each([&](Observer& o) { o.on_warning(w); }); }
+  void on_membership(const MembershipChange& c) override { each([&](Observer& o) { o.on_membership(c); }); }
+
+ private:
+  template <class F>
+  void each(F f) {
+    if (a_ != nullptr) f(*a_);
+    if (b_ != nullptr) f(*b_);
+  }
+  Observer *a_, *b_;
+};
+
 struct AveragedResult {
   AveragingKind kind = AveragingKind::swa;
   std::int64_t n_averaged = 0;
