@@ -218,6 +218,55 @@ TEST(Gloo, AFailureFoundByOneThreadWakesAnothersWait) {
   for (double t : waited) EXPECT_LT(t, 3.0) << "the wait was not woken";
 }
 
+TEST(Gloo, AMemberThatLeavesWakesAWaitOnAMessageInTransfer) {
+  // Rank 1 streams large messages to rank 2 and, with one on its way, leaves
+  // the group to re-form it, as a rank that lost a peer does (its
+  // connections reset). gloo wakes the waits queued on a broken pair, not
+  // the one whose message it was reading: rank 2 learns from rank 1's
+  // announcement instead, at once and not at the time-out. (Where the
+  // message had arrived whole, rank 2's next receive fails at once anyway.)
+  // Then all three re-form and sum.
+  constexpr std::size_t kCount = std::size_t{16} << 20;  // 64 MiB of f32
+  std::atomic<int> received{0};
+  std::atomic<std::int64_t> left_at{0};
+  double waited = -1;
+  std::vector<float> sums(3, -1);
+  const auto ns = [] { return std::chrono::steady_clock::now().time_since_epoch().count(); };
+  run_gloo(3, fresh_dir("intransfer"), 20000ms, Elastic::on, [&](GlooWorld& w, int r) {
+    Communicator& c = w.comm();
+    c.barrier();
+    std::vector<float> big(kCount, static_cast<float>(r));
+    std::unique_ptr<Communicator> next;
+    if (r == 1) {
+      for (int k = 0; k < 2; ++k) c.send(big.data(), kCount, ElemType::f32, 2, k);
+      auto on_its_way = c.isend(big.data(), kCount, ElemType::f32, 2, 2);
+      while (received < 2) std::this_thread::yield();
+      left_at = ns();
+      next = c.shrink();
+    } else if (r == 2) {
+      try {
+        for (int k = 0;; ++k) {
+          c.recv(big.data(), kCount, ElemType::f32, 1, k);
+          ++received;
+        }
+      } catch (const RankLost&) {
+        waited = static_cast<double>(ns() - left_at) * 1e-9;
+      }
+      next = c.shrink();
+    } else {
+      EXPECT_THROW(c.barrier(), RankLost);
+      next = c.shrink();
+    }
+    float y = static_cast<float>(r);
+    next->all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
+    sums[static_cast<std::size_t>(r)] = y;
+    w.finish();
+  });
+  EXPECT_GE(waited, 0.0);
+  EXPECT_LT(waited, 5.0) << "rank 2 waited for the time-out";
+  EXPECT_EQ(sums, (std::vector<float>{3, 3, 3}));
+}
+
 // A process that joins the gloo run in `dir` after 0.3 s: its world's size
 // and its rank there go to size[at] and rank[at], its sum of 10 with the
 // others' values to sum[at].

@@ -14,7 +14,9 @@
 // created exclusively, so that there is one decision, which every member
 // reads: the first member's, admitting new ranks, where every member came;
 // otherwise that of the first to finish waiting, without the silent ones
-// and admitting none (GlooComm::reform).
+// and admitting none (GlooComm::reform). A member that announces itself
+// because it lost a peer aborts the other members' waits on the group it
+// left (Shared::watch_for_leavers, with each heartbeat).
 #include "distopt/comm/gloo.hpp"
 
 #include <netdb.h>
@@ -164,6 +166,40 @@ std::string read_or_empty(const DirStore& store, const std::string& key) {
   }
 }
 
+// The unbound buffers of a communicator with an operation pending: a
+// failure found by one thread aborts another's wait on the same
+// communicator (closing the pairs does not wake it), and a member that
+// left the group aborts them all (Shared::watch_for_leavers).
+class LiveBuffers {
+ public:
+  void add(gloo::transport::UnboundBuffer* b) {
+    std::lock_guard lock(m_);
+    live_.push_back(b);
+  }
+  void remove(gloo::transport::UnboundBuffer* b) {
+    std::lock_guard lock(m_);
+    live_.erase(std::remove(live_.begin(), live_.end(), b), live_.end());
+  }
+  void abort_all(const std::string& why) {
+    std::lock_guard lock(m_);
+    why_ = why;
+    for (auto* b : live_) {
+      b->abortWaitRecv();
+      b->abortWaitSend();
+    }
+  }
+  // A wait that returned false: aborted, for this reason.
+  [[noreturn]] void aborted() {
+    std::lock_guard lock(m_);
+    throw std::runtime_error(str("aborted: ", why_));
+  }
+
+ private:
+  std::mutex m_;
+  std::vector<gloo::transport::UnboundBuffer*> live_;
+  std::string why_ = "another operation of this rank lost a peer";
+};
+
 // What every communicator of a process's world shares.
 struct Shared {
   Shared(std::string dir, milliseconds timeout, Elastic e, int first)
@@ -183,6 +219,37 @@ struct Shared {
   std::uint64_t joins_seen = 0;
   Clock::time_point joins_seen_at{};
 
+  // The operations waiting on this process's communicators, with the
+  // epoch each communicator belongs to (GlooComm registers its own).
+  std::mutex lives_m;
+  std::vector<std::pair<int, LiveBuffers*>> lives;
+
+  // A member that announced itself for the next epoch because it lost a
+  // peer ("shrink") has closed its connections: this process's waits on
+  // the current epoch's communicators can no longer all end, and one on a
+  // message whose connection broke in mid-transfer would not end before
+  // the time-out (gloo wakes the waits queued on a broken pair, not the one
+  // it is reading into). They are aborted, so this process re-forms too.
+  // Run with each heartbeat; skipped while this process re-forms.
+  void watch_for_leavers() {
+    if (elastic != Elastic::on) return;
+    int now = 0;
+    std::vector<int> current;
+    {
+      std::unique_lock lock(m, std::try_to_lock);
+      if (!lock.owns_lock()) return;
+      now = epoch;
+      current = members;
+    }
+    for (int member : current) {
+      if (member == first || read_or_empty(store, str("alive/", now + 1, "/", member)) != "shrink") continue;
+      std::lock_guard lock(lives_m);
+      for (auto [e, live] : lives)
+        if (e <= now) live->abort_all(str("first rank ", member, " left the group to re-form it (it lost a peer)"));
+      return;
+    }
+  }
+
   // The heartbeat.
   std::mutex beat_m;
   std::condition_variable beat_cv;
@@ -199,6 +266,11 @@ struct Shared {
         } catch (const std::exception&) {
           // A full disk or a vanished directory: the others will see this
           // process as silent, which is what it then is to them.
+        }
+        try {
+          watch_for_leavers();
+        } catch (const std::exception&) {
+          // (the rendezvous unreadable: its own waits end at the time-out)
         }
         lock.lock();
         beat_cv.wait_for(lock, kBeat, [&] { return stop_beating; });
@@ -233,32 +305,6 @@ struct Part {
   std::size_t bytes;
 };
 
-// The unbound buffers of a communicator with an operation pending: a
-// failure found by one thread aborts another's wait on the same
-// communicator (closing the pairs does not wake it).
-class LiveBuffers {
- public:
-  void add(gloo::transport::UnboundBuffer* b) {
-    std::lock_guard lock(m_);
-    live_.push_back(b);
-  }
-  void remove(gloo::transport::UnboundBuffer* b) {
-    std::lock_guard lock(m_);
-    live_.erase(std::remove(live_.begin(), live_.end(), b), live_.end());
-  }
-  void abort_all() {
-    std::lock_guard lock(m_);
-    for (auto* b : live_) {
-      b->abortWaitRecv();
-      b->abortWaitSend();
-    }
-  }
-
- private:
-  std::mutex m_;
-  std::vector<gloo::transport::UnboundBuffer*> live_;
-};
-
 // Registers buffers for the scope of an operation.
 class Registered {
  public:
@@ -277,9 +323,6 @@ class Registered {
   LiveBuffers& live_;
   std::vector<gloo::transport::UnboundBuffer*> mine_;
 };
-
-// A wait that returned false: aborted by a failure another thread found.
-[[noreturn]] void aborted() { throw std::runtime_error("aborted: another operation of this rank lost a peer"); }
 
 class GlooRequest final : public Request {
  public:
@@ -307,9 +350,18 @@ class GlooRequest final : public Request {
 
 class GlooComm final : public Communicator {
  public:
-  GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> ctx, bool top)
-      : shared_(std::move(shared)), ctx_(std::move(ctx)), top_(top) {}
-  ~GlooComm() override { stop_progress(); }
+  // Made in the epoch current when it is made (a re-forming's after it
+  // moved to the next).
+  GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> ctx, bool top, int epoch)
+      : shared_(std::move(shared)), ctx_(std::move(ctx)), top_(top) {
+    std::lock_guard lock(shared_->lives_m);
+    shared_->lives.emplace_back(epoch, &live_);
+  }
+  ~GlooComm() override {
+    stop_progress();
+    std::lock_guard lock(shared_->lives_m);
+    std::erase_if(shared_->lives, [&](const auto& l) { return l.second == &live_; });
+  }
 
   int rank() const override { return ctx_->rank; }
   int size() const override { return ctx_->size; }
@@ -324,7 +376,7 @@ class GlooComm final : public Communicator {
       ctx_->closeConnections();
     } catch (const std::exception&) {
     }
-    live_.abort_all();
+    live_.abort_all("another operation of this rank lost a peer");
     const bool timed_out = Clock::now() >= until - milliseconds(5) ||
                            std::string_view(e.what()).find("Timed out") != std::string_view::npos;
     const std::string who = peer >= 0 ? str("rank ", peer) : std::string("the other ranks");
@@ -432,7 +484,7 @@ class GlooComm final : public Communicator {
     const std::string prefix = str("split/", epoch, ".", seq, ".", color);
     try {
       auto ctx = connect(*shared_, prefix, new_rank, static_cast<int>(group.size()), timeout());
-      return std::make_unique<GlooComm>(shared_, std::move(ctx), false);
+      return std::make_unique<GlooComm>(shared_, std::move(ctx), false, epoch);
     } catch (const std::exception& e) {
       const std::string msg = str("split on rank ", rank(), ": ", e.what(), " (gloo backend)");
       if (shared_->elastic == Elastic::on) throw RankLost(msg);
@@ -492,12 +544,12 @@ class GlooComm final : public Communicator {
       for (std::size_t i = 0; i < recvs.size(); ++i) {
         if (!in[i]) continue;
         peer = recvs[i].peer;
-        if (!in[i]->waitRecv(left(until))) aborted();
+        if (!in[i]->waitRecv(left(until))) live_.aborted();
       }
       for (std::size_t i = 0; i < sends.size(); ++i) {
         if (!out[i]) continue;
         peer = sends[i].peer;
-        if (!out[i]->waitSend(left(until))) aborted();
+        if (!out[i]->waitSend(left(until))) live_.aborted();
       }
     } catch (const std::exception& e) {
       fail(op, std::string_view(op) == "barrier" ? -1 : peer, e, until);
@@ -520,7 +572,7 @@ void GlooRequest::wait() {
   if (done_) return;
   const auto until = Clock::now() + comm_.timeout();
   try {
-    if (!(send_ ? buf_->waitSend(comm_.timeout()) : buf_->waitRecv(comm_.timeout()))) aborted();
+    if (!(send_ ? buf_->waitSend(comm_.timeout()) : buf_->waitRecv(comm_.timeout()))) comm_.live_.aborted();
   } catch (const std::exception& e) {
     comm_.fail(str(send_ ? "send" : "recv", " (tag ", tag_, ")"), peer_, e, until);
   }
@@ -592,7 +644,9 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
   const int next = sh.epoch + 1;
   const std::vector<int> before = sh.members;
   const std::string decision = str("members/", next);
-  sh.store.set(str("alive/", next, "/", sh.first), bytes_of("1"));
+  // (What brings it: a loss, "shrink", aborts the others' waits on the
+  // current group: Shared::watch_for_leavers.)
+  sh.store.set(str("alive/", next, "/", sh.first), bytes_of(joins == 0 ? "shrink" : "grow"));
   const auto start = Clock::now();
   struct Seen {
     std::string beat;
@@ -675,7 +729,7 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
     auto ctx = connect(sh, str("e", next), static_cast<int>(at - after.begin()), static_cast<int>(after.size()),
                        timeout());
     sh.members = after;
-    return std::make_unique<GlooComm>(shared_, std::move(ctx), true);
+    return std::make_unique<GlooComm>(shared_, std::move(ctx), true, next);
   } catch (const std::exception& e) {
     throw RankLost(str(grown ? "admitting new ranks" : "re-forming the group", " (first ranks ", rank_list(after),
                        "): ", e.what()));
@@ -732,7 +786,7 @@ class World final : public GlooWorld {
     sh.next_id = o.size;
     sh.start_beating();
     try {
-      comm_ = std::make_unique<GlooComm>(shared_, connect(sh, "e0", o.rank, o.size, o.timeout), true);
+      comm_ = std::make_unique<GlooComm>(shared_, connect(sh, "e0", o.rank, o.size, o.timeout), true, 0);
     } catch (const CommTimeout&) {
       std::vector<int> missing;
       for (int r = 0; r < o.size; ++r)
@@ -849,7 +903,7 @@ class World final : public GlooWorld {
       comm_ = std::make_unique<GlooComm>(
           shared_, connect(sh, str("e", epoch), static_cast<int>(at - after.begin()), static_cast<int>(after.size()),
                            o.timeout),
-          true);
+          true, epoch);
     } catch (const std::exception& e) {
       throw CommError(str("--join ", o.rendezvous, ": could not connect to the run's ranks: ", e.what()));
     }
