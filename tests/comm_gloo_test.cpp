@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -222,49 +223,57 @@ TEST(Gloo, AMemberThatLeavesWakesAWaitOnAMessageInTransfer) {
   // Rank 1 streams large messages to rank 2 and, with one on its way, leaves
   // the group to re-form it, as a rank that lost a peer does (its
   // connections reset). gloo wakes the waits queued on a broken pair, not
-  // the one whose message it was reading: rank 2 learns from rank 1's
-  // announcement instead, at once and not at the time-out. (Where the
-  // message had arrived whole, rank 2's next receive fails at once anyway.)
-  // Then all three re-form and sum.
+  // the one whose message it was reading: rank 2 learns that rank 1 left
+  // from the rendezvous instead, at once and not at the time-out. All three
+  // re-form and sum; three rounds (in one, the message may have arrived
+  // whole, and rank 2's next receive fails at once anyway).
+  constexpr int kRounds = 3;
   constexpr std::size_t kCount = std::size_t{16} << 20;  // 64 MiB of f32
-  std::atomic<int> received{0};
-  std::atomic<std::int64_t> left_at{0};
-  double waited = -1;
-  std::vector<float> sums(3, -1);
+  std::array<std::atomic<int>, kRounds> received{};
+  std::array<std::atomic<std::int64_t>, kRounds> left_at{};
+  std::vector<double> waited(kRounds, -1);
+  std::vector<float> sums(3 * kRounds, -1);
   const auto ns = [] { return std::chrono::steady_clock::now().time_since_epoch().count(); };
   run_gloo(3, fresh_dir("intransfer"), 20000ms, Elastic::on, [&](GlooWorld& w, int r) {
-    Communicator& c = w.comm();
-    c.barrier();
     std::vector<float> big(kCount, static_cast<float>(r));
-    std::unique_ptr<Communicator> next;
-    if (r == 1) {
-      for (int k = 0; k < 2; ++k) c.send(big.data(), kCount, ElemType::f32, 2, k);
-      auto on_its_way = c.isend(big.data(), kCount, ElemType::f32, 2, 2);
-      while (received < 2) std::this_thread::yield();
-      left_at = ns();
-      next = c.shrink();
-    } else if (r == 2) {
-      try {
-        for (int k = 0;; ++k) {
-          c.recv(big.data(), kCount, ElemType::f32, 1, k);
-          ++received;
+    std::unique_ptr<Communicator> owned;
+    Communicator* c = &w.comm();
+    for (int round = 0; round < kRounds; ++round) {
+      c->barrier();
+      std::unique_ptr<Communicator> next;
+      if (r == 1) {
+        for (int k = 0; k < 2; ++k) c->send(big.data(), kCount, ElemType::f32, 2, k);
+        auto on_its_way = c->isend(big.data(), kCount, ElemType::f32, 2, 2);
+        while (received[round] < 2) std::this_thread::yield();
+        left_at[round] = ns();
+        next = c->shrink();
+      } else if (r == 2) {
+        try {
+          for (int k = 0;; ++k) {
+            c->recv(big.data(), kCount, ElemType::f32, 1, k);
+            ++received[round];
+          }
+        } catch (const RankLost&) {
+          waited[round] = static_cast<double>(ns() - left_at[round]) * 1e-9;
         }
-      } catch (const RankLost&) {
-        waited = static_cast<double>(ns() - left_at) * 1e-9;
+        next = c->shrink();
+      } else {
+        EXPECT_THROW(c->barrier(), RankLost);
+        next = c->shrink();
       }
-      next = c.shrink();
-    } else {
-      EXPECT_THROW(c.barrier(), RankLost);
-      next = c.shrink();
+      float y = static_cast<float>(r);
+      next->all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
+      sums[static_cast<std::size_t>(3 * round + r)] = y;
+      owned = std::move(next);
+      c = owned.get();
     }
-    float y = static_cast<float>(r);
-    next->all_reduce(&y, &y, 1, ElemType::f32, ReduceOp::sum);
-    sums[static_cast<std::size_t>(r)] = y;
     w.finish();
   });
-  EXPECT_GE(waited, 0.0);
-  EXPECT_LT(waited, 5.0) << "rank 2 waited for the time-out";
-  EXPECT_EQ(sums, (std::vector<float>{3, 3, 3}));
+  for (int round = 0; round < kRounds; ++round) {
+    EXPECT_GE(waited[round], 0.0) << "round " << round;
+    EXPECT_LT(waited[round], 5.0) << "round " << round << ": rank 2 waited for the time-out";
+  }
+  EXPECT_EQ(sums, std::vector<float>(3 * kRounds, 3.f));
 }
 
 // A process that joins the gloo run in `dir` after 0.3 s: its world's size

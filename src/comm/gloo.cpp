@@ -14,9 +14,10 @@
 // created exclusively, so that there is one decision, which every member
 // reads: the first member's, admitting new ranks, where every member came;
 // otherwise that of the first to finish waiting, without the silent ones
-// and admitting none (GlooComm::reform). A member that announces itself
-// because it lost a peer aborts the other members' waits on the group it
-// left (Shared::watch_for_leavers, with each heartbeat).
+// and admitting none (GlooComm::reform). A member that re-forms because it
+// lost a peer marks the group as left ("leaving/<epoch>"), which aborts
+// the other members' waits on it (Shared::watch_for_leavers, with each
+// heartbeat).
 #include "distopt/comm/gloo.hpp"
 
 #include <netdb.h>
@@ -169,7 +170,7 @@ std::string read_or_empty(const DirStore& store, const std::string& key) {
 // The unbound buffers of a communicator with an operation pending: a
 // failure found by one thread aborts another's wait on the same
 // communicator (closing the pairs does not wake it), and a member that
-// left the group aborts them all (Shared::watch_for_leavers).
+// left the group aborts them all (Shared::abort_upto).
 class LiveBuffers {
  public:
   void add(gloo::transport::UnboundBuffer* b) {
@@ -182,7 +183,7 @@ class LiveBuffers {
   }
   void abort_all(const std::string& why) {
     std::lock_guard lock(m_);
-    why_ = why;
+    if (why_.empty()) why_ = why;  // the first reason: the communicator is done
     for (auto* b : live_) {
       b->abortWaitRecv();
       b->abortWaitSend();
@@ -191,13 +192,13 @@ class LiveBuffers {
   // A wait that returned false: aborted, for this reason.
   [[noreturn]] void aborted() {
     std::lock_guard lock(m_);
-    throw std::runtime_error(str("aborted: ", why_));
+    throw std::runtime_error(str("aborted: ", why_.empty() ? std::string("an abort") : why_));
   }
 
  private:
   std::mutex m_;
   std::vector<gloo::transport::UnboundBuffer*> live_;
-  std::string why_ = "another operation of this rank lost a peer";
+  std::string why_;
 };
 
 // What every communicator of a process's world shares.
@@ -224,30 +225,32 @@ struct Shared {
   std::mutex lives_m;
   std::vector<std::pair<int, LiveBuffers*>> lives;
 
-  // A member that announced itself for the next epoch because it lost a
-  // peer ("shrink") has closed its connections: this process's waits on
-  // the current epoch's communicators can no longer all end, and one on a
-  // message whose connection broke in mid-transfer would not end before
-  // the time-out (gloo wakes the waits queued on a broken pair, not the one
-  // it is reading into). They are aborted, so this process re-forms too.
-  // Run with each heartbeat; skipped while this process re-forms.
+  // Aborts the waits on this process's communicators of epochs up to
+  // `epoch`: their group is being left.
+  void abort_upto(int epoch, const std::string& why) {
+    std::lock_guard lock(lives_m);
+    for (auto [e, live] : lives)
+      if (e <= epoch) live->abort_all(why);
+  }
+
+  // A member that re-forms because it lost a peer has closed its
+  // connections and marked the group as left ("leaving/<next epoch>",
+  // created once): this process's waits on the group can no longer all
+  // end, and one on a message whose connection broke in mid-transfer would
+  // not end before the time-out (gloo wakes the waits queued on a broken
+  // pair, not the one it is reading into). They are aborted, so that this
+  // process re-forms too. Run with each heartbeat (one look at the
+  // rendezvous); skipped while this process re-forms.
   void watch_for_leavers() {
     if (elastic != Elastic::on) return;
     int now = 0;
-    std::vector<int> current;
     {
       std::unique_lock lock(m, std::try_to_lock);
       if (!lock.owns_lock()) return;
       now = epoch;
-      current = members;
     }
-    for (int member : current) {
-      if (member == first || read_or_empty(store, str("alive/", now + 1, "/", member)) != "shrink") continue;
-      std::lock_guard lock(lives_m);
-      for (auto [e, live] : lives)
-        if (e <= now) live->abort_all(str("first rank ", member, " left the group to re-form it (it lost a peer)"));
-      return;
-    }
+    const std::string leaver = read_or_empty(store, str("leaving/", now + 1));
+    if (!leaver.empty()) abort_upto(now, str("first rank ", leaver, " left the group to re-form it (it lost a peer)"));
   }
 
   // The heartbeat.
@@ -353,7 +356,7 @@ class GlooComm final : public Communicator {
   // Made in the epoch current when it is made (a re-forming's after it
   // moved to the next).
   GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> ctx, bool top, int epoch)
-      : shared_(std::move(shared)), ctx_(std::move(ctx)), top_(top) {
+      : shared_(std::move(shared)), ctx_(std::move(ctx)), top_(top), epoch_(epoch) {
     std::lock_guard lock(shared_->lives_m);
     shared_->lives.emplace_back(epoch, &live_);
   }
@@ -376,12 +379,19 @@ class GlooComm final : public Communicator {
       ctx_->closeConnections();
     } catch (const std::exception&) {
     }
-    live_.abort_all("another operation of this rank lost a peer");
+    // In an elastic world every communicator of this epoch is done: the
+    // group re-forms.
+    if (shared_->elastic == Elastic::on)
+      shared_->abort_upto(epoch_, "another operation of this process lost a peer");
+    else
+      live_.abort_all("another operation of this communicator lost a peer");
     const bool timed_out = Clock::now() >= until - milliseconds(5) ||
                            std::string_view(e.what()).find("Timed out") != std::string_view::npos;
     const std::string who = peer >= 0 ? str("rank ", peer) : std::string("the other ranks");
+    const bool left = std::string_view(e.what()).find("left the group") != std::string_view::npos;
     const std::string msg = timed_out ? str(op, " on rank ", rank(), ": timed out after ", seconds(timeout()),
                                             " waiting for ", who, " (gloo backend)")
+                            : left    ? str(op, " on rank ", rank(), ": ", e.what(), " (gloo backend)")
                                       : str(op, " on rank ", rank(), ": lost ", who, " (gloo: ", e.what(), ")");
     if (shared_->elastic == Elastic::on) throw RankLost(msg);  // (only the top communicator shrinks)
     if (timed_out) throw CommTimeout(msg);
@@ -564,6 +574,7 @@ class GlooComm final : public Communicator {
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<gloo::Context> ctx_;
   bool top_;
+  int epoch_;  // the membership epoch it belongs to
   std::uint64_t seq_ = 0;
   Buffer scratch_;
 };
@@ -633,20 +644,24 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
   // the step's last messages still in this side's socket buffer, and no
   // peer waits on a rank that passed the step (the ranks that shrink
   // meanwhile failed on the lost one).
+  // So do this process's other waits on the group (a progress thread's, a
+  // split communicator's).
   if (joins == 0) {
     try {
       ctx_->closeConnections();
     } catch (const std::exception&) {
     }
+    shared_->abort_upto(epoch_, "this process re-forms the group (it lost a peer)");
   }
   Shared& sh = *shared_;
   std::lock_guard lock(sh.m);
   const int next = sh.epoch + 1;
   const std::vector<int> before = sh.members;
   const std::string decision = str("members/", next);
-  // (What brings it: a loss, "shrink", aborts the others' waits on the
-  // current group: Shared::watch_for_leavers.)
-  sh.store.set(str("alive/", next, "/", sh.first), bytes_of(joins == 0 ? "shrink" : "grow"));
+  // Re-forming after a loss: the other members' waits on the group are
+  // aborted (Shared::watch_for_leavers).
+  if (joins == 0) sh.store.create_once(str("leaving/", next), bytes_of(std::to_string(sh.first)));
+  sh.store.set(str("alive/", next, "/", sh.first), bytes_of("1"));
   const auto start = Clock::now();
   struct Seen {
     std::string beat;
