@@ -170,6 +170,12 @@ std::string hash_params(const std::vector<float>& params) {
 
 namespace {
 
+// What a rank reports to: the run's observer (rank 0's only) and
+// TrainConfig::every_rank_observer; either may be null.
+BothObservers reporting_of(const Communicator& comm, Observer* observer, const TrainConfig& config) {
+  return BothObservers(comm.rank() == 0 ? observer : nullptr, config.every_rank_observer);
+}
+
 // Thrown out of a segment whose world lost ranks, under OnRankFailure::go_on:
 // the state of the last step every survivor completed, kept in memory.
 struct Survivable {
@@ -252,7 +258,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   };
   if (config.resume) {
     const std::string warning = checkpoint::resume(comm, *strategy, *config.resume, run, parts(), start_swa);
-    if (!warning.empty()) BothObservers(comm.rank() == 0 ? observer : nullptr, config.every_rank_observer).on_warning(warning);
+    if (!warning.empty()) reporting_of(comm, observer, config).on_warning(warning);
   }
   double grad_norm = -1;
   bool stepped = true;
@@ -274,9 +280,7 @@ TrainResult train_segment(Communicator& comm, const data::Split& data, const Tra
   data::BatchSampler sampler(data.train.size(), config.batch_size, config.seed, config.drop_last);
   const std::size_t per_epoch = sampler.batches_per_epoch();
   const std::size_t features = data.train.features;
-  // What this rank reports to: the run's observer (rank 0's only) and
-  // TrainConfig::every_rank_observer; either may be null.
-  BothObservers reporting(comm.rank() == 0 ? observer : nullptr, config.every_rank_observer);
+  BothObservers reporting = reporting_of(comm, observer, config);
   const bool report = reporting.any();
   if (report && first) reporting.on_start(config.epochs, per_epoch);
 
@@ -842,7 +846,7 @@ TrainResult train(Communicator& comm, const data::Split& data, const TrainConfig
     else
       c.resume = std::make_shared<const checkpoint::Loaded>(std::move(*lost.state));
     change.seconds = seconds_since(lost.since);
-    BothObservers(now->rank() == 0 ? observer : nullptr, config.every_rank_observer).on_membership(change);
+    reporting_of(*now, observer, config).on_membership(change);
     changes.push_back(std::move(change));
   }
 }
