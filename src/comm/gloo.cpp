@@ -167,6 +167,18 @@ std::string read_or_empty(const DirStore& store, const std::string& key) {
   }
 }
 
+// A wait ended by LiveBuffers::abort_all, with the first reason given.
+class WaitAborted : public std::runtime_error {
+ public:
+  WaitAborted(const std::string& why, bool group_left)
+      : std::runtime_error(str("aborted: ", why)), group_left_(group_left) {}
+  // A member left the group to re-form it (Shared::watch_for_leavers).
+  bool group_left() const { return group_left_; }
+
+ private:
+  bool group_left_;
+};
+
 // The unbound buffers of a communicator with an operation pending: a
 // failure found by one thread aborts another's wait on the same
 // communicator (closing the pairs does not wake it), and a member that
@@ -181,9 +193,12 @@ class LiveBuffers {
     std::lock_guard lock(m_);
     live_.erase(std::remove(live_.begin(), live_.end(), b), live_.end());
   }
-  void abort_all(const std::string& why) {
+  void abort_all(const std::string& why, bool group_left = false) {
     std::lock_guard lock(m_);
-    if (why_.empty()) why_ = why;  // the first reason: the communicator is done
+    if (why_.empty()) {  // the first reason: the communicator is done
+      why_ = why;
+      group_left_ = group_left;
+    }
     for (auto* b : live_) {
       b->abortWaitRecv();
       b->abortWaitSend();
@@ -192,13 +207,14 @@ class LiveBuffers {
   // A wait that returned false: aborted, for this reason.
   [[noreturn]] void aborted() {
     std::lock_guard lock(m_);
-    throw std::runtime_error(str("aborted: ", why_.empty() ? std::string("an abort") : why_));
+    throw WaitAborted(why_.empty() ? std::string("an abort") : why_, group_left_);
   }
 
  private:
   std::mutex m_;
   std::vector<gloo::transport::UnboundBuffer*> live_;
   std::string why_;
+  bool group_left_ = false;
 };
 
 // What every communicator of a process's world shares.
@@ -227,10 +243,10 @@ struct Shared {
 
   // Aborts the waits on this process's communicators of epochs up to
   // `epoch`: their group is being left.
-  void abort_upto(int epoch, const std::string& why) {
+  void abort_upto(int epoch, const std::string& why, bool group_left = false) {
     std::lock_guard lock(lives_m);
     for (auto [e, live] : lives)
-      if (e <= epoch) live->abort_all(why);
+      if (e <= epoch) live->abort_all(why, group_left);
   }
 
   // A member that re-forms because it lost a peer has closed its
@@ -250,7 +266,7 @@ struct Shared {
       now = epoch;
     }
     const std::string leaver = read_or_empty(store, str("leaving/", now + 1));
-    if (!leaver.empty()) abort_upto(now, str("first rank ", leaver, " left the group to re-form it (it lost a peer)"));
+    if (!leaver.empty()) abort_upto(now, str("first rank ", leaver, " left the group to re-form it (it lost a peer)"), true);
   }
 
   // The heartbeat.
@@ -388,7 +404,8 @@ class GlooComm final : public Communicator {
     const bool timed_out = Clock::now() >= until - milliseconds(5) ||
                            std::string_view(e.what()).find("Timed out") != std::string_view::npos;
     const std::string who = peer >= 0 ? str("rank ", peer) : std::string("the other ranks");
-    const bool left = std::string_view(e.what()).find("left the group") != std::string_view::npos;
+    const auto* aborted = dynamic_cast<const WaitAborted*>(&e);
+    const bool left = aborted != nullptr && aborted->group_left();
     const std::string msg = timed_out ? str(op, " on rank ", rank(), ": timed out after ", seconds(timeout()),
                                             " waiting for ", who, " (gloo backend)")
                             : left    ? str(op, " on rank ", rank(), ": ", e.what(), " (gloo backend)")
