@@ -92,6 +92,8 @@ def worker(mode, steps, batch):
         print(json.dumps({"mode": mode, "world": world, "step_ms": 1e3 * statistics.median(step_s[skip:]),
                           "optimizer_ms": 1e3 * statistics.median(opt_s[skip:]),
                           "peak_rss_mib": [round(v, 1) for v in peaks.tolist()]}))
+    if transport != "mpi":
+        dist.destroy_process_group()  # before exit, as torch asks
 
 
 def launch(mode, world, steps, batch):

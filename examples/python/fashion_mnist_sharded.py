@@ -65,6 +65,8 @@ def main():
             print(f"epoch {epoch + 1}: test accuracy {acc:.4f} ({time.perf_counter() - t0:.1f} s, {world} ranks over "
                   f"{c.backend}, {args.optimizer} {args.strategy}; optimizer state {opt.memory()['optimizer_state']} "
                   "bytes per rank)")
+    if args.gloo:
+        torch.distributed.destroy_process_group()  # before exit, as torch asks
 
 
 if __name__ == "__main__":

@@ -84,6 +84,11 @@ def main():
         results["zero_redundancy"] = zero_redundancy(data, rank, world, comm)
     if rank == 0:
         torch.save(results, a.out)
+    if a.gloo:
+        # As torch asks: a gloo group left to the interpreter's exit can
+        # abort it ("terminate called without an active exception"), its
+        # threads still holding tensors while Python shuts down.
+        dist.destroy_process_group()
 
 
 def collectives(comm):
