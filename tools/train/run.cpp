@@ -136,6 +136,7 @@ class MpiLauncher final : public Launcher {
   std::unique_ptr<MpiWorld> world_;
 };
 
+#ifdef DISTOPT_HAVE_GLOO
 // A run's configuration as processes that join it must match it: without
 // what is each process's own (its rank, outputs, progress, time-out).
 std::string comparable(const std::string& config) {
@@ -147,7 +148,6 @@ std::string comparable(const std::string& config) {
   return j.dump();
 }
 
-#ifdef DISTOPT_HAVE_GLOO
 // One process of a gloo run: this process holds one rank; the others were
 // started by the user (or a script) with the same --world and --rendezvous.
 class GlooLauncher final : public Launcher {
