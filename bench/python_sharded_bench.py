@@ -27,6 +27,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -100,15 +101,16 @@ def launch(mode, world, steps, batch):
     env = dict(os.environ, OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_vader_single_copy_mechanism="none")
     args = [HERE, "--worker", mode, "--steps", str(steps), "--batch", str(batch)]
-    if mode.startswith("mpi"):
-        cmd = [shutil.which("mpirun"), "-n", str(world), sys.executable, *args]
-    else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--nnodes", "1", "--nproc_per_node", str(world),
-               "--master_addr", "127.0.0.1", "--master_port", str(port), *args]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    with tempfile.TemporaryDirectory() as logs:  # torchrun's logs, removed after
+        if mode.startswith("mpi"):
+            cmd = [shutil.which("mpirun"), "-n", str(world), sys.executable, *args]
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--log_dir", logs, "--nnodes", "1",
+                   "--nproc_per_node", str(world), "--master_addr", "127.0.0.1", "--master_port", str(port), *args]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     # torchrun's --tee prefixes the lines with "[default0]:".
     return json.loads([line[line.index("{"):] for line in out.splitlines() if '{"mode"' in line][-1])
 

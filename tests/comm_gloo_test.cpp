@@ -434,8 +434,9 @@ TEST(Gloo, BadOptionsAreNamed) {
     }
     return std::string();
   };
+  const std::string bad = fresh_dir("bad"), alone = fresh_dir("bad-alone");
   GlooOptions o;
-  o.rendezvous = fresh_dir("bad");
+  o.rendezvous = bad;
   o.size = 2;
   o.rank = 2;
   EXPECT_NE(message(o).find("rank 2 is not a rank of a world of 2"), std::string::npos);
@@ -443,12 +444,14 @@ TEST(Gloo, BadOptionsAreNamed) {
   o.host = "no.such.host.invalid";
   EXPECT_NE(message(o).find("the host no.such.host.invalid has no address here"), std::string::npos) << message(o);
   o.host = "127.0.0.1";
-  o.rendezvous = fresh_dir("bad-alone");
+  o.rendezvous = alone;
   o.timeout = 300ms;
   EXPECT_NE(message(o).find("timed out after 0.3 s waiting for rank(s) 1 to start in"), std::string::npos)
       << message(o);
   o.rendezvous = "/dev/null/x";
   EXPECT_NE(message(o).find("not a directory, and cannot be created"), std::string::npos) << message(o);
+  std::filesystem::remove_all(bad);
+  std::filesystem::remove_all(alone);
 }
 
 }  // namespace

@@ -67,8 +67,10 @@ def _free_port():
 
 def launch_gloo(tmp, n, *args):
     out = os.path.join(tmp, f"gloo{n}-{len(os.listdir(tmp))}.pt")
-    cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--nnodes", "1", "--nproc_per_node", str(n),
-           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), WORKER, out, "--gloo", *args]
+    # --log_dir: torchrun's logs go under tmp, not into a directory of its own in /tmp.
+    cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--log_dir", out + ".logs", "--nnodes", "1",
+           "--nproc_per_node", str(n), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), WORKER, out,
+           "--gloo", *args]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
     return torch.load(out)
