@@ -207,8 +207,11 @@ struct Driven {
   std::vector<std::size_t> unit_at;                      // padded offset of each unit
 };
 
+// grad(rank, i, p): the rank's gradient of parameter i (unit u's i-th at u * 64 + i)
+// where the rank's model holds p.
 Driven drive(int world, const parallel::GossipOptions& g, int steps,
-             const std::function<float(int rank, std::size_t i)>& grad, double lr = 0.1, float init_scale = 0.01f) {
+             const std::function<float(int rank, std::size_t i, float p)>& grad, double lr = 0.1,
+             float init_scale = 0.01f) {
   const parallel::FlatLayout layout = four_units();
   Driven out;
   out.params.assign(static_cast<std::size_t>(steps) + 1, std::vector<std::vector<float>>(world));
@@ -229,9 +232,12 @@ Driven drive(int world, const parallel::GossipOptions& g, int steps,
     record(0);
     for (int k = 1; k <= steps; ++k) {
       const std::uint64_t b0 = s->bytes_sent();
+      const std::span<const float> now = s->own_params();
+      const std::vector<float> own(now.begin(), now.end());
       for (std::size_t u = 0; u < 4; ++u) {
         std::span<float> gr = s->access().grads(u);
-        for (std::size_t i = 0; i < gr.size(); ++i) gr[i] = grad(comm.rank(), u * 64 + i);
+        const std::size_t at = s->layout().units()[u].padded_offset;
+        for (std::size_t i = 0; i < gr.size(); ++i) gr[i] = grad(comm.rank(), u * 64 + i, own[at + i]);
         s->access().grads_done(u);
       }
       s->step();
@@ -240,6 +246,12 @@ Driven drive(int world, const parallel::GossipOptions& g, int steps,
     }
   });
   return out;
+}
+
+// The same with a gradient that does not depend on the parameters.
+Driven drive(int world, const parallel::GossipOptions& g, int steps,
+             const std::function<float(int rank, std::size_t i)>& grad, double lr = 0.1, float init_scale = 0.01f) {
+  return drive(world, g, steps, [&](int r, std::size_t i, float) { return grad(r, i); }, lr, init_scale);
 }
 
 parallel::GossipOptions plain_outer(int sync_every) {
@@ -301,6 +313,86 @@ TEST(GossipTraining, StreamingDilocoSyncsEachFragmentAtItsStep) {
       }
     }
   }
+}
+
+TEST(GossipTraining, StreamingDilocoFollowsAReferenceOverManySyncs) {
+  // Streaming DiLoCo written out here, step by step, against the strategy
+  // over several syncs of each fragment: 3 ranks, each with its own
+  // quadratic (gradient c_r (p - t_r), so the ranks drift apart and what a
+  // sync lands matters for what follows), inner SGD lr 0.1 (the strategy
+  // takes each rank's gradient times n), outer Nesterov SGD lr 0.7 with
+  // momentum 0.5, one per fragment (torch's: buf = d at its first step, then
+  // mu buf + d; the step is d + mu buf). H = 4, P = 1 and 2, tau = 0 and 1,
+  // alpha = 0 and 0.5.
+  const int n = 3, H = 4, steps = 15;
+  const float lr = 0.1f, outer_lr = 0.7f, mu = 0.5f;
+  auto grad = [](int r, std::size_t i, float p) {
+    const float c = 0.5f + 0.25f * static_cast<float>(r);
+    const float target = 0.1f * static_cast<float>(r + 1) * static_cast<float>(1 + i % 3);
+    return c * (p - target);
+  };
+  for (int P : {1, 2})
+    for (int tau : {0, 1})
+      for (double alpha : {0.0, 0.5}) {
+        SCOPED_TRACE(str("P ", P, " tau ", tau, " alpha ", alpha));
+        parallel::GossipOptions g;
+        g.sync_every = H;
+        g.outer_lr = outer_lr;
+        g.outer_momentum = mu;
+        g.fragments = P;
+        g.sync_delay = tau;
+        g.fragment_alpha = alpha;
+        const Driven d = drive(n, g, steps, grad, lr);
+        // x[r][u][i]; the global model, the outer momentum and the averaged
+        // pseudo-gradient in flight per unit (a fragment's units share its
+        // schedule).
+        std::vector<std::vector<std::vector<float>>> x(n, std::vector<std::vector<float>>(4));
+        for (int r = 0; r < n; ++r)
+          for (std::size_t u = 0; u < 4; ++u) {
+            const auto& p0 = d.params[0][static_cast<std::size_t>(r)];
+            x[r][u].assign(p0.begin() + d.unit_at[u], p0.begin() + d.unit_at[u] + 64);
+          }
+        std::vector<std::vector<float>> global = x[0], buf(4), flight(4);
+        const auto a = static_cast<float>(alpha);
+        for (int k = 1; k <= steps; ++k) {
+          for (int r = 0; r < n; ++r)
+            for (std::size_t u = 0; u < 4; ++u)
+              for (std::size_t i = 0; i < 64; ++i)
+                x[r][u][i] -= lr * (grad(r, u * 64 + i, x[r][u][i]) * static_cast<float>(n));
+          for (std::size_t u = 0; u < 4; ++u) {
+            const int first = static_cast<int>(((u % static_cast<std::size_t>(P)) + 1) * H / static_cast<std::size_t>(P));
+            const bool syncs = k >= first && (k - first) % H == 0;
+            const bool lands = k - tau >= first && (k - tau - first) % H == 0;
+            if (tau > 0 && lands) {  // apply what started tau steps ago
+              const std::vector<float>& dlt = flight[u];
+              if (buf[u].empty()) buf[u] = dlt;
+              else for (std::size_t i = 0; i < 64; ++i) buf[u][i] = mu * buf[u][i] + dlt[i];
+              for (std::size_t i = 0; i < 64; ++i) global[u][i] -= outer_lr * (dlt[i] + mu * buf[u][i]);
+              for (int r = 0; r < n; ++r)
+                for (std::size_t i = 0; i < 64; ++i) x[r][u][i] = (1 - a) * global[u][i] + a * x[r][u][i];
+            }
+            if (!syncs) continue;
+            flight[u].assign(64, 0.0f);
+            for (int r = 0; r < n; ++r)
+              for (std::size_t i = 0; i < 64; ++i) flight[u][i] += global[u][i] - x[r][u][i];
+            for (float& v : flight[u]) v /= static_cast<float>(n);
+            if (tau == 0) {
+              const std::vector<float>& dlt = flight[u];
+              if (buf[u].empty()) buf[u] = dlt;
+              else for (std::size_t i = 0; i < 64; ++i) buf[u][i] = mu * buf[u][i] + dlt[i];
+              for (std::size_t i = 0; i < 64; ++i) global[u][i] -= outer_lr * (dlt[i] + mu * buf[u][i]);
+              for (int r = 0; r < n; ++r)
+                for (std::size_t i = 0; i < 64; ++i) x[r][u][i] = (1 - a) * global[u][i] + a * x[r][u][i];
+            }
+          }
+          for (int r = 0; r < n; ++r)
+            for (std::size_t u = 0; u < 4; ++u) {
+              const auto& got = d.params[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
+              const std::vector<float> unit(got.begin() + d.unit_at[u], got.begin() + d.unit_at[u] + 64);
+              EXPECT_LT(max_rel_diff(unit, x[r][u]), 1e-5) << "step " << k << " rank " << r << " unit " << u;
+            }
+        }
+      }
 }
 
 TEST(GossipTraining, StreamingDilocoCutsThePeakBytesOfASyncByP) {
