@@ -146,6 +146,8 @@ expect_error 2 "\-\-outer-dtype: 'int8' is not f32, bf16, fp8 or int4" -- train 
   --outer-dtype int8
 expect_error 2 "\-\-outer-error-feedback applies to a compressed \-\-outer-dtype (bf16, fp8, int4): f32 loses nothing" \
   -- train --data synthetic --strategy diloco --outer-error-feedback
+expect_error 2 "\-\-fragment-carry applies to \-\-sync-delay 1 or more (with 0 no step runs while an average is in flight)" \
+  -- train --data synthetic --strategy diloco --fragments 2 --fragment-carry
 expect_error 2 "\-\-fragments applies to \-\-strategy diloco, not sgp" -- train --data synthetic --strategy sgp --fragments 2
 expect_error 2 "\-\-sync-delay applies to \-\-strategy diloco, not slowmo" -- train --data synthetic --strategy slowmo \
   --sync-delay 1

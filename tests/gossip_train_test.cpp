@@ -323,7 +323,8 @@ TEST(GossipTraining, StreamingDilocoFollowsAReferenceOverManySyncs) {
   // takes each rank's gradient times n), outer Nesterov SGD lr 0.7 with
   // momentum 0.5, one per fragment (torch's: buf = d at its first step, then
   // mu buf + d; the step is d + mu buf). H = 4, P = 1 and 2, tau = 0 and 1,
-  // alpha = 0 and 0.5.
+  // alpha = 0 and 0.5; with tau = 1 also with carry (a landed fragment is
+  // global + the rank's change since the sync step, then mixed by alpha).
   const int n = 3, H = 4, steps = 15;
   const float lr = 0.1f, outer_lr = 0.7f, mu = 0.5f;
   auto grad = [](int r, std::size_t i, float p) {
@@ -333,66 +334,72 @@ TEST(GossipTraining, StreamingDilocoFollowsAReferenceOverManySyncs) {
   };
   for (int P : {1, 2})
     for (int tau : {0, 1})
-      for (double alpha : {0.0, 0.5}) {
-        SCOPED_TRACE(str("P ", P, " tau ", tau, " alpha ", alpha));
-        parallel::GossipOptions g;
-        g.sync_every = H;
-        g.outer_lr = outer_lr;
-        g.outer_momentum = mu;
-        g.fragments = P;
-        g.sync_delay = tau;
-        g.fragment_alpha = alpha;
-        const Driven d = drive(n, g, steps, grad, lr);
-        // x[r][u][i]; the global model, the outer momentum and the averaged
-        // pseudo-gradient in flight per unit (a fragment's units share its
-        // schedule).
-        std::vector<std::vector<std::vector<float>>> x(n, std::vector<std::vector<float>>(4));
-        for (int r = 0; r < n; ++r)
-          for (std::size_t u = 0; u < 4; ++u) {
-            const auto& p0 = d.params[0][static_cast<std::size_t>(r)];
-            x[r][u].assign(p0.begin() + d.unit_at[u], p0.begin() + d.unit_at[u] + 64);
-          }
-        std::vector<std::vector<float>> global = x[0], buf(4), flight(4);
-        const auto a = static_cast<float>(alpha);
-        for (int k = 1; k <= steps; ++k) {
-          for (int r = 0; r < n; ++r)
-            for (std::size_t u = 0; u < 4; ++u)
-              for (std::size_t i = 0; i < 64; ++i)
-                x[r][u][i] -= lr * (grad(r, u * 64 + i, x[r][u][i]) * static_cast<float>(n));
-          for (std::size_t u = 0; u < 4; ++u) {
-            const int first = static_cast<int>(((u % static_cast<std::size_t>(P)) + 1) * H / static_cast<std::size_t>(P));
-            const bool syncs = k >= first && (k - first) % H == 0;
-            const bool lands = k - tau >= first && (k - tau - first) % H == 0;
-            if (tau > 0 && lands) {  // apply what started tau steps ago
-              const std::vector<float>& dlt = flight[u];
-              if (buf[u].empty()) buf[u] = dlt;
-              else for (std::size_t i = 0; i < 64; ++i) buf[u][i] = mu * buf[u][i] + dlt[i];
-              for (std::size_t i = 0; i < 64; ++i) global[u][i] -= outer_lr * (dlt[i] + mu * buf[u][i]);
-              for (int r = 0; r < n; ++r)
-                for (std::size_t i = 0; i < 64; ++i) x[r][u][i] = (1 - a) * global[u][i] + a * x[r][u][i];
-            }
-            if (!syncs) continue;
-            flight[u].assign(64, 0.0f);
-            for (int r = 0; r < n; ++r)
-              for (std::size_t i = 0; i < 64; ++i) flight[u][i] += global[u][i] - x[r][u][i];
-            for (float& v : flight[u]) v /= static_cast<float>(n);
-            if (tau == 0) {
-              const std::vector<float>& dlt = flight[u];
-              if (buf[u].empty()) buf[u] = dlt;
-              else for (std::size_t i = 0; i < 64; ++i) buf[u][i] = mu * buf[u][i] + dlt[i];
-              for (std::size_t i = 0; i < 64; ++i) global[u][i] -= outer_lr * (dlt[i] + mu * buf[u][i]);
-              for (int r = 0; r < n; ++r)
-                for (std::size_t i = 0; i < 64; ++i) x[r][u][i] = (1 - a) * global[u][i] + a * x[r][u][i];
-            }
-          }
+      for (double alpha : {0.0, 0.5})
+        for (bool carry : {false, true}) {
+          if (carry && tau == 0) continue;
+          SCOPED_TRACE(str("P ", P, " tau ", tau, " alpha ", alpha, " carry ", carry));
+          parallel::GossipOptions g;
+          g.sync_every = H;
+          g.outer_lr = outer_lr;
+          g.outer_momentum = mu;
+          g.fragments = P;
+          g.sync_delay = tau;
+          g.fragment_alpha = alpha;
+          g.fragment_carry = carry;
+          const Driven d = drive(n, g, steps, grad, lr);
+          // x[r][u][i]; the global model, the outer momentum and the averaged
+          // pseudo-gradient in flight per unit (a fragment's units share its
+          // schedule).
+          std::vector<std::vector<std::vector<float>>> x(n, std::vector<std::vector<float>>(4));
           for (int r = 0; r < n; ++r)
             for (std::size_t u = 0; u < 4; ++u) {
-              const auto& got = d.params[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
-              const std::vector<float> unit(got.begin() + d.unit_at[u], got.begin() + d.unit_at[u] + 64);
-              EXPECT_LT(max_rel_diff(unit, x[r][u]), 1e-5) << "step " << k << " rank " << r << " unit " << u;
+              const auto& p0 = d.params[0][static_cast<std::size_t>(r)];
+              x[r][u].assign(p0.begin() + d.unit_at[u], p0.begin() + d.unit_at[u] + 64);
             }
+          std::vector<std::vector<float>> global = x[0], buf(4), flight(4);
+          std::vector<std::vector<std::vector<float>>> at_sync(n, std::vector<std::vector<float>>(4));
+          const auto a = static_cast<float>(alpha);
+          // The outer step of unit u with the average in flight; every rank
+          // restarts from it (with carry, plus its change since the sync).
+          auto outer_step = [&](std::size_t u) {
+            const std::vector<float>& dlt = flight[u];
+            if (buf[u].empty()) buf[u] = dlt;
+            else
+              for (std::size_t i = 0; i < 64; ++i) buf[u][i] = mu * buf[u][i] + dlt[i];
+            for (std::size_t i = 0; i < 64; ++i) global[u][i] -= outer_lr * (dlt[i] + mu * buf[u][i]);
+            for (int r = 0; r < n; ++r)
+              for (std::size_t i = 0; i < 64; ++i) {
+                const float from = carry ? global[u][i] + (x[r][u][i] - at_sync[r][u][i]) : global[u][i];
+                x[r][u][i] = (1 - a) * from + a * x[r][u][i];
+              }
+          };
+          for (int k = 1; k <= steps; ++k) {
+            for (int r = 0; r < n; ++r)
+              for (std::size_t u = 0; u < 4; ++u)
+                for (std::size_t i = 0; i < 64; ++i)
+                  x[r][u][i] -= lr * (grad(r, u * 64 + i, x[r][u][i]) * static_cast<float>(n));
+            for (std::size_t u = 0; u < 4; ++u) {
+              const int first =
+                  static_cast<int>(((u % static_cast<std::size_t>(P)) + 1) * H / static_cast<std::size_t>(P));
+              const bool syncs = k >= first && (k - first) % H == 0;
+              const bool lands = k - tau >= first && (k - tau - first) % H == 0;
+              if (tau > 0 && lands) outer_step(u);  // what started tau steps ago
+              if (!syncs) continue;
+              for (int r = 0; r < n; ++r) at_sync[r][u] = x[r][u];
+              flight[u].assign(64, 0.0f);
+              for (int r = 0; r < n; ++r)
+                for (std::size_t i = 0; i < 64; ++i) flight[u][i] += global[u][i] - x[r][u][i];
+              for (float& v : flight[u]) v /= static_cast<float>(n);
+              if (tau == 0) outer_step(u);
+            }
+            for (int r = 0; r < n; ++r)
+              for (std::size_t u = 0; u < 4; ++u) {
+                const auto& got = d.params[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)];
+                const std::vector<float> unit(got.begin() + d.unit_at[u], got.begin() + d.unit_at[u] + 64);
+                EXPECT_LT(max_rel_diff(unit, x[r][u]), 1e-5) << "step " << k << " rank " << r << " unit " << u;
+              }
+          }
         }
-      }
 }
 
 TEST(GossipTraining, StreamingDilocoCutsThePeakBytesOfASyncByP) {

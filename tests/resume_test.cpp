@@ -317,6 +317,10 @@ std::vector<GossipCase> gossip_cases() {
   g.sync_delay = 2;
   g.fragment_alpha = 0.5;
   cases.push_back({"diloco-streaming", "diloco", g});
+  // The rank's values at the sync step travel with the average in flight.
+  g.fragment_carry = true;
+  cases.push_back({"diloco-streaming-carry", "diloco", g});
+  g.fragment_carry = false;
   // int4 pseudo-gradients with error feedback (the carried error is state).
   g.outer_dtype = "int4";
   g.outer_error_feedback = true;
@@ -341,8 +345,13 @@ TEST(GossipResume, SavedAndResumedAtTheSameWorldIsTheUninterruptedRun) {
       EXPECT_FALSE(same_bits(first.params, straight.params)) << "the last 6 steps must change something";
       if (c.name.starts_with("diloco-streaming")) {  // saved with fragment 1's average in flight
         bool in_flight = false;
-        for (const auto& [name, values] : first.locals[0].tensors) in_flight = in_flight || name == "diloco_flight.1";
+        bool at_sync = false;
+        for (const auto& [name, values] : first.locals[0].tensors) {
+          in_flight = in_flight || name == "diloco_flight.1";
+          at_sync = at_sync || name == "diloco_flight_at_sync.1";
+        }
         EXPECT_TRUE(in_flight);
+        EXPECT_EQ(at_sync, c.options.fragment_carry);
       }
       // The ranks' models differ (it is gossip, not an all-reduce).
       EXPECT_FALSE(same_bits(straight.locals[0].tensors[0].second, straight.locals[1].tensors[0].second));

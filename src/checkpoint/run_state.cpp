@@ -101,7 +101,8 @@ OJson gossip_options_json(const parallel::GossipOptions& g) {
           {"sync_delay", g.sync_delay},
           {"fragment_alpha", g.fragment_alpha},
           {"outer_dtype", g.outer_dtype},
-          {"outer_error_feedback", g.outer_error_feedback}};
+          {"outer_error_feedback", g.outer_error_feedback},
+          {"fragment_carry", g.fragment_carry}};
 }
 // The options as written by gossip_options_json, or none where a member is
 // missing or of another type (then no run is the same as the saved one).
@@ -123,8 +124,8 @@ std::optional<parallel::GossipOptions> gossip_options(const Json& j) {
   if (j.size() == 8) return g;
   const Json &every = member(j, "sync_every"), &outer = member(j, "outer_optimizer"),
              &outer_lr = member(j, "outer_lr"), &outer_momentum = member(j, "outer_momentum");
-  if ((j.size() != 12 && j.size() != 17) || !is_int(every) || !outer.is_string() || !outer_lr.is_number() ||
-      !outer_momentum.is_number())
+  if ((j.size() != 12 && j.size() != 17 && j.size() != 18) || !is_int(every) || !outer.is_string() ||
+      !outer_lr.is_number() || !outer_momentum.is_number())
     return std::nullopt;
   g.sync_every = every.get<int>();
   g.outer_optimizer = outer.get<std::string>();
@@ -143,6 +144,11 @@ std::optional<parallel::GossipOptions> gossip_options(const Json& j) {
   g.fragment_alpha = alpha.get<double>();
   g.outer_dtype = dtype.get<std::string>();
   g.outer_error_feedback = feedback.get<bool>();
+  // --fragment-carry (none in the checkpoints before it: off).
+  if (j.size() == 17) return g;
+  const Json& carry = member(j, "fragment_carry");
+  if (!carry.is_boolean()) return std::nullopt;
+  g.fragment_carry = carry.get<bool>();
   return g;
 }
 

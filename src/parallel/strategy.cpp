@@ -87,10 +87,10 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   if (info != nullptr && info->sharded_grads) mine[kLive] = fnv_value(mine[kLive], options.max_buckets_in_flight);
   const GossipOptions& g = options.gossip;
   h = fnv(fnv(fnv(fnv(kFnvBasis, g.topology), g.slowmo_base), g.outer_optimizer), g.outer_dtype);
-  for (double v : {double(g.peers_per_iteration), double(g.synch_freq), double(g.localsgd_frequency),
-                   double(g.slowmo_frequency), g.slowmo_momentum, g.slowmo_lr, double(g.sync_every), g.outer_lr,
-                   g.outer_momentum, double(g.fragments), double(g.sync_delay), g.fragment_alpha,
-                   double(g.outer_error_feedback)})
+  for (double v :
+       {double(g.peers_per_iteration), double(g.synch_freq), double(g.localsgd_frequency), double(g.slowmo_frequency),
+        g.slowmo_momentum, g.slowmo_lr, double(g.sync_every), g.outer_lr, g.outer_momentum, double(g.fragments),
+        double(g.sync_delay), g.fragment_alpha, double(g.outer_error_feedback), double(g.fragment_carry)})
     h = fnv_value(h, v);
   mine[kGossip] = h;
   const auto n = static_cast<std::size_t>(comm.size());

@@ -105,6 +105,10 @@ Runner add_train(CLI::App& app) {
               "diloco: inner steps a fragment's average runs behind training before it is applied (default 0)");
   gossip_flag("--fragment-alpha", g.fragment_alpha,
               "diloco: a synced fragment becomes (1 - alpha) * global + alpha * local (default 0)");
+  sub->add_flag("--fragment-carry", g.fragment_carry,
+                "diloco with --sync-delay: a synced fragment keeps the rank's own steps taken while its average was "
+                "in flight (the new global plus them, then mixed by --fragment-alpha)")
+      ->each([a](const std::string&) { a->gossip_flags.insert("--fragment-carry"); });
   gossip_flag("--outer-dtype", g.outer_dtype,
               "diloco: the pseudo-gradient on the wire: f32 (default), bf16, fp8 or int4 (scaled per block of 64)");
   sub->add_flag("--outer-error-feedback", g.outer_error_feedback,

@@ -30,11 +30,10 @@
 namespace distopt::cli {
 
 const std::set<std::string> kGossipFlags = {
-    "--topology",           "--peers-per-iteration", "--synch-freq",      "--slowmo-base",
-    "--localsgd-frequency", "--slowmo-frequency",    "--slowmo-momentum", "--slowmo-lr",
-    "--sync-every",         "--outer-optimizer",     "--outer-lr",        "--outer-momentum",
-    "--fragments",          "--sync-delay",          "--fragment-alpha",  "--outer-dtype",
-    "--outer-error-feedback"};
+    "--topology",         "--peers-per-iteration",  "--synch-freq",    "--slowmo-base", "--localsgd-frequency",
+    "--slowmo-frequency", "--slowmo-momentum",      "--slowmo-lr",     "--sync-every",  "--outer-optimizer",
+    "--outer-lr",         "--outer-momentum",       "--fragments",     "--sync-delay",  "--fragment-alpha",
+    "--outer-dtype",      "--outer-error-feedback", "--fragment-carry"};
 
 // Why a gossip flag does not apply to strategy `s` (with that slowmo base),
 // or "" when it does.

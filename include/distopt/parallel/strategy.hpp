@@ -127,10 +127,15 @@ struct GossipOptions {
   // staggered steps, fragment p first after ((p + 1) * H) / P steps; a
   // fragment's average starts `sync_delay` inner steps before it is applied
   // (0: at once); once applied, its parameters become
-  // (1 - fragment_alpha) * global + fragment_alpha * local.
+  // (1 - fragment_alpha) * global + fragment_alpha * local. With
+  // fragment_carry, global there is the new global plus the rank's own
+  // change since the sync step (local - local at the sync step): the inner
+  // steps taken while the average was in flight are kept, and the next
+  // pseudo-gradient counts them.
   int fragments = 1;
   int sync_delay = 0;
   double fragment_alpha = 0;
+  bool fragment_carry = false;
   // The pseudo-gradient on the wire: f32 (an all-reduce), or bf16, fp8
   // (e4m3) or int4 with a scale per block of 64 (all-gathered, summed in
   // f32 in rank order); with outer_error_feedback each rank carries what

@@ -14,8 +14,11 @@
 // first after ((p + 1) H) / P steps, so the bytes of one sync fall by P. A
 // fragment's average starts at its sync step and is applied sync_delay (tau)
 // steps later, training going on meanwhile; once applied, the fragment's
-// parameters are (1 - alpha) global + alpha local. P = 1, tau = 0 and alpha
-// = 0 is plain DiLoCo, the same operations in the same order.
+// parameters are (1 - alpha) global + alpha local. With fragment_carry,
+// global there is the new global plus the rank's own change since the sync
+// step, so the steps taken in flight are kept (and counted by the next
+// pseudo-gradient). P = 1, tau = 0 and alpha = 0 is plain DiLoCo, the same
+// operations in the same order.
 //
 // On the wire: an f32 all-reduce, or (outer_dtype bf16, fp8, int4) every
 // rank's encoded pseudo-gradient all-gathered and summed in f32 in rank
@@ -49,6 +52,7 @@ class Diloco final : public GossipCore {
     // on the main one, the trainer's next blocking collective (the step's
     // loss) would wait for them.
     if (options_.sync_delay > 0 && comm_.size() > 1) sync_comm_ = comm_.split(0, comm_.rank());
+    carry_ = options_.fragment_carry && options_.sync_delay > 0;
     const auto& units = layout_.units();
     const auto P = static_cast<std::size_t>(options_.fragments);
     if (P > units.size())
@@ -74,6 +78,7 @@ class Diloco final : public GossipCore {
     for (std::size_t f = 0; f < P; ++f) {
       Fragment& frag = fragments_[f];
       frag.values.assign(frag.elements, 0.0f);
+      if (carry_) frag.at_sync.assign(frag.elements, 0.0f);
       if (wire_ != gossip::WireDType::f32) frag.wire.assign(gossip::wire_bytes(wire_, frag.elements), 0);
       if (views[f].empty()) continue;  // units without parameters: nothing to step
       try {
@@ -138,6 +143,7 @@ class Diloco final : public GossipCore {
     // has landed) the average; wire and gathered hold the encoded ones.
     std::vector<float> values;
     std::vector<std::uint8_t> wire, gathered;  // gathered: while in flight
+    std::vector<float> at_sync;                // carry_: the rank's values at the sync step, while in flight
     std::unique_ptr<Request> request;
     bool in_flight = false;  // started, not applied
     std::uint64_t apply_at = 0;  // while in flight: the step that applies it
@@ -187,6 +193,7 @@ class Diloco final : public GossipCore {
   // The rank's pseudo-gradient of `f` goes on the wire.
   void start(Fragment& f) {
     each(f, [&](std::size_t i, std::size_t k) { f.values[k] = start_[i] - x_[i]; });
+    if (carry_) each(f, [&](std::size_t i, std::size_t k) { f.at_sync[k] = x_[i]; });
     if (wire_ == gossip::WireDType::f32) {
       f.request = wire().iall_reduce(f.values.data(), f.values.data(), f.elements, ElemType::f32, ReduceOp::avg);
     } else {
@@ -229,19 +236,26 @@ class Diloco final : public GossipCore {
     f.landed = true;
   }
 
-  // The outer step of `f` with its average; the fragment restarts from it.
+  // The outer step of `f` with its average; the fragment restarts from it
+  // (with carry_, from it plus the rank's steps since the sync step).
   void apply(Fragment& f) {
     land(f);
     each(f, [&](std::size_t i, std::size_t k) { delta_[i] = f.values[k]; });
     if (f.outer) f.outer->step();
     const auto alpha = static_cast<float>(options_.fragment_alpha);
-    for (auto [b, e] : f.ranges) {
-      if (alpha == 0.0f)
-        std::copy(start_.begin() + static_cast<std::ptrdiff_t>(b), start_.begin() + static_cast<std::ptrdiff_t>(e),
-                  x_.begin() + static_cast<std::ptrdiff_t>(b));
-      else
-        for (std::size_t i = b; i < e; ++i) x_[i] = (1.0f - alpha) * start_[i] + alpha * x_[i];
-    }
+    if (carry_)
+      each(f, [&](std::size_t i, std::size_t k) {
+        const float carried = start_[i] + (x_[i] - f.at_sync[k]);
+        x_[i] = alpha == 0.0f ? carried : (1.0f - alpha) * carried + alpha * x_[i];
+      });
+    else
+      for (auto [b, e] : f.ranges) {
+        if (alpha == 0.0f)
+          std::copy(start_.begin() + static_cast<std::ptrdiff_t>(b), start_.begin() + static_cast<std::ptrdiff_t>(e),
+                    x_.begin() + static_cast<std::ptrdiff_t>(b));
+        else
+          for (std::size_t i = b; i < e; ++i) x_[i] = (1.0f - alpha) * start_[i] + alpha * x_[i];
+      }
     f.in_flight = false;
     f.landed = false;
     ++f.applied;
@@ -256,14 +270,28 @@ class Diloco final : public GossipCore {
   // theta_sync, the carried quantisation error, the outer optimizers' state
   // tensors ("outer.<i>.<key>", i counting their parameters over the
   // fragments in order) and the average of each fragment in flight
-  // ("diloco_flight.<p>", waited for here).
+  // ("diloco_flight.<p>", waited for here; with carry_, the rank's values at
+  // its sync step too, "diloco_flight_at_sync.<p>").
   void save_tensors(LocalState& st) override {
     save_synced(st);
     for (std::size_t p = 0; p < fragments_.size(); ++p)
       if (fragments_[p].in_flight) {
         land(fragments_[p]);
-        st.tensors.emplace_back(str("diloco_flight.", p), fragments_[p].values);
+        save_flight(st, p);
       }
+  }
+  void save_flight(LocalState& st, std::size_t p) const {
+    st.tensors.emplace_back(str("diloco_flight.", p), fragments_[p].values);
+    if (carry_) st.tensors.emplace_back(str("diloco_flight_at_sync.", p), fragments_[p].at_sync);
+  }
+  // Fragment p's average in flight (and with carry_ its values at the sync
+  // step, checked against its size).
+  void load_flight(const LocalState& st, std::size_t p, const std::vector<float>& flight) {
+    Fragment& f = fragments_[p];
+    std::copy(flight.begin(), flight.end(), f.values.begin());
+    if (!carry_) return;
+    const std::vector<float>& at_sync = saved_tensor(st, str("diloco_flight_at_sync.", p), f.elements);
+    std::copy(at_sync.begin(), at_sync.end(), f.at_sync.begin());
   }
   // A survivor drops the averages in flight (the ranks that started them
   // are not all there): the fragment's next sync measures its
@@ -272,8 +300,7 @@ class Diloco final : public GossipCore {
   void survivor_tensors(LocalState& st) override {
     save_synced(st);
     for (std::size_t p = 0; p < fragments_.size(); ++p)  // landed by complete_in_flight()
-      if (fragments_[p].in_flight && fragments_[p].landed)
-        st.tensors.emplace_back(str("diloco_flight.", p), fragments_[p].values);
+      if (fragments_[p].in_flight && fragments_[p].landed) save_flight(st, p);
     std::vector<float> applied;
     for (const Fragment& f : fragments_) applied.push_back(static_cast<float>(f.applied));
     st.tensors.emplace_back("diloco_applied", std::move(applied));
@@ -281,7 +308,7 @@ class Diloco final : public GossipCore {
   // A sync that failed may have completed on some survivors only: for each
   // fragment, those behind take theta_sync and the outer state of the
   // first that applied the most outer steps, and restart from it as apply()
-  // does.
+  // does without carry_ (the steps since the failed sync go with it).
   void agree_survivors() override {
     const std::size_t P = fragments_.size(), n = static_cast<std::size_t>(comm_.size());
     std::vector<std::int64_t> mine(P), all(P * n);
@@ -381,7 +408,7 @@ class Diloco final : public GossipCore {
         if (flight != nullptr && (!f.in_flight || flight->size() != f.elements))
           throw InvalidInput(str("diloco: a survivor's state has an average in flight of fragment ", p,
                                  " that does not fit step ", steps_));
-        if (flight) std::copy(flight->begin(), flight->end(), f.values.begin());
+        if (flight) load_flight(st, p, *flight);
       }
       return;
     }
@@ -397,7 +424,7 @@ class Diloco final : public GossipCore {
         throw InvalidInput(str("diloco: the checkpoint of rank ", comm_.rank(), " at step ", steps_,
                                f.in_flight ? " lacks the average in flight of fragment " : " has an average in flight of fragment ",
                                p, flight && f.in_flight ? " of another size" : ""));
-      if (flight) std::copy(flight->begin(), flight->end(), f.values.begin());
+      if (flight) load_flight(st, p, *flight);
     }
   }
   void add_memory(MemoryUse& m) const override {
@@ -406,13 +433,14 @@ class Diloco final : public GossipCore {
     std::size_t gathered = 0;  // the largest fragment's n encoded copies, while in flight
     for (const Fragment& f : fragments_) {
       if (f.outer) m.optimizer_state += f.outer->state_bytes();
-      m.grads += f.values.size() * sizeof(float) + f.wire.size();
+      m.grads += (f.values.size() + f.at_sync.size()) * sizeof(float) + f.wire.size();
       gathered = std::max(gathered, f.wire.size() * static_cast<std::size_t>(comm_.size()));
     }
     m.grads += gathered;
   }
 
   gossip::WireDType wire_ = gossip::WireDType::f32;
+  bool carry_ = false;  // fragment_carry with a sync_delay
   std::vector<float> start_, delta_, error_;
   std::unique_ptr<Communicator> sync_comm_;  // with sync_delay > 0; outlives the requests in fragments_
   std::vector<Fragment> fragments_;
@@ -424,6 +452,8 @@ std::string misfit(const StrategyInfo& self, std::string_view flag, const Gossip
   if (flag == "outer-momentum" && options.outer_optimizer != "sgd")
     return str("--outer-momentum applies to --outer-optimizer sgd (", options.outer_optimizer,
                " keeps its own defaults)");
+  if (flag == "fragment-carry" && options.sync_delay == 0)
+    return "--fragment-carry applies to --sync-delay 1 or more (with 0 no step runs while an average is in flight)";
   if (flag == "outer-error-feedback" && options.outer_dtype == "f32")
     return "--outer-error-feedback applies to a compressed --outer-dtype (bf16, fp8, int4): f32 loses nothing";
   return gossip_misfit(self.name, flag, /*synch_freq=*/false, /*slowmo=*/false, /*outer=*/true);
