@@ -242,23 +242,21 @@ class Diloco final : public GossipCore {
     land(f);
     each(f, [&](std::size_t i, std::size_t k) { delta_[i] = f.values[k]; });
     if (f.outer) f.outer->step();
-    const auto alpha = static_cast<float>(options_.fragment_alpha);
-    if (carry_)
-      each(f, [&](std::size_t i, std::size_t k) {
-        const float carried = start_[i] + (x_[i] - f.at_sync[k]);
-        x_[i] = alpha == 0.0f ? carried : (1.0f - alpha) * carried + alpha * x_[i];
-      });
-    else
-      for (auto [b, e] : f.ranges) {
-        if (alpha == 0.0f)
-          std::copy(start_.begin() + static_cast<std::ptrdiff_t>(b), start_.begin() + static_cast<std::ptrdiff_t>(e),
-                    x_.begin() + static_cast<std::ptrdiff_t>(b));
-        else
-          for (std::size_t i = b; i < e; ++i) x_[i] = (1.0f - alpha) * start_[i] + alpha * x_[i];
-      }
+    restart(f, carry_);
     f.in_flight = false;
     f.landed = false;
     ++f.applied;
+  }
+
+  // The rank's values of `f` from theta_sync: (1 - alpha) from + alpha local,
+  // from being theta_sync, or with `carry` theta_sync plus the rank's change
+  // since the sync step.
+  void restart(Fragment& f, bool carry) {
+    const auto alpha = static_cast<float>(options_.fragment_alpha);
+    each(f, [&](std::size_t i, std::size_t k) {
+      const float from = carry ? start_[i] + (x_[i] - f.at_sync[k]) : start_[i];
+      x_[i] = alpha == 0.0f ? from : (1.0f - alpha) * from + alpha * x_[i];
+    });
   }
 
   // In place: the outer optimizers' views point into start_.
@@ -341,8 +339,7 @@ class Diloco final : public GossipCore {
           at += elements(v);
         }
       if (f.outer) f.outer->state_written();
-      const auto alpha = static_cast<float>(options_.fragment_alpha);
-      each(f, [&](std::size_t i, std::size_t) { x_[i] = alpha == 0.0f ? start_[i] : (1.0f - alpha) * start_[i] + alpha * x_[i]; });
+      restart(f, /*carry=*/false);
       f.applied = static_cast<std::uint64_t>(most);
     }
   }
