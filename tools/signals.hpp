@@ -1,6 +1,8 @@
 // SIGINT and SIGTERM for long-running verbs: the first one asks the work to
-// stop at its next step boundary (a flag the trainer polls); a second one
-// ends the process at once with 128 + the signal's number.
+// stop at its next step boundary (a flag the trainer polls); a second one,
+// half a second or more after the first, ends the process at once with
+// 128 + the signal's number (sooner, it is the first one sent twice, as GNU
+// timeout does, and changes nothing).
 #pragma once
 
 #include <atomic>
