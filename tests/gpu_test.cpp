@@ -42,26 +42,30 @@ float value_at(std::uint64_t seed, std::size_t i) {
   return u;
 }
 
-// A set of parameters with gradients, on one device.
+// A set of parameters with gradients, on one device. Each parameter and
+// gradient is a view that starts `offset` elements into its buffer (1: not
+// aligned for the kernel's vector accesses).
 struct Tensors {
   Device device;
   DType dtype;
   std::vector<std::size_t> sizes;
+  std::size_t offset;
   std::vector<Buffer> values, grads;
 
-  Tensors(Device d, DType t, std::vector<std::size_t> n) : device(d), dtype(t), sizes(std::move(n)) {
+  Tensors(Device d, DType t, std::vector<std::size_t> n, std::size_t off = 0)
+      : device(d), dtype(t), sizes(std::move(n)), offset(off) {
     for (std::size_t k = 0; k < sizes.size(); ++k) {
-      values.emplace_back(sizes[k] * size_of(t), 0, d, "test parameter");
-      grads.emplace_back(sizes[k] * size_of(t), 1, d, "test gradient");
+      values.emplace_back((sizes[k] + offset) * size_of(t), 0, d, "test parameter");
+      grads.emplace_back((sizes[k] + offset) * size_of(t), 1, d, "test gradient");
       set(values[k], k, 1000);
     }
   }
-  // Fills b with element type `dtype` from value_at(seed + k, i).
+  // Fills b with element type `dtype` from value_at(seed + k, i), i counted from the view's start.
   void set(Buffer& b, std::size_t k, std::uint64_t seed) {
-    std::vector<unsigned char> host(sizes[k] * size_of(dtype));
+    std::vector<unsigned char> host((sizes[k] + offset) * size_of(dtype));
     dispatch_dtype(dtype, [&]<class T>() {
       T* h = reinterpret_cast<T*>(host.data());
-      for (std::size_t i = 0; i < sizes[k]; ++i) h[i] = from_float<T>(value_at(seed + k, i));
+      for (std::size_t i = 0; i < sizes[k] + offset; ++i) h[i] = from_float<T>(value_at(seed + k, i - offset));
     });
     copy_bytes(b.data(), device, host.data(), Device::cpu, host.size());
   }
@@ -69,15 +73,17 @@ struct Tensors {
     std::vector<Param> ps;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
       const Shape shape{static_cast<std::int64_t>(sizes[k])};
-      ps.push_back({str("p", k), {values[k].data(), dtype, shape, device},
-                    {grads[k].data(), dtype, shape, device}, true});
+      const std::size_t skip = offset * size_of(dtype);
+      ps.push_back({str("p", k), {static_cast<char*>(values[k].data()) + skip, dtype, shape, device},
+                    {static_cast<char*>(grads[k].data()) + skip, dtype, shape, device}, true});
     }
     return ps;
   }
-  // Element i of buffer b (values or grads) as a float.
+  // Element i of the view of buffer b (values or grads) as a float.
   float at(const Buffer& b, std::size_t i) const {
     std::vector<unsigned char> host(size_of(dtype));
-    copy_bytes(host.data(), Device::cpu, static_cast<const char*>(b.data()) + i * size_of(dtype), device, host.size());
+    copy_bytes(host.data(), Device::cpu, static_cast<const char*>(b.data()) + (i + offset) * size_of(dtype), device,
+               host.size());
     return dispatch_dtype(dtype, [&]<class T>() { return to_float(*reinterpret_cast<const T*>(host.data())); });
   }
   std::vector<unsigned char> bytes(std::size_t k) const {
@@ -119,12 +125,13 @@ std::vector<Case> cases() {
 // Runs `steps` steps of the case on the CPU and on the device, with new
 // gradients each step (and one parameter without a gradient at step 2),
 // and compares parameters and state bit for bit after every step.
-void expect_same_bits(const Case& c, DType dtype, bool flush, int steps = 6) {
-  SCOPED_TRACE(c.rule + " " + std::string(name_of(dtype)) + (flush ? " flush" : " ieee"));
+void expect_same_bits(const Case& c, DType dtype, bool flush, std::size_t offset = 0, int steps = 6) {
+  SCOPED_TRACE(c.rule + " " + std::string(name_of(dtype)) + (flush ? " flush" : " ieee") + " offset " +
+               std::to_string(offset));
   const DenormalMode mode(flush ? DenormalMode::flush : DenormalMode::ieee);
   // Sizes around the launcher's chunk (16384) and block (512), and an empty tensor.
   const std::vector<std::size_t> sizes{1, 511, 16384, 16385, 70001, 0, 3};
-  Tensors cpu(Device::cpu, dtype, sizes), gpu(Device::cuda, dtype, sizes);
+  Tensors cpu(Device::cpu, dtype, sizes, offset), gpu(Device::cuda, dtype, sizes, offset);
   Optimizer a(c.rule, cpu.params(), c.options), b(c.rule, gpu.params(), c.options);
   for (int step = 0; step < steps; ++step) {
     for (std::size_t k = 0; k < sizes.size(); ++k) {
@@ -143,7 +150,7 @@ void expect_same_bits(const Case& c, DType dtype, bool flush, int steps = 6) {
         const std::size_t es = size_of(dtype);
         const auto x = cpu.bytes(k), y = gpu.bytes(k);
         for (std::size_t i = 0, shown = 0; i < sizes[k] && shown < 3; ++i) {
-          if (std::memcmp(&x[i * es], &y[i * es], es) == 0) continue;
+          if (std::memcmp(&x[(i + offset) * es], &y[(i + offset) * es], es) == 0) continue;
           ++shown;
           auto hex = [](float v) { return str(std::hex, std::bit_cast<std::uint32_t>(v), std::dec); };
           const float before = value_at(1000 + k, i);
@@ -183,6 +190,14 @@ TEST(Gpu, EveryPointwiseRuleHasTheCpuBits) {
   for (const Case& c : cases())
     for (DType t : {DType::f32, DType::bf16, DType::f16})
       for (bool flush : {false, true}) expect_same_bits(c, t, flush);
+}
+
+// Views one element into their buffers are not aligned for the kernel's
+// four-element accesses and take its one-element path.
+TEST(Gpu, UnalignedViewsHaveTheCpuBits) {
+  NEED_DEVICE();
+  for (const Case& c : cases())
+    for (DType t : {DType::f32, DType::bf16}) expect_same_bits(c, t, false, 1);
 }
 
 TEST(Gpu, StateLoadedOnTheDeviceContinuesAsOnTheCpu) {

@@ -4,15 +4,23 @@
 //
 // One step of a rule over K tensors is one launch per combination of the
 // rule's compile-time flags and element type (usually one): the tensors'
-// pointers, sizes and coefficient indices, and the distinct coefficient
-// blocks, go to the device in one copy; block b of the grid finds its
-// tensor by binary search over the tensors' first chunk and updates that
-// chunk with the rule's element() -- the function the CPU loop runs.
+// pointers, sizes and coefficient indices, the distinct coefficient blocks
+// and each tensor's first chunk go to the device in one copy; block b of
+// the grid finds its tensor by binary search over the first chunks and
+// updates that chunk with the rule's element() -- the function the CPU loop
+// runs. Where every pointer of a tensor is aligned, a thread moves four
+// elements at a time: it loads them with one vector access per array into
+// registers, runs element() on the registers and stores them the same way
+// (the same operations on the same values, so the same bits; the wide
+// accesses are what keep the memory system busy). Unaligned tensors and the
+// last few elements go one element at a time.
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "../core/cuda_backend.hpp"
@@ -36,6 +44,7 @@ using rules::Typed;
 
 constexpr int kThreads = 512;
 constexpr std::size_t kChunk = 16384;  // elements per block
+constexpr int kVec = 4;                // elements per vector access
 
 struct Entry {
   float* p;
@@ -43,28 +52,74 @@ struct Entry {
   const void* g;
   float* s[kMaxStateTensors];
   std::size_t n;
-  std::size_t first_chunk;
   unsigned coeffs;
+  bool vector;  // every pointer aligned for kVec-element accesses
 };
+
+// kVec elements of type T, aligned so that one load or store moves them all.
+template <class T>
+struct alignas(sizeof(T) * kVec) Pack {
+  T v[kVec];
+};
+
+template <class T>
+__device__ __forceinline__ Pack<T> load(const T* p) {
+  return *reinterpret_cast<const Pack<T>*>(p);
+}
+template <class T>
+__device__ __forceinline__ void store_pack(T* p, const Pack<T>& x) {
+  *reinterpret_cast<Pack<T>*>(p) = x;
+}
+
+// Elements [i, i + kVec) of tensor e, through registers.
+template <class M, class T, bool... F>
+__device__ __forceinline__ void vector_step(const typename M::Coeffs& c, const Entry& e, std::size_t i) {
+  Pack<float> p = load(e.p + i);
+  const Pack<T> g = load(static_cast<const T*>(e.g) + i);
+  Pack<T> lp;
+  Pack<float> st[kMaxStateTensors];
+#pragma unroll
+  for (int k = 0; k < kMaxStateTensors; ++k)
+    if (e.s[k] != nullptr) st[k] = load(e.s[k] + i);
+  // element() touches only the state its flags use, which are the non-null ones.
+  float* const state[kMaxStateTensors] = {st[0].v, st[1].v, st[2].v, st[3].v};
+  const Typed<T> s{p.v, lp.v, g.v, state, kVec};
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) M::template element<F...>(c, s, static_cast<std::size_t>(j));
+  store_pack(e.p + i, p);
+  if constexpr (!std::is_same_v<T, float>) store_pack(static_cast<T*>(e.lp) + i, lp);
+#pragma unroll
+  for (int k = 0; k < kMaxStateTensors; ++k)
+    if (e.s[k] != nullptr) store_pack(e.s[k] + i, st[k]);
+}
 
 template <class M, class T, bool... F>
 __global__ void __launch_bounds__(kThreads)
-    pointwise_kernel(const RuleBlob* __restrict__ coeffs, const Entry* __restrict__ entries, unsigned count) {
+    pointwise_kernel(const RuleBlob* __restrict__ coeffs, const Entry* __restrict__ entries,
+                     const unsigned* __restrict__ first_chunk, unsigned count) {
   // The tensor holding chunk blockIdx.x: the last entry whose first chunk is <= it.
   unsigned lo = 0, hi = count;
   while (hi - lo > 1) {
     const unsigned mid = (lo + hi) / 2;
-    if (entries[mid].first_chunk <= blockIdx.x) lo = mid;
+    if (first_chunk[mid] <= blockIdx.x) lo = mid;
     else hi = mid;
   }
   const Entry e = entries[lo];
   const typename M::Coeffs c = *reinterpret_cast<const typename M::Coeffs*>(coeffs[e.coeffs].bytes);
+  const std::size_t begin = (blockIdx.x - first_chunk[lo]) * kChunk;
+  const std::size_t end = begin + kChunk < e.n ? begin + kChunk : e.n;
+  std::size_t rest = begin;  // chunks begin at multiples of kChunk, so stay aligned
+  if (e.vector) {
+    rest = begin + (end - begin) / kVec * kVec;
+    for (std::size_t i = begin + threadIdx.x * std::size_t{kVec}; i < rest; i += kThreads * std::size_t{kVec})
+      vector_step<M, T, F...>(c, e, i);
+  }
   float* const state[kMaxStateTensors] = {e.s[0], e.s[1], e.s[2], e.s[3]};
   const Typed<T> s{e.p, static_cast<T*>(e.lp), static_cast<const T*>(e.g), state, e.n};
-  const std::size_t begin = (blockIdx.x - e.first_chunk) * kChunk;
-  const std::size_t end = begin + kChunk < e.n ? begin + kChunk : e.n;
-  for (std::size_t i = begin + threadIdx.x; i < end; i += kThreads) M::template element<F...>(c, s, i);
+  for (std::size_t i = rest + threadIdx.x; i < end; i += kThreads) M::template element<F...>(c, s, i);
 }
+
+bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 template <class M>
 void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices) {
@@ -85,7 +140,9 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
     blob_of[j] = static_cast<unsigned>(blobs.size() - 1);
   }
   std::vector<Entry> entries;
+  std::vector<unsigned> first_chunk;
   entries.reserve(k);
+  first_chunk.reserve(k);
   // Launch r covers entries [run_begin[r], run_begin[r+1]) of key key[run_src[r]].
   std::vector<std::size_t> run_begin, run_chunks, run_src;
   for (std::size_t r = 0; r < k; ++r) {
@@ -103,21 +160,30 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
     e.g = sl.grad;
     for (int t = 0; t < kMaxStateTensors; ++t) e.s[t] = sl.state[t];
     e.n = sl.n;
-    e.first_chunk = run_chunks.back();
     e.coeffs = blob_of[j];
+    const std::size_t es = size_of(sl.dtype);
+    e.vector = aligned(e.p, 4 * kVec) && aligned(e.g, es * kVec) && (e.lp == nullptr || aligned(e.lp, es * kVec));
+    for (int t = 0; t < kMaxStateTensors; ++t) e.vector = e.vector && (e.s[t] == nullptr || aligned(e.s[t], 4 * kVec));
+    first_chunk.push_back(static_cast<unsigned>(run_chunks.back()));
     run_chunks.back() += (sl.n + kChunk - 1) / kChunk;
+    if (run_chunks.back() > 0x7fffffffu)
+      throw InvalidInput(str(rule, " step: more than 2^31 chunks of ", kChunk, " elements in one launch"));
     entries.push_back(e);
   }
   if (entries.empty()) return;
 
+  // One copy: the coefficient blocks, the entries, then their first chunks.
   const std::size_t blob_bytes = blobs.size() * sizeof(RuleBlob);
-  const std::size_t bytes = blob_bytes + entries.size() * sizeof(Entry);
+  const std::size_t entry_bytes = entries.size() * sizeof(Entry);
+  const std::size_t bytes = blob_bytes + entry_bytes + first_chunk.size() * sizeof(unsigned);
   const Staging area = staging(bytes);
   std::memcpy(area.host, blobs.data(), blob_bytes);
-  std::memcpy(area.host + blob_bytes, entries.data(), entries.size() * sizeof(Entry));
+  std::memcpy(area.host + blob_bytes, entries.data(), entry_bytes);
+  std::memcpy(area.host + blob_bytes + entry_bytes, first_chunk.data(), first_chunk.size() * sizeof(unsigned));
   check(cudaMemcpyAsync(area.device, area.host, bytes, cudaMemcpyHostToDevice, 0), str(rule, " step: metadata"));
   const auto* dev_blobs = reinterpret_cast<const RuleBlob*>(area.device);
   const auto* dev_entries = reinterpret_cast<const Entry*>(area.device + blob_bytes);
+  const auto* dev_first = reinterpret_cast<const unsigned*>(area.device + blob_bytes + entry_bytes);
 
   for (std::size_t r = 0; r < run_begin.size(); ++r) {
     const std::size_t first = run_begin[r];
@@ -129,7 +195,7 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
     rules::dispatch_mask<M::kFlags>(flags, [&](auto... f) {
       dispatch_dtype(slices[src].dtype, [&]<class T>() {
         pointwise_kernel<M, T, decltype(f)::value...>
-            <<<chunks, kThreads>>>(dev_blobs, dev_entries + first, count);
+            <<<chunks, kThreads>>>(dev_blobs, dev_entries + first, dev_first + first, count);
       });
     });
     check(cudaGetLastError(), str(rule, " step: kernel launch over ", count, " tensors"));
