@@ -17,7 +17,7 @@ OptionValue to_option(std::string_view key, py::handle v);
 py::object from_option(const OptionValue& v);
 OptionMap to_options(const py::dict& d);
 
-// The communicators and the sharded optimizer (sharded.cpp).
+// The communicators and the sharded optimizer (sharded_bindings.cpp).
 void bind_sharded(py::module_& m);
 
 }  // namespace distopt::python

@@ -178,66 +178,32 @@ class MpiComm final : public Communicator {
     return std::make_unique<MpiRequest>(r, "recv", rank_, peer, tag, bytes, timeout());
   }
 
-  // Pairwise exchange of pieces (each rank receives its piece from every
-  // other rank), then one ordered reduction over all n contributions.
+  // The rank-ordered collectives of the base (src/comm/ordered.cpp), on
+  // this exchange: the receives posted first, then the sends, on the
+  // collectives' communicator with the collective's tag.
   void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
                            ReduceOp op) override {
-    const std::size_t es = size_of(type);
-    const auto offsets = offsets_of(counts);
-    const std::size_t mine = counts[rank_] * es;
-    if (scratch_.size_bytes() < mine * size_) scratch_ = Buffer(mine * size_, 5);
-    std::vector<MPI_Request> reqs;
-    std::vector<int> peers;
-    for (int j = 1; j < size_; ++j) {  // start with the next rank: spreads the load
-      const int peer = (rank_ + j) % size_;
-      reqs.emplace_back();
-      peers.push_back(peer);
-      check(MPI_Irecv(scratch_.as<char>() + peer * mine, to_int(mine, "reduce_scatter"), MPI_BYTE, peer, kTagRs,
-                      coll_, &reqs.back()),
-            "MPI_Irecv");
-    }
-    for (int j = 1; j < size_; ++j) {
-      const int peer = (rank_ + j) % size_;
-      reqs.emplace_back();
-      peers.push_back(peer);
-      check(MPI_Isend(static_cast<const char*>(send) + offsets[peer] * es, to_int(counts[peer] * es, "reduce_scatter"),
-                      MPI_BYTE, peer, kTagRs, coll_, &reqs.back()),
-            "MPI_Isend");
-      count_sent(counts[peer] * es);
-    }
-    wait_all(reqs, peers, "reduce_scatter", rank_, timeout());
-    std::vector<const void*> inputs(size_);
-    for (int r = 0; r < size_; ++r)
-      inputs[r] = r == rank_ ? static_cast<const char*>(send) + offsets[rank_] * es : scratch_.as<char>() + r * mine;
-    reduce_ordered(inputs.data(), size_, recv, counts[rank_], type, op);
+    ordered_reduce_scatter_v(send, recv, counts, type, op);
   }
-
   void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override {
-    const std::size_t es = size_of(type);
-    const auto offsets = offsets_of(counts);
+    ordered_all_gather_v(send, recv, counts, type);
+  }
+  void exchange(const char* op, std::span<const Message> sends, std::span<const Message> recvs) override {
+    const int tag = std::string_view(op) == "all_gather" ? kTagAg : kTagRs;
     std::vector<MPI_Request> reqs;
     std::vector<int> peers;
-    for (int j = 1; j < size_; ++j) {
-      const int peer = (rank_ + size_ - j) % size_;
+    for (const Message& m : recvs) {
       reqs.emplace_back();
-      peers.push_back(peer);
-      check(MPI_Irecv(static_cast<char*>(recv) + offsets[peer] * es, to_int(counts[peer] * es, "all_gather"), MPI_BYTE,
-                      peer, kTagAg, coll_, &reqs.back()),
-            "MPI_Irecv");
+      peers.push_back(m.peer);
+      check(MPI_Irecv(m.data, to_int(m.bytes, op), MPI_BYTE, m.peer, tag, coll_, &reqs.back()), "MPI_Irecv");
     }
-    for (int j = 1; j < size_; ++j) {
-      const int peer = (rank_ + j) % size_;
+    for (const Message& m : sends) {
       reqs.emplace_back();
-      peers.push_back(peer);
-      check(MPI_Isend(send, to_int(counts[rank_] * es, "all_gather"), MPI_BYTE, peer, kTagAg, coll_, &reqs.back()),
-            "MPI_Isend");
-      count_sent(counts[rank_] * es);
+      peers.push_back(m.peer);
+      check(MPI_Isend(m.data, to_int(m.bytes, op), MPI_BYTE, m.peer, tag, coll_, &reqs.back()), "MPI_Isend");
+      count_sent(m.bytes);
     }
-    wait_all(reqs, peers, "all_gather", rank_, timeout());
-    // The own piece last: copying while messages are in flight would stall
-    // the shared-memory transport, which progresses only inside MPI calls.
-    char* own = static_cast<char*>(recv) + offsets[rank_] * es;
-    if (own != send) copy_bytes(own, send, counts[rank_] * es);
+    wait_all(reqs, peers, op, rank_, timeout());
   }
 
   void do_broadcast(void* buf, std::size_t bytes, int root) override {
@@ -266,7 +232,6 @@ class MpiComm final : public Communicator {
   static constexpr int kTagRs = 1, kTagAg = 2;
   MPI_Comm p2p_ = MPI_COMM_NULL, coll_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
-  Buffer scratch_;  // receives the other ranks' pieces in reduce_scatter
 };
 
 }  // namespace

@@ -5,6 +5,9 @@
 // rank where a collective posts its buffers, and mailboxes for
 // point-to-point messages. A collective is: post slot, barrier, work on the
 // posted buffers, barrier (nobody leaves while others still read its memory).
+//
+// The types every group of a world shares are in threads_impl.hpp; spawn()
+// is in threads_spawn.cpp.
 #include "distopt/comm/threads.hpp"
 
 #include "distopt/core/copy.hpp"
@@ -16,89 +19,14 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <system_error>
 #include <thread>
 #include <tuple>
 
+#include "threads_impl.hpp"
+
 namespace distopt {
 
-namespace {
-
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
-
-std::string seconds(std::chrono::milliseconds t) { return str(t.count() / 1000.0, " s"); }
-
-// Abort and membership state shared by every group of one world. Lock
-// order: World::m may be taken while holding a group's mutex (split makes a
-// group), never a group's mutex while holding World::m.
-struct World {
-  World(int n, Elastic e) : size(n), elastic(e == Elastic::on), lost(new std::atomic<bool>[n]), arrived(n, 0) {
-    for (int r = 0; r < n; ++r) lost[r] = false;
-  }
-  const int size;
-  const bool elastic;
-  std::atomic<bool> aborted{false};
-  // Elastic: the ranks (of the world, as first numbered) lost so far.
-  std::unique_ptr<std::atomic<bool>[]> lost;
-  std::mutex m;
-  std::string reason;
-  std::vector<std::weak_ptr<struct Group>> groups;
-  // shrink(): the top-level group, the round being formed, the ranks that
-  // arrived for it, and the group each round formed.
-  const struct Group* root = nullptr;
-  std::uint64_t round = 0;
-  std::vector<char> arrived;
-  // Held until every member has taken it (a group holds its world: a
-  // reference kept longer would be a cycle).
-  struct Formed {
-    std::shared_ptr<struct Group> group;
-    int taken = 0;
-  };
-  std::map<std::uint64_t, Formed> formed;
-  std::condition_variable shrink_cv;
-  void abort(const std::string& why);
-  void lose(const std::vector<int>& ranks);
-  void wake_all();
-};
-
-struct Slot {
-  const void* send = nullptr;
-  void* recv = nullptr;
-  int color = 0, key = 0;
-};
-
-struct Group {
-  Group(int n, std::shared_ptr<World> w) : size(n), world(std::move(w)), arrived_gen(n, 0), slots(n), members(n) {
-    for (int r = 0; r < n; ++r) members[r] = r;
-  }
-  const int size;
-  std::shared_ptr<World> world;
-  std::mutex m;
-  std::condition_variable cv;
-  // Written under m; also read without it by ranks spinning in rendezvous.
-  std::atomic<std::uint64_t> generation{0};
-  int arrived = 0;
-  std::vector<std::uint64_t> arrived_gen;  // generation + 1 once a rank arrived
-  std::vector<Slot> slots;
-  std::map<std::pair<std::uint64_t, int>, std::shared_ptr<Group>> children;  // (split #, color)
-  std::map<std::tuple<int, int, int>, std::deque<std::vector<unsigned char>>> mail;  // (src, dst, tag)
-  std::vector<int> members;  // the world rank of each rank of the group (set before use)
-  bool top = false;          // the world's first group or one shrink() formed
-  // Elastic: the group's ranks the world has lost ("" for none).
-  std::string lost_members() const {
-    std::string out;
-    for (int r = 0; r < size; ++r)
-      if (world->lost[members[r]]) out += (out.empty() ? "" : ", ") + std::to_string(r);
-    return out;
-  }
-  bool broken() const { return world->elastic && !lost_members().empty(); }
-};
+namespace threads_detail {
 
 void World::abort(const std::string& why) {
   {
@@ -129,6 +57,23 @@ void World::wake_all() {
     std::lock_guard lock(g->m);  // no waiter can miss the flag
     g->cv.notify_all();
   }
+}
+
+}  // namespace threads_detail
+
+namespace {
+
+using threads_detail::Group;
+using threads_detail::seconds;
+using threads_detail::Slot;
+using threads_detail::World;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
 }
 
 std::shared_ptr<Group> new_group(int n, const std::shared_ptr<World>& world) {
@@ -201,7 +146,8 @@ class ThreadsComm final : public Communicator {
     const int me = g_->members[rank_];
     const auto until = deadline();
     std::unique_lock lock(w.m);
-    if (w.lost[me]) throw RankLost(str("shrink on rank ", rank_, ": this rank was lost; the others went on without it"));
+    if (w.lost[me])
+      throw RankLost(str("shrink on rank ", rank_, ": this rank was lost; the others went on without it"));
     if (!g_->top) throw CommError("shrink: only the world's top-level communicator re-forms");
     if (w.root != g_.get())
       throw RankLost(str("shrink on rank ", rank_, ": the survivors re-formed without this rank"));
@@ -441,7 +387,8 @@ class MailRecv final : public Request {
 };
 
 std::unique_ptr<Request> ThreadsComm::do_isend(const void* buf, std::size_t bytes, int peer, int tag) {
-  std::vector<unsigned char> msg(static_cast<const unsigned char*>(buf), static_cast<const unsigned char*>(buf) + bytes);
+  std::vector<unsigned char> msg(static_cast<const unsigned char*>(buf),
+                                 static_cast<const unsigned char*>(buf) + bytes);
   {
     std::lock_guard lock(g_->m);
     if (g_->world->aborted) throw CommAborted(str("send on rank ", rank_, ": aborted because ", g_->world->reason));
@@ -458,6 +405,12 @@ std::unique_ptr<Request> ThreadsComm::do_irecv(void* buf, std::size_t bytes, int
 
 }  // namespace
 
+namespace threads_detail {
+
+World& world_of(Communicator& comm) { return static_cast<ThreadsComm&>(comm).world(); }
+
+}  // namespace threads_detail
+
 std::vector<std::unique_ptr<Communicator>> make_threads_world(int n, Elastic elastic) {
   if (n < 1) throw InvalidInput(str("world size must be at least 1, got ", n));
   auto world = std::make_shared<World>(n, elastic);
@@ -467,194 +420,6 @@ std::vector<std::unique_ptr<Communicator>> make_threads_world(int n, Elastic ela
   std::vector<std::unique_ptr<Communicator>> comms;
   for (int r = 0; r < n; ++r) comms.push_back(std::make_unique<ThreadsComm>(group, r));
   return comms;
-}
-
-SpawnResult spawn(int n, const std::function<void(Communicator&)>& fn, std::chrono::milliseconds timeout,
-                  Elastic elastic) {
-  // Shared with the rank threads, so that an abandoned one (below) never
-  // touches freed memory of this function.
-  struct State {
-    std::vector<std::unique_ptr<Communicator>> comms;
-    std::function<void(Communicator&)> fn;
-    std::vector<std::exception_ptr> errors;
-    // One byte per rank: ranks write their own entries concurrently (a
-    // vector<bool> packs them into shared words, a data race).
-    std::vector<unsigned char> consequence, finished;
-    std::mutex m;
-    std::condition_variable cv;
-    int running = 0;
-  };
-  auto st = std::make_shared<State>();
-  st->comms = make_threads_world(n, elastic);
-  st->fn = fn;
-  st->errors.resize(n);
-  st->consequence.assign(n, 0);
-  st->finished.assign(n, 0);
-  World& world = static_cast<ThreadsComm&>(*st->comms[0]).world();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    st->comms[r]->set_timeout(timeout);
-    auto body = [st, r, &world = world] {
-      const auto finish = [&] {
-        std::lock_guard lock(st->m);
-        st->finished[r] = 1;
-        --st->running;
-        st->cv.notify_all();
-      };
-      // A rank that fails: the others go on without it (elastic), or stop.
-      // It counts as ended before they can see it fail, so that survivors
-      // done with the run never find it still running and abandon it.
-      const auto failed = [&](const std::string& what) {
-        st->errors[r] = std::current_exception();
-        finish();
-        if (world.elastic) world.lose({r});
-        else world.abort(what);
-      };
-      try {
-        st->fn(*st->comms[r]);
-      } catch (const CommAborted&) {
-        st->errors[r] = std::current_exception();
-        st->consequence[r] = 1;
-        finish();
-        return;
-      } catch (const std::exception& e) {
-        failed(str("rank ", r, " failed: ", e.what()));
-        return;
-      } catch (...) {
-        failed(str("rank ", r, " failed"));
-        return;
-      }
-      finish();
-    };
-    try {
-      {
-        std::lock_guard lock(st->m);
-        ++st->running;
-      }
-      threads.emplace_back(body);
-    } catch (const std::system_error& e) {
-      // The system refused another thread (a memory or process limit): wake
-      // the ranks that started, join them, and say so in one line.
-      {
-        std::lock_guard lock(st->m);
-        --st->running;
-      }
-      world.abort(str("rank ", r, " could not start"));
-      for (auto& t : threads) t.join();
-      throw CommError(str("cannot start ", n, " ranks as threads: thread ", r + 1, " of ", n,
-                          " failed to start (", e.what(), "); use fewer ranks (--world) or raise the limit"));
-    }
-  }
-  // Every rank ends, or the world aborts and the ranks that can see it end;
-  // one that has not ended kAbandonAfter later is stuck outside the
-  // communicator and is left behind. Once a rank has ended, the others have
-  // the time-out (plus kAbandonAfter) to end too: after the last collective nothing is left to
-  // wait for, so one that does not is stalled (the world is aborted with
-  // that reason, and it is abandoned as above).
-  //
-  // Elastic: the run is over once every rank not lost has ended; lost ranks
-  // still running then (stalled) are abandoned without an error, and a
-  // rank that has not ended the time-out after the first one did is lost.
-  auto over = [&] {
-    if (st->running == 0) return true;
-    if (!world.elastic) return false;
-    for (int r = 0; r < n; ++r)
-      if (!st->finished[r] && !world.lost[r]) return false;
-    return true;
-  };
-  // The others' grace once one has ended: the time-out, plus kAbandonAfter
-  // so that a rank waiting in a communicator call begun just before (a
-  // mismatched collective, a recv) ends with that call's own time-out.
-  const auto grace = timeout + kAbandonAfter;
-  std::vector<int> stuck, abandoned;
-  {
-    std::unique_lock lock(st->m);
-    // Elastic: the clock starts when a rank not lost ends well (a failing
-    // rank ends too, and the survivors go on for as long as they train).
-    auto ended_well = [&] {
-      for (int r = 0; r < n; ++r)
-        if (st->finished[r] && !st->errors[r] && !world.lost[r]) return true;
-      return false;
-    };
-    if (world.elastic) {
-      // A loss (World::lose) does not notify st->cv: poll for it gently.
-      while (!ended_well() && !over() && !world.aborted) st->cv.wait_for(lock, std::chrono::milliseconds(50));
-    } else {
-      st->cv.wait(lock, [&] { return st->running < n || world.aborted.load(); });
-    }
-    if (world.elastic) {
-      const auto until = std::chrono::steady_clock::now() + grace;
-      while (!over() && !world.aborted && std::chrono::steady_clock::now() < until)
-        st->cv.wait_for(lock, std::chrono::milliseconds(50));
-      if (!over() && !world.aborted) {
-        std::vector<int> late;
-        for (int r = 0; r < n; ++r)
-          if (!st->finished[r] && !world.lost[r]) late.push_back(r);
-        lock.unlock();
-        world.lose(late);
-        lock.lock();
-      }
-      for (int r = 0; r < n; ++r)
-        if (!st->finished[r]) abandoned.push_back(r);
-    } else if (!st->cv.wait_for(lock, grace, [&] { return st->running == 0 || world.aborted.load(); })) {
-      std::string late, done;
-      for (int r = 0; r < n; ++r) {
-        std::string& list = st->finished[r] ? done : late;
-        list += (list.empty() ? "" : ", ") + std::to_string(r);
-      }
-      lock.unlock();
-      world.abort(str("rank(s) ", late, " did not end within ", seconds(grace), " of rank(s) ", done,
-                      " (threads backend)"));
-      lock.lock();
-    }
-    // (An elastic world that went on has listed its lost ranks still running.)
-    if (!(world.elastic && !world.aborted) && !st->cv.wait_for(lock, kAbandonAfter, [&] { return st->running == 0; }))
-      for (int r = 0; r < n; ++r)
-        if (!st->finished[r]) stuck.push_back(r);
-  }
-  for (int r = 0; r < n; ++r) {
-    if (std::find(stuck.begin(), stuck.end(), r) != stuck.end() ||
-        std::find(abandoned.begin(), abandoned.end(), r) != abandoned.end())
-      threads[r].detach();
-    else
-      threads[r].join();
-  }
-  if (world.elastic && !world.aborted) {
-    // The survivors went on: the run is theirs, unless none of them ended
-    // well. Read under the lock, and nothing of an abandoned rank (it may
-    // still write its entries).
-    std::exception_ptr first;
-    {
-      std::lock_guard lock(st->m);
-      for (int r = 0; r < n; ++r) {
-        if (std::find(abandoned.begin(), abandoned.end(), r) != abandoned.end()) continue;
-        if (!st->errors[r]) return SpawnResult{abandoned};
-        if (!first) first = st->errors[r];
-      }
-    }
-    if (!abandoned.empty()) {
-      if (first) std::rethrow_exception(first);
-      throw RanksAbandoned("every rank was lost");
-    }
-  }
-  if (!stuck.empty()) {
-    std::string who;
-    for (int r : stuck) who += (who.empty() ? "" : ", ") + std::to_string(r);
-    std::string reason;
-    {
-      std::lock_guard lock(world.m);
-      reason = world.reason;
-    }
-    throw RanksAbandoned(str(reason, "; rank(s) ", who, " did not stop within ",
-                        seconds(std::chrono::duration_cast<std::chrono::milliseconds>(kAbandonAfter)),
-                        " and were abandoned"));
-  }
-  st->comms.clear();
-  for (int r = 0; r < n; ++r)
-    if (st->errors[r] && !st->consequence[r]) std::rethrow_exception(st->errors[r]);
-  for (int r = 0; r < n; ++r)
-    if (st->errors[r]) std::rethrow_exception(st->errors[r]);
-  return {};
 }
 
 }  // namespace distopt

@@ -1,16 +1,15 @@
-// The CUDA side of core/device.hpp and of the Optimizer's device step:
-// implemented in src/cuda/ when the build has CUDA, and by
-// src/core/cuda_none.cpp (every call refused in one line) when it has not.
-// Internal to the library.
+// The CUDA side of core/device.hpp: implemented in src/cuda/runtime.cu when
+// the build has CUDA, and by src/core/cuda_none.cpp (every call refused in
+// one line) when it has not. An internal interface of core for optim and
+// src/cuda/ (docs/architecture.md, "Layers"); the Optimizer's device step is
+// optim's (src/optim/cuda_step.hpp).
 #pragma once
 
 #include <cstddef>
-#include <span>
 #include <string>
 #include <string_view>
 
 #include "distopt/core/dtype.hpp"
-#include "distopt/optim/rule.hpp"
 
 namespace distopt::cuda {
 
@@ -27,18 +26,5 @@ void fill(float* dst, std::size_t n, float value);
 void widen(float* dst, const void* src, DType t, std::size_t n);
 void zero(void* p, std::size_t bytes);
 void synchronize();
-
-// Whether `rule` (a RuleInfo::name) has a CUDA kernel.
-bool has_kernel(std::string_view rule);
-// The rules that do, comma-separated, for error messages.
-std::string_view kernel_rules();
-// One step of a pointwise rule over whole slices on the device: slice k is
-// updated with coefficients coeffs[k] (RuleInfo::prepare's output), all of
-// them in as few launches as the rule's compile-time flags allow. `flush`
-// picks the kernels built with -ftz=true (the caller's CPU flushes
-// denormals: DenormalMode::flush), so the bits match the CPU's in either
-// mode.
-void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-                    bool flush);
 
 }  // namespace distopt::cuda

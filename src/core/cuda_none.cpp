@@ -27,8 +27,5 @@ void fill(float*, std::size_t, float) { refuse(); }
 void widen(float*, const void*, DType, std::size_t) { refuse(); }
 void zero(void*, std::size_t) { refuse(); }
 void synchronize() {}
-bool has_kernel(std::string_view) { return false; }
-std::string_view kernel_rules() { return ""; }
-void pointwise_step(std::string_view, std::span<const RuleBlob* const>, std::span<const Slice>, bool) { refuse(); }
 
 }  // namespace distopt::cuda

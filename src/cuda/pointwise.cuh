@@ -24,17 +24,8 @@
 #include <vector>
 
 #include "../core/cuda_backend.hpp"
-#include "../optim/rules/adadelta.hpp"
-#include "../optim/rules/adagrad.hpp"
-#include "../optim/rules/adam.hpp"
-#include "../optim/rules/adamax.hpp"
-#include "../optim/rules/asgd.hpp"
-#include "../optim/rules/lion.hpp"
-#include "../optim/rules/nadam.hpp"
-#include "../optim/rules/radam.hpp"
-#include "../optim/rules/rmsprop.hpp"
-#include "../optim/rules/rprop.hpp"
-#include "../optim/rules/sgd.hpp"
+#include "../optim/cuda_step.hpp"
+#include "../optim/rules/pointwise.hpp"
 #include "check.cuh"
 
 namespace distopt::cuda::DISTOPT_FP_NS {
@@ -208,19 +199,7 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
 }  // namespace
 
 bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices) {
-  if (rule == "sgd") launch<rules::SgdMath>(rule, coeffs, slices);
-  else if (rule == "adam" || rule == "adamw") launch<rules::AdamMath>(rule, coeffs, slices);
-  else if (rule == "adamax") launch<rules::AdamaxMath>(rule, coeffs, slices);
-  else if (rule == "adadelta") launch<rules::AdadeltaMath>(rule, coeffs, slices);
-  else if (rule == "adagrad") launch<rules::AdagradMath>(rule, coeffs, slices);
-  else if (rule == "rmsprop") launch<rules::RmspropMath>(rule, coeffs, slices);
-  else if (rule == "nadam") launch<rules::NadamMath>(rule, coeffs, slices);
-  else if (rule == "radam") launch<rules::RadamMath>(rule, coeffs, slices);
-  else if (rule == "rprop") launch<rules::RpropMath>(rule, coeffs, slices);
-  else if (rule == "asgd") launch<rules::AsgdMath>(rule, coeffs, slices);
-  else if (rule == "lion") launch<rules::LionMath>(rule, coeffs, slices);
-  else return false;
-  return true;
+  return rules::with_pointwise_math(rule, [&]<class M>() { launch<M>(rule, coeffs, slices); });
 }
 
 }  // namespace distopt::cuda::DISTOPT_FP_NS

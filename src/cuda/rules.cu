@@ -1,5 +1,9 @@
-// Which rules have CUDA kernels, and the Optimizer's entry to them.
-#include "../core/cuda_backend.hpp"
+// Which rules have CUDA kernels (the list of rules/pointwise.hpp), and the
+// Optimizer's entry to them (optim/cuda_step.hpp).
+#include <string>
+
+#include "../optim/cuda_step.hpp"
+#include "../optim/rules/pointwise.hpp"
 #include "distopt/core/error.hpp"
 
 namespace distopt::cuda {
@@ -10,18 +14,14 @@ namespace ftz {
 bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices);
 }
 
-namespace {
-constexpr std::string_view kRules[] = {"sgd",     "adam",  "adamw", "adamax", "adadelta", "adagrad",
-                                       "rmsprop", "nadam", "radam", "rprop",  "asgd",     "lion"};
-}
-
 bool has_kernel(std::string_view rule) {
-  for (std::string_view r : kRules)
-    if (r == rule) return true;
-  return false;
+  return rules::with_pointwise_math(rule, [&]<class M>() {});
 }
 
-std::string_view kernel_rules() { return "sgd, adam, adamw, adamax, adadelta, adagrad, rmsprop, nadam, radam, rprop, asgd, lion"; }
+std::string_view kernel_rules() {
+  static const std::string names = rules::pointwise_names();
+  return names;
+}
 
 void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                     bool flush) {

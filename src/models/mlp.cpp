@@ -74,19 +74,13 @@ class Mlp final : public Model {
     init_range(0, buffer, seed);
   }
   void init_range(std::size_t begin, std::span<float> out, std::uint64_t seed) const override {
-    DISTOPT_CHECK(begin <= buffer_elements_ && out.size() <= buffer_elements_ - begin);
-    std::fill(out.begin(), out.end(), 0.0f);
-    const std::size_t end = begin + out.size();
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      const ParamSlot& p = params_[i];
-      const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel());
-      if (lo >= hi) continue;
+    init_each_param(begin, out, [&](std::size_t i, std::size_t first, std::span<float> values) {
       const double fan_in = static_cast<double>(widths_[i / 2]);
       const double bound = 1.0 / std::sqrt(fan_in);
       Rng rng(seed, 1000 + i);
-      rng.discard(lo - p.offset);  // a uniform() takes one
-      for (std::size_t k = lo; k < hi; ++k) out[k - begin] = static_cast<float>(rng.uniform(-bound, bound));
-    }
+      rng.discard(first);  // a uniform() takes one
+      for (float& v : values) v = static_cast<float>(rng.uniform(-bound, bound));
+    });
   }
 
  protected:

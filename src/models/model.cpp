@@ -44,4 +44,16 @@ void Model::init_range(std::size_t begin, std::span<float> out, std::uint64_t se
   std::copy_n(whole.begin() + static_cast<std::ptrdiff_t>(begin), out.size(), out.begin());
 }
 
+void Model::init_each_param(std::size_t begin, std::span<float> out, const ParamFill& fill) const {
+  DISTOPT_CHECK(begin <= buffer_elements_ && out.size() <= buffer_elements_ - begin);
+  std::fill(out.begin(), out.end(), 0.0f);
+  const std::size_t end = begin + out.size();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamSlot& p = params_[i];
+    const std::size_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel());
+    if (lo >= hi) continue;
+    fill(i, lo - p.offset, out.subspan(lo - begin, hi - lo));
+  }
+}
+
 }  // namespace distopt::models

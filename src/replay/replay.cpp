@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "../optim/schedulers/json_reader.hpp"
+#include "../core/json_reader.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/optim/optimizer.hpp"
 
@@ -159,7 +159,7 @@ Case parse_case(const std::string& text, const std::string& source) {
   }
 
   if (doc.contains("scheduler") && !doc["scheduler"].is_null()) {
-    c.scheduler = read_scheduler_spec(r, doc["scheduler"], "scheduler");
+    c.scheduler = parse_scheduler_spec(doc["scheduler"].dump(), source);
     if (c.scheduler->name == "reducelronplateau")
       for (std::size_t k = 0; k < c.steps.size(); ++k)
         if (!c.steps[k].metric) r.fail(str("steps[", k, "]"), "needs a 'metric' for scheduler reducelronplateau");

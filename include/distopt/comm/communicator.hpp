@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "distopt/comm/types.hpp"
+#include "distopt/core/buffer.hpp"
 
 namespace distopt {
 
@@ -196,6 +197,26 @@ class Communicator {
   // Backends call this for the bytes they move to other ranks.
   void count_sent(std::size_t bytes);
 
+  // The rank-ordered collectives on point-to-point messages
+  // (src/comm/ordered.cpp), for backends whose transport moves bytes and
+  // leaves the sums to distopt (MPI, gloo, torch.distributed's groups):
+  // each rank receives its piece from every other rank and sums all n in
+  // rank order (reduce_ordered), so every backend gives the threads
+  // backend's bits. At step j a rank sends to rank + j and receives from
+  // rank - j. A backend using them implements exchange().
+  struct Message {
+    int peer;
+    char* data;
+    std::size_t bytes;
+  };
+  // Posts every receive, then every send, of one collective (`op`:
+  // "reduce_scatter" or "all_gather", for its errors and the backend's
+  // tags) and waits for all of them; counts the bytes it sends.
+  virtual void exchange(const char* op, std::span<const Message> sends, std::span<const Message> recvs);
+  void ordered_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
+                                ReduceOp op);
+  void ordered_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type);
+
  private:
   struct Task;
   class TaskRequest;
@@ -227,6 +248,9 @@ class Communicator {
   bool busy_ = false;  // the progress thread is running a task
   bool stop_ = false;
   std::exception_ptr broken_;  // the first CommError: later collectives fail with it at once
+  // Receives the other ranks' pieces in ordered_reduce_scatter_v; a member,
+  // so that a receive abandoned after a failure never lands in freed memory.
+  Buffer scratch_;
   std::thread progress_;
 };
 

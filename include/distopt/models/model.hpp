@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -155,6 +156,14 @@ class Model {
   virtual BatchStats do_forward_backward(UnitAccess& access, const float* x, const float* y, std::size_t n,
                                          float grad_scale) = 0;
   virtual BatchStats do_evaluate(UnitAccess& access, const float* x, const float* y, std::size_t n) = 0;
+
+  // init_range for a model that draws each parameter on its own (gpt, mlp):
+  // zeroes `out` (elements [begin, begin + out.size()) of the buffer, so
+  // padding stays 0), then for every parameter i that overlaps it calls
+  // fill(i, first, values) to write the parameter's elements [first, first +
+  // values.size()), the overlap.
+  using ParamFill = std::function<void(std::size_t i, std::size_t first, std::span<float> values)>;
+  void init_each_param(std::size_t begin, std::span<float> out, const ParamFill& fill) const;
 
   std::vector<ParamSlot> params_;
   std::vector<Unit> units_;

@@ -7,7 +7,7 @@
 #include "distopt/core/error.hpp"
 #include "distopt/optim/option_text.hpp"
 #include "distopt/optim/scheduler.hpp"
-#include "json_reader.hpp"
+#include "spec_reader.hpp"
 
 namespace distopt {
 

@@ -1,7 +1,9 @@
 // Reading JSON documents with one-line errors, "SOURCE: WHERE: WHAT" (not
-// installed): the scheduler specs of spec.cpp and the replay cases of
-// src/replay/replay.cpp (docs/formats.md, "distopt replay"). Numbers may
-// also be the strings of NaN and the infinities, which JSON cannot write.
+// installed): the scheduler specs of src/optim/schedulers/spec.cpp and the
+// replay cases of src/replay/replay.cpp (docs/formats.md, "distopt replay").
+// Numbers may also be the strings of NaN and the infinities, which JSON
+// cannot write. An internal interface of core for optim and replay
+// (docs/architecture.md, "Layers").
 #pragma once
 
 #include <limits>
@@ -10,7 +12,6 @@
 #include <string_view>
 
 #include "distopt/core/error.hpp"
-#include "distopt/optim/scheduler.hpp"
 
 namespace distopt {
 
@@ -45,10 +46,5 @@ class JsonReader {
  private:
   std::string_view source_;
 };
-
-// A scheduler spec from its JSON value (spec.cpp; parse_scheduler_spec reads
-// a whole text with it, a replay case its "scheduler" member).
-SchedulerSpec read_scheduler_spec(const JsonReader& r, const nlohmann::json& v, const std::string& where,
-                                  int depth = 0);
 
 }  // namespace distopt

@@ -1,0 +1,128 @@
+// The sharded optimizer of distopt._core, PySharded (python/distopt/torch/
+// distributed.py; docs/python.md, "The sharded optimizer"): the class here,
+// its members in sharded.cpp, its bindings in sharded_bindings.cpp.
+//
+// The sharded optimizer runs a C++ strategy (ddp, zero1, zero2) over a
+// FlatLayout with one unit per torch parameter. The parameters' values
+// live in the strategy's own buffer (torch's parameters become views of
+// it). Their gradients: where the strategy keeps the whole gradient in one
+// persistent buffer (ddp, zero1: !StrategyInfo::sharded_grads) torch's
+// `.grad` views that buffer, as DDP's gradient_as_bucket_view does; zero2
+// writes each bucket into a transient buffer, so there `.grad` views a flat
+// buffer of this class that a step copies from. A step divides each unit's
+// gradient by the world size (as torch's DDP does) and hands it to the
+// strategy in backward order (its buckets reduce in distopt's fixed rank
+// order), runs the strategy's step (statistics reduced, matrices gathered,
+// parameters all-gathered into the same buffer) and waits for every unit.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.hpp"
+#include "distopt/checkpoint/pieces.hpp"
+#include "distopt/checkpoint/run.hpp"
+#include "distopt/comm/communicator.hpp"
+#include "distopt/parallel/strategy.hpp"
+
+namespace distopt::python {
+
+// Parameter i as Python describes it: (name, shape).
+using ParamSpec = std::pair<std::string, std::vector<std::int64_t>>;
+
+class PySharded {
+ public:
+  PySharded(std::shared_ptr<Communicator> comm, const std::string& strategy, const std::string& rule,
+            const std::vector<ParamSpec>& params, py::array_t<float, py::array::c_style | py::array::forcecast> initial,
+            const py::dict& options, std::size_t bucket_elements);
+
+  ~PySharded();
+
+  std::size_t num_params() const { return layout_.params.size(); }
+  int rank() const { return comm_->rank(); }
+  int world() const { return comm_->size(); }
+  const std::string& strategy() const { return strategy_name_; }
+
+  // Parameter i's values and its gradient, as numpy arrays viewing this
+  // object's memory (their base keeps it alive).
+  py::array param(py::object self, std::size_t i);
+  py::array grad(py::object self, std::size_t i);
+  void zero_grads();
+
+  // One step from the gradients in the flat buffer; clips to max_norm
+  // first when it is positive. Returns the gradients' total norm (NaN
+  // without clipping).
+  double step(double max_norm, double norm_type);
+
+  // Sets an option of the group torch sees (param_groups[0]). A learning
+  // rate scales every group alike (Muon's AdamW group for its 1-D
+  // parameters keeps its ratio to the main one), as distopt's schedulers
+  // scale every group.
+  void set_option(const std::string& key, py::handle value);
+  py::dict group_options();
+
+  // The whole state tensors, named as distopt's checkpoints name them
+  // ("state.<index>.<key>", "param.<name>"), on every rank (collective).
+  py::dict consolidated();
+
+  // Loads whole state tensors (as consolidated() names them): every rank
+  // takes its pieces.
+  void load_consolidated(const py::dict& tensors);
+
+  // distopt's reshardable checkpoint under `root` (collective): loadable
+  // at any world size and by any of the strategies, here or by load().
+  std::uint64_t save(const std::string& root, std::uint64_t step, std::size_t keep);
+
+  // The latest checkpoint under `root`: a strategy is built from it and,
+  // once it has taken the saved state, replaces the current one (the
+  // parameters' addresses change: the caller views them again; on an error
+  // nothing changes). The old strategy's buffers stay allocated until this
+  // object goes, so that tensors still viewing them read stale values, not
+  // freed memory. Returns the step it was saved at.
+  std::uint64_t load(const std::string& root);
+
+  py::dict memory() const;
+  std::uint64_t bytes_sent() const { return strategy_->bytes_sent(); }
+
+ private:
+  using StrategyInfo_ = parallel::StrategyInfo;
+
+  float* grad_of(std::size_t i) { return direct_grads_ ? grad_at_[i] : grads_.data() + layout_.params[i].offset; }
+
+  const ParamSlot& slot(std::size_t i) const;
+
+  checkpoint::RunInfo run_info() const;
+
+  std::unique_ptr<parallel::Strategy> make(std::span<const float> initial) const;
+
+  // `s` becomes the strategy; the parameters' and gradients' addresses are its.
+  void adopt(std::unique_ptr<parallel::Strategy> s);
+
+  // Waits for the parameters' gathers; they land where torch's views are.
+  void wait_for_params();
+
+  std::map<std::string, checkpoint::Whole> gather_wholes();
+
+  std::shared_ptr<Communicator> comm_;
+  std::string strategy_name_;
+  parallel::FlatLayout layout_;
+  parallel::OptimizerSpec spec_;
+  parallel::StrategyOptions options_;
+  std::unique_ptr<parallel::Strategy> strategy_;
+  std::vector<std::unique_ptr<parallel::Strategy>> retired_;  // replaced by load(), still viewed perhaps
+  std::vector<double> base_lr_;                               // each group's lr as made
+  std::vector<float*> values_;   // unit u's parameters in the strategy's buffer
+  bool direct_grads_ = false;    // .grad views the strategy's own gradient buffer (grad_at_)
+  std::vector<float*> grad_at_;  // unit u's gradient in the strategy's buffer
+  std::vector<float> grads_;     // zero2: the flat buffer .grad views, the model's layout
+};
+
+}  // namespace distopt::python

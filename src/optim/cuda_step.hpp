@@ -1,0 +1,27 @@
+// The Optimizer's device step: implemented in src/cuda/rules.cu when the
+// build has CUDA, and by src/optim/cuda_step_none.cpp (no rule has a
+// kernel; a step is refused in one line) when it has not. An internal
+// interface of optim for src/cuda/ (docs/architecture.md, "Layers").
+#pragma once
+
+#include <span>
+#include <string_view>
+
+#include "distopt/optim/rule.hpp"
+
+namespace distopt::cuda {
+
+// Whether `rule` (a RuleInfo::name) has a CUDA kernel.
+bool has_kernel(std::string_view rule);
+// The rules that do, comma-separated, for error messages.
+std::string_view kernel_rules();
+// One step of a pointwise rule over whole slices on the device: slice k is
+// updated with coefficients coeffs[k] (RuleInfo::prepare's output), all of
+// them in as few launches as the rule's compile-time flags allow. `flush`
+// picks the kernels built with -ftz=true (the caller's CPU flushes
+// denormals: DenormalMode::flush), so the bits match the CPU's in either
+// mode.
+void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+                    bool flush);
+
+}  // namespace distopt::cuda

@@ -1,0 +1,228 @@
+// The Optimizer's state, read and written (include/distopt/optim/optimizer.hpp): per-parameter
+// access (has_state, state_tensor, state_scalar, state_views, init_state), torch's state_dict and
+// load_state_dict, and its size (state_bytes, master_bytes).
+#include "distopt/optim/optimizer.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "distopt/core/device.hpp"
+#include "distopt/core/error.hpp"
+#include "optimizer_impl.hpp"
+
+namespace distopt {
+
+bool Optimizer::has_state(std::size_t i) const {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  return state_[i]->initialized;
+}
+
+std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view key) const {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  const ParamState& st = *state_[i];
+  const auto n = static_cast<std::size_t>(params_[i].value.numel());
+  // Device state is copied to the host (valid until the next call for this parameter).
+  auto readable = [&](const Buffer& b) -> std::span<const float> {
+    if (b.device() == Device::cpu) return {b.as<float>(), n};
+    st.host_copy.resize(n);
+    copy_bytes(st.host_copy.data(), Device::cpu, b.data(), b.device(), n * sizeof(float));
+    return st.host_copy;
+  };
+  if (key == "master_param" && !st.master.empty()) return readable(st.master);
+  for (std::size_t k = 0; k < st.tensor_names.size(); ++k)
+    if (st.tensor_names[k] == key && (!st.tensors[k].empty() || n == 0)) return readable(st.tensors[k]);
+  const RuleInfo& rule = *group_rules_[group_of_[i]];
+  if (rule.aux_parts != nullptr && st.initialized)
+    for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
+      if (part.name == key)
+        return {st.aux.as<float>() + part.offset, static_cast<std::size_t>(numel(part.shape))};
+  throw InvalidInput(str("parameter ", i, " has no state tensor '", key, "'"));
+}
+
+double Optimizer::state_scalar(std::size_t i, std::string_view key) const {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  const ParamState& st = *state_[i];
+  for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
+    if (st.scalar_names[k] == key) return st.scalars[k];
+  throw InvalidInput(str("parameter ", i, " has no state scalar '", key, "'"));
+}
+
+std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  ParamState& st = *state_[i];
+  std::vector<StateView> views;
+  if (!st.initialized) return views;
+  if (device_ != Device::cpu) throw InvalidInput("state_views: the state is on the device (use state_dict)");
+  const Shape& shape = params_[i].value.shape;
+  for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
+    views.push_back({std::string(st.scalar_names[k]), &st.scalars[k], {}});
+  for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
+    if (st.tensors[k].empty() && params_[i].value.numel() > 0) continue;  // not kept for this shape
+    views.push_back({std::string(st.tensor_names[k]), st.tensors[k].as<float>(), shape});
+  }
+  const RuleInfo& rule = *group_rules_[group_of_[i]];
+  if (rule.aux_parts != nullptr)
+    for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
+      views.push_back({std::string(part.name), st.aux.as<float>() + part.offset, part.shape});
+  if (!st.master.empty()) views.push_back({"master_param", st.master.as<float>(), shape});
+  return views;
+}
+
+void Optimizer::init_state(std::size_t i) {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  ensure_state(i, group_of_[i]);
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict d;
+  d.param_groups = groups_;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const ParamState& st = *state_[i];
+    if (!st.initialized) continue;
+    auto& entry = d.state[i];
+    const Shape& shape = params_[i].value.shape;
+    for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
+      entry[std::string(st.scalar_names[k])] = double{st.scalars[k]};
+    for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
+      if (st.tensors[k].empty() && params_[i].value.numel() > 0) continue;  // not kept for this shape
+      auto span = state_tensor(i, st.tensor_names[k]);
+      entry[std::string(st.tensor_names[k])] = StateTensor{shape, {span.begin(), span.end()}};
+    }
+    const RuleInfo& rule = *group_rules_[group_of_[i]];
+    if (rule.aux_parts != nullptr)
+      for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i))) {
+        const float* a = st.aux.as<float>() + part.offset;
+        entry[std::string(part.name)] = StateTensor{part.shape, {a, a + numel(part.shape)}};
+      }
+    if (!st.master.empty()) {
+      auto span = state_tensor(i, "master_param");
+      entry["master_param"] = StateTensor{shape, {span.begin(), span.end()}};
+    }
+  }
+  return d;
+}
+
+void Optimizer::load_state_dict(const StateDict& dict) {
+  // Validate the whole dict before touching anything.
+  if (dict.param_groups.size() != groups_.size())
+    throw InvalidInput(str("loaded state dict has ", dict.param_groups.size(),
+                           " parameter groups, the optimizer has ", groups_.size()));
+  std::vector<OptionMap> options(groups_.size());
+  std::vector<StateLayout> layouts(groups_.size());
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (dict.param_groups[g].params.size() != groups_[g].params.size())
+      throw InvalidInput(str("loaded state dict contains a parameter group (", g, ") of ",
+                             dict.param_groups[g].params.size(), " parameters that doesn't match the size of "
+                             "optimizer's group (", groups_[g].params.size(), ")"));
+    const RuleInfo& rule = *group_rules_[g];
+    if (!dict.param_groups[g].rule.empty() && dict.param_groups[g].rule != rule.name)
+      throw InvalidInput(str("loaded state dict's parameter group ", g, " is for optimizer ", dict.param_groups[g].rule,
+                             ", this group's is ", rule.name));
+    options[g] = resolve_options(rule, dict.param_groups[g].options);
+    rule.validate(options[g]);
+    layouts[g] = rule.layout(options[g]);
+  }
+  // Saved ids map to current parameters by position, as in torch.
+  std::map<std::size_t, std::size_t> id_to_param;
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    for (std::size_t k = 0; k < groups_[g].params.size(); ++k)
+      id_to_param[dict.param_groups[g].params[k]] = groups_[g].params[k];
+  for (const auto& item : dict.state) {
+    // Named copies, not structured bindings: the lambda below captures them
+    // (clang 14, used for fuzzing, cannot capture a structured binding).
+    const std::size_t id = item.first;
+    const auto& entry = item.second;
+    auto it = id_to_param.find(id);
+    if (it == id_to_param.end()) throw InvalidInput(str("loaded state refers to unknown parameter id ", id));
+    const std::size_t i = it->second;
+    const StateLayout& l = layouts[group_of_[i]];
+    const auto n = static_cast<std::size_t>(params_[i].value.numel());
+    auto need = [&](std::string_view key, bool tensor, std::size_t size) {
+      auto e = entry.find(std::string(key));
+      if (e == entry.end()) throw InvalidInput(str("loaded state of parameter ", id, " lacks '", key, "'"));
+      if (tensor != std::holds_alternative<StateTensor>(e->second))
+        throw InvalidInput(str("loaded state '", key, "' of parameter ", id, " must be a ",
+                               tensor ? "tensor" : "number"));
+      if (tensor && std::get<StateTensor>(e->second).data.size() != size)
+        throw InvalidInput(str("loaded state '", key, "' of parameter ", id, " has ",
+                               std::get<StateTensor>(e->second).data.size(), " elements, it needs ", size));
+    };
+    const OptionMap& group_options = options[group_of_[i]];
+    const RuleInfo& rule = *group_rules_[group_of_[i]];
+    for (std::size_t k = 0; k < l.tensors.size(); ++k)
+      if (rule.tensor_needed == nullptr || rule.tensor_needed(group_options, k, tensor_shape_of(i)))
+        need(l.tensors[k], true, n);
+    for (auto key : l.scalars) need(key, false, 0);
+    if (rule.aux_parts != nullptr)
+      for (const AuxPart& part : rule.aux_parts(group_options, tensor_shape_of(i)))
+        need(part.name, true, static_cast<std::size_t>(numel(part.shape)));
+    if (params_[i].value.dtype != DType::f32) need("master_param", true, n);
+  }
+  // Apply.
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    groups_[g].options = std::move(options[g]);
+    groups_[g].extras = dict.param_groups[g].extras;
+    layouts_[g] = {std::move(layouts[g]), next_version_++};
+  }
+  for (std::size_t i = 0; i < params_.size(); ++i) *state_[i] = ParamState{};
+  for (const auto& [id, entry] : dict.state) {
+    const std::size_t i = id_to_param.at(id);
+    const std::size_t g = group_of_[i];
+    ensure_state(i, g);
+    ParamState& st = *state_[i];
+    for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
+      if (st.tensors[k].empty()) continue;  // not kept for this shape
+      const auto& t = std::get<StateTensor>(entry.at(std::string(st.tensor_names[k])));
+      copy_bytes(st.tensors[k].data(), device_, t.data.data(), Device::cpu, t.data.size() * sizeof(float));
+    }
+    if (group_rules_[g]->aux_parts != nullptr)
+      for (const AuxPart& part : group_rules_[g]->aux_parts(groups_[g].options, tensor_shape_of(i))) {
+        const auto& t = std::get<StateTensor>(entry.at(std::string(part.name)));
+        std::copy(t.data.begin(), t.data.end(), st.aux.as<float>() + part.offset);
+      }
+    for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
+      st.scalars[k] = static_cast<float>(std::get<double>(entry.at(std::string(st.scalar_names[k]))));
+    if (!st.master.empty()) {
+      const auto& t = std::get<StateTensor>(entry.at("master_param"));
+      copy_bytes(st.master.data(), device_, t.data.data(), Device::cpu, t.data.size() * sizeof(float));
+    }
+  }
+  // Eager-state rules (Adagrad) have state for every parameter.
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    if (group_rules_[group_of_[i]]->eager_state) ensure_state(i, group_of_[i]);
+  state_written();
+}
+
+void Optimizer::state_written() {
+  // Group-counted steps (LAMB) continue from the largest saved step.
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    group_steps_[g] = 0;
+    if (group_rules_[g]->group_step)
+      for (std::size_t i : groups_[g].params)
+        if (state_[i]->initialized)
+          group_steps_[g] = std::max(group_steps_[g], static_cast<std::uint64_t>(state_[i]->scalars[0]));
+  }
+}
+
+std::size_t Optimizer::state_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& st : state_) {
+    for (const Buffer& b : st->tensors) bytes += b.size_bytes();
+    bytes += st->master.size_bytes() + st->work.size_bytes() + st->aux.size_bytes();
+  }
+  return bytes;
+}
+
+std::size_t Optimizer::master_bytes() const {
+  std::size_t bytes = 0;
+  for (const auto& st : state_) bytes += st->master.size_bytes();
+  return bytes;
+}
+
+}  // namespace distopt
