@@ -628,7 +628,8 @@ TEST(Setup, StrategiesDeclareWhatTheyAre) {
       {"dpsgd", true, true, false, true, 0},     {"adpsgd", true, true, false, true, 0},
       {"slowmo", true, true, false, true, 0},    {"diloco", true, true, false, true, 0},
   };
-  ASSERT_EQ(parallel::all_strategies().size(), std::size(expected));
+  // The built-in ones, first (a test may register more after them).
+  ASSERT_GE(parallel::all_strategies().size(), std::size(expected));
   for (std::size_t k = 0; k < std::size(expected); ++k) {
     const parallel::StrategyInfo& s = *parallel::all_strategies()[k];
     const Expected& e = expected[k];
@@ -673,6 +674,35 @@ TEST(Setup, StrategiesDeclareWhatTheyAre) {
   EXPECT_EQ(misfit("diloco", "outer-momentum", adam_outer),
             "--outer-momentum applies to --outer-optimizer sgd (adam keeps its own defaults)");
   EXPECT_EQ(misfit("diloco", "slowmo-lr", local), "--slowmo-lr applies to --strategy slowmo, not diloco");
+}
+
+// A new strategy is one file and one registry entry: registered here at
+// run time, a throwaway (ddp's code under another name and memory model)
+// is found by name, reaches the memory model the CLI's preflight and the
+// Python front end read, and trains with ddp's bits. Nothing else names it.
+TEST(Setup, AThrowawayStrategyNeedsOnlyItsEntry) {
+  static const parallel::StrategyInfo kThrowaway = [] {
+    parallel::StrategyInfo s = parallel::strategy_or_throw("ddp");
+    s.name = "throwaway";
+    s.help = "a test's strategy: ddp's code";
+    s.memory = {.whole = 3, .divided = 2, .units_in_flight = 1};
+    return s;
+  }();
+  if (parallel::find_strategy("throwaway") == nullptr) parallel::register_strategy(kThrowaway);
+  EXPECT_EQ(&parallel::strategy_or_throw("throwaway"), &kThrowaway);
+  EXPECT_EQ(parallel::all_strategies().back(), &kThrowaway);
+  const parallel::MemoryPerRank m = parallel::memory_per_rank(kThrowaway, 4);
+  EXPECT_EQ(m.floats_per_param, 3.5);
+  EXPECT_EQ(m.largest_units, 1.0);
+  EXPECT_EQ(parallel::memory_per_rank(parallel::strategy_or_throw("zero3"), 4).floats_per_param, 1.25);
+  EXPECT_THROW(parallel::register_strategy(kThrowaway), InvalidInput);  // one entry per name
+
+  const data::Split d = data::make_synthetic_classification(20, 5, 200, 40, 7);
+  train::TrainConfig c = tiny_config("adamw", "ddp");
+  c.max_steps = 4;
+  const std::string want = test_support::run_ranks(2, d, c).param_hash;
+  c.strategy = "throwaway";
+  EXPECT_EQ(test_support::run_ranks(2, d, c).param_hash, want);
 }
 
 TEST(Setup, UnknownOrInexactStrategiesAreRefused) {

@@ -27,6 +27,21 @@
 
 namespace distopt::python {
 
+std::vector<std::string> sharded_strategies() {
+  std::vector<std::string> out;
+  for (const parallel::StrategyInfo* s : parallel::all_strategies())
+    if (!s->per_rank_models && !s->sharded_params) out.emplace_back(s->name);
+  return out;
+}
+
+std::string sharded_strategy_list() {
+  const std::vector<std::string> names = sharded_strategies();
+  std::string out;
+  for (std::size_t k = 0; k < names.size(); ++k)
+    out += (k == 0 ? "" : k + 1 == names.size() ? " and " : ", ") + names[k];
+  return out;
+}
+
 namespace {
 
 // ---- the sharded optimizer -------------------------------------------------
@@ -55,11 +70,11 @@ PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& stra
     : comm_(std::move(comm)), strategy_name_(strategy), layout_(layout_of(params)) {
   const StrategyInfo_& info = parallel::strategy_or_throw(strategy);
   if (info.per_rank_models)
-    throw InvalidInput(str("strategy ", strategy, ": the sharded optimizer runs ddp, zero1 and zero2 (gossip "
-                           "strategies: distopt train)"));
-  if (info.volume_psi > 2)
+    throw InvalidInput(str("strategy ", strategy, ": the sharded optimizer runs ", sharded_strategy_list(),
+                           " (gossip strategies: distopt train)"));
+  if (info.sharded_params)
     throw InvalidInput(str("strategy ", strategy, " gathers parameters per unit of the model as it runs; the "
-                           "sharded optimizer runs ddp, zero1 and zero2"));
+                           "sharded optimizer runs ", sharded_strategy_list()));
   if (bucket_elements == 0) throw InvalidInput("bucket_elements must be at least 1");
   spec_.name = rule;
   spec_.options = to_options(options);

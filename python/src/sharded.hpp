@@ -35,6 +35,14 @@
 
 namespace distopt::python {
 
+// The strategies the sharded optimizer runs, in the registry's order: those
+// with one model for all ranks whose parameters are whole between steps
+// (StrategyInfo: not per_rank_models, not sharded_params). Nothing here
+// names one.
+std::vector<std::string> sharded_strategies();
+// The same as text: "ddp, zero1 and zero2".
+std::string sharded_strategy_list();
+
 // Parameter i as Python describes it: (name, shape).
 using ParamSpec = std::pair<std::string, std::vector<std::int64_t>>;
 

@@ -108,6 +108,8 @@ class PyPushSum {
 }  // namespace
 
 void bind_sharded(py::module_& m) {
+  m.def("sharded_strategies", &sharded_strategies,
+        "the strategies ShardedOptimizer runs, as the library's registry says (StrategyInfo)");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -3,6 +3,7 @@
 // A strategy's properties live in its own file's StrategyInfo; this file
 // only lists them and builds the one asked for.
 #include <algorithm>
+#include <vector>
 
 #include "distopt/core/error.hpp"
 #include "distopt/optim/rule.hpp"
@@ -19,26 +20,39 @@ extern const StrategyInfo kSgp, kOsgp, kDpsgd, kAdpsgd, kSlowmo, kDiloco;  // go
 
 namespace {
 
-constexpr const StrategyInfo* kStrategies[] = {
-    &detail::kDdp, &detail::kZero1, &detail::kZero2, &detail::kZero3,  // over the engine core
-    &detail::kSgp, &detail::kOsgp,  &detail::kDpsgd, &detail::kAdpsgd,  // over the gossip core
-    &detail::kSlowmo, &detail::kDiloco,
-};
+std::vector<const StrategyInfo*>& registry() {
+  static std::vector<const StrategyInfo*> all = {
+      &detail::kDdp, &detail::kZero1, &detail::kZero2, &detail::kZero3,  // over the engine core
+      &detail::kSgp, &detail::kOsgp,  &detail::kDpsgd, &detail::kAdpsgd,  // over the gossip core
+      &detail::kSlowmo, &detail::kDiloco,
+  };
+  return all;
+}
 
 }  // namespace
 
-std::span<const StrategyInfo* const> all_strategies() { return kStrategies; }
+std::span<const StrategyInfo* const> all_strategies() { return registry(); }
+
+void register_strategy(const StrategyInfo& info) {
+  if (find_strategy(info.name) != nullptr) throw InvalidInput(str("strategy '", info.name, "' is already registered"));
+  if (info.make == nullptr) throw InvalidInput(str("strategy '", info.name, "' has no make function"));
+  registry().push_back(&info);
+}
 
 const StrategyInfo* find_strategy(std::string_view name) {
-  for (const StrategyInfo* s : kStrategies)
+  for (const StrategyInfo* s : registry())
     if (s->name == name) return s;
   return nullptr;
+}
+
+MemoryPerRank memory_per_rank(const StrategyInfo& info, int world) {
+  return {info.memory.whole + info.memory.divided / world, info.memory.units_in_flight};
 }
 
 const StrategyInfo& strategy_or_throw(std::string_view name) {
   if (const StrategyInfo* s = find_strategy(name)) return *s;
   std::string known;
-  for (const StrategyInfo* s : kStrategies) known += (known.empty() ? "" : ", ") + std::string(s->name);
+  for (const StrategyInfo* s : registry()) known += (known.empty() ? "" : ", ") + std::string(s->name);
   throw InvalidInput(str("unknown strategy '", name, "' (known: ", known, ")"));
 }
 

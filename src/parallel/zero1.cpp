@@ -65,6 +65,7 @@ void Zero1::reduce_bucket(std::size_t b) {
 constexpr const char* kHelp =
     "optimizer state (and fp32 master weights) sharded; gradients reduce-scattered, parameters all-gathered";
 extern const StrategyInfo kZero1{.name = "zero1", .help = kHelp, .replicated_params = false,
-                                 .whole_tensor_needs_gather = true, .make = make_engine<Zero1>, .volume_psi = 2};
+                                 .whole_tensor_needs_gather = true, .make = make_engine<Zero1>, .volume_psi = 2,
+                                 .memory = {.whole = 2, .divided = 3}};
 
 }  // namespace distopt::parallel::detail

@@ -48,6 +48,7 @@ void Zero2::reduce_bucket(std::size_t b) {
 constexpr const char* kHelp =
     "as zero1, and only the own gradient shard kept (buckets reduce-scattered while backward runs)";
 extern const StrategyInfo kZero2{.name = "zero2", .help = kHelp, .replicated_params = false,
-                                 .whole_tensor_needs_gather = true, .sharded_grads = true, .make = make_engine<Zero2>, .volume_psi = 2};
+                                 .whole_tensor_needs_gather = true, .sharded_grads = true, .make = make_engine<Zero2>,
+                                 .volume_psi = 2, .memory = {.whole = 1, .divided = 4, .units_in_flight = 2}};
 
 }  // namespace distopt::parallel::detail

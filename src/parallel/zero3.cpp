@@ -181,6 +181,7 @@ constexpr const char* kHelp =
     "freed after";
 extern const StrategyInfo kZero3{.name = "zero3", .help = kHelp, .replicated_params = false,
                                  .whole_tensor_needs_gather = true, .sharded_grads = true, .sharded_params = true,
-                                 .make = make_engine<Zero3>, .volume_psi = 3};
+                                 .make = make_engine<Zero3>, .volume_psi = 3,
+                                 .memory = {.whole = 0, .divided = 5, .units_in_flight = 4}};
 
 }  // namespace distopt::parallel::detail

@@ -148,20 +148,6 @@ void remove_stale_temp_files(const std::string& output, const char* whose) {
   }
 }
 
-// Floats a rank keeps per parameter (parameters, gradients and up to three
-// state tensors) by what the strategy shards, and how many of the largest
-// unit it holds in flight besides (gathered units, gradient buckets).
-struct StatesPerRank {
-  double per_param, largest_units;
-};
-StatesPerRank states_per_rank(const std::string& strategy, int world) {
-  const double n = world;
-  if (strategy == "zero1") return {2 + 3 / n, 0};
-  if (strategy == "zero2") return {1 + 4 / n, 2};
-  if (strategy == "zero3") return {5 / n, 4};
-  if (strategy == "diloco") return {8, 0};  // and the synced model and the outer optimizer's state
-  return {5, 0};
-}
 
 // Sizes the command line asks for, against this machine's memory, before
 // anything is allocated: one line naming the flag instead of bad_alloc.
@@ -170,6 +156,8 @@ void check_memory(const TrainArgs& a, int world) {
   if (!(have > 0)) return;
   const DataDims dims = dims_of(a);
   const auto features = static_cast<double>(dims.features);
+  // Floats a rank keeps per parameter and the units in flight: the strategy's own memory model.
+  const parallel::StrategyInfo& info = parallel::strategy_or_throw(a.config.strategy);
   if (a.config.model == "gpt") {
     // Parameters, gradients and optimizer state on every rank, and the
     // activations each rank keeps for backward (its share of a batch).
@@ -182,8 +170,8 @@ void check_memory(const TrainArgs& a, int world) {
     const double kept = a.config.activation_checkpointing ? L * D + block : L * block;
     const double per_sample = T * (kept + 256 + 8 * D);
     const double rank_batch = std::ceil(double(a.config.batch_size) / world);
-    const StatesPerRank states = states_per_rank(a.config.strategy, world);
-    const double states_floats = params * states.per_param + states.largest_units * 12 * D * D;
+    const parallel::MemoryPerRank states = parallel::memory_per_rank(info, world);
+    const double states_floats = params * states.floats_per_param + states.largest_units * 12 * D * D;
     const double bytes = (states_floats + per_sample * rank_batch) * 4 * world;
     if (bytes > have)
       throw InvalidInput(str("model gpt with --layers ", g.layers, " --dim ", g.dim, " --context ", g.context,
@@ -208,7 +196,7 @@ void check_memory(const TrainArgs& a, int world) {
   // layers).
   double params = 0, largest = 0;
   bool tiles = false;
-  const auto tile_rows = a.config.strategy == "zero3" ? static_cast<double>(a.config.tile_rows) : 0.0;
+  const auto tile_rows = info.sharded_params ? static_cast<double>(a.config.tile_rows) : 0.0;
   for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
     const double layer = widths[l] * widths[l + 1] + widths[l + 1];
     params += layer;
@@ -216,8 +204,8 @@ void check_memory(const TrainArgs& a, int world) {
     const double at_once = tiled ? std::max(tile_rows * widths[l], widths[l + 1]) : layer;
     if (at_once > largest) largest = at_once, tiles = tiled;
   }
-  const StatesPerRank states = states_per_rank(a.config.strategy, world);
-  const double bytes = (params * states.per_param + largest * states.largest_units) * 4 * world;
+  const parallel::MemoryPerRank states = parallel::memory_per_rank(info, world);
+  const double bytes = (params * states.floats_per_param + largest * states.largest_units) * 4 * world;
   if (largest * 4 > have / 4 || bytes > have)
     throw InvalidInput(str(a.config.hidden.empty() ? "the model" : "--hidden", " needs ", gigabytes(largest * 4),
                            tiles ? " for one tile and " : " for one layer and ", gigabytes(bytes),

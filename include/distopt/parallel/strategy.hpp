@@ -247,7 +247,21 @@ struct StrategyInfo {
   // are gathered twice (zero3); 0 where the model does not apply (gossip).
   // `distopt bench strategies` compares its measurement with it.
   double volume_psi = 0;
+  // Memory a rank keeps, in floats per parameter (parameters, gradients
+  // and up to three optimizer state tensors): `whole` on every rank and
+  // `divided` among the ranks; and how many of the largest unit it holds
+  // in flight besides (gathered units, gradient buckets). The CLI's
+  // preflight and the Python front end read it (memory_per_rank).
+  struct Memory {
+    double whole = 5, divided = 0, units_in_flight = 0;
+  } memory = {};
 };
+
+// What StrategyInfo::memory comes to at `world` ranks.
+struct MemoryPerRank {
+  double floats_per_param, largest_units;
+};
+MemoryPerRank memory_per_rank(const StrategyInfo& info, int world);
 
 // The initial fp32 parameters, unsharded in the model's layout (no
 // padding), read a range at a time: a strategy that keeps a shard reads
@@ -287,8 +301,12 @@ struct StrategyArgs {
 };
 
 // The registry: every strategy this build runs, in the command-line
-// contract's order.
+// contract's order, then any registered at run time.
 std::span<const StrategyInfo* const> all_strategies();
+// Adds a strategy (an extension's, or a test's) to the registry; `info`
+// must outlive every use. Call before any rank starts (not thread-safe);
+// a name already there is refused (InvalidInput).
+void register_strategy(const StrategyInfo& info);
 // The entry of `name`, or null.
 const StrategyInfo* find_strategy(std::string_view name);
 // The entry of `name`; InvalidInput listing the known ones otherwise.

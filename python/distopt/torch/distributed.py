@@ -39,7 +39,7 @@ import torch
 from .. import _core
 from . import comm as _comm
 
-STRATEGIES = ("ddp", "zero1", "zero2")
+STRATEGIES = tuple(_core.sharded_strategies())  # from the library's registry: ddp, zero1, zero2
 
 
 class ShardedOptimizer(torch.optim.Optimizer):

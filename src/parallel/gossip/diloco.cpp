@@ -461,6 +461,8 @@ std::string misfit(const StrategyInfo& self, std::string_view flag, const Gossip
 constexpr const char* kHelp =
     "a whole model per rank trained sync-every steps alone; then the averaged change steps an outer optimizer";
 extern const StrategyInfo kDiloco{.name = "diloco", .help = kHelp, .per_rank_models = true, .option_misfit = misfit,
-                                  .make = make_gossip<Diloco>};
+                                  .make = make_gossip<Diloco>,
+                                  // and the synced model and the outer optimizer's state
+                                  .memory = {.whole = 8}};
 
 }  // namespace distopt::parallel::detail
