@@ -12,6 +12,7 @@
 
 #include "backends.hpp"
 #include "commands.hpp"
+#include "distopt/core/device.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/version.hpp"
 #include "distopt_git_revision.hpp"
@@ -21,8 +22,15 @@ using distopt::cli::printable;
 int main(int argc, char** argv) {
   CLI::App app{"distopt: distributed optimizers, torch.optim-compatible", "distopt"};
   app.require_subcommand(1);
+  // Every backend and device this build has (a device also needs a GPU at run time).
+  std::string backends = "threads";
+  if (distopt::cli::mpi_available()) backends += ", mpi";
+#ifdef DISTOPT_HAVE_GLOO
+  backends += ", gloo";
+#endif
+  const std::string devices = distopt::cuda_built() ? "cpu, cuda" : "cpu";
   app.set_version_flag("--version", std::string("distopt ") + DISTOPT_VERSION_STRING + " (git " + DISTOPT_GIT_REVISION +
-                                       "; backends: threads" + (distopt::cli::mpi_available() ? ", mpi" : "") + ")");
+                                       "; backends: " + backends + "; devices: " + devices + ")");
   std::map<CLI::App*, distopt::cli::Runner> runners;
   auto add = [&](distopt::cli::Runner (*fn)(CLI::App&)) {
     auto runner = fn(app);
