@@ -15,6 +15,7 @@
 #include "distopt/checkpoint/state.hpp"
 #include "distopt/checkpoint/store.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/core/fault.hpp"
 #include "json_read.hpp"
 
 namespace distopt::checkpoint {
@@ -102,7 +103,12 @@ std::uint64_t save(Communicator& comm, parallel::Strategy& strategy, const RunIn
     ranks = gather_local_numbers(comm, *local);
   }
   try {
-    if (options.die == SaveOptions::Die::in_file) {
+    // DISTOPT_FAULT exit:RANK:STEP:POINT (core/fault.hpp): this rank ends
+    // the process while writing, with half of its file written under the
+    // temporary name, or with its file in place and no manifest.
+    const Fault fault = fault_from_env();
+    const bool dies = fault.exits_in_checkpoint(comm.rank(), step);
+    if (dies && fault.in_file) {
       // Half the file under its temporary name, as a write cut short leaves it.
       const std::vector<std::byte> bytes = pieces_bytes(pieces);
       std::FILE* f = std::fopen((dir / (name + ".tmp." + std::to_string(::getpid()))).c_str(), "wb");
@@ -112,7 +118,7 @@ std::uint64_t save(Communicator& comm, parallel::Strategy& strategy, const RunIn
     FileWriter file(dir, name);
     write_pieces(pieces, [&](std::span<const std::byte> b) { file.write(b); });
     mine = file.commit();
-    if (options.die == SaveOptions::Die::after_file) std::_Exit(137);  // the file in place, no manifest
+    if (dies && !fault.in_file) std::_Exit(137);  // the file in place, no manifest
   } catch (const Error& e) {
     ok = 0;
     failure = e.what();

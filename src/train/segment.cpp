@@ -205,9 +205,7 @@ void Segment::keep_in_memory() {
 
 void Segment::save(int epoch) {
   const auto t0 = Clock::now();
-  checkpoint::SaveOptions where{config_.checkpoint_dir, config_.keep_checkpoints, checkpoint::SaveOptions::Die::no};
-  if (fault_.kind == Fault::Kind::exit && fault_.rank == comm_.rank() && fault_.step == result_.steps)
-    where.die = fault_.in_file ? checkpoint::SaveOptions::Die::in_file : checkpoint::SaveOptions::Die::after_file;
+  const checkpoint::SaveOptions where{config_.checkpoint_dir, config_.keep_checkpoints};
   if (checkpointing_) {
     result_.checkpoint_bytes = checkpoint::save(comm_, *strategy_, run_info_, parts(), where, result_.steps, epoch);
     ++result_.checkpoints_written;

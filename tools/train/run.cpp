@@ -52,7 +52,7 @@ class Launcher {
   virtual void finish() {}
   // Whether ranks were left running (lost and stalled, the run went on).
   virtual bool abandoned() const { return false; }
-  // DISTOPT_FAULT's stall at the run's end (train::Fault): stops this
+  // DISTOPT_FAULT's stall at the run's end (Fault): stops this
   // process as `kill -STOP` would (MPI), or the calling rank thread.
   [[noreturn]] virtual void stop_here() {
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -282,9 +282,9 @@ int run_train(TrainArgs& a) {
   const bool bar = a.progress == "bar" || (a.progress == "auto" && tty);
   const bool lines = a.progress == "lines" || (a.progress == "auto" && !tty);
 
-  const train::Fault fault = train::fault_from_env();
+  const Fault fault = fault_from_env();
   if (a.backend == "mpi" || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr)
-    if (const char* rank = std::getenv("OMPI_COMM_WORLD_RANK"); rank && fault.stalls(std::atoi(rank), train::Fault::At::init))
+    if (const char* rank = std::getenv("OMPI_COMM_WORLD_RANK"); rank && fault.stalls(std::atoi(rank), Fault::At::init))
       std::raise(SIGSTOP);  // before MPI_Init: as `kill -STOP` of a process that has not started yet
   const std::unique_ptr<Launcher> launcher = launch(a, timeout, link);
   const StopOnSignal stop(launcher->reports());
@@ -313,11 +313,11 @@ int run_train(TrainArgs& a) {
     train::BothObservers both(&progress, metrics && !any_may_report ? &*metrics : nullptr);
     if (any_may_report && metrics) a.config.every_rank_observer = &*metrics;
     const std::function<void(Communicator&)> each_rank = [&](Communicator& comm) {
-      if (a.backend != "mpi" && fault.stalls(comm.rank(), train::Fault::At::init)) launcher->stop_here();
+      if (a.backend != "mpi" && fault.stalls(comm.rank(), Fault::At::init)) launcher->stop_here();
       train::TrainResult r = train::train(comm, data, a.config, &both);
       // A rank thread has no MPI_Finalize of its own: both points are here.
-      if (fault.stalls(comm.rank(), train::Fault::At::end) ||
-          (a.backend == "threads" && fault.stalls(comm.rank(), train::Fault::At::finalize)))
+      if (fault.stalls(comm.rank(), Fault::At::end) ||
+          (a.backend == "threads" && fault.stalls(comm.rank(), Fault::At::finalize)))
         launcher->stop_here();
       if (r.rank_at_end == 0 || launcher->one_rank_here()) result = std::move(r);
     };
@@ -346,7 +346,7 @@ int run_train(TrainArgs& a) {
       std::fflush(stdout);
       std::_Exit(result.interrupted ? StopOnSignal::exit_code(result.stop_signal) : 0);
     }
-    if (a.backend != "threads" && fault.stalls(launcher->rank_here(), train::Fault::At::finalize))
+    if (a.backend != "threads" && fault.stalls(launcher->rank_here(), Fault::At::finalize))
       launcher->stop_here();
   } catch (const NonFiniteError& e) {
     // Every rank stopped at the same step with the same finding: one line,

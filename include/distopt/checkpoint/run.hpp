@@ -52,18 +52,14 @@ struct RunInfo {
 struct SaveOptions {
   std::filesystem::path root;
   std::size_t keep = 3;
-  // A testing aid (DISTOPT_FAULT exit:RANK:STEP:POINT, docs/reliability.md):
-  // this rank ends the process while writing, with half of its file
-  // written under the temporary name, or with its file in place and no
-  // manifest.
-  enum class Die { no, in_file, after_file };
-  Die die = Die::no;
 };
 
 // Writes the checkpoint of `step` (reached in `epoch`) under options.root
 // (collective): every rank its file, in parallel; rank 0 the manifest,
 // last, and prunes to options.keep. Returns the bytes of all rank files.
-// IoError on every rank when any rank cannot write.
+// IoError on every rank when any rank cannot write. (DISTOPT_FAULT
+// exit:RANK:STEP:file|manifest ends the process while rank RANK writes
+// the checkpoint of STEP: core/fault.hpp.)
 std::uint64_t save(Communicator& comm, parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts,
                    const SaveOptions& options, std::uint64_t step, int epoch);
 

@@ -15,6 +15,7 @@
 
 #include "distopt/checkpoint/run.hpp"
 #include "distopt/comm/communicator.hpp"
+#include "distopt/core/fault.hpp"
 #include "distopt/data/dataset.hpp"
 #include "distopt/optim/averaging.hpp"
 #include "distopt/optim/grad_scaler.hpp"
@@ -258,37 +259,6 @@ struct TrainResult {
   // was called with (rank 0 at the end reports the run).
   int rank_at_end = 0;
 };
-
-// DISTOPT_FAULT, a testing aid of `distopt train` (docs/reliability.md):
-// RANK is a rank of the world the run started with (after a change of
-// world, the faults of a step do not fire again).
-//  * stall:RANK:STEP -- that rank stops answering after that step, as a hung
-//    or SIGSTOPped process would (train() sleeps; with process_per_rank the
-//    process stops itself with SIGSTOP);
-//  * stall:RANK:init -- it stops before it starts (an MPI process before
-//    MPI_Init, a rank thread before train()); stall:RANK:end -- after its
-//    training returned, before the ranks finish together;
-//    stall:RANK:finalize -- after they did, before MPI_Finalize. At these
-//    points an MPI process stops itself (SIGSTOP), as `kill -STOP` would;
-//    a rank thread sleeps. The tool acts on them, not train();
-//  * fail:RANK:STEP -- that rank fails (throws) after that step, as a
-//    crashed process would; kill:RANK:STEP -- its process is killed
-//    (SIGKILL) after that step (TrainConfig::process_per_rank only);
-//  * exit:RANK:STEP:file|manifest -- the process ends at once (_exit(137),
-//    as a kill would) while that rank writes the checkpoint of that step:
-//    half of its rank file written, or its file complete and no manifest.
-// Any other value throws InvalidInput naming the variable.
-struct Fault {
-  enum class Kind { none, stall, fail, kill, exit };
-  enum class At { step, init, end, finalize };
-  Kind kind = Kind::none;
-  At at = At::step;
-  int rank = -1;
-  std::size_t step = 0;
-  bool in_file = false;  // exit: in the rank file (else before the manifest)
-  bool stalls(int r, At where) const { return kind == Kind::stall && rank == r && at == where; }
-};
-Fault fault_from_env();
 
 // Throws InvalidInput for bad configurations (unknown model, batch smaller
 // than the world, ...) on every rank alike, before any communication.
