@@ -13,6 +13,7 @@
 
 #include "distopt/checkpoint/pieces.hpp"
 #include "distopt/checkpoint/run.hpp"
+#include "distopt/checkpoint/survival.hpp"
 #include "distopt/checkpoint/run_state.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/checkpoint/store.hpp"

@@ -20,6 +20,7 @@
 
 #include "distopt/checkpoint/pieces.hpp"
 #include "distopt/checkpoint/run.hpp"
+#include "distopt/checkpoint/survival.hpp"
 #include "distopt/checkpoint/state.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/data/dataset.hpp"

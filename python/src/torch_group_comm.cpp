@@ -94,15 +94,9 @@ class TorchComm final : public Communicator {
   static constexpr int kTagRs = 2 * kMaxTag + 1, kTagAg = 2 * kMaxTag + 2, kTagBc = 2 * kMaxTag + 3,
                        kTagBarrier = 2 * kMaxTag + 4;
 
-  // The rank-ordered collectives of the base (src/comm/ordered.cpp), on
-  // this exchange: every receive posted, then every send, then all waited.
-  void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
-                           ReduceOp op) override {
-    ordered_reduce_scatter_v(send, recv, counts, type, op);
-  }
-  void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override {
-    ordered_all_gather_v(send, recv, counts, type);
-  }
+  // The reduce-scatter and all-gather are the base's rank-ordered ones
+  // (src/comm/ordered.cpp) on this exchange: every receive posted, then
+  // every send, then all waited.
   void exchange(const char* op, std::span<const Message> sends, std::span<const Message> recvs) override {
     const int tag = std::string_view(op) == "all_gather" ? kTagAg : kTagRs;
     std::vector<std::unique_ptr<Request>> reqs;

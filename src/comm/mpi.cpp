@@ -178,16 +178,10 @@ class MpiComm final : public Communicator {
     return std::make_unique<MpiRequest>(r, "recv", rank_, peer, tag, bytes, timeout());
   }
 
-  // The rank-ordered collectives of the base (src/comm/ordered.cpp), on
-  // this exchange: the receives posted first, then the sends, on the
-  // collectives' communicator with the collective's tag.
-  void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
-                           ReduceOp op) override {
-    ordered_reduce_scatter_v(send, recv, counts, type, op);
-  }
-  void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override {
-    ordered_all_gather_v(send, recv, counts, type);
-  }
+  // The reduce-scatter and all-gather are the base's rank-ordered ones
+  // (src/comm/ordered.cpp) on this exchange: the receives posted first,
+  // then the sends, on the collectives' communicator with the
+  // collective's tag.
   void exchange(const char* op, std::span<const Message> sends, std::span<const Message> recvs) override {
     const int tag = std::string_view(op) == "all_gather" ? kTagAg : kTagRs;
     std::vector<MPI_Request> reqs;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "distopt/checkpoint/run.hpp"
+#include "distopt/checkpoint/survival.hpp"
 #include "distopt/comm/communicator.hpp"
 #include "distopt/parallel/strategy.hpp"
 #include "distopt/train/trainer.hpp"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "distopt/checkpoint/run.hpp"
+#include "distopt/checkpoint/survival.hpp"
 #include "distopt/comm/communicator.hpp"
 #include "distopt/core/fp_mode.hpp"
 #include "distopt/data/sampler.hpp"

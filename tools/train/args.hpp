@@ -2,7 +2,7 @@
 // job: flags.cpp (the flag table), preflight.cpp (checks and preparation
 // before any work), data.cpp (data sets and the warm-up schedule),
 // observers.cpp (progress and metrics), report.cpp (summary and exports),
-// run.cpp (one run for both backends), resume.cpp (--resume). The command
+// run.cpp (one run for every backend), resume.cpp (--resume). The command
 // line contract is docs/formats.md's.
 #pragma once
 

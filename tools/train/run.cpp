@@ -1,4 +1,4 @@
-// `distopt train`'s run (args.hpp): one path for both backends. A launcher
+// `distopt train`'s run (args.hpp): one path for every backend. A launcher
 // gives the ranks their communicators -- threads of this process (spawn),
 // or this process as one rank of an MPI job -- and checks the command line
 // and the memory against them; everything else is the same: the data, the

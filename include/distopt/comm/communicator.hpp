@@ -178,10 +178,17 @@ class Communicator {
   Clock::time_point deadline() const { return Clock::now() + timeout_; }
 
   // Backend primitives. rank r of the result holds op over ranks of
-  // send[offset_r .. offset_r + counts[r]) (offsets = prefix sums).
+  // send[offset_r .. offset_r + counts[r]) (offsets = prefix sums). By
+  // default the rank-ordered collectives below, on the backend's
+  // exchange() (MPI, gloo, torch.distributed's groups); the threads
+  // backend, which shares memory, has its own.
   virtual void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
-                                   ReduceOp op) = 0;
-  virtual void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) = 0;
+                                   ReduceOp op) {
+    ordered_reduce_scatter_v(send, recv, counts, type, op);
+  }
+  virtual void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) {
+    ordered_all_gather_v(send, recv, counts, type);
+  }
   virtual void do_broadcast(void* buf, std::size_t bytes, int root) = 0;
   virtual void do_barrier() = 0;
   // Point-to-point; `peer` is already checked to be a rank of this communicator.
@@ -198,12 +205,13 @@ class Communicator {
   void count_sent(std::size_t bytes);
 
   // The rank-ordered collectives on point-to-point messages
-  // (src/comm/ordered.cpp), for backends whose transport moves bytes and
-  // leaves the sums to distopt (MPI, gloo, torch.distributed's groups):
-  // each rank receives its piece from every other rank and sums all n in
-  // rank order (reduce_ordered), so every backend gives the threads
-  // backend's bits. At step j a rank sends to rank + j and receives from
-  // rank - j. A backend using them implements exchange().
+  // (src/comm/ordered.cpp), the default do_reduce_scatter_v and
+  // do_all_gather_v, for backends whose transport moves bytes and leaves
+  // the sums to distopt (MPI, gloo, torch.distributed's groups): each rank
+  // receives its piece from every other rank and sums all n in rank order
+  // (reduce_ordered), so every backend gives the threads backend's bits.
+  // At step j a rank sends to rank + j and receives from rank - j. A
+  // backend using them implements exchange().
   struct Message {
     int peer;
     char* data;

@@ -251,7 +251,7 @@ struct StrategyInfo {
   // and up to three optimizer state tensors): `whole` on every rank and
   // `divided` among the ranks; and how many of the largest unit it holds
   // in flight besides (gathered units, gradient buckets). The CLI's
-  // preflight and the Python front end read it (memory_per_rank).
+  // preflight reads it (memory_per_rank).
   struct Memory {
     double whole = 5, divided = 0, units_in_flight = 0;
   } memory = {};

@@ -71,17 +71,6 @@ std::unique_ptr<Request> GlooComm::do_irecv(void* buf, std::size_t bytes, int pe
   return std::make_unique<GlooRequest>(*this, live_, std::move(ub), false, peer, tag);
 }
 
-// The rank-ordered collectives of the base (src/comm/ordered.cpp), on
-// exchange() below, which broadcast and barrier use too.
-void GlooComm::do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
-                                   ReduceOp op) {
-  ordered_reduce_scatter_v(send, recv, counts, type, op);
-}
-
-void GlooComm::do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) {
-  ordered_all_gather_v(send, recv, counts, type);
-}
-
 void GlooComm::do_broadcast(void* buf, std::size_t bytes, int root) {
   std::vector<Message> sends, recvs;
   if (rank() == root) {

@@ -140,9 +140,6 @@ class GlooComm final : public Communicator {
  protected:
   std::unique_ptr<Request> do_isend(const void* buf, std::size_t bytes, int peer, int tag) override;
   std::unique_ptr<Request> do_irecv(void* buf, std::size_t bytes, int peer, int tag) override;
-  void do_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
-                           ReduceOp op) override;
-  void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) override;
   void do_broadcast(void* buf, std::size_t bytes, int root) override;
   void do_barrier() override;
   std::unique_ptr<Communicator> do_split(int color, int key) override;
@@ -159,6 +156,8 @@ class GlooComm final : public Communicator {
   static constexpr std::uint64_t kP2p = 1ull << 40, kCollective = 1ull << 41;
   static std::uint64_t p2p_slot(int tag) { return kP2p + static_cast<std::uint32_t>(tag); }
 
+  // Broadcast, barrier and (the base's rank-ordered ones, src/comm/ordered.cpp)
+  // reduce-scatter and all-gather run on it.
   void exchange(const char* op, std::span<const Message> sends, std::span<const Message> recvs) override;
   static milliseconds left(Clock::time_point until);
 

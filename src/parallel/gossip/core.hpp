@@ -1,5 +1,5 @@
 // The core under the gossip strategies (not installed; the policies are
-// sgp.cpp, osgp.cpp, dpsgd.cpp, adpsgd.cpp and slowmo.cpp beside it;
+// sgp.cpp, osgp.cpp, dpsgd.cpp, adpsgd.cpp, slowmo.cpp and diloco.cpp beside it;
 // docs/gossip.md, "Training"). As in SGP (Assran et al. 2019), each rank
 // holds the whole model: the numerator x (what its optimizer steps, in the
 // padded layout) and the push-sum weight w; the model runs on the
