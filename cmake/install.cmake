@@ -26,10 +26,16 @@ install(TARGETS distopt RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ru
 
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/distoptConfig.cmake.in
                               ${PROJECT_BINARY_DIR}/distoptConfig.cmake INSTALL_DESTINATION ${DISTOPT_CMAKE_DIR})
-# 0.x: any 0.y satisfies a request for 0.x with x <= y (find_package treats
-# SameMajorVersion this way); from 1.0 on, the major version decides.
+# While 0.x, every minor version may change the API and ABI (the SONAME
+# carries it): find_package(distopt 0.2) must not accept 0.3, so the
+# minor version decides (SameMinorVersion); from 1.0 on, the major.
+if(PROJECT_VERSION_MAJOR EQUAL 0)
+  set(DISTOPT_COMPATIBILITY SameMinorVersion)
+else()
+  set(DISTOPT_COMPATIBILITY SameMajorVersion)
+endif()
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/distoptConfigVersion.cmake
-                                 COMPATIBILITY SameMajorVersion)
+                                 COMPATIBILITY ${DISTOPT_COMPATIBILITY})
 install(FILES ${PROJECT_BINARY_DIR}/distoptConfig.cmake ${PROJECT_BINARY_DIR}/distoptConfigVersion.cmake
         DESTINATION ${DISTOPT_CMAKE_DIR} COMPONENT dev)
 

@@ -19,6 +19,9 @@ expect_error() {
 # sanitized: true when $bin is built with AddressSanitizer or ThreadSanitizer,
 # which reserve terabytes of address space and cannot run under ulimit -v.
 sanitized() { nm "$bin" 2>/dev/null | grep -q "__asan_init\|__tsan_init"; }
+# scaled SECONDS: a time limit, four times as long under a sanitizer (which
+# runs the program several times slower).
+scaled() { if sanitized; then echo $(($1 * 4)); else echo "$1"; fi; }
 
 # started PID FILE: waits (at most 60 s) while PID lives until a temporary
 # file of FILE (FILE.tmp.*, the metrics, flushed at least once a second) has

@@ -14,17 +14,17 @@ hash_of() { tail -n 1 "$1" | grep -o '"param_hash": "[0-9a-f]*"'; }
 ck=(train --data synthetic --train-size 1024 --test-size 256 --epochs 2 --batch-size 96 --optimizer lamb --lr 0.003
     --seed 3 --progress none --json --strategy zero2)
 "$bin" "${ck[@]}" --world 2 >"$tmp/straight" 2>"$tmp/err" || fail "threads straight: $(cat "$tmp/err")"
-timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" "${ck[@]}" --backend mpi --max-steps 7 --checkpoint-dir "$tmp/mck" \
+timeout "$(scaled 120)" "$mpiexec" -n 2 --oversubscribe "$bin" "${ck[@]}" --backend mpi --max-steps 7 --checkpoint-dir "$tmp/mck" \
   >/dev/null 2>"$tmp/err" || fail "mpi checkpointed run exited $?: $(tail -n 3 "$tmp/err")"
 [ -f "$tmp/mck/step-000000000007/manifest.json" ] && [ -f "$tmp/mck/step-000000000007/rank1.safetensors" ] \
   || fail "mpi checkpoint: $(ls -R "$tmp/mck")"
 cp -r "$tmp/mck" "$tmp/mck3"
 cp -r "$tmp/mck" "$tmp/mckt"
-timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/mck" --max-steps 0 --backend mpi \
+timeout "$(scaled 120)" "$mpiexec" -n 2 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/mck" --max-steps 0 --backend mpi \
   >"$tmp/mpi" 2>"$tmp/err" || fail "mpi --resume np 2 exited $?: $(tail -n 3 "$tmp/err")"
 [ -n "$(hash_of "$tmp/mpi")" ] && [ "$(hash_of "$tmp/straight")" = "$(hash_of "$tmp/mpi")" ] ||
   fail "mpi resume np 2: $(hash_of "$tmp/mpi") vs uninterrupted $(hash_of "$tmp/straight")"
-timeout 120 "$mpiexec" -n 3 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/mck3" --max-steps 0 --backend mpi \
+timeout "$(scaled 120)" "$mpiexec" -n 3 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/mck3" --max-steps 0 --backend mpi \
   --world 3 --strategy zero3 >"$tmp/mpi3" 2>"$tmp/err" || fail "mpi --resume np 3 exited $?: $(tail -n 3 "$tmp/err")"
 "$bin" train --resume --checkpoint-dir "$tmp/mckt" --max-steps 0 --world 3 --strategy ddp --backend threads \
   >"$tmp/t3" 2>"$tmp/err" || fail "threads --resume at 3 exited $?: $(cat "$tmp/err")"
@@ -32,7 +32,7 @@ timeout 120 "$mpiexec" -n 3 --oversubscribe "$bin" train --resume --checkpoint-d
   fail "one checkpoint: mpi zero3 np 3 $(hash_of "$tmp/mpi3") vs threads ddp 3 $(hash_of "$tmp/t3")"
 "$bin" "${ck[@]}" --world 4 --max-steps 5 --checkpoint-dir "$tmp/tck" >/dev/null 2>&1 || fail "threads checkpoint at 4"
 "$bin" "${ck[@]}" --world 4 >"$tmp/straight4" 2>/dev/null || fail "threads straight at 4"
-timeout 120 "$mpiexec" -n 4 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/tck" --max-steps 0 --backend mpi \
+timeout "$(scaled 120)" "$mpiexec" -n 4 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/tck" --max-steps 0 --backend mpi \
   >"$tmp/mpi4" 2>"$tmp/err" || fail "mpi --resume np 4 exited $?: $(tail -n 3 "$tmp/err")"
 [ "$(hash_of "$tmp/mpi4")" = "$(hash_of "$tmp/straight4")" ] ||
   fail "threads checkpoint resumed under mpirun np 4: $(hash_of "$tmp/mpi4") vs $(hash_of "$tmp/straight4")"
@@ -41,15 +41,15 @@ timeout 120 "$mpiexec" -n 4 --oversubscribe "$bin" train --resume --checkpoint-d
 # bits; a threads checkpoint of dpsgd at 2 resumed under mpirun at np 2 too.
 gk=(train --data synthetic --train-size 1024 --test-size 256 --epochs 2 --batch-size 96 --seed 3 --progress none --json)
 "$bin" "${gk[@]}" --world 4 --strategy osgp --synch-freq 1 >"$tmp/g_straight" 2>"$tmp/err" || fail "osgp straight: $(cat "$tmp/err")"
-timeout 120 "$mpiexec" -n 4 --oversubscribe "$bin" "${gk[@]}" --strategy osgp --synch-freq 1 --backend mpi --max-steps 7 \
+timeout "$(scaled 120)" "$mpiexec" -n 4 --oversubscribe "$bin" "${gk[@]}" --strategy osgp --synch-freq 1 --backend mpi --max-steps 7 \
   --checkpoint-dir "$tmp/gck" >/dev/null 2>"$tmp/err" || fail "mpi osgp checkpointed run exited $?: $(tail -n 3 "$tmp/err")"
-timeout 120 "$mpiexec" -n 4 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/gck" --max-steps 0 --backend mpi \
+timeout "$(scaled 120)" "$mpiexec" -n 4 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/gck" --max-steps 0 --backend mpi \
   >"$tmp/g_mpi" 2>"$tmp/err" || fail "mpi osgp --resume exited $?: $(tail -n 3 "$tmp/err")"
 [ -n "$(hash_of "$tmp/g_mpi")" ] && [ "$(hash_of "$tmp/g_mpi")" = "$(hash_of "$tmp/g_straight")" ] ||
   fail "osgp saved and resumed under mpirun np 4: $(hash_of "$tmp/g_mpi") vs threads $(hash_of "$tmp/g_straight")"
 "$bin" "${gk[@]}" --world 2 --strategy dpsgd >"$tmp/d_straight" 2>/dev/null || fail "dpsgd straight"
 "$bin" "${gk[@]}" --world 2 --strategy dpsgd --max-steps 9 --checkpoint-dir "$tmp/dck" >/dev/null 2>&1 || fail "dpsgd checkpoint"
-timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/dck" --max-steps 0 --backend mpi \
+timeout "$(scaled 120)" "$mpiexec" -n 2 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/dck" --max-steps 0 --backend mpi \
   >"$tmp/d_mpi" 2>"$tmp/err" || fail "mpi dpsgd --resume exited $?: $(tail -n 3 "$tmp/err")"
 [ -n "$(hash_of "$tmp/d_mpi")" ] && [ "$(hash_of "$tmp/d_mpi")" = "$(hash_of "$tmp/d_straight")" ] ||
   fail "dpsgd threads checkpoint resumed under mpirun np 2: $(hash_of "$tmp/d_mpi") vs $(hash_of "$tmp/d_straight")"

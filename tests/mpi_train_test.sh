@@ -11,7 +11,7 @@ args=(train --data synthetic --train-size 1024 --test-size 256 --epochs 2 --batc
 hash_of() { tail -n 1 "$1" | grep -o '"param_hash": "[0-9a-f]*"'; }
 for np in 2 3; do
   "$bin" "${args[@]}" --world $np >"$tmp/threads" 2>"$tmp/err" || fail "threads world $np: $(cat "$tmp/err")"
-  timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --export-params "$tmp/p.safetensors" \
+  timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --export-params "$tmp/p.safetensors" \
     >"$tmp/mpi" 2>"$tmp/err" || fail "mpi np $np exited $?: $(tail -n 3 "$tmp/err")"
   [ -n "$(hash_of "$tmp/mpi")" ] || fail "mpi np $np printed no summary: $(tail -n 2 "$tmp/mpi")"
   [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
@@ -26,7 +26,7 @@ sargs=("${args[@]}" --clip-grad-norm 0.5 --loss-scale dynamic --init-scale 1024 
 for np in 2 4; do
   "$bin" "${sargs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads ddp $np: $(cat "$tmp/err")"
   for s in ddp zero1 zero2 zero3; do
-    timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${sargs[@]}" --backend mpi --strategy $s \
+    timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${sargs[@]}" --backend mpi --strategy $s \
       >"$tmp/mpi" 2>"$tmp/err" || fail "mpi $s np $np exited $?: $(tail -n 3 "$tmp/err")"
     [ -n "$(hash_of "$tmp/mpi")" ] || fail "mpi $s np $np printed no summary"
     [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
@@ -39,7 +39,7 @@ done
 for np in 2 3; do
   targs=("${args[@]}" --hidden 200,64 --tile-rows 48)
   "$bin" "${targs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads tiles $np: $(cat "$tmp/err")"
-  timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${targs[@]}" --backend mpi --strategy zero3 --prefetch-units 0 \
+  timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${targs[@]}" --backend mpi --strategy zero3 --prefetch-units 0 \
     >"$tmp/mpi" 2>"$tmp/err" || fail "mpi zero3 tiles np $np exited $?: $(tail -n 3 "$tmp/err")"
   [ -n "$(hash_of "$tmp/mpi")" ] && [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
     fail "np $np tiles: threads ddp $(hash_of "$tmp/threads") vs mpi zero3 $(hash_of "$tmp/mpi")"
@@ -55,7 +55,7 @@ for np in 2 4; do
            --progress none --json --optimizer $o)  # 55 steps
     "$bin" "${nargs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads $o $np: $(cat "$tmp/err")"
     for s in zero1 zero3; do
-      timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${nargs[@]}" --backend mpi --strategy $s \
+      timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${nargs[@]}" --backend mpi --strategy $s \
         >"$tmp/mpi" 2>"$tmp/err" || fail "mpi $o $s np $np exited $?: $(tail -n 3 "$tmp/err")"
       [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
         fail "np $np $o: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
@@ -70,7 +70,7 @@ for np in 2 4; do
            "diloco --sync-every 5" "diloco --sync-every 6 --fragments 3 --sync-delay 2 --fragment-alpha 0.5" \
            "diloco --sync-every 4 --fragments 2 --outer-dtype int4 --outer-error-feedback" "diloco --sync-every 4 --outer-dtype fp8"; do
     "$bin" "${args[@]}" --world $np --strategy $g >"$tmp/threads" 2>"$tmp/err" || fail "threads $g $np: $(cat "$tmp/err")"
-    timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy $g \
+    timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy $g \
       >"$tmp/mpi" 2>"$tmp/err" || fail "mpi $g np $np exited $?: $(tail -n 3 "$tmp/err")"
     [ -n "$(hash_of "$tmp/mpi")" ] || fail "mpi $g np $np printed no summary"
     [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
@@ -86,7 +86,7 @@ done
 loss_of() { tail -n 1 "$1" | grep -o '"test_loss": [0-9.e-]*' | cut -d' ' -f2; }
 for np in 2 3 4; do
   "$bin" "${args[@]}" --world $np --strategy adpsgd >"$tmp/threads" 2>"$tmp/err" || fail "threads adpsgd $np: $(cat "$tmp/err")"
-  timeout 120 "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy adpsgd \
+  timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy adpsgd \
     >"$tmp/mpi" 2>"$tmp/err" || fail "mpi adpsgd np $np exited $?: $(tail -n 3 "$tmp/err")"
   grep -q '"consensus_distance": ' "$tmp/mpi" || fail "mpi adpsgd np $np: no consensus distance"
   [ "$(echo "a = $(loss_of "$tmp/mpi"); b = $(loss_of "$tmp/threads"); d = a - b; if (d < 0) d = -d; d < 0.05 * b" | bc -l)" = 1 ] ||
@@ -95,21 +95,21 @@ done
 # Launch mistakes: without --backend, mpirun's processes are one MPI job
 # (not two duplicate runs); --world that disagrees with -np, and --backend
 # threads under mpirun, are errors.
-timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" "${args[@]}" >"$tmp/mpi" 2>"$tmp/err" ||
+timeout "$(scaled 120)" "$mpiexec" -n 2 --oversubscribe "$bin" "${args[@]}" >"$tmp/mpi" 2>"$tmp/err" ||
   fail "mpirun without --backend exited $?: $(tail -n 3 "$tmp/err")"
 [ "$(grep -c '^{' "$tmp/mpi")" = 1 ] || fail "mpirun without --backend: $(grep -c '^{' "$tmp/mpi") summaries, want 1"
 grep -q '"backend": "mpi", "world": 2' "$tmp/mpi" || fail "mpirun without --backend: $(tail -n 1 "$tmp/mpi" | cut -c1-200)"
 grep -q "started by mpirun with 2 processes: using --backend mpi" "$tmp/err" || fail "no notice of the MPI backend"
-timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --data synthetic --world 4 >"$tmp/out" 2>"$tmp/err"
+timeout "$(scaled 120)" "$mpiexec" -n 2 --oversubscribe "$bin" train --data synthetic --world 4 >"$tmp/out" 2>"$tmp/err"
 [ $? != 0 ] || fail "--world 4 under mpirun -np 2 was accepted"
 grep -q -- "--world 4 disagrees with the 2 processes mpirun started" "$tmp/err" || fail "--world mismatch: $(head -n 2 "$tmp/err")"
-timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --data synthetic --backend threads >"$tmp/out" 2>"$tmp/err"
+timeout "$(scaled 120)" "$mpiexec" -n 2 --oversubscribe "$bin" train --data synthetic --backend threads >"$tmp/out" 2>"$tmp/err"
 [ $? != 0 ] || fail "--backend threads under mpirun was accepted"
 grep -q -- "--backend threads under mpirun (2 processes): each process would train its own copy" "$tmp/err" ||
   fail "--backend threads under mpirun: $(head -n 2 "$tmp/err")"
 
 # Bad input under mpirun: every rank ends, with an error naming the problem.
-timeout 120 "$mpiexec" -n 2 --oversubscribe "$bin" train --backend mpi --data synthetic --batch-size 1 \
+timeout "$(scaled 120)" "$mpiexec" -n 2 --oversubscribe "$bin" train --backend mpi --data synthetic --batch-size 1 \
   >"$tmp/out" 2>"$tmp/err"
 [ $? != 0 ] || fail "batch smaller than the world did not fail under mpirun"
 grep -q "batch size 1 is smaller than the world size 2" "$tmp/err" || fail "mpi error: $(head -n 3 "$tmp/err")"

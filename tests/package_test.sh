@@ -51,7 +51,7 @@ mkdir -p "$tmp/consumer"
 cat >"$tmp/consumer/CMakeLists.txt" <<'CM'
 cmake_minimum_required(VERSION 3.20)
 project(consumer LANGUAGES CXX)
-find_package(distopt 0.1 REQUIRED COMPONENTS mpi)
+find_package(distopt MINOR REQUIRED COMPONENTS mpi)
 add_executable(uses_static uses_static.cpp)
 target_link_libraries(uses_static PRIVATE distopt::distopt_static)
 add_executable(uses_mpi uses_mpi.cpp)
@@ -88,18 +88,32 @@ int main(int argc, char** argv) {
   return 0;
 }
 CPP
+sed -i "s/MINOR/${version%.*}/" "$tmp/consumer/CMakeLists.txt"
 cmake -S "$tmp/consumer" -B "$tmp/consumer/build" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/log" 2>&1 ||
-  fail "find_package(distopt 0.1 COMPONENTS mpi): $(grep -m 3 -i error -A 3 "$tmp/log")"
+  fail "find_package(distopt ${version%.*} COMPONENTS mpi): $(grep -m 3 -i error -A 3 "$tmp/log")"
 cmake --build "$tmp/consumer/build" >"$tmp/log" 2>&1 || fail "building the consumer: $(grep -m 5 -i error "$tmp/log")"
 [ "$("$tmp/consumer/build/uses_static")" = "$version 0.5 1.5 2.5" ] ||
   fail "uses_static: $("$tmp/consumer/build/uses_static")"
 ldd "$tmp/consumer/build/uses_static" | grep -q libdistopt && fail "uses_static links libdistopt.so, not the archive"
+# While 0.x a minor version may break the API: a project asking for the
+# previous one (0.(m-1)) does not get this one.
+minor=${version#*.}; minor=${minor%%.*}
+if [ "${version%%.*}" = 0 ] && [ "$minor" -gt 0 ]; then
+  mkdir -p "$tmp/old"
+  printf 'cmake_minimum_required(VERSION 3.20)\nproject(old LANGUAGES CXX)\nfind_package(distopt 0.%s REQUIRED)\n' \
+    "$((minor - 1))" >"$tmp/old/CMakeLists.txt"
+  cmake -S "$tmp/old" -B "$tmp/old/build" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/log" 2>&1 &&
+    fail "find_package(distopt 0.$((minor - 1))) accepted $version"
+  grep -q "distoptConfig.cmake, version: $version" "$tmp/log" ||
+    fail "find_package(distopt 0.$((minor - 1))): $(grep -m 3 -i error -A 3 "$tmp/log")"
+fi
+
 if [ -n "$mpiexec" ]; then
   out=$(timeout 60 "$mpiexec" -n 2 --oversubscribe "$tmp/consumer/build/uses_mpi" 2>&1)
   [ "$out" = "sum 3 over 2 ranks" ] || fail "uses_mpi under mpirun: $out"
 fi
 # A version the installed one cannot satisfy is refused.
-sed -i 's/find_package(distopt 0.1 REQUIRED/find_package(distopt 1.0 REQUIRED/' "$tmp/consumer/CMakeLists.txt"
+sed -i "s/find_package(distopt ${version%.*} REQUIRED/find_package(distopt 1.0 REQUIRED/" "$tmp/consumer/CMakeLists.txt"
 cmake -S "$tmp/consumer" -B "$tmp/consumer/build1" -DCMAKE_PREFIX_PATH="$prefix" >"$tmp/log" 2>&1 &&
   fail "find_package(distopt 1.0) accepted version $version"
 
