@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-#include "distopt/checkpoint/run.hpp"
+#include "distopt/checkpoint/survival.hpp"
 #include "distopt/core/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
