@@ -30,10 +30,10 @@ struct Pointwise {
 };
 
 inline constexpr std::tuple kPointwise{
-    Pointwise<SgdMath>{"sgd"},           Pointwise<AdamMath>{"adam"},       Pointwise<AdamMath>{"adamw"},
-    Pointwise<AdamaxMath>{"adamax"},     Pointwise<AdadeltaMath>{"adadelta"}, Pointwise<AdagradMath>{"adagrad"},
-    Pointwise<RmspropMath>{"rmsprop"},   Pointwise<NadamMath>{"nadam"},     Pointwise<RadamMath>{"radam"},
-    Pointwise<RpropMath>{"rprop"},       Pointwise<AsgdMath>{"asgd"},       Pointwise<LionMath>{"lion"},
+    Pointwise<SgdMath>{"sgd"},         Pointwise<AdamMath>{"adam"},         Pointwise<AdamMath>{"adamw"},
+    Pointwise<AdamaxMath>{"adamax"},   Pointwise<AdadeltaMath>{"adadelta"}, Pointwise<AdagradMath>{"adagrad"},
+    Pointwise<RmspropMath>{"rmsprop"}, Pointwise<NadamMath>{"nadam"},       Pointwise<RadamMath>{"radam"},
+    Pointwise<RpropMath>{"rprop"},     Pointwise<AsgdMath>{"asgd"},         Pointwise<LionMath>{"lion"},
 };
 
 // Calls f.template operator()<Math>() for the rule named `rule`; false where
