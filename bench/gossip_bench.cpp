@@ -30,6 +30,7 @@
 
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/gossip/topology.hpp"
 #include "distopt/parallel/strategy.hpp"
 
 namespace distopt::bench {
@@ -80,15 +81,24 @@ Row measure(Communicator& comm, const GossipBenchOptions& o, const std::string& 
   std::vector<float> initial(layout.elements, 0.01f);
   parallel::StrategyOptions so;
   so.bucket_elements = std::size_t{1} << 20;  // 4 MiB buckets
-  if (strategy == "dpsgd" && comm.size() % 2 != 0) so.gossip.topology = "ring";
-  int steps = o.steps;
-  if (strategy == "diloco") {
-    so.gossip.sync_every = o.sync_every;
-    so.gossip.fragments = o.fragments;
-    so.gossip.sync_delay = o.sync_delay;
-    so.gossip.outer_dtype = o.outer_dtype;
-    steps = std::max(steps, o.sync_every);
+  // What the strategy reads, from its registry entry: its default graph
+  // (a ring where that graph does not fit the world, as a bipartite one on
+  // an odd world) and DiLoCo's outer-step options where they apply.
+  const parallel::StrategyInfo& info = parallel::strategy_or_throw(strategy);
+  if (!info.topology.empty()) {
+    try {
+      gossip::Topology(info.topology, comm.size());
+    } catch (const InvalidInput&) {
+      so.gossip.topology = "ring";
+    }
   }
+  int steps = o.steps;
+  so.gossip.sync_every = o.sync_every;
+  so.gossip.fragments = o.fragments;
+  so.gossip.sync_delay = o.sync_delay;
+  so.gossip.outer_dtype = o.outer_dtype;
+  if (info.option_misfit != nullptr && info.option_misfit(info, "sync-every", so.gossip).empty())
+    steps = std::max(steps, o.sync_every);
   auto s = parallel::make_strategy(strategy, comm, layout, initial, {"sgd", {{"lr", 1e-3}}}, so);
   const auto fwd = std::chrono::duration<double>(o.compute_s / 3 / kUnits);
   const auto bwd = std::chrono::duration<double>(o.compute_s * 2 / 3 / kUnits);

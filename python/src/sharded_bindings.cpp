@@ -110,6 +110,16 @@ class PyPushSum {
 void bind_sharded(py::module_& m) {
   m.def("sharded_strategies", &sharded_strategies,
         "the strategies ShardedOptimizer runs, as the library's registry says (StrategyInfo)");
+  m.def(
+      "strategy_memory",
+      [](const std::string& name, int world) {
+        if (world < 1) throw InvalidInput(str("world must be at least 1 (got ", world, ")"));
+        const parallel::MemoryPerRank r = parallel::memory_per_rank(parallel::strategy_or_throw(name), world);
+        return py::dict(py::arg("floats_per_param") = r.floats_per_param, py::arg("largest_units") = r.largest_units);
+      },
+      py::arg("strategy"), py::arg("world"),
+      "a strategy's memory model at a world size, as its registry entry says (what the CLI's preflight reads): "
+      "floats per parameter on each rank, and how many of the largest unit it holds at once");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -1,7 +1,9 @@
 // Private helpers for writing update rules (src/optim/rules/*.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <type_traits>
 
 #include "distopt/core/error.hpp"
@@ -35,9 +37,102 @@ DISTOPT_INTERNAL const RuleInfo& adagrad_full_rule();
 
 // Option readers; resolve_options has already checked names and kinds.
 inline double num(const OptionMap& m, std::string_view k) { return m.find(k)->second.number(); }
-inline bool flag(const OptionMap& m, std::string_view k) { return m.find(k)->second.flag(); }
-inline std::array<double, 2> pair(const OptionMap& m, std::string_view k) {
-  return m.find(k)->second.pair();
+
+// One row of a rule's kOptions table: the option as the registry shows it
+// (name, default, help) and the member(s) of the rule's Options that
+// read_options fills from it, by the default's kind: a number one double, a
+// pair two, a triple three, a flag one bool. A word has no member: the
+// rule's own parse reads it.
+template <class O>
+struct Field {
+  OptionSpec spec;
+  std::array<double O::*, 3> nums{};
+  bool O::*flag = nullptr;
+  constexpr Field(std::string_view name, OptionValue def, std::string_view help, bool O::*f)
+      : spec{name, def, help}, flag(f) {}
+  template <class... M>
+  requires(sizeof...(M) <= 3 && (std::is_same_v<M, double O::*> && ...)) constexpr Field(std::string_view name,
+                                                                                         OptionValue def,
+                                                                                         std::string_view help, M... m)
+      : spec{name, def, help}, nums{m...} {}
+  // Whether the members match the default's kind (checked at compile time).
+  constexpr bool consistent() const {
+    const int n = (nums[0] != nullptr) + (nums[1] != nullptr) + (nums[2] != nullptr);
+    switch (spec.default_value.kind()) {
+      case OptionValue::Kind::number:
+        return n == 1 && !flag;
+      case OptionValue::Kind::pair:
+        return n == 2 && !flag;
+      case OptionValue::Kind::triple:
+        return n == 3 && !flag;
+      case OptionValue::Kind::flag:
+        return n == 0 && flag;
+      case OptionValue::Kind::word:
+        return n == 0 && !flag;
+    }
+    return false;
+  }
+};
+
+// The rows torch's optimizers have in common, with their usual help; a rule
+// whose Options has the member writes `using U = Usual<Options>;` and
+// `U::lr(1e-3)`, and passes its own help where its meaning differs.
+template <class O>
+struct Usual {
+  static constexpr Field<O> lr(double d, std::string_view help = "learning rate") { return {"lr", d, help, &O::lr}; }
+  static constexpr Field<O> betas(double b1 = 0.9, double b2 = 0.999,
+                                  std::string_view help = "decay rates of the first and second moments") {
+    return {"betas", OptionValue(b1, b2), help, &O::beta1, &O::beta2};
+  }
+  static constexpr Field<O> eps(double d, std::string_view help = "added to the denominator") {
+    return {"eps", d, help, &O::eps};
+  }
+  static constexpr Field<O> weight_decay(double d = 0.0, std::string_view help = "L2 penalty") {
+    return {"weight_decay", d, help, &O::weight_decay};
+  }
+  static constexpr Field<O> decoupled_weight_decay(
+      bool d = false, std::string_view help = "AdamW-style decoupled weight decay (torch 2.x)") {
+    return {"decoupled_weight_decay", d, help, &O::decoupled};
+  }
+  static constexpr Field<O> maximize(std::string_view help = "maximize the objective") {
+    return {"maximize", false, help, &O::maximize};
+  }
+  static constexpr Field<O> momentum(double d = 0.0, std::string_view help = "momentum factor") {
+    return {"momentum", d, help, &O::momentum};
+  }
+  static constexpr Field<O> dampening() { return {"dampening", 0.0, "dampening of the momentum", &O::dampening}; }
+  static constexpr Field<O> nesterov(bool d = false) { return {"nesterov", d, "Nesterov momentum", &O::nesterov}; }
+};
+
+// A rule's Options read from a complete map by its kOptions table.
+template <class O, std::size_t N>
+O read_options(const Field<O> (&fields)[N], const OptionMap& m) {
+  O o{};
+  for (const Field<O>& f : fields) {
+    const OptionValue& v = m.find(f.spec.name)->second;
+    switch (v.kind()) {
+      case OptionValue::Kind::number:
+        o.*f.nums[0] = v.number();
+        break;
+      case OptionValue::Kind::pair: {
+        const auto p = v.pair();
+        o.*f.nums[0] = p[0];
+        o.*f.nums[1] = p[1];
+        break;
+      }
+      case OptionValue::Kind::triple: {
+        const auto t = v.triple();
+        for (std::size_t k = 0; k < 3; ++k) o.*f.nums[k] = t[k];
+        break;
+      }
+      case OptionValue::Kind::flag:
+        o.*f.flag = v.flag();
+        break;
+      case OptionValue::Kind::word:
+        break;
+    }
+  }
+  return o;
 }
 
 // Throws InvalidInput with torch's wording when `ok` is false.
@@ -53,6 +148,31 @@ inline void check_weight_decay(double wd) { require(wd >= 0.0, "Invalid weight_d
 inline void check_betas(std::array<double, 2> b) {
   require(0.0 <= b[0] && b[0] < 1.0, "Invalid beta parameter at index 0: ", b[0]);
   require(0.0 <= b[1] && b[1] < 1.0, "Invalid beta parameter at index 1: ", b[1]);
+}
+
+// Adam's family (Adam, Adamax, NAdam, RAdam, LAMB): lr, eps, betas and
+// weight_decay, in torch's order.
+template <class O>
+void check_adam_family(const O& o) {
+  check_lr(o.lr);
+  check_eps(o.eps);
+  check_betas({o.beta1, o.beta2});
+  check_weight_decay(o.weight_decay);
+}
+// SGD's (and LARS's): lr, momentum, weight_decay and Nesterov's condition.
+template <class O>
+void check_sgd_family(const O& o) {
+  check_lr(o.lr);
+  require(o.momentum >= 0.0, "Invalid momentum value: ", o.momentum);
+  check_weight_decay(o.weight_decay);
+  require(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
+          "Nesterov momentum requires a momentum and zero dampening");
+}
+// SGD's state (and LARS's): a momentum buffer when there is momentum.
+inline StateLayout momentum_layout(double momentum) {
+  StateLayout l;
+  if (momentum != 0.0) l.tensors.push_back("momentum_buffer");
+  return l;
 }
 
 // A slice with its element type resolved (see Typed).
@@ -121,6 +241,28 @@ void cpu_loop(const typename M::Coeffs& coeffs, const Typed<T>& slice) {
   });
 }
 
+// R's options as the registry lists them: the specs of its kOptions rows,
+// whose members must match their defaults' kinds.
+template <class R>
+constexpr auto specs_of() {
+  std::array<OptionSpec, std::size(R::kOptions)> specs{};
+  for (std::size_t k = 0; k < specs.size(); ++k) {
+    if (!R::kOptions[k].consistent()) throw "an option's members do not match its default's kind";
+    specs[k] = R::kOptions[k].spec;
+  }
+  return specs;
+}
+template <class R>
+inline constexpr auto kSpecsOf = specs_of<R>();
+
+// R's Options from a complete map: R::parse where the rule reads words,
+// else its kOptions table.
+template <class R>
+typename R::Options parse_of(const OptionMap& m) {
+  if constexpr (requires { R::parse(m); }) return R::parse(m);
+  else return read_options(R::kOptions, m);
+}
+
 // Builds the type-erased table from a rule struct R (see adam.cpp for the
 // shape every rule has).
 template <class R>
@@ -128,12 +270,20 @@ RuleInfo make_rule_info() {
   RuleInfo info{};
   info.name = R::kName;
   info.locality = R::kLocality;
-  info.options = std::span<const OptionSpec>(R::kOptions);
-  info.eager_state = R::kEagerState;
-  info.validate = [](const OptionMap& m) { R::validate(R::parse(m)); };
-  info.layout = [](const OptionMap& m) { return R::layout(R::parse(m)); };
-  info.init = [](const OptionMap& m, float* fill, float* scalars) { R::init(R::parse(m), fill, scalars); };
-  info.parse = [](const OptionMap& m, RuleBlob& out) { out.as<typename R::Options>() = R::parse(m); };
+  info.options = std::span<const OptionSpec>(kSpecsOf<R>);
+  if constexpr (requires { R::kEagerState; }) info.eager_state = R::kEagerState;
+  info.validate = [](const OptionMap& m) { R::validate(parse_of<R>(m)); };
+  info.layout = [](const OptionMap& m) { return R::layout(parse_of<R>(m)); };
+  info.init = [](const OptionMap& m, float* fill, float* scalars) {
+    if constexpr (requires { &R::init; }) {
+      R::init(parse_of<R>(m), fill, scalars);
+    } else {  // every state starts at zero
+      const StateLayout l = R::layout(parse_of<R>(m));
+      std::fill_n(fill, l.tensors.size(), 0.0f);
+      std::fill_n(scalars, l.scalars.size(), 0.0f);
+    }
+  };
+  info.parse = [](const OptionMap& m, RuleBlob& out) { out.as<typename R::Options>() = parse_of<R>(m); };
   info.prepare = [](const RuleBlob& parsed, float* scalars, bool fresh, RuleBlob& coeffs) {
     coeffs.as<typename R::Coeffs>() = R::prepare(parsed.as<typename R::Options>(), scalars, fresh);
   };
@@ -179,10 +329,10 @@ RuleInfo make_rule_info() {
     if constexpr (requires { &R::check_param; }) info.check_param = &R::check_param;
     if constexpr (requires { R::kCompanion; }) info.companion = R::kCompanion;
     if constexpr (requires { R::kAux; }) {
-      info.aux_size = [](const OptionMap& m, const Shape& shape) { return R::aux_size(R::parse(m), shape); };
-      info.aux_parts = [](const OptionMap& m, const Shape& shape) { return R::aux_parts(R::parse(m), shape); };
+      info.aux_size = [](const OptionMap& m, const Shape& shape) { return R::aux_size(parse_of<R>(m), shape); };
+      info.aux_parts = [](const OptionMap& m, const Shape& shape) { return R::aux_parts(parse_of<R>(m), shape); };
       info.tensor_needed = [](const OptionMap& m, std::size_t k, const Shape& shape) {
-        return R::tensor_needed(R::parse(m), k, shape);
+        return R::tensor_needed(parse_of<R>(m), k, shape);
       };
     }
   }

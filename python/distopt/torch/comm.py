@@ -24,20 +24,14 @@ import datetime
 import torch
 
 from .. import _core
+from ._base import check_tensor
 
 _TYPES = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16", torch.float16: "f16",
           torch.int32: "i32", torch.int64: "i64", torch.uint8: "u8"}
 
 
 def _address(t, what):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in _TYPES:
-        raise TypeError(f"{what}: {t.dtype} is not a type distopt communicates")
-    if t.device.type != "cpu":
-        raise ValueError(f"{what}: a tensor on {t.device}; distopt.torch.comm takes CPU tensors")
-    if not t.is_contiguous():
-        raise ValueError(f"{what}: the tensor is not contiguous")
+    check_tensor(t, f"{what}: the tensor", tuple(_TYPES), "distopt.torch.comm communicates")
     return t.data_ptr()
 
 

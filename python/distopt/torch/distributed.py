@@ -38,11 +38,24 @@ import torch
 
 from .. import _core
 from . import comm as _comm
+from ._base import DistoptOptimizer
 
 STRATEGIES = tuple(_core.sharded_strategies())  # from the library's registry: ddp, zero1, zero2
 
 
-class ShardedOptimizer(torch.optim.Optimizer):
+def memory_per_rank(params, strategy, world):
+    """The bytes one rank holds for ``params`` (tensors or element counts)
+    under ``strategy`` at ``world`` ranks: parameters, gradients and up to
+    three float32 state tensors as the strategy's registry entry shards
+    them, with the largest parameter as the unit in flight. The model the
+    command line's preflight checks a run against; not a measurement
+    (``ShardedOptimizer.memory()`` is)."""
+    numels = [p if isinstance(p, int) else p.numel() for p in params]
+    m = _core.strategy_memory(strategy, int(world))
+    return int(4 * (sum(numels) * m["floats_per_param"] + max(numels, default=0) * m["largest_units"]))
+
+
+class ShardedOptimizer(DistoptOptimizer):
     """``ShardedOptimizer(params, optimizer="adamw", strategy="zero1", *
     comm=None, bucket_elements=32768, max_grad_norm=None, **options)``
 
@@ -54,6 +67,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     (the reduced gradient's; ``last_grad_norm`` holds the norm). Muon's
     1-D parameters take AdamW, as distopt's command line does.
     """
+
+    _contiguous = False  # the values move into the strategy's buffer
 
     def __init__(self, params, optimizer="adamw", strategy="zero1", *, comm=None, bucket_elements=1 << 15,
                  max_grad_norm=None, norm_type=2.0, **options):
@@ -100,12 +115,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return self.param_groups[0]["params"]
 
     def _check_param(self, p, i):
-        label = f"ShardedOptimizer: parameter {i} (shape {tuple(p.shape)})"
-        if p.is_sparse or p.is_complex() or p.dtype != torch.float32:
-            raise TypeError(f"{label} is {p.dtype}{' sparse' if p.is_sparse else ''}; the sharded optimizer steps "
-                            "dense float32 parameters")
-        if p.device.type != "cpu":
-            raise ValueError(f"{label} is on {p.device}; distopt.torch steps CPU tensors")
+        super()._check_param(p, i)  # dense float32 on the CPU
+        label = self._label(p, i)
         if p.numel() == 0:
             raise ValueError(f"{label} has no elements")
         if not p.requires_grad:
@@ -158,19 +169,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 p.grad = g
 
     def _sync_options(self):
-        group = self.param_groups[0]
-        for k, old in self._synced.items():
-            v = group[k]
-            if v != old:
-                self._core.set_option(k, v)
-                self._synced[k] = v
+        for k, v in self._changed_options(self.param_groups[0], self._synced):
+            self._core.set_option(k, v)
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._run_closure(closure)
         self._sync_options()
         self._gather_grads()
         norm = self._core.step(self.max_grad_norm or 0.0, self.norm_type)

@@ -27,16 +27,18 @@ implementation.
 import torch
 
 from .. import _core
+from ._base import DistoptOptimizer
 
 _DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
 _TORCH_ONLY = ("foreach", "fused", "capturable", "differentiable")
 
 
-class _DistoptOptimizer(torch.optim.Optimizer):
+class _DistoptOptimizer(DistoptOptimizer):
     """Base of the drop-ins: subclasses set ``_rule`` and call
     ``super().__init__(params, defaults)``."""
 
     _rule = None
+    _dtypes = tuple(_DTYPES)
 
     def __init__(self, params, defaults):
         self._cpp = None  # the C++ optimizer, made at the first step
@@ -50,8 +52,7 @@ class _DistoptOptimizer(torch.optim.Optimizer):
 
     # ---- checks ----
     def _label(self, p, i=None):
-        i = self._index_of(p) if i is None else i
-        return f"{type(self).__name__}: parameter {i} (shape {tuple(p.shape)})"
+        return super()._label(p, self._index_of(p) if i is None else i)
 
     def _index_of(self, p):
         for i, q in enumerate(self._params):
@@ -59,18 +60,6 @@ class _DistoptOptimizer(torch.optim.Optimizer):
                 return i
         n = sum(len(g["params"]) for g in self.param_groups)
         return n
-
-    def _check_param(self, p, i):
-        if p.is_sparse:
-            raise ValueError(f"{self._label(p, i)} is sparse; distopt steps dense parameters")
-        if p.is_complex():
-            raise TypeError(f"{self._label(p, i)} is complex ({p.dtype}); distopt steps float32, bfloat16 and float16")
-        if p.dtype not in _DTYPES:
-            raise TypeError(f"{self._label(p, i)} is {p.dtype}; distopt steps float32, bfloat16 and float16")
-        if p.device.type != "cpu":
-            raise ValueError(f"{self._label(p, i)} is on {p.device}; distopt.torch steps CPU tensors (CUDA: docs/gpu.md)")
-        if not p.is_contiguous():
-            raise ValueError(f"{self._label(p, i)} is not contiguous; pass p.contiguous() (or a contiguous model)")
 
     def add_param_group(self, param_group):
         first = sum(len(g["params"]) for g in self.param_groups)
@@ -108,13 +97,9 @@ class _DistoptOptimizer(torch.optim.Optimizer):
     def _sync_options(self):
         relayout = False
         for g, group in enumerate(self.param_groups):
-            synced = self._synced[g]
-            for k, old in synced.items():
-                v = group[k]
-                if v != old:
-                    self._cpp.set_option(g, k, v)
-                    synced[k] = v
-                    relayout = relayout or k != "lr"
+            for k, v in self._changed_options(group, self._synced[g]):
+                self._cpp.set_option(g, k, v)
+                relayout = relayout or k != "lr"
         if relayout:  # a changed option may change which state tensors exist
             self._unaliased = set(range(len(self._params)))
 
@@ -127,10 +112,7 @@ class _DistoptOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = self._run_closure(closure)
         cpp = self._ensure_cpp()
         self._sync_options()
         addresses, grads, keep = [], [], []

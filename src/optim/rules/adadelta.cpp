@@ -15,21 +15,18 @@ namespace {
 struct AdadeltaRule : AdadeltaMath {
   static constexpr std::string_view kName = "adadelta";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1.0, "scale of the update"},
-      {"rho", 0.9, "decay rate of the running averages"},
-      {"eps", 1e-6, "added inside the square roots"},
-      {"weight_decay", 0.0, "L2 penalty"},
-      {"maximize", false, "maximize the objective"},
-  };
   struct Options {
     double lr, rho, eps, weight_decay;
     bool maximize;
   };
-  static Options parse(const OptionMap& m) {
-    return {num(m, "lr"), num(m, "rho"), num(m, "eps"), num(m, "weight_decay"), flag(m, "maximize")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1.0, "scale of the update"),
+      {"rho", 0.9, "decay rate of the running averages", &Options::rho},
+      U::eps(1e-6, "added inside the square roots"),
+      U::weight_decay(),
+      U::maximize(),
+  };
   static void validate(const Options& o) {
     check_lr(o.lr);
     require(0.0 <= o.rho && o.rho <= 1.0, "Invalid rho value: ", o.rho);
@@ -37,10 +34,6 @@ struct AdadeltaRule : AdadeltaMath {
     check_weight_decay(o.weight_decay);
   }
   static StateLayout layout(const Options&) { return {{"square_avg", "acc_delta"}, {"step"}}; }
-  static void init(const Options&, float* fill, float* scalars) {
-    fill[0] = fill[1] = 0.0f;
-    scalars[0] = 0.0f;
-  }
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     scalars[0] += 1.0f;
     Coeffs c{};

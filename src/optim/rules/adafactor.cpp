@@ -45,31 +45,24 @@ bool factored(const Shape& s) { return s.size() >= 2; }
 struct AdafactorRule {
   static constexpr std::string_view kName = "adafactor";
   static constexpr Locality kLocality = Locality::tensor_stats;
-  static constexpr bool kEagerState = false;
   static constexpr double kNone = std::numeric_limits<double>::quiet_NaN();
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", kNone, "learning rate; null (the default): relative steps"},
-      {"eps", OptionValue(1e-30, 1e-3), "added to the squared gradient, and the smallest parameter scale"},
-      {"clip_threshold", 1.0, "the update's RMS is clipped to this"},
-      {"decay_rate", -0.8, "second-moment decay: 1 - t^decay_rate"},
-      {"beta1", kNone, "first-moment decay; null (the default): no first moment"},
-      {"weight_decay", 0.0, "weight decay, scaled by the step's lr"},
-      {"scale_parameter", true, "scale the step by the parameter's RMS"},
-      {"relative_step", true, "time-dependent step size instead of lr"},
-      {"warmup_init", false, "relative steps grow linearly at first"},
-  };
   struct Options {
     double lr, eps1, eps2, clip_threshold, decay_rate, beta1, weight_decay;
     bool scale_parameter, relative_step, warmup_init;
   };
-  static Options parse(const OptionMap& m) {
-    const auto e = pair(m, "eps");
-    return {num(m, "lr"),           e[0],
-            e[1],                   num(m, "clip_threshold"),
-            num(m, "decay_rate"),   num(m, "beta1"),
-            num(m, "weight_decay"), flag(m, "scale_parameter"),
-            flag(m, "relative_step"), flag(m, "warmup_init")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(kNone, "learning rate; null (the default): relative steps"),
+      {"eps", OptionValue(1e-30, 1e-3), "added to the squared gradient, and the smallest parameter scale",
+       &Options::eps1, &Options::eps2},
+      {"clip_threshold", 1.0, "the update's RMS is clipped to this", &Options::clip_threshold},
+      {"decay_rate", -0.8, "second-moment decay: 1 - t^decay_rate", &Options::decay_rate},
+      {"beta1", kNone, "first-moment decay; null (the default): no first moment", &Options::beta1},
+      U::weight_decay(0.0, "weight decay, scaled by the step's lr"),
+      {"scale_parameter", true, "scale the step by the parameter's RMS", &Options::scale_parameter},
+      {"relative_step", true, "time-dependent step size instead of lr", &Options::relative_step},
+      {"warmup_init", false, "relative steps grow linearly at first", &Options::warmup_init},
+  };
   static void validate(const Options& o) {
     const bool has_lr = !std::isnan(o.lr);
     require(!(has_lr && o.relative_step), "Cannot combine manual `lr` and `relative_step=True` options");
@@ -85,10 +78,6 @@ struct AdafactorRule {
     StateLayout l{{"exp_avg_sq"}, {"step"}};
     if (!std::isnan(o.beta1)) l.tensors.push_back("exp_avg");
     return l;
-  }
-  static void init(const Options&, float* fill, float* scalars) {
-    fill[0] = fill[1] = 0.0f;
-    scalars[0] = 0.0f;
   }
 
   // Small state: the row and column averages (and, as scratch, the mean of

@@ -15,22 +15,19 @@ struct AdagradRule : AdagradMath {
   static constexpr std::string_view kName = "adagrad";
   static constexpr Locality kLocality = Locality::pointwise;
   static constexpr bool kEagerState = true;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-2, "learning rate"},
-      {"lr_decay", 0.0, "learning-rate decay per step"},
-      {"weight_decay", 0.0, "L2 penalty"},
-      {"initial_accumulator_value", 0.0, "initial value of the sum of squares"},
-      {"eps", 1e-10, "added to the denominator"},
-      {"maximize", false, "maximize the objective"},
-  };
   struct Options {
     double lr, lr_decay, weight_decay, initial_accumulator_value, eps;
     bool maximize;
   };
-  static Options parse(const OptionMap& m) {
-    return {num(m, "lr"),  num(m, "lr_decay"), num(m, "weight_decay"), num(m, "initial_accumulator_value"),
-            num(m, "eps"), flag(m, "maximize")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-2),
+      {"lr_decay", 0.0, "learning-rate decay per step", &Options::lr_decay},
+      U::weight_decay(),
+      {"initial_accumulator_value", 0.0, "initial value of the sum of squares", &Options::initial_accumulator_value},
+      U::eps(1e-10),
+      U::maximize(),
+  };
   static void validate(const Options& o) {
     check_lr(o.lr);
     require(o.lr_decay >= 0.0, "Invalid lr_decay value: ", o.lr_decay);

@@ -39,23 +39,22 @@ struct Blocks {
 
 struct AdagradFullRule : WholeTensorRule {
   static constexpr std::string_view kName = "adagrad_full";
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-2, "learning rate"},
-      {"lr_decay", 0.0, "learning rate decay: lr / (1 + (t-1) lr_decay)"},
-      {"weight_decay", 0.0, "L2 penalty added to the gradient"},
-      {"initial_accumulator_value", 0.0, "the accumulated matrix starts as this times I"},
-      {"eps", 1e-10, "added to the square root of the accumulated matrix"},
-      {"block_size", 0, "elements per diagonal block of the flattened tensor (0: the whole tensor)"},
-      {"max_size", 4096, "the largest block, in elements (two d x d float matrices each)"},
-      {"update_freq", 1, "steps between recomputations of the inverse root"},
-  };
   struct Options {
     double lr, lr_decay, weight_decay, initial_accumulator_value, eps, block_size, max_size, update_freq;
   };
-  static Options parse(const OptionMap& m) {
-    return {num(m, "lr"),  num(m, "lr_decay"),   num(m, "weight_decay"), num(m, "initial_accumulator_value"),
-            num(m, "eps"), num(m, "block_size"), num(m, "max_size"),     num(m, "update_freq")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-2),
+      {"lr_decay", 0.0, "learning rate decay: lr / (1 + (t-1) lr_decay)", &Options::lr_decay},
+      U::weight_decay(0.0, "L2 penalty added to the gradient"),
+      {"initial_accumulator_value", 0.0, "the accumulated matrix starts as this times I",
+       &Options::initial_accumulator_value},
+      U::eps(1e-10, "added to the square root of the accumulated matrix"),
+      {"block_size", 0, "elements per diagonal block of the flattened tensor (0: the whole tensor)",
+       &Options::block_size},
+      {"max_size", 4096, "the largest block, in elements (two d x d float matrices each)", &Options::max_size},
+      {"update_freq", 1, "steps between recomputations of the inverse root", &Options::update_freq},
+  };
   static void validate(const Options& o) {
     check_lr(o.lr);
     require(o.lr_decay >= 0.0, "Invalid lr_decay value: ", o.lr_decay);
@@ -68,9 +67,8 @@ struct AdagradFullRule : WholeTensorRule {
     require(whole_number(o.update_freq, 1), "update_freq must be a whole number >= 1 (got ", o.update_freq, ")");
   }
   static StateLayout layout(const Options&) { return {{}, {"step"}}; }
-  static void init(const Options&, float*, float* scalars) { scalars[0] = 0.0f; }
   static void check_param(const OptionMap& options, const Shape& s) {
-    const Options o = parse(options);
+    const Options o = read_options(kOptions, options);
     const Blocks b = Blocks::of(o.block_size, static_cast<std::size_t>(numel(s)));
     if (static_cast<double>(b.d) <= o.max_size) return;
     const double gib = 2.0 * static_cast<double>(b.d) * static_cast<double>(b.d) * 4.0 / (1u << 30);
@@ -143,7 +141,8 @@ struct AdagradFullRule : WholeTensorRule {
     const Eigen::VectorXd g = Eigen::Map<const Eigen::VectorXf>(work, d).cast<double>();
     accumulate(sum, g * g.transpose(), c.first ? c.initial : 0.0);
     if (c.refresh)
-      spectral_function(sum, d, [&](double v, double resolution) { return inverse_root(c.eps, v, resolution); }, root);
+      spectral_function(
+          sum, d, [&](double v, double resolution) { return inverse_root(c.eps, v, resolution); }, root);
     Eigen::Map<Eigen::VectorXf>(work, d) = (MapF(root, d, d).cast<double>() * g).cast<float>();
   }
 

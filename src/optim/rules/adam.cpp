@@ -19,50 +19,33 @@ template <bool kAdamW>
 struct AdamRule : AdamMath {
   static constexpr std::string_view kName = kAdamW ? "adamw" : "adam";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-3, "learning rate"},
-      {"betas", OptionValue(0.9, 0.999), "decay rates of the first and second moments"},
-      {"eps", 1e-8, "added to the denominator"},
-      {"weight_decay", kAdamW ? 1e-2 : 0.0, "weight decay (L2 for adam, decoupled for adamw)"},
-      {"amsgrad", false, "use the maximum of past second moments"},
-      {"maximize", false, "maximize the objective"},
-      {"decoupled_weight_decay", kAdamW, "decoupled (AdamW) weight decay; always on for adamw"},
-  };
   struct Options {
     double lr, beta1, beta2, eps, weight_decay;
     bool amsgrad, maximize, decoupled;
   };
-  static Options parse(const OptionMap& m) {
-    const auto b = pair(m, "betas");
-    return {num(m, "lr"), b[0], b[1], num(m, "eps"), num(m, "weight_decay"), flag(m, "amsgrad"),
-            flag(m, "maximize"), kAdamW || flag(m, "decoupled_weight_decay")};
-  }
-  static void validate(const Options& o) {
-    check_lr(o.lr);
-    check_eps(o.eps);
-    check_betas({o.beta1, o.beta2});
-    check_weight_decay(o.weight_decay);
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-3),
+      U::betas(),
+      U::eps(1e-8),
+      U::weight_decay(kAdamW ? 1e-2 : 0.0, "weight decay (L2 for adam, decoupled for adamw)"),
+      {"amsgrad", false, "use the maximum of past second moments", &Options::amsgrad},
+      U::maximize(),
+      U::decoupled_weight_decay(kAdamW, "decoupled (AdamW) weight decay; always on for adamw"),
+  };
+  static void validate(const Options& o) { check_adam_family(o); }
   static StateLayout layout(const Options& o) {
     StateLayout l{{"exp_avg", "exp_avg_sq"}, {"step"}};
     if (o.amsgrad) l.tensors.push_back("max_exp_avg_sq");
     return l;
-  }
-  static void init(const Options&, float* fill, float* scalars) {
-    fill[0] = fill[1] = fill[2] = 0.0f;
-    scalars[0] = 0.0f;
   }
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     const double bc1 = 1.0 - std::pow(o.beta1, t);
     const double bc2 = 1.0 - std::pow(o.beta2, t);
     Coeffs c{};
-    c.pro = GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, o.decoupled, o.lr);
-    c.beta1 = static_cast<float>(o.beta1);
-    c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
-    c.beta2 = static_cast<float>(o.beta2);
-    c.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+    c.pro = GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, kAdamW || o.decoupled, o.lr);
+    c.mom = Moments::of(o.beta1, o.beta2);
     c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     c.eps = static_cast<float>(o.eps);
     c.neg_step_size = static_cast<float>(-(o.lr / bc1));

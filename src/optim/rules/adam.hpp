@@ -9,21 +9,17 @@ namespace distopt::rules {
 struct AdamMath {
   struct Coeffs {
     GradPrologue pro;
-    float beta1, one_minus_beta1, beta2, one_minus_beta2, bc2_sqrt, eps, neg_step_size;
+    Moments mom;
+    float bc2_sqrt, eps, neg_step_size;
     bool amsgrad;
   };
   static constexpr int kFlags = 2;  // l2, amsgrad
   static unsigned flags(const Coeffs& c) { return (c.pro.l2 ? 1u : 0u) | (c.amsgrad ? 2u : 0u); }
   template <bool kL2, bool kAmsgrad, class T>
   DISTOPT_HD static void element(const Coeffs& c, const Typed<T>& s, std::size_t i) {
-    float* m = s.s[0];
-    float* v = s.s[1];
     float pi = s.p[i] * c.pro.decay;
     const float gi = c.pro.grad(std::bool_constant<kL2>{}, to_float(s.g[i]), pi);
-    const float mi = m[i] * c.beta1 + c.one_minus_beta1 * gi;
-    float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
+    auto [mi, vi] = c.mom.update(s.s[0], s.s[1], i, gi);
     if constexpr (kAmsgrad) {
       float* vmax = s.s[2];
       vi = hd::max(vmax[i], vi);

@@ -15,33 +15,20 @@ namespace {
 struct AdamaxRule : AdamaxMath {
   static constexpr std::string_view kName = "adamax";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 2e-3, "learning rate"},
-      {"betas", OptionValue(0.9, 0.999), "decay rates of the moment and of the infinity norm"},
-      {"eps", 1e-8, "added to |g| before the maximum"},
-      {"weight_decay", 0.0, "L2 penalty"},
-      {"maximize", false, "maximize the objective"},
-  };
   struct Options {
     double lr, beta1, beta2, eps, weight_decay;
     bool maximize;
   };
-  static Options parse(const OptionMap& m) {
-    const auto b = pair(m, "betas");
-    return {num(m, "lr"), b[0], b[1], num(m, "eps"), num(m, "weight_decay"), flag(m, "maximize")};
-  }
-  static void validate(const Options& o) {
-    check_lr(o.lr);
-    check_eps(o.eps);
-    check_betas({o.beta1, o.beta2});
-    check_weight_decay(o.weight_decay);
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(2e-3),
+      U::betas(0.9, 0.999, "decay rates of the moment and of the infinity norm"),
+      U::eps(1e-8, "added to |g| before the maximum"),
+      U::weight_decay(),
+      U::maximize(),
+  };
+  static void validate(const Options& o) { check_adam_family(o); }
   static StateLayout layout(const Options&) { return {{"exp_avg", "exp_inf"}, {"step"}}; }
-  static void init(const Options&, float* fill, float* scalars) {
-    fill[0] = fill[1] = 0.0f;
-    scalars[0] = 0.0f;
-  }
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     Coeffs c{};

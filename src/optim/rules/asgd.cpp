@@ -17,23 +17,19 @@ namespace {
 struct AsgdRule : AsgdMath {
   static constexpr std::string_view kName = "asgd";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-2, "learning rate"},
-      {"lambd", 1e-4, "decay term"},
-      {"alpha", 0.75, "power for the eta update"},
-      {"t0", 1e6, "step at which averaging starts"},
-      {"weight_decay", 0.0, "L2 penalty"},
-      {"maximize", false, "maximize the objective"},
-  };
   struct Options {
     double lr, lambd, alpha, t0, weight_decay;
     bool maximize;
   };
-  static Options parse(const OptionMap& m) {
-    return {num(m, "lr"), num(m, "lambd"), num(m, "alpha"), num(m, "t0"), num(m, "weight_decay"),
-            flag(m, "maximize")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-2),
+      {"lambd", 1e-4, "decay term", &Options::lambd},
+      {"alpha", 0.75, "power for the eta update", &Options::alpha},
+      {"t0", 1e6, "step at which averaging starts", &Options::t0},
+      U::weight_decay(),
+      U::maximize(),
+  };
   static void validate(const Options& o) {
     check_lr(o.lr);
     check_weight_decay(o.weight_decay);

@@ -55,6 +55,25 @@ inline float decoupled_decay(double lr, double weight_decay) {
   return static_cast<float>(1.0 - lr * weight_decay);
 }
 
+// Adam's two moments (Adam, NAdam, RAdam): m <- m*b1 + (1-b1)*g and
+// v <- v*b2 + (1-b2)*g*g in float; update() stores and returns both.
+struct Moments {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  static Moments of(double b1, double b2) {
+    return {static_cast<float>(b1), static_cast<float>(1.0 - b1), static_cast<float>(b2), static_cast<float>(1.0 - b2)};
+  }
+  struct Values {
+    float m, v;
+  };
+  DISTOPT_HD Values update(float* m, float* v, std::size_t i, float g) const {
+    const float mi = m[i] * beta1 + one_minus_beta1 * g;
+    const float vi = v[i] * beta2 + one_minus_beta2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    return {mi, vi};
+  }
+};
+
 // The prologue of torch's pointwise rules (docs/optimizers.md, "Pointwise
 // rules"): g <- -g if maximize; then L2 decay g <- g + wd*p, or decoupled
 // decay p <- p*(1 - lr*wd), never both. Made on the host once per step by

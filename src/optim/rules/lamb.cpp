@@ -27,47 +27,28 @@ namespace {
 struct LambRule {
   static constexpr std::string_view kName = "lamb";
   static constexpr Locality kLocality = Locality::tensor_stats;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-3, "learning rate"},
-      {"betas", OptionValue(0.9, 0.999), "decay rates of the first and second moments"},
-      {"eps", 1e-6, "added to the denominator"},
-      {"weight_decay", 0.01, "weight decay (decoupled in adam_w_mode, else L2)"},
-      {"bias_correction", true, "correct the moments' bias"},
-      {"adam_w_mode", true, "decoupled weight decay (false: L2 on the gradient)"},
-      {"grad_averaging", true, "scale the gradient by 1 - beta1 in the first moment"},
-      {"max_grad_norm", 1.0, "clip the global gradient norm to this (optimizer-level, as apex)"},
-      {"use_nvlamb", false, "apply the trust ratio also without weight decay"},
-  };
   struct Options {
     double lr, beta1, beta2, eps, weight_decay, max_grad_norm;
     bool bias_correction, adam_w_mode, grad_averaging, use_nvlamb;
   };
-  static Options parse(const OptionMap& m) {
-    const auto b = pair(m, "betas");
-    return {num(m, "lr"),
-            b[0],
-            b[1],
-            num(m, "eps"),
-            num(m, "weight_decay"),
-            num(m, "max_grad_norm"),
-            flag(m, "bias_correction"),
-            flag(m, "adam_w_mode"),
-            flag(m, "grad_averaging"),
-            flag(m, "use_nvlamb")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-3),
+      U::betas(),
+      U::eps(1e-6),
+      U::weight_decay(0.01, "weight decay (decoupled in adam_w_mode, else L2)"),
+      {"bias_correction", true, "correct the moments' bias", &Options::bias_correction},
+      {"adam_w_mode", true, "decoupled weight decay (false: L2 on the gradient)", &Options::adam_w_mode},
+      {"grad_averaging", true, "scale the gradient by 1 - beta1 in the first moment", &Options::grad_averaging},
+      {"max_grad_norm", 1.0, "clip the global gradient norm to this (optimizer-level, as apex)",
+       &Options::max_grad_norm},
+      {"use_nvlamb", false, "apply the trust ratio also without weight decay", &Options::use_nvlamb},
+  };
   static void validate(const Options& o) {
-    check_lr(o.lr);
-    check_eps(o.eps);
-    check_betas({o.beta1, o.beta2});
-    check_weight_decay(o.weight_decay);
+    check_adam_family(o);
     require(o.max_grad_norm >= 0.0, "Invalid max_grad_norm value: ", o.max_grad_norm);
   }
   static StateLayout layout(const Options&) { return {{"exp_avg", "exp_avg_sq"}, {"step"}}; }
-  static void init(const Options&, float* fill, float* scalars) {
-    fill[0] = fill[1] = 0.0f;
-    scalars[0] = 0.0f;
-  }
   struct Coeffs {
     float beta1, beta2, beta3, one_minus_beta2, bc1, bc2, eps, decay, lr, max_grad_norm;
     float clip;   // from pass 0

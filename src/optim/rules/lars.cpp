@@ -18,40 +18,24 @@ namespace {
 struct LarsRule {
   static constexpr std::string_view kName = "lars";
   static constexpr Locality kLocality = Locality::tensor_stats;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1.0, "learning rate"},
-      {"momentum", 0.0, "momentum factor"},
-      {"dampening", 0.0, "dampening of the momentum"},
-      {"weight_decay", 0.0, "L2 penalty (also switches the adaptation on)"},
-      {"nesterov", false, "Nesterov momentum"},
-      {"trust_coeff", 0.001, "trust coefficient of the layer-wise rate"},
-      {"eps", 1e-8, "added to the trust ratio's denominator"},
-      {"trust_clip", false, "LARC clipping: min(trust / lr, 1)"},
-      {"always_adapt", false, "adapt the rate also without weight decay"},
-  };
   struct Options {
     double lr, momentum, dampening, weight_decay, trust_coeff, eps;
     bool nesterov, trust_clip, always_adapt;
   };
-  static Options parse(const OptionMap& m) {
-    return {num(m, "lr"),          num(m, "momentum"), num(m, "dampening"),   num(m, "weight_decay"),
-            num(m, "trust_coeff"), num(m, "eps"),      flag(m, "nesterov"),   flag(m, "trust_clip"),
-            flag(m, "always_adapt")};
-  }
-  static void validate(const Options& o) {
-    check_lr(o.lr);
-    require(o.momentum >= 0.0, "Invalid momentum value: ", o.momentum);
-    check_weight_decay(o.weight_decay);
-    require(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
-            "Nesterov momentum requires a momentum and zero dampening");
-  }
-  static StateLayout layout(const Options& o) {
-    StateLayout l;
-    if (o.momentum != 0.0) l.tensors.push_back("momentum_buffer");
-    return l;
-  }
-  static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1.0),
+      U::momentum(),
+      U::dampening(),
+      U::weight_decay(0.0, "L2 penalty (also switches the adaptation on)"),
+      U::nesterov(),
+      {"trust_coeff", 0.001, "trust coefficient of the layer-wise rate", &Options::trust_coeff},
+      U::eps(1e-8, "added to the trust ratio's denominator"),
+      {"trust_clip", false, "LARC clipping: min(trust / lr, 1)", &Options::trust_clip},
+      {"always_adapt", false, "adapt the rate also without weight decay", &Options::always_adapt},
+  };
+  static void validate(const Options& o) { check_sgd_family(o); }
+  static StateLayout layout(const Options& o) { return momentum_layout(o.momentum); }
   struct Coeffs {
     float wd, momentum, one_minus_dampening, neg_lr, lr, trust_coeff, eps;
     float trust;  // from the statistics

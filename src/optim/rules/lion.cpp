@@ -16,28 +16,23 @@ namespace {
 struct LionRule : LionMath {
   static constexpr std::string_view kName = "lion";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-4, "learning rate"},
-      {"betas", OptionValue(0.9, 0.99), "interpolation for the update (b1) and the moment (b2)"},
-      {"weight_decay", 0.0, "decoupled weight decay"},
-      {"maximize", false, "maximize the objective"},
-  };
   struct Options {
     double lr, beta1, beta2, weight_decay;
     bool maximize;
   };
-  static Options parse(const OptionMap& m) {
-    const auto b = pair(m, "betas");
-    return {num(m, "lr"), b[0], b[1], num(m, "weight_decay"), flag(m, "maximize")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-4),
+      U::betas(0.9, 0.99, "interpolation for the update (b1) and the moment (b2)"),
+      U::weight_decay(0.0, "decoupled weight decay"),
+      U::maximize(),
+  };
   static void validate(const Options& o) {
     check_lr(o.lr);
     check_betas({o.beta1, o.beta2});
     check_weight_decay(o.weight_decay);
   }
   static StateLayout layout(const Options&) { return {{"exp_avg"}, {}}; }
-  static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
   static Coeffs prepare(const Options& o, float*, bool) {
     return {GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, /*decoupled=*/true, o.lr),
             static_cast<float>(o.beta1),

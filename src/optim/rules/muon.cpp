@@ -42,39 +42,33 @@ enum class AdjustLr : int { original, match_rms_adamw };
 
 struct MuonRule : WholeTensorRule {
   static constexpr std::string_view kName = "muon";
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-3, "learning rate"},
-      {"weight_decay", 0.1, "decoupled weight decay"},
-      {"momentum", 0.95, "momentum factor"},
-      {"nesterov", true, "Nesterov momentum"},
-      {"ns_coefficients", OptionValue(3.4445, -4.7750, 2.0315), "Newton-Schulz coefficients a, b, c"},
-      {"eps", 1e-7, "the smallest norm the update is divided by"},
-      {"ns_steps", 5, "Newton-Schulz iterations"},
-      {"adjust_lr_fn", "original", "original (sqrt(max(1, rows/cols))) or match_rms_adamw (0.2 sqrt(max(rows, cols)))"},
-      {"ns_dtype", "float32", "float32 (distopt's default) or bfloat16 (torch's rounding, emulated)"},
-  };
   struct Options {
     double lr, weight_decay, momentum, a, b, c, eps, ns_steps;
     bool nesterov, bf16, valid_fn, valid_dtype;
     AdjustLr adjust;
   };
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-3),
+      U::weight_decay(0.1, "decoupled weight decay"),
+      U::momentum(0.95),
+      U::nesterov(true),
+      {"ns_coefficients", OptionValue(3.4445, -4.7750, 2.0315), "Newton-Schulz coefficients a, b, c", &Options::a,
+       &Options::b, &Options::c},
+      U::eps(1e-7, "the smallest norm the update is divided by"),
+      {"ns_steps", 5, "Newton-Schulz iterations", &Options::ns_steps},
+      {"adjust_lr_fn", "original", "original (sqrt(max(1, rows/cols))) or match_rms_adamw (0.2 sqrt(max(rows, cols)))"},
+      {"ns_dtype", "float32", "float32 (distopt's default) or bfloat16 (torch's rounding, emulated)"},
+  };
   static Options parse(const OptionMap& m) {
-    const auto abc = m.find("ns_coefficients")->second.triple();
+    Options o = read_options(kOptions, m);
     const std::string_view fn = m.find("adjust_lr_fn")->second.word();
     const std::string_view dtype = m.find("ns_dtype")->second.word();
-    return {num(m, "lr"),
-            num(m, "weight_decay"),
-            num(m, "momentum"),
-            abc[0],
-            abc[1],
-            abc[2],
-            num(m, "eps"),
-            num(m, "ns_steps"),
-            flag(m, "nesterov"),
-            dtype == "bfloat16",
-            fn == "original" || fn == "match_rms_adamw",
-            dtype == "float32" || dtype == "bfloat16",
-            fn == "match_rms_adamw" ? AdjustLr::match_rms_adamw : AdjustLr::original};
+    o.bf16 = dtype == "bfloat16";
+    o.valid_fn = fn == "original" || fn == "match_rms_adamw";
+    o.valid_dtype = dtype == "float32" || dtype == "bfloat16";
+    o.adjust = fn == "match_rms_adamw" ? AdjustLr::match_rms_adamw : AdjustLr::original;
+    return o;
   }
   static void validate(const Options& o) {
     require(o.lr >= 0.0, "Learning rate should be >= 0 but is: ", o.lr);
@@ -87,7 +81,6 @@ struct MuonRule : WholeTensorRule {
     check_eps(o.eps);
   }
   static StateLayout layout(const Options&) { return {{"momentum_buffer"}, {}}; }
-  static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
   static constexpr std::string_view kCompanion = "adamw";  // torch's advice for the rest
   static void check_param(const OptionMap&, const Shape& s) {
     require(s.size() == 2, "Muon only supports 2D parameters whereas we found a parameter with size: ", to_string(s),

@@ -21,30 +21,22 @@ namespace {
 struct NadamRule : NadamMath {
   static constexpr std::string_view kName = "nadam";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 2e-3, "learning rate"},
-      {"betas", OptionValue(0.9, 0.999), "decay rates of the first and second moments"},
-      {"eps", 1e-8, "added to the denominator"},
-      {"weight_decay", 0.0, "weight decay (L2 unless decoupled)"},
-      {"momentum_decay", 4e-3, "psi, the momentum schedule's decay"},
-      {"decoupled_weight_decay", false, "AdamW-style decoupled weight decay (torch 2.x)"},
-      {"maximize", false, "maximize the objective (torch 2.x)"},
-  };
   struct Options {
     double lr, beta1, beta2, eps, weight_decay, momentum_decay;
     bool decoupled, maximize;
   };
-  static Options parse(const OptionMap& m) {
-    const auto b = pair(m, "betas");
-    return {num(m, "lr"), b[0], b[1], num(m, "eps"), num(m, "weight_decay"), num(m, "momentum_decay"),
-            flag(m, "decoupled_weight_decay"), flag(m, "maximize")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(2e-3),
+      U::betas(),
+      U::eps(1e-8),
+      U::weight_decay(0.0, "weight decay (L2 unless decoupled)"),
+      {"momentum_decay", 4e-3, "psi, the momentum schedule's decay", &Options::momentum_decay},
+      U::decoupled_weight_decay(),
+      U::maximize("maximize the objective (torch 2.x)"),
+  };
   static void validate(const Options& o) {
-    check_lr(o.lr);
-    check_eps(o.eps);
-    check_betas({o.beta1, o.beta2});
-    check_weight_decay(o.weight_decay);
+    check_adam_family(o);
     require(o.momentum_decay >= 0.0, "Invalid momentum_decay value: ", o.momentum_decay);
   }
   static StateLayout layout(const Options&) { return {{"exp_avg", "exp_avg_sq"}, {"step", "mu_product"}}; }
@@ -63,10 +55,7 @@ struct NadamRule : NadamMath {
     const float mu_product_next = mu_product * static_cast<float>(mu) * static_cast<float>(mu_next);
     Coeffs c{};
     c.pro = GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, o.decoupled, o.lr);
-    c.beta1 = static_cast<float>(o.beta1);
-    c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
-    c.beta2 = static_cast<float>(o.beta2);
-    c.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+    c.mom = Moments::of(o.beta1, o.beta2);
     c.bc2 = static_cast<float>(bc2);
     c.eps = static_cast<float>(o.eps);
     c.coef_grad = static_cast<float>(-o.lr * (1.0 - mu) / (1.0 - static_cast<double>(mu_product)));

@@ -17,35 +17,21 @@ namespace {
 struct RadamRule : RadamMath {
   static constexpr std::string_view kName = "radam";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-3, "learning rate"},
-      {"betas", OptionValue(0.9, 0.999), "decay rates of the first and second moments"},
-      {"eps", 1e-8, "added to the denominator"},
-      {"weight_decay", 0.0, "weight decay (L2 unless decoupled)"},
-      {"decoupled_weight_decay", false, "AdamW-style decoupled weight decay (torch 2.x)"},
-      {"maximize", false, "maximize the objective (torch 2.x)"},
-  };
   struct Options {
     double lr, beta1, beta2, eps, weight_decay;
     bool decoupled, maximize;
   };
-  static Options parse(const OptionMap& m) {
-    const auto b = pair(m, "betas");
-    return {num(m, "lr"), b[0], b[1], num(m, "eps"), num(m, "weight_decay"), flag(m, "decoupled_weight_decay"),
-            flag(m, "maximize")};
-  }
-  static void validate(const Options& o) {
-    check_lr(o.lr);
-    check_eps(o.eps);
-    check_betas({o.beta1, o.beta2});
-    check_weight_decay(o.weight_decay);
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-3),
+      U::betas(),
+      U::eps(1e-8),
+      U::weight_decay(0.0, "weight decay (L2 unless decoupled)"),
+      U::decoupled_weight_decay(),
+      U::maximize("maximize the objective (torch 2.x)"),
+  };
+  static void validate(const Options& o) { check_adam_family(o); }
   static StateLayout layout(const Options&) { return {{"exp_avg", "exp_avg_sq"}, {"step"}}; }
-  static void init(const Options&, float* fill, float* scalars) {
-    fill[0] = fill[1] = 0.0f;
-    scalars[0] = 0.0f;
-  }
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     const double bc1 = 1.0 - std::pow(o.beta1, t);
@@ -54,17 +40,14 @@ struct RadamRule : RadamMath {
     const double rho_t = rho_inf - 2.0 * t * std::pow(o.beta2, t) / bc2;
     Coeffs c{};
     c.pro = GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, o.decoupled, o.lr);
-    c.beta1 = static_cast<float>(o.beta1);
-    c.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
-    c.beta2 = static_cast<float>(o.beta2);
-    c.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+    c.mom = Moments::of(o.beta1, o.beta2);
     c.bc1 = static_cast<float>(bc1);
     c.lr = static_cast<float>(o.lr);
     c.eps = static_cast<float>(o.eps);
     c.rectified = rho_t > 5.0;
     if (c.rectified) {
-      c.rect = static_cast<float>(
-          std::sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)));
+      c.rect =
+          static_cast<float>(std::sqrt((rho_t - 4) * (rho_t - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho_t)));
       c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     }
     return c;

@@ -15,24 +15,17 @@ namespace {
 struct RmspropRule : RmspropMath {
   static constexpr std::string_view kName = "rmsprop";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-2, "learning rate"},
-      {"alpha", 0.99, "smoothing constant"},
-      {"eps", 1e-8, "added to the denominator"},
-      {"weight_decay", 0.0, "L2 penalty"},
-      {"momentum", 0.0, "momentum factor"},
-      {"centered", false, "normalize by an estimate of the variance"},
-      {"maximize", false, "maximize the objective"},
-  };
   struct Options {
     double lr, alpha, eps, weight_decay, momentum;
     bool centered, maximize;
   };
-  static Options parse(const OptionMap& m) {
-    return {num(m, "lr"),       num(m, "alpha"),     num(m, "eps"),      num(m, "weight_decay"),
-            num(m, "momentum"), flag(m, "centered"), flag(m, "maximize")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-2),   {"alpha", 0.99, "smoothing constant", &Options::alpha},
+      U::eps(1e-8),  U::weight_decay(),
+      U::momentum(), {"centered", false, "normalize by an estimate of the variance", &Options::centered},
+      U::maximize(),
+  };
   static void validate(const Options& o) {
     check_lr(o.lr);
     check_eps(o.eps);
@@ -45,10 +38,6 @@ struct RmspropRule : RmspropMath {
     if (o.momentum > 0.0) l.tensors.push_back("momentum_buffer");
     if (o.centered) l.tensors.push_back("grad_avg");
     return l;
-  }
-  static void init(const Options&, float* fill, float* scalars) {
-    fill[0] = fill[1] = fill[2] = 0.0f;
-    scalars[0] = 0.0f;
   }
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     scalars[0] += 1.0f;

@@ -17,22 +17,17 @@ namespace {
 struct RpropRule : RpropMath {
   static constexpr std::string_view kName = "rprop";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-2, "initial step size"},
-      {"etas", OptionValue(0.5, 1.2), "(eta-, eta+): step-size factors"},
-      {"step_sizes", OptionValue(1e-6, 50.0), "(min, max) step size"},
-      {"maximize", false, "maximize the objective"},
-  };
   struct Options {
     double lr, eta_minus, eta_plus, step_min, step_max;
     bool maximize;
   };
-  static Options parse(const OptionMap& m) {
-    const auto e = pair(m, "etas");
-    const auto s = pair(m, "step_sizes");
-    return {num(m, "lr"), e[0], e[1], s[0], s[1], flag(m, "maximize")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-2, "initial step size"),
+      {"etas", OptionValue(0.5, 1.2), "(eta-, eta+): step-size factors", &Options::eta_minus, &Options::eta_plus},
+      {"step_sizes", OptionValue(1e-6, 50.0), "(min, max) step size", &Options::step_min, &Options::step_max},
+      U::maximize(),
+  };
   static void validate(const Options& o) {
     check_lr(o.lr);
     require(0.0 < o.eta_minus && o.eta_minus < 1.0 && 1.0 < o.eta_plus, "Invalid eta values: ", o.eta_minus,

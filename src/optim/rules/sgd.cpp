@@ -14,36 +14,16 @@ namespace {
 struct SgdRule : SgdMath {
   static constexpr std::string_view kName = "sgd";
   static constexpr Locality kLocality = Locality::pointwise;
-  static constexpr bool kEagerState = false;
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-3, "learning rate"},
-      {"momentum", 0.0, "momentum factor"},
-      {"dampening", 0.0, "dampening of the momentum"},
-      {"weight_decay", 0.0, "L2 penalty"},
-      {"nesterov", false, "Nesterov momentum"},
-      {"maximize", false, "maximize the objective"},
-  };
   struct Options {
     double lr, momentum, dampening, weight_decay;
     bool nesterov, maximize;
   };
-  static Options parse(const OptionMap& m) {
-    return {num(m, "lr"),           num(m, "momentum"),  num(m, "dampening"),
-            num(m, "weight_decay"), flag(m, "nesterov"), flag(m, "maximize")};
-  }
-  static void validate(const Options& o) {
-    check_lr(o.lr);
-    require(o.momentum >= 0.0, "Invalid momentum value: ", o.momentum);
-    check_weight_decay(o.weight_decay);
-    require(!o.nesterov || (o.momentum > 0.0 && o.dampening == 0.0),
-            "Nesterov momentum requires a momentum and zero dampening");
-  }
-  static StateLayout layout(const Options& o) {
-    StateLayout l;
-    if (o.momentum != 0.0) l.tensors.push_back("momentum_buffer");
-    return l;
-  }
-  static void init(const Options&, float* fill, float*) { fill[0] = 0.0f; }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-3), U::momentum(), U::dampening(), U::weight_decay(), U::nesterov(), U::maximize(),
+  };
+  static void validate(const Options& o) { check_sgd_family(o); }
+  static StateLayout layout(const Options& o) { return momentum_layout(o.momentum); }
   static Coeffs prepare(const Options& o, float*, bool fresh) {
     Coeffs c{};
     c.pro = GradPrologue::l2_decay(o.maximize, o.weight_decay);

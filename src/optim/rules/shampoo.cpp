@@ -69,21 +69,19 @@ void apply_mode(MatD& g, const Mode& m, const MatD& p) {
 
 struct ShampooRule : WholeTensorRule {
   static constexpr std::string_view kName = "shampoo";
-  static constexpr OptionSpec kOptions[] = {
-      {"lr", 1e-1, "learning rate"},
-      {"momentum", 0.0, "momentum of the preconditioned update (0: none)"},
-      {"weight_decay", 0.0, "L2 penalty added to the gradient"},
-      {"epsilon", 1e-4, "each preconditioner starts as epsilon * I"},
-      {"update_freq", 1, "steps between recomputations of the inverse roots"},
-      {"max_precond_dim", 4096, "the largest dimension preconditioned (two d x d float matrices each)"},
-  };
   struct Options {
     double lr, momentum, weight_decay, epsilon, update_freq, max_precond_dim;
   };
-  static Options parse(const OptionMap& m) {
-    return {num(m, "lr"),      num(m, "momentum"),    num(m, "weight_decay"),
-            num(m, "epsilon"), num(m, "update_freq"), num(m, "max_precond_dim")};
-  }
+  using U = Usual<Options>;
+  static constexpr Field<Options> kOptions[] = {
+      U::lr(1e-1),
+      U::momentum(0.0, "momentum of the preconditioned update (0: none)"),
+      U::weight_decay(0.0, "L2 penalty added to the gradient"),
+      {"epsilon", 1e-4, "each preconditioner starts as epsilon * I", &Options::epsilon},
+      {"update_freq", 1, "steps between recomputations of the inverse roots", &Options::update_freq},
+      {"max_precond_dim", 4096, "the largest dimension preconditioned (two d x d float matrices each)",
+       &Options::max_precond_dim},
+  };
   static void validate(const Options& o) {
     check_lr(o.lr);
     require(o.momentum >= 0.0 && o.momentum < 1.0, "Invalid momentum value: ", o.momentum);
@@ -99,10 +97,6 @@ struct ShampooRule : WholeTensorRule {
     StateLayout l{{}, {"step"}};
     if (o.momentum > 0.0) l.tensors.push_back("momentum_buffer");
     return l;
-  }
-  static void init(const Options&, float* fill, float* scalars) {
-    fill[0] = 0.0f;
-    scalars[0] = 0.0f;
   }
   static void check_param(const OptionMap& options, const Shape& s) {
     const double limit = num(options, "max_precond_dim");
@@ -177,8 +171,8 @@ struct ShampooRule : WholeTensorRule {
       const Mode m = Mode::of(shape, i);
       accumulate(part, mode_gram(g, m), c.first ? c.epsilon : 0.0);
       if (c.refresh)
-        spectral_function(part, m.d, [&](double v, double) { return std::pow(std::max(v, floor), exponent); },
-                          part + m.d * m.d);
+        spectral_function(
+            part, m.d, [&](double v, double) { return std::pow(std::max(v, floor), exponent); }, part + m.d * m.d);
       part += 2 * m.d * m.d;
     }
     part = aux;

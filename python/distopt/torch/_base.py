@@ -1,0 +1,65 @@
+"""What distopt's torch optimizers share: the drop-ins of ``optim.py`` and
+the ``ShardedOptimizer`` of ``distributed.py`` (and, for the tensor checks,
+the collectives of ``comm.py``).
+
+- ``check_tensor``: the one-line errors for a tensor distopt cannot take
+  (sparse, complex, a type it lacks, off the CPU, not contiguous);
+- ``DistoptOptimizer``: a ``torch.optim.Optimizer`` with the parameter
+  checks, the step preamble (the closure under ``enable_grad``) and the
+  hand-over of changed group options to the C++ side.
+"""
+
+import torch
+
+
+def check_tensor(t, label, dtypes, what="distopt.torch steps", contiguous=True):
+    """Raises the one-line TypeError or ValueError naming ``label`` when
+    ``t`` is not a dense CPU tensor of one of ``dtypes`` (contiguous unless
+    told otherwise)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{label}: expected a torch.Tensor, got {type(t).__name__}")
+    names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+    if t.is_sparse:
+        raise ValueError(f"{label} is sparse; {what} dense tensors")
+    if t.is_complex() or t.dtype not in dtypes:
+        raise TypeError(f"{label} is {'complex ' if t.is_complex() else ''}{t.dtype}; {what} {names}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{label} is on {t.device}; {what} CPU tensors (CUDA: docs/gpu.md)")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{label} is not contiguous; pass t.contiguous() (or a contiguous model)")
+
+
+class DistoptOptimizer(torch.optim.Optimizer):
+    """Base of distopt's torch optimizers. A subclass sets ``_dtypes`` (the
+    parameter types it steps), ``_contiguous`` (False where it copies the
+    parameters into a buffer of its own) and may extend ``_check_param``."""
+
+    _dtypes = (torch.float32,)
+    _contiguous = True
+
+    def _label(self, p, i):
+        return f"{type(self).__name__}: parameter {i} (shape {tuple(p.shape)})"
+
+    def _check_param(self, p, i):
+        check_tensor(p, self._label(p, i), self._dtypes, contiguous=self._contiguous)
+
+    @staticmethod
+    def _run_closure(closure):
+        """The step's preamble: the closure's loss, computed with gradients
+        on (``step`` itself runs under ``no_grad``), or None."""
+        if closure is None:
+            return None
+        with torch.enable_grad():
+            return closure()
+
+    @staticmethod
+    def _changed_options(group, synced):
+        """The options of ``group`` whose values differ from those the C++
+        side has (``synced``, updated here), as (name, value) pairs."""
+        changed = []
+        for k, old in synced.items():
+            v = group[k]
+            if v != old:
+                synced[k] = v
+                changed.append((k, v))
+        return changed
