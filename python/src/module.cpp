@@ -210,6 +210,14 @@ PYBIND11_MODULE(_core, m) {
     for (const RuleInfo* r : all_rules()) names.emplace_back(r->name);
     return names;
   });
+  m.def(
+      "check_options",
+      [](const std::string& rule, const py::dict& options) {
+        const RuleInfo& r = rule_or_throw(rule);
+        r.validate(resolve_options(r, to_options(options)));
+      },
+      py::arg("rule"), py::arg("options"),
+      "the rule's checks of these options (its defaults fill the rest): ValueError naming the first bad one");
   m.def("locality", [](const std::string& rule) { return std::string(name_of(rule_or_throw(rule).locality)); });
   py::class_<PyOptimizer>(m, "Optimizer")
       .def(py::init<const std::string&, const std::vector<ParamTuple>&, const py::dict&, int>(), py::arg("rule"),

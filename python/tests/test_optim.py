@@ -276,14 +276,13 @@ def test_bad_parameters_are_one_line_errors():
     w = torch.nn.Parameter(torch.zeros(3, 4, dtype=torch.float64))
     with pytest.raises(TypeError, match=r"AdamW: parameter 0 \(shape \(3, 4\)\) is torch.float64"):
         dopt.AdamW([w])
-    z = torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))
+    z = torch.nn.Parameter(torch.zeros(3, dtype=torch.complex128))
     with pytest.raises(TypeError, match="is complex"):
         dopt.Adam([torch.nn.Parameter(torch.zeros(2)), z])
-    t = torch.nn.Parameter(torch.zeros(4, 3).t())
-    with pytest.raises(ValueError, match="parameter 0 .* is not contiguous"):
-        dopt.SGD([t], lr=0.1)
-    with pytest.raises(ValueError, match="Invalid learning rate"):
-        dopt.Adam([torch.nn.Parameter(torch.zeros(2))], lr=-1.0).step()
+    with pytest.raises(TypeError, match="lamb is not pointwise"):  # complex64 steps as real pairs where pointwise
+        dopt.LAMB([torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))])
+    with pytest.raises(ValueError, match="Invalid learning rate: -1.0"):
+        dopt.Adam([torch.nn.Parameter(torch.zeros(2))], lr=-1.0)
     e = torch.nn.Embedding(10, 4, sparse=True)
     opt = dopt.Adam(e.parameters())
     e(torch.tensor([1, 2])).sum().backward()
@@ -298,7 +297,7 @@ def test_a_parameter_changed_under_the_optimizer_is_refused():
     opt.step()
     model.double()  # the parameters' storage is now float64
     model(torch.randn(4, 3, dtype=torch.float64)).sum().backward()
-    with pytest.raises(ValueError, match="changed dtype, size or layout since the optimizer took it"):
+    with pytest.raises(ValueError, match="changed dtype or size since the optimizer took it"):
         opt.step()
 
 

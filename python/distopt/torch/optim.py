@@ -12,163 +12,39 @@ same name and the other way round (docs/python.md).
 
 One C++ call steps every parameter (``step``): the parameters are updated in
 place in their own memory, and the state tensors of ``optimizer.state`` are
-views of the C++ optimizer's memory (zero-copy), with ``step`` a 0-dim
-float32 tensor as torch 1.13 keeps it. Parameters must be contiguous CPU
-tensors of float32, bfloat16 or float16 (bf16/f16 get fp32 master weights,
-``state[p]["master_param"]``); anything else is a one-line TypeError or
-ValueError naming the parameter.
+views of the C++ optimizer's memory (zero-copy). Parameters are CPU tensors
+of float32, bfloat16 or float16 (bf16/f16 get fp32 master weights,
+``state[p]["master_param"]``); complex64 ones step as their real pairs, as
+torch's pointwise rules step them, and non-contiguous ones through a
+contiguous copy; anything else is a one-line TypeError or ValueError naming
+the parameter.
 
-Keyword arguments torch has for its own implementations (``foreach``,
-``fused``, ``capturable``, ``differentiable``) are accepted, kept in the
-groups as torch keeps them, and have no effect: distopt has one
-implementation.
+Arguments are checked at construction, as torch checks them (the installed
+torch's own class for the arguments it has). torch's implementation flags
+follow the installed torch: ``foreach`` changes nothing (one
+implementation), ``fused`` does what torch does with CPU tensors,
+``differentiable=True`` and ``capturable=True`` are refused in one line.
+Copies (deepcopy, pickle, torch.save) step on as the original
+(docs/python.md, "What torch's own tests check").
 """
 
-import torch
-
-from .. import _core
-from ._base import DistoptOptimizer
-
-_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-_TORCH_ONLY = ("foreach", "fused", "capturable", "differentiable")
-
-
-class _DistoptOptimizer(DistoptOptimizer):
-    """Base of the drop-ins: subclasses set ``_rule`` and call
-    ``super().__init__(params, defaults)``."""
-
-    _rule = None
-    _dtypes = tuple(_DTYPES)
-
-    def __init__(self, params, defaults):
-        self._cpp = None  # the C++ optimizer, made at the first step
-        self._params = []  # parameters in the C++ optimizer's order
-        self._shapes = []  # (dtype, numel) of each, as the C++ optimizer has them
-        self._synced = []  # per group: the option values the C++ side has
-        self._unaliased = set()  # parameter indices whose state has no torch view yet
-        known = {name for name, _, _ in _core.rule_options(self._rule)}
-        self._known = known
-        super().__init__(params, defaults)
-
-    # ---- checks ----
-    def _label(self, p, i=None):
-        return super()._label(p, self._index_of(p) if i is None else i)
-
-    def _index_of(self, p):
-        for i, q in enumerate(self._params):
-            if q is p:
-                return i
-        n = sum(len(g["params"]) for g in self.param_groups)
-        return n
-
-    def add_param_group(self, param_group):
-        first = sum(len(g["params"]) for g in self.param_groups)
-        super().add_param_group(param_group)
-        group = self.param_groups[-1]
-        for k, p in enumerate(group["params"]):
-            self._check_param(p, first + k)
-        if self._cpp is not None:
-            self._cpp.add_group(self._tuples(group["params"], first), self._options(group))
-            self._params.extend(group["params"])
-            self._shapes.extend((p.dtype, p.numel()) for p in group["params"])
-            self._synced.append(self._options(group))
-
-    # ---- the C++ side ----
-    def _options(self, group):
-        return {k: v for k, v in group.items() if k in self._known}
-
-    def _tuples(self, params, first):
-        return [(f"params[{first + k}]", p.data_ptr(), _DTYPES[p.dtype], list(p.shape)) for k, p in enumerate(params)]
-
-    def _ensure_cpp(self):
-        if self._cpp is None:
-            g0 = self.param_groups[0]
-            self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0))
-            self._params = list(g0["params"])
-            self._synced = [self._options(g0)]
-            for group in self.param_groups[1:]:
-                self._cpp.add_group(self._tuples(group["params"], len(self._params)), self._options(group))
-                self._params.extend(group["params"])
-                self._synced.append(self._options(group))
-            self._unaliased = set(range(len(self._params)))
-            self._shapes = [(p.dtype, p.numel()) for p in self._params]
-        return self._cpp
-
-    def _sync_options(self):
-        relayout = False
-        for g, group in enumerate(self.param_groups):
-            for k, v in self._changed_options(group, self._synced[g]):
-                self._cpp.set_option(g, k, v)
-                relayout = relayout or k != "lr"
-        if relayout:  # a changed option may change which state tensors exist
-            self._unaliased = set(range(len(self._params)))
-
-    def _alias(self, i):
-        views = self._cpp.state(i)
-        if not views:
-            return False
-        self.state[self._params[i]] = {k: torch.from_numpy(v) for k, v in views.items()}
-        return True
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = self._run_closure(closure)
-        cpp = self._ensure_cpp()
-        self._sync_options()
-        addresses, grads, keep = [], [], []
-        for i, p in enumerate(self._params):
-            if (p.dtype, p.numel()) != self._shapes[i] or not p.is_contiguous():
-                raise ValueError(f"{self._label(p, i)} changed dtype, size or layout since the optimizer took it "
-                                 f"(it has {self._shapes[i][1]} elements of {self._shapes[i][0]}); make the optimizer "
-                                 "after model.to(...)")
-            addresses.append(p.data_ptr())
-            g = p.grad
-            if g is None:
-                grads.append(0)
-                continue
-            if g.is_sparse:
-                raise ValueError(f"{type(self).__name__} does not support sparse gradients ({self._label(p, i)})")
-            if g.dtype != p.dtype or g.shape != p.shape:
-                raise TypeError(f"{self._label(p, i)}: its gradient is {g.dtype} {tuple(g.shape)}")
-            if not g.is_contiguous():  # handled as torch handles it: on a contiguous copy
-                g = g.contiguous()
-                keep.append(g)
-            grads.append(g.data_ptr())
-        cpp.step(addresses, grads)
-        if self._unaliased:
-            self._unaliased = {i for i in self._unaliased if not self._alias(i)}
-        return loss
-
-    # ---- state_dict ----
-    def load_state_dict(self, state_dict):
-        """torch's load (validation, group options), then the saved state is
-        copied into the C++ optimizer's own memory, which ``state`` views."""
-        super().load_state_dict(state_dict)
-        loaded = dict(self.state)
-        cpp = self._ensure_cpp()
-        self._sync_options()
-        for i, p in enumerate(self._params):
-            saved = loaded.get(p)
-            if not saved:
-                continue
-            cpp.init_state(i)
-            for key, view in cpp.state(i).items():
-                if key not in saved or saved[key] is None:
-                    if key == "master_param":  # saved by torch: the parameter itself is the value
-                        view[...] = p.detach().float().numpy().reshape(view.shape)
-                        continue
-                    raise ValueError(f"{self._label(p, i)}: the loaded state lacks '{key}'")
-                value = torch.as_tensor(saved[key]).detach().to(torch.float32)
-                if value.numel() != view.size:
-                    raise ValueError(f"{self._label(p, i)}: loaded '{key}' has {value.numel()} elements, it needs {view.size}")
-                torch.from_numpy(view).copy_(value.reshape(view.shape))
-            self._alias(i)
-            self._unaliased.discard(i)
-        cpp.state_written()  # LAMB's group step count follows the loaded "step"
+from ._dropin import _DistoptOptimizer, _torch_default, _torch_keeps_int_step
 
 
 class SGD(_DistoptOptimizer):
+    """SGD with momentum (torch.optim.SGD): ``g += wd*p``; with momentum
+    ``b = mu*b + (1-dampening)*g`` (``b = g`` at the first step), ``g = g + mu*b``
+    (nesterov) or ``b``; ``p -= lr*g``.
+
+    Arguments as torch's: lr (default 1e-3, torch 2.x's), momentum, dampening,
+    weight_decay (L2), nesterov, maximize.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "sgd"
+    _none_state = ("momentum_buffer",)
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *, maximize=False,
                  foreach=None, differentiable=False, fused=None):
@@ -178,11 +54,22 @@ class SGD(_DistoptOptimizer):
 
 
 class Adam(_DistoptOptimizer):
+    """Adam (torch.optim.Adam): ``m = b1*m + (1-b1)*g``, ``v = b2*v + (1-b2)*g^2``,
+    ``p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)``; ``amsgrad`` uses the running
+    maximum of ``v``.
+
+    Arguments as torch's: lr, betas, eps, weight_decay (L2, or decoupled as
+    AdamW with ``decoupled_weight_decay=True``, torch 2.x's), amsgrad, maximize.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "adam"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
-                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
-                 decoupled_weight_decay=False):
+                 foreach=None, maximize=False, capturable=False, differentiable=False,
+                 fused=_torch_default("Adam", "fused", None), decoupled_weight_decay=False):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
                                         maximize=maximize, foreach=foreach, capturable=capturable,
                                         differentiable=differentiable, fused=fused,
@@ -190,6 +77,16 @@ class Adam(_DistoptOptimizer):
 
 
 class AdamW(_DistoptOptimizer):
+    """AdamW (torch.optim.AdamW): Adam with decoupled weight decay,
+    ``p *= 1 - lr*wd`` before the Adam update.
+
+    Arguments as torch's: lr, betas, eps, weight_decay (default 1e-2),
+    amsgrad, maximize.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "adamw"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
@@ -200,6 +97,15 @@ class AdamW(_DistoptOptimizer):
 
 
 class Adamax(_DistoptOptimizer):
+    """Adamax (torch.optim.Adamax): ``m = b1*m + (1-b1)*g``,
+    ``u = max(b2*u, |g| + eps)``, ``p -= lr/bc1 * m/u``.
+
+    Arguments as torch's: lr (2e-3), betas, eps, weight_decay (L2), maximize.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "adamax"
 
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, foreach=None, *,
@@ -209,7 +115,18 @@ class Adamax(_DistoptOptimizer):
 
 
 class Adadelta(_DistoptOptimizer):
+    """Adadelta (torch.optim.Adadelta): ``v = rho*v + (1-rho)*g^2``,
+    ``d = sqrt(u + eps)/sqrt(v + eps) * g``, ``u = rho*u + (1-rho)*d^2``,
+    ``p -= lr*d``.
+
+    Arguments as torch's: lr (1.0), rho, eps, weight_decay (L2), maximize.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "adadelta"
+    _int_step = _torch_keeps_int_step("Adadelta")
 
     def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, foreach=None, *, maximize=False,
                  differentiable=False, capturable=False):
@@ -218,6 +135,18 @@ class Adadelta(_DistoptOptimizer):
 
 
 class Adagrad(_DistoptOptimizer):
+    """Adagrad (torch.optim.Adagrad): ``s += g^2``,
+    ``p -= lr/(1 + (t-1)*lr_decay) * g/(sqrt(s) + eps)``.
+
+    Arguments as torch's: lr, lr_decay, weight_decay (L2),
+    initial_accumulator_value, eps, maximize. Its state exists from
+    construction, as torch's.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    Sparse gradients are refused (torch's Adagrad takes them).
+    """
+
     _rule = "adagrad"
 
     def __init__(self, params, lr=1e-2, lr_decay=0, weight_decay=0, initial_accumulator_value=0, eps=1e-10,
@@ -229,7 +158,19 @@ class Adagrad(_DistoptOptimizer):
 
 
 class RMSprop(_DistoptOptimizer):
+    """RMSprop (torch.optim.RMSprop): ``v = alpha*v + (1-alpha)*g^2``; centered
+    subtracts the squared mean gradient; ``p -= lr * g/(sqrt(v) + eps)``, through
+    a momentum buffer when momentum > 0.
+
+    Arguments as torch's: lr, alpha, eps, weight_decay (L2), momentum,
+    centered, maximize.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "rmsprop"
+    _int_step = _torch_keeps_int_step("RMSprop")
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
                  foreach=None, maximize=False, differentiable=False, capturable=False):
@@ -239,6 +180,16 @@ class RMSprop(_DistoptOptimizer):
 
 
 class NAdam(_DistoptOptimizer):
+    """NAdam (torch.optim.NAdam): Adam with Nesterov momentum on the schedule
+    ``mu_t = b1*(1 - 0.5*0.96^(t*momentum_decay))``.
+
+    Arguments as torch's: lr (2e-3), betas, eps, weight_decay,
+    momentum_decay; decoupled_weight_decay and maximize as torch 2.x.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "nadam"
 
     def __init__(self, params, lr=2e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, momentum_decay=4e-3,
@@ -251,6 +202,17 @@ class NAdam(_DistoptOptimizer):
 
 
 class RAdam(_DistoptOptimizer):
+    """RAdam (torch.optim.RAdam): Adam whose adaptive step is rectified by
+    ``r_t`` once the variance is tractable (``rho_t > 5``), plain momentum SGD
+    before.
+
+    Arguments as torch's: lr, betas, eps, weight_decay; decoupled_weight_decay
+    and maximize as torch 2.x.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "radam"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, foreach=None, *,
@@ -261,7 +223,18 @@ class RAdam(_DistoptOptimizer):
 
 
 class Rprop(_DistoptOptimizer):
+    """Rprop (torch.optim.Rprop): each element's step size grows by eta+ while
+    the gradient keeps its sign and shrinks by eta- when it flips (within
+    step_sizes); ``p -= sign(g) * step``.
+
+    Arguments as torch's: lr (the initial step), etas, step_sizes, maximize.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "rprop"
+    _int_step = _torch_keeps_int_step("Rprop")
 
     def __init__(self, params, lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50), foreach=None, maximize=False, *,
                  capturable=False, differentiable=False):
@@ -270,6 +243,16 @@ class Rprop(_DistoptOptimizer):
 
 
 class ASGD(_DistoptOptimizer):
+    """Averaged SGD (torch.optim.ASGD): ``p *= 1 - lambd*eta``, ``p -= eta*g``, and
+    the average ``ax`` of the iterates from step t0 on; eta and mu follow
+    torch's schedules.
+
+    Arguments as torch's: lr, lambd, alpha, t0, weight_decay (L2), maximize.
+
+    Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
+    ``differentiable=True`` and ``capturable=True`` are refused at construction.
+    """
+
     _rule = "asgd"
 
     def __init__(self, params, lr=1e-2, lambd=1e-4, alpha=0.75, t0=1e6, weight_decay=0, foreach=None,
@@ -280,7 +263,12 @@ class ASGD(_DistoptOptimizer):
 
 
 class Lion(_DistoptOptimizer):
-    """lion-pytorch's Lion (Chen et al. 2023)."""
+    """Lion (Chen et al. 2023, as lion-pytorch): ``p *= 1 - lr*wd``,
+    ``p -= lr * sign(b1*m + (1-b1)*g)``, ``m = b2*m + (1-b2)*g``.
+
+    Arguments: lr (1e-4), betas ((0.9, 0.99)), weight_decay (decoupled),
+    maximize. No torch counterpart.
+    """
 
     _rule = "lion"
 
@@ -289,9 +277,19 @@ class Lion(_DistoptOptimizer):
 
 
 class LAMB(_DistoptOptimizer):
-    """apex's FusedLAMB (max_grad_norm is the optimizer's, as in apex)."""
+    """LAMB (You et al. 2020, as apex's FusedLAMB): the gradients' global norm
+    clipped to max_grad_norm, Adam's moments, and each tensor's update scaled
+    by the trust ratio ``||p|| / ||update||``.
+
+    Arguments as apex's: lr, bias_correction, betas, eps, weight_decay (0.01;
+    decoupled in adam_w_mode, else L2), amsgrad (refused, as apex),
+    adam_w_mode, grad_averaging, set_grad_none, max_grad_norm, use_nvlamb.
+    max_grad_norm, adam_w_mode and use_nvlamb are the optimizer's (as in
+    apex): every parameter group uses the constructor's values.
+    """
 
     _rule = "lamb"
+    _OPTIMIZER_LEVEL = ("max_grad_norm", "adam_w_mode", "use_nvlamb")
 
     def __init__(self, params, lr=1e-3, bias_correction=True, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01,
                  amsgrad=False, adam_w_mode=True, grad_averaging=True, set_grad_none=True, max_grad_norm=1.0,
@@ -305,16 +303,24 @@ class LAMB(_DistoptOptimizer):
                                         use_nvlamb=use_nvlamb))
 
     def _options(self, group):
-        # max_grad_norm is the optimizer's (apex reads self.defaults): the
-        # first group carries it to the C++ side, the others may not.
+        # max_grad_norm, adam_w_mode and use_nvlamb are the optimizer's (apex
+        # keeps them out of the groups): the first group carries them to the
+        # C++ side; the others inherit them and may not set their own.
         opts = super()._options(group)
         if group is not self.param_groups[0]:
-            opts.pop("max_grad_norm", None)
+            for k in self._OPTIMIZER_LEVEL:
+                opts.pop(k, None)
         return opts
 
 
 class LARS(_DistoptOptimizer):
-    """timm's Lars."""
+    """LARS (You et al. 2017, as timm's Lars): each tensor's gradient (plus
+    ``wd*p``) scaled by ``trust_coeff * ||p|| / (||g|| + wd*||p|| + eps)``
+    (trust_clip: at most lr), then SGD with momentum.
+
+    Arguments as timm's: lr (1.0), momentum, dampening, weight_decay,
+    nesterov, trust_coeff, eps, trust_clip, always_adapt.
+    """
 
     _rule = "lars"
 
@@ -326,7 +332,14 @@ class LARS(_DistoptOptimizer):
 
 
 class Adafactor(_DistoptOptimizer):
-    """transformers' Adafactor."""
+    """Adafactor (Shazeer & Stern 2018, as transformers'): the second moment of
+    a matrix kept as its row and column means, the update's RMS clipped to
+    clip_threshold, relative step sizes by default.
+
+    Arguments as transformers': lr (None: relative steps), eps, clip_threshold,
+    decay_rate, beta1 (None: no first moment), weight_decay, scale_parameter,
+    relative_step, warmup_init.
+    """
 
     _rule = "adafactor"
 
@@ -338,8 +351,15 @@ class Adafactor(_DistoptOptimizer):
 
 
 class Muon(_DistoptOptimizer):
-    """torch.optim.Muon (torch 2.9): 2-D parameters only. ns_dtype:
-    "float32" (distopt's default) or "bfloat16" (torch's rounding)."""
+    """Muon (torch.optim.Muon of torch 2.9): momentum, then the update
+    orthogonalized by ns_steps Newton-Schulz iterations, scaled by
+    adjust_lr_fn; decoupled weight decay. 2-D parameters only.
+
+    Arguments as torch 2.9's: lr, weight_decay (0.1), momentum (0.95),
+    nesterov, ns_coefficients, eps, ns_steps, adjust_lr_fn ("original" or
+    "match_rms_adamw"); ns_dtype is distopt's: "float32" (the default) or
+    "bfloat16" (torch's rounding, emulated).
+    """
 
     _rule = "muon"
 
@@ -352,7 +372,14 @@ class Muon(_DistoptOptimizer):
 
 
 class Shampoo(_DistoptOptimizer):
-    """torch-optimizer's Shampoo (max_precond_dim bounds the preconditioners)."""
+    """Shampoo (Gupta et al. 2018, as torch-optimizer's): one preconditioner per
+    dimension, ``L += G G^T``, the update ``L^(-1/2k) G R^(-1/2k)``, the inverse
+    roots recomputed every update_freq steps.
+
+    Arguments as torch-optimizer's: lr (0.1), momentum, weight_decay (L2),
+    epsilon, update_freq; max_precond_dim is distopt's (dimensions above it
+    are not preconditioned).
+    """
 
     _rule = "shampoo"
 
@@ -362,5 +389,23 @@ class Shampoo(_DistoptOptimizer):
                                         update_freq=update_freq, max_precond_dim=max_precond_dim))
 
 
+class AdagradFull(_DistoptOptimizer):
+    """Full-matrix Adagrad: ``G += g g^T`` over each block of the flattened
+    tensor, ``p -= lr/(1 + (t-1)*lr_decay) * (G^(1/2) + eps*I)^-1 g``.
+
+    Arguments: lr, lr_decay, weight_decay (L2), initial_accumulator_value,
+    eps, block_size (0: the whole tensor), max_size, update_freq. No torch
+    counterpart.
+    """
+
+    _rule = "adagrad_full"
+
+    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0, initial_accumulator_value=0.0, eps=1e-10,
+                 block_size=0, max_size=4096, update_freq=1):
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                                        initial_accumulator_value=initial_accumulator_value, eps=eps,
+                                        block_size=block_size, max_size=max_size, update_freq=update_freq))
+
+
 __all__ = ["SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "RMSprop", "NAdam", "RAdam", "Rprop", "ASGD",
-           "Lion", "LAMB", "LARS", "Adafactor", "Muon", "Shampoo"]
+           "Lion", "LAMB", "LARS", "Adafactor", "Muon", "Shampoo", "AdagradFull"]

@@ -1,0 +1,308 @@
+"""The base of the drop-ins in optim.py: a torch.optim.Optimizer whose step
+is one call of a C++ Optimizer over the parameters' own memory, with
+torch's protocol around it (construction-time checks, state_dict formats,
+copies, complex and non-contiguous parameters). docs/python.md."""
+
+import inspect
+
+import torch
+
+from .. import _core
+from ._base import DistoptOptimizer
+
+_DTYPES = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+_TORCH_ONLY = ("foreach", "fused", "capturable", "differentiable")
+# The drop-ins named after torch's classes: the installed torch's constructor
+# checks their arguments.
+_TORCH_NAMED = ("SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "RMSprop", "NAdam", "RAdam", "Rprop",
+                "ASGD")
+
+
+def _torch_default(name, arg, otherwise):
+    """The default of ``arg`` in the installed torch's ``torch.optim.<name>``
+    (so a signature follows the torch at hand), or ``otherwise``."""
+    cls = getattr(torch.optim, name, None)
+    if cls is None:
+        return otherwise
+    p = inspect.signature(cls.__init__).parameters.get(arg)
+    return otherwise if p is None or p.default is inspect.Parameter.empty else p.default
+
+
+def _torch_keeps_int_step(name):
+    """Whether the installed torch keeps ``state["step"]`` of
+    ``torch.optim.<name>`` as a Python number (torch 1.13's Adadelta,
+    RMSprop and Rprop) rather than a tensor: one step of torch's own
+    optimizer on one element says."""
+    cls = getattr(torch.optim, name, None)
+    if cls is None:
+        return False
+    p = torch.zeros(1, requires_grad=True)
+    p.grad = torch.ones(1)
+    opt = cls([p], lr=1e-3)
+    opt.step()
+    return not torch.is_tensor(opt.state[p]["step"])
+
+
+def _listed(params):
+    """``params`` as a list whose groups' parameters are lists too, so that
+    reading it twice finds them (a tensor, or None, as it is: torch's own
+    errors name it)."""
+    if params is None or isinstance(params, torch.Tensor):
+        return params
+    out = []
+    for g in params:
+        if isinstance(g, dict) and not isinstance(g.get("params"), (torch.Tensor, list, tuple)):
+            g = dict(g, params=list(g["params"]))
+        out.append(g)
+    return out
+
+
+class _DistoptOptimizer(DistoptOptimizer):
+    """Base of the drop-ins: subclasses set ``_rule`` and call
+    ``super().__init__(params, defaults)``."""
+
+    _rule = None
+    _dtypes = tuple(_DTYPES)
+    _contiguous = False  # a non-contiguous parameter steps through a contiguous copy (_storage)
+    _int_step = False  # state_dict()'s "step" a number, as the installed torch keeps it
+    _none_state = ()  # state keys torch sets to None for a stepped parameter without state
+
+    def __init__(self, params, defaults):
+        self._init_cpp_side()
+        params = self._check_arguments(params, defaults)
+        super().__init__(params, defaults)
+
+    def _init_cpp_side(self):
+        self._cpp = None  # the C++ optimizer, made at the first step
+        self._params = []  # parameters in the C++ optimizer's order
+        self._shapes = []  # (dtype, numel) of each, as the C++ optimizer has them
+        self._synced = []  # per group: the option values the C++ side has
+        self._unaliased = set()  # parameter indices whose state has no torch view yet
+        self._staged = {}  # parameter index -> contiguous copy of a non-contiguous parameter
+        self._known = {name for name, _, _ in _core.rule_options(self._rule)}
+
+    def _check_arguments(self, params, defaults):
+        """The constructor's checks, before the parameters are looked at (as
+        torch's): the installed torch's own class checks what it has (its
+        ValueErrors and wording: "Invalid learning rate: -1.0"), the C++
+        rule the rest; then what distopt cannot do is refused in one line.
+        Returns ``params``, made a list where torch's checks read it."""
+        name = type(self).__name__
+        cls = getattr(torch.optim, name, None) if name in _TORCH_NAMED else None
+        if cls is not None:
+            accepted = inspect.signature(cls.__init__).parameters
+            for flag in _TORCH_ONLY:  # the installed torch's implementation flags, as it takes them
+                if defaults.get(flag) and flag not in accepted:
+                    raise TypeError(f"{name}.__init__() got an unexpected keyword argument '{flag}'")
+            kwargs = {k: v for k, v in defaults.items() if k in accepted}
+            # torch's fused and capturable checks read the parameters; the
+            # others do not, and a stand-in keeps the caller's iterator whole.
+            if kwargs.get("fused") or kwargs.get("capturable"):
+                probe = params = _listed(params)
+            else:
+                probe = [torch.zeros(1, requires_grad=True)]
+            cls(probe, **kwargs)
+        _core.check_options(self._rule, {k: v for k, v in defaults.items() if k in self._known})
+        if defaults.get("differentiable"):
+            raise ValueError(f"{name}: differentiable=True is not supported (distopt's step is one C++ call outside "
+                             f"autograd); use torch.optim.{name} for a differentiable step")
+        if defaults.get("capturable"):
+            raise ValueError(f"{name}: capturable=True needs CUDA parameters; distopt.torch steps CPU tensors "
+                             "(CUDA: docs/gpu.md)")
+        return params
+
+    # ---- copies: deepcopy, pickle, torch.save, load_state_dict ----
+    def __getstate__(self):
+        """torch's (defaults, state, param_groups) and every public attribute
+        (LAMB's set_grad_none): a copy has what the original shows. The C++
+        side stays behind (see __setstate__)."""
+        state = super().__getstate__()
+        state.update({k: v for k, v in self.__dict__.items() if not k.startswith("_")})
+        return state
+
+    def __setstate__(self, state):
+        """torch's, then every group gets the options an older state_dict
+        (or torch's) lacks from the defaults (torch's classes do the same
+        with setdefault). A copy (deepcopy, pickle) has no C++ side yet: it
+        is made at the next step from the copied ``state``."""
+        own = set(state.get("defaults", self.__dict__.get("defaults", {})))  # before torch adds 'differentiable'
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for k in own:
+                group.setdefault(k, self.defaults[k])
+        if "_cpp" not in self.__dict__:
+            self._init_cpp_side()
+
+    # ---- checks ----
+    def _check_param(self, p, i):
+        if p.dtype == torch.complex64 and not p.is_sparse:
+            if _core.locality(self._rule) != "pointwise":
+                raise TypeError(f"{self._label(p, i)} is complex; {self._rule} is not pointwise, so it steps only "
+                                "real tensors (pass torch.view_as_real(p) if its pairs are what you mean)")
+            p = torch.view_as_real(p)
+        super()._check_param(p, i)
+
+    def _label(self, p, i=None):
+        return super()._label(p, self._index_of(p) if i is None else i)
+
+    def _index_of(self, p):
+        for i, q in enumerate(self._params):
+            if q is p:
+                return i
+        n = sum(len(g["params"]) for g in self.param_groups)
+        return n
+
+    def add_param_group(self, param_group):
+        first = sum(len(g["params"]) for g in self.param_groups)
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        for k, p in enumerate(group["params"]):
+            self._check_param(p, first + k)
+        if self._cpp is not None:
+            self._cpp.add_group(self._tuples(group["params"], first), self._options(group))
+            self._params.extend(group["params"])
+            self._shapes.extend((p.dtype, p.numel()) for p in group["params"])
+            self._synced.append(self._options(group))
+            self._unaliased.update(range(first, len(self._params)))
+
+    # ---- the C++ side ----
+    def _options(self, group):
+        return {k: v for k, v in group.items() if k in self._known}
+
+    def _tuples(self, params, first):
+        out = []
+        for k, p in enumerate(params):
+            t = self._storage(p, first + k)
+            out.append((f"params[{first + k}]", t.data_ptr(), _DTYPES[t.dtype], list(t.shape)))
+        return out
+
+    def _storage(self, p, i):
+        """The memory the C++ step updates for parameter ``i``: ``p`` itself
+        (a complex ``p`` as its real view, as torch's pointwise rules step
+        it), or for a non-contiguous ``p`` (a view, as torch's tests make) a
+        contiguous copy the step fills from ``p`` and writes back."""
+        if p.is_contiguous():
+            self._staged.pop(i, None)
+            return torch.view_as_real(p) if p.is_complex() else p
+        buf = self._staged.get(i)
+        if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
+            buf = self._staged[i] = torch.empty(p.shape, dtype=p.dtype)
+        with torch.no_grad():
+            buf.copy_(p)
+        return torch.view_as_real(buf) if buf.is_complex() else buf
+
+    def _ensure_cpp(self):
+        if self._cpp is None:
+            g0 = self.param_groups[0]
+            self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0))
+            self._params = list(g0["params"])
+            self._synced = [self._options(g0)]
+            for group in self.param_groups[1:]:
+                self._cpp.add_group(self._tuples(group["params"], len(self._params)), self._options(group))
+                self._params.extend(group["params"])
+                self._synced.append(self._options(group))
+            self._unaliased = set(range(len(self._params)))
+            self._shapes = [(p.dtype, p.numel()) for p in self._params]
+            if self.state:  # loaded, or a copy's: into the C++ optimizer's memory
+                self._push_state()
+        return self._cpp
+
+    def _sync_options(self):
+        relayout = False
+        for g, group in enumerate(self.param_groups):
+            for k, v in self._changed_options(group, self._synced[g]):
+                self._cpp.set_option(g, k, v)
+                relayout = relayout or k != "lr"
+        if relayout:  # a changed option may change which state tensors exist
+            self._unaliased = set(range(len(self._params)))
+
+    def _alias(self, i):
+        views = self._cpp.state(i)
+        if not views:
+            return False
+        p = self._params[i]
+        state = {k: torch.from_numpy(v) for k, v in views.items()}
+        if p.is_complex():  # a complex parameter's state, complex as torch's (views of the real pairs)
+            state = {k: torch.view_as_complex(v) if v.dim() > 0 and v.shape[-1] == 2 and v.numel() == 2 * p.numel()
+                     else v for k, v in state.items()}
+        self.state[p] = state
+        return True
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self._run_closure(closure)
+        cpp = self._ensure_cpp()
+        self._sync_options()
+        addresses, grads, keep = [], [], []
+        for i, p in enumerate(self._params):
+            if (p.dtype, p.numel()) != self._shapes[i]:
+                raise ValueError(f"{self._label(p, i)} changed dtype or size since the optimizer took it "
+                                 f"(it has {self._shapes[i][1]} elements of {self._shapes[i][0]}); make the optimizer "
+                                 "after model.to(...)")
+            addresses.append(self._storage(p, i).data_ptr())
+            g = p.grad
+            if g is None:
+                grads.append(0)
+                continue
+            if g.is_sparse:
+                raise ValueError(f"{type(self).__name__} does not support sparse gradients ({self._label(p, i)})")
+            if g.dtype != p.dtype or g.shape != p.shape:
+                raise TypeError(f"{self._label(p, i)}: its gradient is {g.dtype} {tuple(g.shape)}")
+            if not g.is_contiguous():  # handled as torch handles it: on a contiguous copy
+                g = g.contiguous()
+                keep.append(g)
+            grads.append((torch.view_as_real(g) if g.is_complex() else g).data_ptr())
+        cpp.step(addresses, grads)
+        for i, buf in self._staged.items():
+            self._params[i].copy_(buf)
+        if self._unaliased:
+            self._unaliased = {i for i in self._unaliased if not self._alias(i)}
+            for i in self._unaliased:  # stepped without state: torch's entries (SGD's momentum_buffer None)
+                if grads[i] and self._none_state and not self.state.get(self._params[i]):
+                    self.state[self._params[i]] = dict.fromkeys(self._none_state)
+        return loss
+
+    # ---- state_dict ----
+    def state_dict(self):
+        """torch's; ``step`` a number where the installed torch keeps one."""
+        sd = super().state_dict()
+        if self._int_step:
+            sd["state"] = {k: dict(v) for k, v in sd["state"].items()}
+            for entries in sd["state"].values():
+                if torch.is_tensor(entries.get("step")):
+                    entries["step"] = int(entries["step"].item())
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """torch's load (validation, group options; an older format's missing
+        options from the defaults), then the saved state is copied into the
+        C++ optimizer's own memory, which ``state`` views."""
+        super().load_state_dict(state_dict)
+        if self._cpp is None:
+            self._ensure_cpp()  # takes the loaded state
+        else:
+            self._push_state()
+
+    def _push_state(self):
+        loaded = dict(self.state)
+        cpp = self._cpp
+        self._sync_options()
+        for i, p in enumerate(self._params):
+            saved = loaded.get(p)
+            if not saved:
+                continue
+            cpp.init_state(i)
+            for key, view in cpp.state(i).items():
+                if key not in saved or saved[key] is None:
+                    if key == "master_param":  # saved by torch: the parameter itself is the value
+                        view[...] = p.detach().float().numpy().reshape(view.shape)
+                        continue
+                    raise ValueError(f"{self._label(p, i)}: the loaded state lacks '{key}'")
+                value = torch.as_tensor(saved[key]).detach()
+                value = (torch.view_as_real(value) if value.is_complex() else value).to(torch.float32)
+                if value.numel() != view.size:
+                    raise ValueError(f"{self._label(p, i)}: loaded '{key}' has {value.numel()} elements, it needs {view.size}")
+                torch.from_numpy(view).copy_(value.reshape(view.shape))
+            self._alias(i)
+            self._unaliased.discard(i)
+        cpp.state_written()  # LAMB's group step count follows the loaded "step"
