@@ -386,3 +386,46 @@ def test_memory_per_rank_reads_each_strategys_model():
     assert memory_per_rank([1000, 10], "zero2", 4) > memory_per_rank([1000, 10], "zero1", 4)  # one big unit
     with pytest.raises(ValueError, match="unknown strategy|strategy 'nope'"):
         memory_per_rank(sizes, "nope", 4)
+
+
+TORCHRUN_WORLD = """
+import sys, torch
+import distopt.torch.comm as dcomm
+from distopt.torch.distributed import ShardedOptimizer
+c = dcomm.world()  # no init_process_group: torchrun's variables are enough
+t = torch.tensor([float(c.rank + 1)])
+c.all_reduce(t)
+p = torch.nn.Parameter(torch.full((4,), float(c.rank)))
+opt = ShardedOptimizer([p], "sgd", "zero1", lr=0.5)  # the default communicator is the same world
+p.grad = torch.ones(4)
+opt.step()
+with open(sys.argv[1] + f".{c.rank}", "w") as f:
+    f.write(f"{c.size} {c.backend} {t.item()} {p.tolist()}")
+"""
+
+
+def test_world_joins_the_group_torchrun_started(tmp_path):
+    """Under torchrun, comm.world() and ShardedOptimizer's default
+    communicator initialise torch's own gloo group from RANK, WORLD_SIZE,
+    MASTER_ADDR and MASTER_PORT: two ranks, one world."""
+    script = tmp_path / "world.py"
+    script.write_text(TORCHRUN_WORLD)
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--log_dir", str(tmp_path / "logs"),
+           "--nnodes", "1", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+           str(script), out]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+    for rank in (0, 1):
+        size, backend, total, params = open(f"{out}.{rank}").read().split(" ", 3)
+        assert (size, total) == ("2", "3.0"), (rank, size, backend, total)
+        assert params == "[-0.5, -0.5, -0.5, -0.5]"  # rank 0's values, minus lr times the averaged gradient
+
+
+def test_a_partial_torchrun_environment_is_one_line():
+    env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(RANK="0", WORLD_SIZE="2")
+    r = subprocess.run([sys.executable, "-c", "import distopt.torch.comm as c; c.world()"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "RuntimeError: RANK, WORLD_SIZE set but not MASTER_ADDR, MASTER_PORT" in r.stderr, r.stderr

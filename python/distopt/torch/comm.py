@@ -20,6 +20,7 @@ docs/gossip.md) over a topology.
 
 import atexit
 import datetime
+import os
 
 import torch
 
@@ -175,12 +176,40 @@ def single():
     return Communicator(_core.single())
 
 
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def world():
     """The process group's communicator when torch.distributed is
-    initialized; MPI's under mpirun; otherwise a single rank."""
+    initialized; under torchrun (RANK, WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT set) torch's own gloo group, initialized here from those
+    variables (env://: torch's store on MASTER_PORT, never a second one);
+    MPI's under mpirun; otherwise a single rank. A launch that sets some of
+    torchrun's variables but not all, or whose group cannot form, is a
+    one-line RuntimeError, never a silent single rank."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        return from_process_group()
+    given = [v for v in _TORCHRUN_VARS if os.environ.get(v)]
+    if given:
+        missing = [v for v in _TORCHRUN_VARS if v not in given]
+        if missing:
+            raise RuntimeError(f"{', '.join(given)} set but not {', '.join(missing)}: a torchrun launch sets all four "
+                               "(or call torch.distributed.init_process_group yourself)")
+        if not dist.is_available():
+            raise RuntimeError("torchrun's variables are set but this torch has no torch.distributed")
+        try:
+            dist.init_process_group("gloo", init_method="env://")
+        except Exception as e:  # noqa: BLE001 - one line naming the launch, whatever torch raised
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RuntimeError(f"torch.distributed.init_process_group('gloo') from RANK={os.environ['RANK']} "
+                               f"WORLD_SIZE={os.environ['WORLD_SIZE']} MASTER_ADDR={os.environ['MASTER_ADDR']} "
+                               f"MASTER_PORT={os.environ['MASTER_PORT']} failed: {first}") from e
+        # The group this made is destroyed at exit, before the interpreter
+        # tears down: a gloo group left to it can abort the process
+        # ("terminate called without an active exception").
+        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
         return from_process_group()
     if _core.launched_by_mpirun():
         return mpi_world()
