@@ -23,6 +23,11 @@ for f in ./usr/bin/distopt ./usr/lib/libdistopt.so.$version ./usr/lib/libdistopt
          ./usr/lib/cmake/distopt/distoptConfig.cmake ./usr/lib/pkgconfig/distopt.pc ./usr/share/doc/distopt/copyright; do
   grep -q " $f\( \|$\)" "$tmp/contents" || fail "the package lacks $f"
 done
+# The Python package in Debian's layout, where Debian's interpreter looks.
+if [ -f "$build/python/distopt/__init__.py" ]; then
+  grep -q " ./usr/lib/python3/dist-packages/distopt/_core\.cpython" "$tmp/contents" ||
+    fail "the package lacks distopt/_core in /usr/lib/python3/dist-packages: $(grep -m 3 python "$tmp/contents")"
+fi
 dpkg-deb -x "$deb" "$tmp/root" || fail "dpkg-deb -x"
 "$tmp/root/usr/bin/distopt" --version | grep -q "^distopt $version " || fail "unpacked distopt --version"
 "$tmp/root/usr/bin/distopt" train --data synthetic --train-size 512 --test-size 128 --world 2 --strategy zero2 --json \
