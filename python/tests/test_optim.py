@@ -311,3 +311,34 @@ def test_bf16_parameters_keep_fp32_master_weights():
     master = opt.state[p]["master_param"]
     assert master.dtype == torch.float32
     assert torch.equal(master.bfloat16(), p.detach())
+
+
+def test_a_loaded_bf16_state_keeps_its_fp32_values():
+    """torch's load_state_dict casts saved state to the parameter's dtype;
+    the fp32 master weights and moments of a bf16 parameter are copied in
+    as saved, not rounded to bf16."""
+    p = torch.nn.Parameter(torch.randn(8).to(torch.bfloat16))
+    opt = dopt.AdamW([p], lr=1e-3)
+    for _ in range(3):
+        p.grad = torch.randn(8).to(torch.bfloat16)
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    q = torch.nn.Parameter(p.detach().clone())
+    loaded = dopt.AdamW([q], lr=1e-3)
+    loaded.load_state_dict(copy.deepcopy(saved))
+    for key in ("master_param", "exp_avg", "exp_avg_sq"):
+        assert saved["state"][0][key].dtype == torch.float32
+        assert torch.equal(loaded.state[q][key], saved["state"][0][key]), key
+
+
+def test_a_refused_option_is_refused_at_every_step():
+    w = torch.nn.Parameter(torch.randn(3))
+    opt = dopt.Adam([w])
+    w.grad = torch.ones(3)
+    opt.step()
+    opt.param_groups[0]["betas"] = (1.5, 0.9)
+    for _ in range(2):  # not recorded as sent: the C++ side never took it
+        with pytest.raises(ValueError, match="Invalid beta parameter at index 0: 1.5"):
+            opt.step()
+    opt.param_groups[0]["betas"] = (0.8, 0.9)
+    opt.step()

@@ -53,13 +53,16 @@ class DistoptOptimizer(torch.optim.Optimizer):
             return closure()
 
     @staticmethod
-    def _changed_options(group, synced):
-        """The options of ``group`` whose values differ from those the C++
-        side has (``synced``, updated here), as (name, value) pairs."""
-        changed = []
+    def _send_changed_options(group, synced, send):
+        """``send(name, value)`` for each option of ``group`` whose value
+        differs from the one the C++ side has (``synced``), which records it
+        once sent (a value the C++ side refuses stays unsent, and is refused
+        again at the next step). Returns the names sent."""
+        sent = []
         for k, old in synced.items():
             v = group[k]
             if v != old:
+                send(k, v)
                 synced[k] = v
-                changed.append((k, v))
-        return changed
+                sent.append(k)
+        return sent

@@ -3,6 +3,7 @@ is one call of a C++ Optimizer over the parameters' own memory, with
 torch's protocol around it (construction-time checks, state_dict formats,
 copies, complex and non-contiguous parameters). docs/python.md."""
 
+import functools
 import inspect
 
 import torch
@@ -191,7 +192,7 @@ class _DistoptOptimizer(DistoptOptimizer):
             buf.copy_(p)
         return torch.view_as_real(buf) if buf.is_complex() else buf
 
-    def _ensure_cpp(self):
+    def _ensure_cpp(self, loaded=None):
         if self._cpp is None:
             g0 = self.param_groups[0]
             self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0))
@@ -204,15 +205,14 @@ class _DistoptOptimizer(DistoptOptimizer):
             self._unaliased = set(range(len(self._params)))
             self._shapes = [(p.dtype, p.numel()) for p in self._params]
             if self.state:  # loaded, or a copy's: into the C++ optimizer's memory
-                self._push_state()
+                self._push_state(loaded)
         return self._cpp
 
     def _sync_options(self):
         relayout = False
         for g, group in enumerate(self.param_groups):
-            for k, v in self._changed_options(group, self._synced[g]):
-                self._cpp.set_option(g, k, v)
-                relayout = relayout or k != "lr"
+            sent = self._send_changed_options(group, self._synced[g], functools.partial(self._cpp.set_option, g))
+            relayout = relayout or any(k != "lr" for k in sent)
         if relayout:  # a changed option may change which state tensors exist
             self._unaliased = set(range(len(self._params)))
 
@@ -276,15 +276,21 @@ class _DistoptOptimizer(DistoptOptimizer):
     def load_state_dict(self, state_dict):
         """torch's load (validation, group options; an older format's missing
         options from the defaults), then the saved state is copied into the
-        C++ optimizer's own memory, which ``state`` views."""
+        C++ optimizer's own memory, which ``state`` views. The values copied
+        are the saved ones as saved: torch's load casts them to the
+        parameter's dtype, which for a bf16/f16 parameter would round its
+        fp32 master weights and moments."""
         super().load_state_dict(state_dict)
+        saved = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        originals = {p: state_dict["state"][i] for i, p in zip(saved, params) if i in state_dict["state"]}
         if self._cpp is None:
-            self._ensure_cpp()  # takes the loaded state
+            self._ensure_cpp(originals)  # takes the loaded state
         else:
-            self._push_state()
+            self._push_state(originals)
 
-    def _push_state(self):
-        loaded = dict(self.state)
+    def _push_state(self, loaded=None):
+        loaded = dict(self.state) if loaded is None else loaded
         cpp = self._cpp
         self._sync_options()
         for i, p in enumerate(self._params):

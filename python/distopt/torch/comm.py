@@ -181,18 +181,22 @@ _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 def world():
     """The process group's communicator when torch.distributed is
-    initialized; under torchrun (RANK, WORLD_SIZE, MASTER_ADDR and
-    MASTER_PORT set) torch's own gloo group, initialized here from those
-    variables (env://: torch's store on MASTER_PORT, never a second one);
-    MPI's under mpirun; otherwise a single rank. A launch that sets some of
-    torchrun's variables but not all, or whose group cannot form, is a
-    one-line RuntimeError, never a silent single rank."""
+    initialized; MPI's under mpirun; under torchrun (RANK and WORLD_SIZE
+    set, with MASTER_ADDR and MASTER_PORT) torch's own gloo group,
+    initialized here from those variables (env://: torch's store on
+    MASTER_PORT, never a second one) and destroyed at exit; otherwise a
+    single rank. RANK and WORLD_SIZE without the other two, or a group
+    that cannot form, is a one-line RuntimeError, never a silent single
+    rank. (A program that wants an NCCL default group initialises it
+    itself, before this.)"""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         return from_process_group()
+    if _core.launched_by_mpirun():
+        return mpi_world()
     given = [v for v in _TORCHRUN_VARS if os.environ.get(v)]
-    if given:
+    if os.environ.get("RANK") and os.environ.get("WORLD_SIZE"):
         missing = [v for v in _TORCHRUN_VARS if v not in given]
         if missing:
             raise RuntimeError(f"{', '.join(given)} set but not {', '.join(missing)}: a torchrun launch sets all four "
@@ -211,8 +215,6 @@ def world():
         # ("terminate called without an active exception").
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
         return from_process_group()
-    if _core.launched_by_mpirun():
-        return mpi_world()
     return single()
 
 

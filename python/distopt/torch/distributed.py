@@ -169,8 +169,7 @@ class ShardedOptimizer(DistoptOptimizer):
                 p.grad = g
 
     def _sync_options(self):
-        for k, v in self._changed_options(self.param_groups[0], self._synced):
-            self._core.set_option(k, v)
+        self._send_changed_options(self.param_groups[0], self._synced, self._core.set_option)
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -139,8 +139,8 @@ class Adagrad(_DistoptOptimizer):
     ``p -= lr/(1 + (t-1)*lr_decay) * g/(sqrt(s) + eps)``.
 
     Arguments as torch's: lr, lr_decay, weight_decay (L2),
-    initial_accumulator_value, eps, maximize. Its state exists from
-    construction, as torch's.
+    initial_accumulator_value, eps, maximize. Its state is made at the
+    first step or load (torch's exists from construction).
 
     Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
     ``differentiable=True`` and ``capturable=True`` are refused at construction.
