@@ -22,6 +22,11 @@ sanitized() { nm "$bin" 2>/dev/null | grep -q "__asan_init\|__tsan_init"; }
 # scaled SECONDS: a time limit, four times as long under a sanitizer (which
 # runs the program several times slower).
 scaled() { if sanitized; then echo $(($1 * 4)); else echo "$1"; fi; }
+# worlds N...: the world sizes a loop of mpirun launches runs: all of them,
+# or under a sanitizer only the first (each launch there is about ten times
+# slower; the sanitizer checks the code paths, which the smallest world
+# already takes; the other sizes run in the unsanitized suite).
+worlds() { if sanitized; then echo "$1"; else echo "$@"; fi; }
 
 # started PID FILE: waits (at most 60 s) while PID lives until a temporary
 # file of FILE (FILE.tmp.*, the metrics, flushed at least once a second) has

@@ -9,7 +9,7 @@ source "$(dirname "$0")/check_lib.sh"
 args=(train --data synthetic --train-size 1024 --test-size 256 --epochs 2 --batch-size 96 --optimizer adam
       --lr 0.003 --seed 3 --progress none --json)
 hash_of() { tail -n 1 "$1" | grep -o '"param_hash": "[0-9a-f]*"'; }
-for np in 2 3; do
+for np in $(worlds 2 3); do
   "$bin" "${args[@]}" --world $np >"$tmp/threads" 2>"$tmp/err" || fail "threads world $np: $(cat "$tmp/err")"
   timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --export-params "$tmp/p.safetensors" \
     >"$tmp/mpi" 2>"$tmp/err" || fail "mpi np $np exited $?: $(tail -n 3 "$tmp/err")"
@@ -23,7 +23,7 @@ done
 # Every sharded strategy under mpirun, clipped and loss-scaled: the same
 # bits as ddp on the threads backend.
 sargs=("${args[@]}" --clip-grad-norm 0.5 --loss-scale dynamic --init-scale 1024 --bucket-cap-mb 0.01)
-for np in 2 4; do
+for np in $(worlds 2 4); do
   "$bin" "${sargs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads ddp $np: $(cat "$tmp/err")"
   for s in ddp zero1 zero2 zero3; do
     timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${sargs[@]}" --backend mpi --strategy $s \
@@ -36,7 +36,7 @@ done
 # Tiles: zero3 gathers a tiled layer a row block at a time (all_gather_v
 # from the ranks that hold it) and reduce-scatters its gradient the same
 # way; under mpirun, at even and uneven shards, ddp's bits on threads.
-for np in 2 3; do
+for np in $(worlds 2 3); do
   targs=("${args[@]}" --hidden 200,64 --tile-rows 48)
   "$bin" "${targs[@]}" --world $np --strategy ddp >"$tmp/threads" 2>"$tmp/err" || fail "threads tiles $np: $(cat "$tmp/err")"
   timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${targs[@]}" --backend mpi --strategy zero3 --prefetch-units 0 \
@@ -47,7 +47,7 @@ done
 # Non-pointwise rules (tensor_stats: per-tensor statistics reduced over the
 # ranks' pieces; whole_tensor: matrices gathered): every sharded strategy
 # under mpirun gives ddp's bits on threads.
-for np in 2 4; do
+for np in $(worlds 2 4); do
   for o in "lamb --lr 0.003 --max-grad-norm 0.5" "lars --lr 0.1 --weight-decay 0.001 --momentum 0.9" "adafactor --beta1 0.9" "muon --lr 0.02" \
            "shampoo --lr 0.02 --momentum 0.5 --update-freq 3 --hidden 16" \
            "adagrad_full --lr 0.05 --block-size 32 --update-freq 2 --hidden 16"; do
@@ -65,7 +65,7 @@ done
 # The gossip strategies and diloco (streaming, compressed): the same bits as
 # on the threads backend (their schedules do not depend on timing), 2 and 4
 # ranks.
-for np in 2 4; do
+for np in $(worlds 2 4); do
   for g in "sgp" "osgp --synch-freq 1" "dpsgd" "slowmo --slowmo-frequency 4" "slowmo --slowmo-base sgp --slowmo-frequency 4" \
            "diloco --sync-every 5" "diloco --sync-every 6 --fragments 3 --sync-delay 2 --fragment-alpha 0.5" \
            "diloco --sync-every 4 --fragments 2 --outer-dtype int4 --outer-error-feedback" "diloco --sync-every 4 --outer-dtype fp8"; do
@@ -84,7 +84,7 @@ done
 # within 5% (accuracy on this short run sits at a plateau that one run in
 # several leaves by chance, either way).
 loss_of() { tail -n 1 "$1" | grep -o '"test_loss": [0-9.e-]*' | cut -d' ' -f2; }
-for np in 2 3 4; do
+for np in $(worlds 2 3 4); do
   "$bin" "${args[@]}" --world $np --strategy adpsgd >"$tmp/threads" 2>"$tmp/err" || fail "threads adpsgd $np: $(cat "$tmp/err")"
   timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy adpsgd \
     >"$tmp/mpi" 2>"$tmp/err" || fail "mpi adpsgd np $np exited $?: $(tail -n 3 "$tmp/err")"
