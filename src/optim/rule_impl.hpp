@@ -35,9 +35,6 @@ DISTOPT_INTERNAL const RuleInfo& shampoo_rule();
 DISTOPT_INTERNAL const RuleInfo& adagrad_full_rule();
 #undef DISTOPT_INTERNAL
 
-// Option readers; resolve_options has already checked names and kinds.
-inline double num(const OptionMap& m, std::string_view k) { return m.find(k)->second.number(); }
-
 // One row of a rule's kOptions table: the option as the registry shows it
 // (name, default, help) and the member(s) of the rule's Options that
 // read_options fills from it, by the default's kind: a number one double, a
@@ -51,9 +48,8 @@ struct Field {
   constexpr Field(std::string_view name, OptionValue def, std::string_view help, bool O::*f)
       : spec{name, def, help}, flag(f) {}
   template <class... M>
-  requires(sizeof...(M) <= 3 && (std::is_same_v<M, double O::*> && ...)) constexpr Field(std::string_view name,
-                                                                                         OptionValue def,
-                                                                                         std::string_view help, M... m)
+    requires(sizeof...(M) <= 3 && (std::is_same_v<M, double O::*> && ...))
+  constexpr Field(std::string_view name, OptionValue def, std::string_view help, M... m)
       : spec{name, def, help}, nums{m...} {}
   // Whether the members match the default's kind (checked at compile time).
   constexpr bool consistent() const {
@@ -104,7 +100,8 @@ struct Usual {
   static constexpr Field<O> nesterov(bool d = false) { return {"nesterov", d, "Nesterov momentum", &O::nesterov}; }
 };
 
-// A rule's Options read from a complete map by its kOptions table.
+// A rule's Options read from a complete map (resolve_options has checked
+// names and kinds) by its kOptions table: the one reader of rule options.
 template <class O, std::size_t N>
 O read_options(const Field<O> (&fields)[N], const OptionMap& m) {
   O o{};

@@ -99,7 +99,7 @@ struct ShampooRule : WholeTensorRule {
     return l;
   }
   static void check_param(const OptionMap& options, const Shape& s) {
-    const double limit = num(options, "max_precond_dim");
+    const double limit = read_options(kOptions, options).max_precond_dim;
     require(s.size() <= static_cast<std::size_t>(kNamed), "shampoo takes tensors of up to ", kNamed,
             " dimensions; a parameter has shape ", to_string(s));
     for (std::size_t i = 0; i < s.size(); ++i)
