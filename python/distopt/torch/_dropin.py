@@ -29,19 +29,20 @@ def _torch_default(name, arg, otherwise):
     return otherwise if p is None or p.default is inspect.Parameter.empty else p.default
 
 
+@functools.lru_cache(maxsize=None)
 def _torch_keeps_int_step(name):
     """Whether the installed torch keeps ``state["step"]`` of
     ``torch.optim.<name>`` as a Python number (torch 1.13's Adadelta,
     RMSprop and Rprop) rather than a tensor: one step of torch's own
-    optimizer on one element says."""
-    cls = getattr(torch.optim, name, None)
+    optimizer on one element says, once, at the first state_dict()."""
+    cls = getattr(torch.optim, name, None) if name in _TORCH_NAMED else None
     if cls is None:
         return False
     p = torch.zeros(1, requires_grad=True)
     p.grad = torch.ones(1)
     opt = cls([p], lr=1e-3)
     opt.step()
-    return not torch.is_tensor(opt.state[p]["step"])
+    return isinstance(opt.state[p].get("step"), (int, float))
 
 
 def _listed(params):
@@ -65,7 +66,6 @@ class _DistoptOptimizer(DistoptOptimizer):
     _rule = None
     _dtypes = tuple(_DTYPES)
     _contiguous = False  # a non-contiguous parameter steps through a contiguous copy (_storage)
-    _int_step = False  # state_dict()'s "step" a number, as the installed torch keeps it
     _none_state = ()  # state keys torch sets to None for a stepped parameter without state
 
     def __init__(self, params, defaults):
@@ -161,10 +161,7 @@ class _DistoptOptimizer(DistoptOptimizer):
             self._check_param(p, first + k)
         if self._cpp is not None:
             self._cpp.add_group(self._tuples(group["params"], first), self._options(group))
-            self._params.extend(group["params"])
-            self._shapes.extend((p.dtype, p.numel()) for p in group["params"])
-            self._synced.append(self._options(group))
-            self._unaliased.update(range(first, len(self._params)))
+            self._track(group)
 
     # ---- the C++ side ----
     def _options(self, group):
@@ -196,17 +193,23 @@ class _DistoptOptimizer(DistoptOptimizer):
         if self._cpp is None:
             g0 = self.param_groups[0]
             self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0))
-            self._params = list(g0["params"])
-            self._synced = [self._options(g0)]
+            self._track(g0)
             for group in self.param_groups[1:]:
                 self._cpp.add_group(self._tuples(group["params"], len(self._params)), self._options(group))
-                self._params.extend(group["params"])
-                self._synced.append(self._options(group))
-            self._unaliased = set(range(len(self._params)))
-            self._shapes = [(p.dtype, p.numel()) for p in self._params]
+                self._track(group)
             if self.state:  # loaded, or a copy's: into the C++ optimizer's memory
                 self._push_state(loaded)
         return self._cpp
+
+    def _track(self, group):
+        """Records a group the C++ side has just taken: its parameters in
+        order, their (dtype, numel), its options as sent, and that their
+        state has no torch view yet."""
+        first = len(self._params)
+        self._params.extend(group["params"])
+        self._shapes.extend((p.dtype, p.numel()) for p in group["params"])
+        self._synced.append(self._options(group))
+        self._unaliased.update(range(first, len(self._params)))
 
     def _sync_options(self):
         relayout = False
@@ -266,7 +269,7 @@ class _DistoptOptimizer(DistoptOptimizer):
     def state_dict(self):
         """torch's; ``step`` a number where the installed torch keeps one."""
         sd = super().state_dict()
-        if self._int_step:
+        if _torch_keeps_int_step(type(self).__name__):
             sd["state"] = {k: dict(v) for k, v in sd["state"].items()}
             for entries in sd["state"].values():
                 if torch.is_tensor(entries.get("step")):

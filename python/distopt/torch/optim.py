@@ -28,7 +28,7 @@ Copies (deepcopy, pickle, torch.save) step on as the original
 (docs/python.md, "What torch's own tests check").
 """
 
-from ._dropin import _DistoptOptimizer, _torch_default, _torch_keeps_int_step
+from ._dropin import _DistoptOptimizer, _torch_default
 
 
 class SGD(_DistoptOptimizer):
@@ -126,7 +126,6 @@ class Adadelta(_DistoptOptimizer):
     """
 
     _rule = "adadelta"
-    _int_step = _torch_keeps_int_step("Adadelta")
 
     def __init__(self, params, lr=1.0, rho=0.9, eps=1e-6, weight_decay=0, foreach=None, *, maximize=False,
                  differentiable=False, capturable=False):
@@ -170,7 +169,6 @@ class RMSprop(_DistoptOptimizer):
     """
 
     _rule = "rmsprop"
-    _int_step = _torch_keeps_int_step("RMSprop")
 
     def __init__(self, params, lr=1e-2, alpha=0.99, eps=1e-8, weight_decay=0, momentum=0, centered=False,
                  foreach=None, maximize=False, differentiable=False, capturable=False):
@@ -234,7 +232,6 @@ class Rprop(_DistoptOptimizer):
     """
 
     _rule = "rprop"
-    _int_step = _torch_keeps_int_step("Rprop")
 
     def __init__(self, params, lr=1e-2, etas=(0.5, 1.2), step_sizes=(1e-6, 50), foreach=None, maximize=False, *,
                  capturable=False, differentiable=False):
