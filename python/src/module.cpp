@@ -144,6 +144,10 @@ class PyOptimizer {
     if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
     opt_.init_state(i);
   }
+  void reset_state(std::size_t i) {
+    if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
+    opt_.reset_state(i);
+  }
   void state_written() { opt_.state_written(); }
   bool has_state(std::size_t i) const { return opt_.has_state(i); }
   std::size_t num_params() const { return opt_.num_params(); }
@@ -228,6 +232,7 @@ PYBIND11_MODULE(_core, m) {
       .def("step", &PyOptimizer::step)
       .def("state", [](py::object self, std::size_t i) { return self.cast<PyOptimizer&>().state(self, i); })
       .def("init_state", &PyOptimizer::init_state)
+      .def("reset_state", &PyOptimizer::reset_state)
       .def("state_written", &PyOptimizer::state_written)
       .def("has_state", &PyOptimizer::has_state)
       .def("rule_of_group", &PyOptimizer::rule_of_group)

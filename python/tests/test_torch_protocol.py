@@ -470,6 +470,41 @@ def test_a_copied_optimizer_steps_on_as_the_original(how):
     _equal(opt.state_dict(), opt2.state_dict())
 
 
+TORCH_NAMED = [("SGD", dict(lr=0.1, momentum=0.9)), ("Adam", dict(lr=0.1)), ("AdamW", dict(lr=0.1)),
+               ("Adamax", dict(lr=0.1)), ("Adadelta", dict()), ("Adagrad", dict(lr=0.1)), ("RMSprop", dict(lr=0.01)),
+               ("NAdam", dict(lr=0.1)), ("RAdam", dict(lr=0.1)), ("Rprop", dict()), ("ASGD", dict(lr=0.1))]
+
+
+@pytest.mark.parametrize("name,kw", TORCH_NAMED, ids=[n for n, _ in TORCH_NAMED])
+def test_a_loaded_dict_without_a_parameters_entry_starts_it_afresh(name, kw):
+    """torch's load_state_dict drops the state of a parameter the dict has no
+    entry for, so its next step starts from step 0: a loaded optimizer that
+    had stepped that parameter must forget its moments, as torch's does."""
+    torch.manual_seed(0)
+    a, b = torch.randn(6), torch.randn(4)
+    grads = [(torch.randn(6), torch.randn(4)) for _ in range(6)]
+    runs = []
+    for module in (torch.optim, dopt):
+        pa, pb = a.clone().requires_grad_(), b.clone().requires_grad_()
+        opt = getattr(module, name)([pa, pb], **kw)
+        donor = getattr(torch.optim, name)([pa.detach().clone().requires_grad_(),
+                                            pb.detach().clone().requires_grad_()], **kw)
+        donor.param_groups[0]["params"][0].grad = grads[0][0].clone()
+        donor.step()  # only its first parameter has state
+        for k, (ga, gb) in enumerate(grads):
+            if k == 3:
+                opt.load_state_dict(copy.deepcopy(donor.state_dict()))
+                assert bool(opt.state.get(pb)) == (name == "Adagrad")  # torch's Adagrad: state from the start
+            pa.grad, pb.grad = ga.clone(), gb.clone()
+            opt.step()
+        runs.append((pa.detach(), pb.detach(), opt.state_dict()))
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(runs[1][1], runs[0][1], rtol=1e-6, atol=1e-7)
+    for key, value in runs[0][2]["state"][1].items():
+        torch.testing.assert_close(torch.as_tensor(runs[1][2]["state"][1][key]).float(),
+                                   torch.as_tensor(value).float(), rtol=1e-6, atol=1e-7)
+
+
 def test_zero_grad_both_ways_closures_and_groups_added_before_and_after_steps():
     torch.manual_seed(0)
     a, b, c = (torch.nn.Parameter(torch.randn(4)) for _ in range(3))

@@ -192,6 +192,8 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
     auto it = std::find(st.tensor_names.begin(), st.tensor_names.end(), gl.layout.tensors[k]);
     if (it != st.tensor_names.end()) {
       tensors.push_back(std::move(st.tensors[it - st.tensor_names.begin()]));
+      if (!st.initialized && !tensors.back().empty())  // kept through reset_state: starts afresh
+        fill_floats(tensors.back().as<float>(), n, fill[k], device_);
       continue;
     }
     const bool needed = rule.tensor_needed == nullptr || rule.tensor_needed(groups_[g].options, k, tensor_shape_of(i));
@@ -207,6 +209,8 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
       st.aux = Buffer(a * sizeof(float), kFirstStateSlot + kMaxStateTensors + 1);
       std::fill_n(st.aux.as<float>(), a, 0.0f);
       created = true;
+    } else if (!st.initialized) {
+      std::fill_n(st.aux.as<float>(), a, 0.0f);
     }
   }
   float kept[kMaxStateScalars];
@@ -219,7 +223,8 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
   st.tensor_names = gl.layout.tensors;
   st.scalar_names = gl.layout.scalars;
   if (!st.initialized && p.value.dtype != DType::f32) {
-    st.master = Buffer(n * sizeof(float), kMasterSlot, device_, str("master weights of ", param_label(p, i)));
+    if (st.master.size_bytes() != n * sizeof(float))
+      st.master = Buffer(n * sizeof(float), kMasterSlot, device_, str("master weights of ", param_label(p, i)));
     widen_to_floats(st.master.as<float>(), p.value.data, p.value.dtype, n, device_);
   }
   st.initialized = true;

@@ -1,6 +1,6 @@
 // The Optimizer's state, read and written (include/distopt/optim/optimizer.hpp): per-parameter
-// access (has_state, state_tensor, state_scalar, state_views, init_state), torch's state_dict and
-// load_state_dict, and its size (state_bytes, master_bytes).
+// access (has_state, state_tensor, state_scalar, state_views, init_state, reset_state), torch's
+// state_dict and load_state_dict, and its size (state_bytes, master_bytes).
 #include "distopt/optim/optimizer.hpp"
 
 #include <algorithm>
@@ -77,6 +77,15 @@ std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
 void Optimizer::init_state(std::size_t i) {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
   ensure_state(i, group_of_[i]);
+}
+
+void Optimizer::reset_state(std::size_t i) {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  ParamState& st = *state_[i];
+  st.initialized = false;  // ensure_state re-fills the kept buffers
+  st.scalar_names = {};
+  if (group_rules_[group_of_[i]]->eager_state) ensure_state(i, group_of_[i]);
+  state_written();  // a group-counted step (LAMB) follows the parameters that keep state
 }
 
 StateDict Optimizer::state_dict() const {

@@ -186,6 +186,11 @@ class Optimizer {
   // Creates parameter i's state now, as its first step would (what torch's
   // load_state_dict needs before it copies saved values in).
   void init_state(std::size_t i);
+  // Returns parameter i to "no state yet", as torch's load_state_dict does
+  // for a parameter the loaded dict has no entry for: its next step starts
+  // it afresh (step 0, the rule's initial values). The memory is kept and
+  // re-filled then, so views handed out earlier stay valid memory.
+  void reset_state(std::size_t i);
   // After values were written into the state through state_views (a load):
   // recomputes what the optimizer keeps beside the state from it -- the
   // step count of group-counted rules (LAMB) -- as load_state_dict does.

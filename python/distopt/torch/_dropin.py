@@ -298,7 +298,11 @@ class _DistoptOptimizer(DistoptOptimizer):
         self._sync_options()
         for i, p in enumerate(self._params):
             saved = loaded.get(p)
-            if not saved:
+            if not saved:  # as torch: no entry, no state; the next step starts it afresh
+                if cpp.has_state(i):
+                    cpp.reset_state(i)
+                    if not self._alias(i):  # an eager-state rule (Adagrad) has its fresh state now
+                        self._unaliased.add(i)
                 continue
             cpp.init_state(i)
             for key, view in cpp.state(i).items():
