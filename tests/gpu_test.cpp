@@ -223,6 +223,28 @@ TEST(Gpu, StateLoadedOnTheDeviceContinuesAsOnTheCpu) {
   EXPECT_EQ(0, std::memcmp(x.data(), sb.data(), x.size() * sizeof(float)));
 }
 
+// torch's current stream (the legacy default stream, handle 0): the steps are
+// enqueued without waiting, ten of them in a row (more than the staging
+// ring's slots), and give the bits of steps complete on return; a
+// parameter reset in between starts afresh on both.
+TEST(Gpu, StepsEnqueuedOnACallersStreamHaveTheOwnStreamsBits) {
+  NEED_DEVICE();
+  const std::vector<std::size_t> sizes{70001, 1, 4096};
+  Tensors own(Device::cuda, DType::f32, sizes), caller(Device::cuda, DType::f32, sizes);
+  Optimizer a("adam", own.params(), {{"amsgrad", true}}), b("adam", caller.params(), {{"amsgrad", true}});
+  b.set_cuda_stream(std::uintptr_t{0});
+  for (int step = 0; step < 10; ++step) {
+    for (std::size_t k = 0; k < sizes.size(); ++k)
+      own.set(own.grads[k], k, 10 + step), caller.set(caller.grads[k], k, 10 + step);
+    if (step == 6) a.reset_state(1), b.reset_state(1);
+    a.step();
+    b.step();
+  }
+  synchronize_stream(0);
+  for (std::size_t k = 0; k < sizes.size(); ++k) EXPECT_EQ(own.bytes(k), caller.bytes(k)) << "parameter " << k;
+  EXPECT_EQ(b.state_scalar(1, "step"), 4.0);  // reset before the seventh of ten steps
+}
+
 TEST(Gpu, OutOfMemoryIsOneLineNamingTheSize) {
   NEED_DEVICE();
   try {

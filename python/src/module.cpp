@@ -13,9 +13,11 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "distopt/core/device.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/data/dataset.hpp"
 #include "distopt/core/thread_pool.hpp"
@@ -81,16 +83,19 @@ DType to_dtype(const std::string& s) {
   return t;
 }
 
-// One parameter as Python describes it: (name, address, dtype, shape).
-using ParamTuple = std::tuple<std::string, std::uintptr_t, std::string, std::vector<std::int64_t>>;
+// One parameter as Python describes it: (name, address, dtype, shape,
+// device: "cpu" or "cuda").
+using ParamTuple = std::tuple<std::string, std::uintptr_t, std::string, std::vector<std::int64_t>, std::string>;
 
 std::vector<Param> to_params(const std::vector<ParamTuple>& list) {
   std::vector<Param> ps;
-  for (const auto& [name, address, dtype, shape] : list) {
+  for (const auto& [name, address, dtype, shape, device_name] : list) {
+    Device device;
+    if (!parse_device(device_name, &device)) throw InvalidInput(str(name, ": unsupported device '", device_name, "'"));
     Param p;
     p.name = name;
-    p.value = {reinterpret_cast<void*>(address), to_dtype(dtype), Shape(shape.begin(), shape.end())};
-    p.grad = {nullptr, p.value.dtype, p.value.shape};
+    p.value = {reinterpret_cast<void*>(address), to_dtype(dtype), Shape(shape.begin(), shape.end()), device};
+    p.grad = {nullptr, p.value.dtype, p.value.shape, device};
     ps.push_back(std::move(p));
   }
   return ps;
@@ -130,16 +135,23 @@ class PyOptimizer {
     py::gil_scoped_release release;
     opt_.step();
   }
-  // Parameter i's state as {key: numpy array viewing the optimizer's memory}.
+  // Parameter i's state as {key: view of the optimizer's memory}: a numpy
+  // array for host memory, whose base keeps the optimizer alive; for device
+  // memory, (address, shape), which python/distopt/torch/_dropin.py hands to
+  // torch as a __cuda_array_interface__ holding the optimizer.
   py::dict state(py::object self, std::size_t i) {
     if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
     py::dict d;
     for (const auto& v : opt_.state_views(i)) {
       std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
-      d[py::str(v.key)] = py::array_t<float>(shape, v.data, self);
+      if (v.device == Device::cpu) d[py::str(v.key)] = py::array_t<float>(shape, v.data, self);
+      else d[py::str(v.key)] = py::make_tuple(reinterpret_cast<std::uintptr_t>(v.data), py::tuple(py::cast(shape)));
     }
     return d;
   }
+  // None: steps on this thread's own stream, complete on return; a handle
+  // (torch.cuda.current_stream().cuda_stream): enqueued there.
+  void set_cuda_stream(std::optional<std::uintptr_t> stream) { opt_.set_cuda_stream(stream); }
   void init_state(std::size_t i) {
     if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
     opt_.init_state(i);
@@ -222,6 +234,16 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("rule"), py::arg("options"),
       "the rule's checks of these options (its defaults fill the rest): ValueError naming the first bad one");
+  m.def("cuda_unavailable_reason", &cuda_unavailable_reason,
+        "why this build cannot step CUDA tensors here ('' when it can: built with CUDA, a device visible)");
+  m.def(
+      "why_rule_cannot_run",
+      [](const std::string& rule, const std::string& device_name) {
+        Device device;
+        if (!parse_device(device_name, &device)) throw InvalidInput(str("unsupported device '", device_name, "'"));
+        return why_rule_cannot_run(rule, device);
+      },
+      "'' when the rule has a kernel for the device ('cpu' or 'cuda'), else the one-line reason");
   m.def("locality", [](const std::string& rule) { return std::string(name_of(rule_or_throw(rule).locality)); });
   py::class_<PyOptimizer>(m, "Optimizer")
       .def(py::init<const std::string&, const std::vector<ParamTuple>&, const py::dict&, int>(), py::arg("rule"),
@@ -233,6 +255,7 @@ PYBIND11_MODULE(_core, m) {
       .def("state", [](py::object self, std::size_t i) { return self.cast<PyOptimizer&>().state(self, i); })
       .def("init_state", &PyOptimizer::init_state)
       .def("reset_state", &PyOptimizer::reset_state)
+      .def("set_cuda_stream", &PyOptimizer::set_cuda_stream, py::arg("stream"))
       .def("state_written", &PyOptimizer::state_written)
       .def("has_state", &PyOptimizer::has_state)
       .def("rule_of_group", &PyOptimizer::rule_of_group)

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -26,5 +27,7 @@ void fill(float* dst, std::size_t n, float value);
 void widen(float* dst, const void* src, DType t, std::size_t n);
 void zero(void* p, std::size_t bytes);
 void synchronize();
+// Waits for a caller's stream (a cudaStream_t as an integer; 0 is the legacy default stream).
+void synchronize_stream(std::uintptr_t stream);
 
 }  // namespace distopt::cuda

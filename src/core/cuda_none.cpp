@@ -27,5 +27,6 @@ void fill(float*, std::size_t, float) { refuse(); }
 void widen(float*, const void*, DType, std::size_t) { refuse(); }
 void zero(void*, std::size_t) { refuse(); }
 void synchronize() {}
+void synchronize_stream(std::uintptr_t) {}
 
 }  // namespace distopt::cuda

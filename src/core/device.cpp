@@ -72,4 +72,6 @@ void synchronize(Device d) {
   if (d == Device::cuda) cuda::synchronize();
 }
 
+void synchronize_stream(std::uintptr_t stream) { cuda::synchronize_stream(stream); }
+
 }  // namespace distopt

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -23,11 +24,19 @@ inline void check(cudaError_t e, std::string_view what) {
 std::string human_bytes(std::size_t bytes);
 
 // A pinned host staging area of the calling thread for kernel metadata, and
-// a device area it is copied to, each at least `bytes` (grown on demand).
+// a device area it is copied to, each at least `bytes` (grown on demand),
+// free to overwrite: the next slot of a small per-thread ring, whose last
+// use has finished (waited for, on the host). After enqueueing the copy and
+// the launches that read it, call staging_used with their stream.
 struct Staging {
   unsigned char* host = nullptr;
   unsigned char* device = nullptr;
 };
 Staging staging(std::size_t bytes);
+void staging_used(cudaStream_t stream);
+
+// A caller's stream from its handle (core/cuda_backend.hpp): 0 is the
+// legacy default stream (torch's default), not this thread's own.
+cudaStream_t as_stream(std::uintptr_t handle);
 
 }  // namespace distopt::cuda

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -113,7 +114,10 @@ __global__ void __launch_bounds__(kThreads)
 bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
 template <class M>
-void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices) {
+void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+            std::optional<std::uintptr_t> caller) {
+  // The caller's stream, or this thread's own (stream 0 under --default-stream per-thread).
+  const cudaStream_t stream = caller ? as_stream(*caller) : cudaStream_t{0};
   // Order the tensors by (flags, dtype): one launch per run of equal keys.
   const std::size_t k = slices.size();
   std::vector<unsigned> key(k);
@@ -171,7 +175,7 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
   std::memcpy(area.host, blobs.data(), blob_bytes);
   std::memcpy(area.host + blob_bytes, entries.data(), entry_bytes);
   std::memcpy(area.host + blob_bytes + entry_bytes, first_chunk.data(), first_chunk.size() * sizeof(unsigned));
-  check(cudaMemcpyAsync(area.device, area.host, bytes, cudaMemcpyHostToDevice, 0), str(rule, " step: metadata"));
+  check(cudaMemcpyAsync(area.device, area.host, bytes, cudaMemcpyHostToDevice, stream), str(rule, " step: metadata"));
   const auto* dev_blobs = reinterpret_cast<const RuleBlob*>(area.device);
   const auto* dev_entries = reinterpret_cast<const Entry*>(area.device + blob_bytes);
   const auto* dev_first = reinterpret_cast<const unsigned*>(area.device + blob_bytes + entry_bytes);
@@ -186,20 +190,22 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
     rules::dispatch_mask<M::kFlags>(flags, [&](auto... f) {
       dispatch_dtype(slices[src].dtype, [&]<class T>() {
         pointwise_kernel<M, T, decltype(f)::value...>
-            <<<chunks, kThreads>>>(dev_blobs, dev_entries + first, dev_first + first, count);
+            <<<chunks, kThreads, 0, stream>>>(dev_blobs, dev_entries + first, dev_first + first, count);
       });
     });
     check(cudaGetLastError(), str(rule, " step: kernel launch over ", count, " tensors"));
   }
-  // The staging area is reused by the next step; the step is also complete
-  // when it returns, as on the CPU.
-  check(cudaStreamSynchronize(0), str(rule, " step"));
+  staging_used(stream);
+  // On this thread's own stream the step is complete when it returns, as on
+  // the CPU; on a caller's it is ordered with the caller's other work.
+  if (!caller) check(cudaStreamSynchronize(stream), str(rule, " step"));
 }
 
 }  // namespace
 
-bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices) {
-  return rules::with_pointwise_math(rule, [&]<class M>() { launch<M>(rule, coeffs, slices); });
+bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+         std::optional<std::uintptr_t> stream) {
+  return rules::with_pointwise_math(rule, [&]<class M>() { launch<M>(rule, coeffs, slices, stream); });
 }
 
 }  // namespace distopt::cuda::DISTOPT_FP_NS

@@ -8,10 +8,12 @@
 
 namespace distopt::cuda {
 namespace ieee {
-bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices);
+bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+         std::optional<std::uintptr_t> stream);
 }
 namespace ftz {
-bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices);
+bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+         std::optional<std::uintptr_t> stream);
 }
 
 bool has_kernel(std::string_view rule) {
@@ -24,9 +26,9 @@ std::string_view kernel_rules() {
 }
 
 void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-                    bool flush) {
+                    bool flush, std::optional<std::uintptr_t> stream) {
   if (coeffs.size() != slices.size()) throw PreconditionError("pointwise_step: one coefficient block per slice");
-  const bool ran = flush ? ftz::run(rule, coeffs, slices) : ieee::run(rule, coeffs, slices);
+  const bool ran = flush ? ftz::run(rule, coeffs, slices, stream) : ieee::run(rule, coeffs, slices, stream);
   if (!ran) throw InvalidInput(str(rule, " has no CUDA kernel (the device runs ", kernel_rules(), ")"));
 }
 

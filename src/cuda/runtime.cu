@@ -54,11 +54,19 @@ std::size_t rounded(std::size_t bytes) {
   return (bytes + r - 1) / r * r;
 }
 
+// Blocks are kept per device: a process may step parameters on several
+// (one optimizer per device), and a block serves only the device it is on.
+struct Key {
+  int device;
+  std::size_t size;
+  bool operator<(const Key& o) const { return device != o.device ? device < o.device : size < o.size; }
+};
+
 struct Pool {
   std::mutex mu;
-  std::multimap<std::size_t, void*> cached;     // size -> block
-  std::unordered_map<void*, std::size_t> used;  // block -> size
-  std::size_t held = 0;                         // bytes cudaMalloc'd and not yet freed
+  std::multimap<Key, void*> cached;     // (device, size) -> block
+  std::unordered_map<void*, Key> used;  // block -> (device, size)
+  std::size_t held = 0;                 // bytes cudaMalloc'd and not yet freed
 };
 
 Pool& pool() {
@@ -67,10 +75,14 @@ Pool& pool() {
 }
 
 void release_cached_locked(Pool& p) {
-  for (auto& [size, block] : p.cached) {
+  int current = 0;
+  (void)cudaGetDevice(&current);
+  for (auto& [key, block] : p.cached) {
+    (void)cudaSetDevice(key.device);
     cudaFree(block);
-    p.held -= size;
+    p.held -= key.size;
   }
+  (void)cudaSetDevice(current);
   p.cached.clear();
 }
 
@@ -78,12 +90,14 @@ void release_cached_locked(Pool& p) {
 
 void* alloc(std::size_t bytes, std::string_view what) {
   const std::size_t size = rounded(bytes == 0 ? 1 : bytes);
+  int device = 0;
+  check(cudaGetDevice(&device), str("allocating ", human_bytes(bytes), " for ", what));
   Pool& p = pool();
   void* block = nullptr;
   {
     std::lock_guard lock(p.mu);
-    const auto it = p.cached.lower_bound(size);
-    if (it != p.cached.end() && it->first <= 2 * size) {
+    const auto it = p.cached.lower_bound({device, size});
+    if (it != p.cached.end() && it->first.device == device && it->first.size <= 2 * size) {
       block = it->second;
       p.used[block] = it->first;
       p.cached.erase(it);
@@ -103,7 +117,7 @@ void* alloc(std::size_t bytes, std::string_view what) {
                                 human_bytes(free_bytes), " free of ", human_bytes(total), ")"));
         check(e, str("cudaMalloc of ", human_bytes(bytes), " for ", what));
       }
-      p.used[block] = size;
+      p.used[block] = {device, size};
       p.held += size;
     }
   }
@@ -191,31 +205,74 @@ void zero(void* p, std::size_t bytes) {
 
 void synchronize() { check(cudaStreamSynchronize(0), "synchronize"); }
 
+cudaStream_t as_stream(std::uintptr_t handle) {
+  return handle == 0 ? cudaStreamLegacy : reinterpret_cast<cudaStream_t>(handle);
+}
+
+void synchronize_stream(std::uintptr_t handle) {
+  check(cudaStreamSynchronize(as_stream(handle)), "waiting for the caller's stream");
+}
+
+namespace {
+
+// One slot of a thread's staging ring: pinned host memory, the device
+// memory it is copied to, and an event recorded after the last launch that
+// read them.
+struct Slot {
+  unsigned char* host = nullptr;
+  unsigned char* device = nullptr;
+  std::size_t size = 0;
+  cudaEvent_t used{};
+  bool recorded = false;
+  ~Slot() {
+    if (recorded) (void)cudaEventSynchronize(used);
+    if (used) (void)cudaEventDestroy(used);
+    if (host) cudaFreeHost(host);
+    if (device) cuda::free(device);
+  }
+};
+
+// Four slots: a step waits for the launches of the step four before it,
+// which the device has long finished unless the host runs that far ahead.
+constexpr int kSlots = 4;
+
+struct Ring {
+  Slot slots[kSlots];
+  int next = 0;
+};
+
+thread_local Ring ring;
+
+}  // namespace
+
 Staging staging(std::size_t bytes) {
-  struct Area {
-    unsigned char* host = nullptr;
-    unsigned char* device = nullptr;
-    std::size_t size = 0;
-    ~Area() {
-      if (host) cudaFreeHost(host);
-      if (device) cuda::free(device);
-    }
-  };
-  thread_local Area area;
-  if (area.size < bytes) {
+  Slot& slot = ring.slots[ring.next];
+  if (slot.recorded) {
+    check(cudaEventSynchronize(slot.used), "waiting for a staging area");
+    slot.recorded = false;
+  }
+  if (!slot.used) check(cudaEventCreateWithFlags(&slot.used, cudaEventDisableTiming), "creating an event");
+  if (slot.size < bytes) {
     const std::size_t size = bytes < 4096 ? 4096 : bytes * 2;
-    if (area.host) cudaFreeHost(area.host);
-    if (area.device) cuda::free(area.device);
-    area.host = nullptr;
-    area.device = nullptr;
-    area.size = 0;
+    if (slot.host) cudaFreeHost(slot.host);
+    if (slot.device) cuda::free(slot.device);
+    slot.host = nullptr;
+    slot.device = nullptr;
+    slot.size = 0;
     void* h = nullptr;
     check(cudaMallocHost(&h, size), str("pinned staging of ", human_bytes(size)));
-    area.host = static_cast<unsigned char*>(h);
-    area.device = static_cast<unsigned char*>(alloc(size, "kernel metadata"));
-    area.size = size;
+    slot.host = static_cast<unsigned char*>(h);
+    slot.device = static_cast<unsigned char*>(alloc(size, "kernel metadata"));
+    slot.size = size;
   }
-  return {area.host, area.device};
+  return {slot.host, slot.device};
+}
+
+void staging_used(cudaStream_t stream) {
+  Slot& slot = ring.slots[ring.next];
+  check(cudaEventRecord(slot.used, stream), "recording a staging area's use");
+  slot.recorded = true;
+  ring.next = (ring.next + 1) % kSlots;
 }
 
 }  // namespace distopt::cuda

@@ -4,6 +4,8 @@
 // interface of optim for src/cuda/ (docs/architecture.md, "Layers").
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -21,7 +23,11 @@ std::string_view kernel_rules();
 // picks the kernels built with -ftz=true (the caller's CPU flushes
 // denormals: DenormalMode::flush), so the bits match the CPU's in either
 // mode.
+// `stream`: none, the calling thread's own stream, and the step is complete
+// when this returns (as on the CPU); or a caller's stream (a cudaStream_t as
+// an integer, 0 the legacy default stream: torch's current stream), on
+// which the step is enqueued without waiting for it.
 void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-                    bool flush);
+                    bool flush, std::optional<std::uintptr_t> stream);
 
 }  // namespace distopt::cuda

@@ -67,7 +67,14 @@ Optimizer::Optimizer(std::string_view rule, std::vector<Param> params, OptionMap
         return g;
       }(), std::move(defaults), config) {}
 
-Optimizer::~Optimizer() = default;
+Optimizer::~Optimizer() {
+  // Device state goes back to the pool, whose next user must not overwrite
+  // it under a step still queued on the caller's stream.
+  if (device_ == Device::cuda && cuda_stream_) try {
+      synchronize_stream(*cuda_stream_);
+    } catch (const std::exception&) {  // a failed device: nothing left to order
+    }
+}
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
@@ -380,6 +387,13 @@ void Optimizer::step() {
   active_.clear();
   const bool threaded = config_.pool != nullptr && config_.pool->size() > 1;
   const std::size_t chunk = threaded ? std::max<std::size_t>(config_.chunk_elements, 64) : SIZE_MAX;
+  if (device_ == Device::cuda && cuda_stream_)  // state made now reads parameters the caller's stream writes
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (params_[i].has_grad &&
+          (!state_[i]->initialized || state_[i]->layout_version != layouts_[group_of_[i]].version)) {
+        synchronize_stream(*cuda_stream_);
+        break;
+      }
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const RuleInfo& rule = *group_rules_[g];
     rule.parse(groups_[g].options, parsed_[g]);
@@ -422,7 +436,7 @@ void Optimizer::step_on_device() {
         coeffs.push_back(&coeffs_[i]);
         slices.push_back(slice_of(i, 0, static_cast<std::size_t>(params_[i].value.numel())));
       }
-    if (!slices.empty()) cuda::pointwise_step(group_rules_[g]->name, coeffs, slices, flush);
+    if (!slices.empty()) cuda::pointwise_step(group_rules_[g]->name, coeffs, slices, flush, cuda_stream_);
   }
 }
 

@@ -58,19 +58,18 @@ std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
   ParamState& st = *state_[i];
   std::vector<StateView> views;
   if (!st.initialized) return views;
-  if (device_ != Device::cpu) throw InvalidInput("state_views: the state is on the device (use state_dict)");
   const Shape& shape = params_[i].value.shape;
   for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
     views.push_back({std::string(st.scalar_names[k]), &st.scalars[k], {}});
   for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
     if (st.tensors[k].empty() && params_[i].value.numel() > 0) continue;  // not kept for this shape
-    views.push_back({std::string(st.tensor_names[k]), st.tensors[k].as<float>(), shape});
+    views.push_back({std::string(st.tensor_names[k]), st.tensors[k].as<float>(), shape, device_});
   }
   const RuleInfo& rule = *group_rules_[group_of_[i]];
   if (rule.aux_parts != nullptr)
     for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
       views.push_back({std::string(part.name), st.aux.as<float>() + part.offset, part.shape});
-  if (!st.master.empty()) views.push_back({"master_param", st.master.as<float>(), shape});
+  if (!st.master.empty()) views.push_back({"master_param", st.master.as<float>(), shape, device_});
   return views;
 }
 

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -57,5 +58,8 @@ void widen_to_floats(float* dst, const void* src, DType t, std::size_t n, Device
 void zero_bytes(void* p, std::size_t bytes, Device d);
 // Waits for the calling thread's stream (no-op on the CPU).
 void synchronize(Device d);
+// Waits for a caller's CUDA stream: a cudaStream_t as an integer, 0 being
+// the legacy default stream (torch's default stream; no-op without CUDA).
+void synchronize_stream(std::uintptr_t stream);
 
 }  // namespace distopt

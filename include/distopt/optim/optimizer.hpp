@@ -154,6 +154,14 @@ class Optimizer {
   // tensor_stats rules reduce their statistics with the stats reduce (every
   // rank must then step the same parameters).
   void step();
+  // Where a device step runs (parameters on Device::cuda). By default, on
+  // the calling thread's own stream, and the step is complete when step()
+  // returns, as on the CPU. Given a caller's stream (a cudaStream_t as an
+  // integer, 0 the legacy default stream: torch's current stream), the step
+  // is enqueued on it and step() returns without waiting, ordered with the
+  // caller's other work there; only a step that creates state first waits
+  // for that stream (the state's first values are read from the parameters).
+  void set_cuda_stream(std::optional<std::uintptr_t> stream) { cuda_stream_ = stream; }
   // Set by a parallel engine whose parameters are pieces of tensors spread
   // over ranks (or replicated, with stat ranges): see Param::stat_begin.
   void set_stats_reduce(StatsReduce reduce) { stats_reduce_ = std::move(reduce); }
@@ -172,15 +180,18 @@ class Optimizer {
   std::span<const float> state_tensor(std::size_t i, std::string_view key) const;
   double state_scalar(std::size_t i, std::string_view key) const;
 
-  // The state of parameter i in place (CPU memory the optimizer owns), by
+  // The state of parameter i in place (memory the optimizer owns), by
   // torch key: tensors with their shapes, scalars (such as "step") as
   // 0-dim views. The Python front end hands them to torch zero-copy. Valid
   // until load_state_dict or a layout change re-creates them; empty before
-  // the parameter's first step (see init_state).
+  // the parameter's first step (see init_state). Scalars and the tensor_stats
+  // rules' aux state are always host memory; the state tensors and master
+  // weights of device parameters are on the device.
   struct StateView {
     std::string key;
     float* data;
     Shape shape;  // {} for a scalar
+    Device device = Device::cpu;
   };
   std::vector<StateView> state_views(std::size_t i);
   // Creates parameter i's state now, as its first step would (what torch's
@@ -232,6 +243,7 @@ class Optimizer {
 
   const RuleInfo* rule_;
   Device device_ = Device::cpu;  // of every parameter (add_param_group checks)
+  std::optional<std::uintptr_t> cuda_stream_;  // set_cuda_stream
   OptionMap defaults_;
   OptimizerConfig config_;
   std::vector<Param> params_;

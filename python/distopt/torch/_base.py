@@ -11,11 +11,14 @@ the collectives of ``comm.py``).
 
 import torch
 
+from .. import _core
 
-def check_tensor(t, label, dtypes, what="distopt.torch steps", contiguous=True):
+
+def check_tensor(t, label, dtypes, what="distopt.torch steps", contiguous=True, devices=("cpu",)):
     """Raises the one-line TypeError or ValueError naming ``label`` when
-    ``t`` is not a dense CPU tensor of one of ``dtypes`` (contiguous unless
-    told otherwise)."""
+    ``t`` is not a dense tensor of one of ``dtypes`` on one of ``devices``
+    ("cpu", "cuda": a CUDA device this build can use), contiguous unless
+    told otherwise."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{label}: expected a torch.Tensor, got {type(t).__name__}")
     names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
@@ -23,8 +26,13 @@ def check_tensor(t, label, dtypes, what="distopt.torch steps", contiguous=True):
         raise ValueError(f"{label} is sparse; {what} dense tensors")
     if t.is_complex() or t.dtype not in dtypes:
         raise TypeError(f"{label} is {'complex ' if t.is_complex() else ''}{t.dtype}; {what} {names}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{label} is on {t.device}; {what} CPU tensors (CUDA: docs/gpu.md)")
+    if t.device.type not in devices:
+        kinds = " and ".join("CUDA" if d == "cuda" else d.upper() for d in devices)
+        raise ValueError(f"{label} is on {t.device}; {what} {kinds} tensors (CUDA: docs/gpu.md)")
+    if t.device.type == "cuda":
+        why = _core.cuda_unavailable_reason()
+        if why:
+            raise ValueError(f"{label} is on {t.device}, but {why}")
     if contiguous and not t.is_contiguous():
         raise ValueError(f"{label} is not contiguous; pass t.contiguous() (or a contiguous model)")
 
@@ -36,12 +44,13 @@ class DistoptOptimizer(torch.optim.Optimizer):
 
     _dtypes = (torch.float32,)
     _contiguous = True
+    _devices = ("cpu",)
 
     def _label(self, p, i):
         return f"{type(self).__name__}: parameter {i} (shape {tuple(p.shape)})"
 
     def _check_param(self, p, i):
-        check_tensor(p, self._label(p, i), self._dtypes, contiguous=self._contiguous)
+        check_tensor(p, self._label(p, i), self._dtypes, contiguous=self._contiguous, devices=self._devices)
 
     @staticmethod
     def _run_closure(closure):

@@ -3,6 +3,7 @@ is one call of a C++ Optimizer over the parameters' own memory, with
 torch's protocol around it (construction-time checks, state_dict formats,
 copies, complex and non-contiguous parameters). docs/python.md."""
 
+import contextlib
 import functools
 import inspect
 
@@ -45,6 +46,19 @@ def _torch_keeps_int_step(name):
     return isinstance(opt.state[p].get("step"), (int, float))
 
 
+class _DeviceArray:
+    """Device memory of the C++ optimizer as torch takes it zero-copy
+    (``__cuda_array_interface__``); holds the C++ optimizer, as the numpy
+    base does for host state."""
+
+    __slots__ = ("__cuda_array_interface__", "_owner")
+
+    def __init__(self, address, shape, owner):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<f4", "data": (address, False),
+                                         "strides": None, "version": 2}
+        self._owner = owner
+
+
 def _listed(params):
     """``params`` as a list whose groups' parameters are lists too, so that
     reading it twice finds them (a tensor, or None, as it is: torch's own
@@ -65,6 +79,7 @@ class _DistoptOptimizer(DistoptOptimizer):
 
     _rule = None
     _dtypes = tuple(_DTYPES)
+    _devices = ("cpu", "cuda")
     _contiguous = False  # a non-contiguous parameter steps through a contiguous copy (_storage)
     _none_state = ()  # state keys torch sets to None for a stepped parameter without state
 
@@ -108,8 +123,8 @@ class _DistoptOptimizer(DistoptOptimizer):
             raise ValueError(f"{name}: differentiable=True is not supported (distopt's step is one C++ call outside "
                              f"autograd); use torch.optim.{name} for a differentiable step")
         if defaults.get("capturable"):
-            raise ValueError(f"{name}: capturable=True needs CUDA parameters; distopt.torch steps CPU tensors "
-                             "(CUDA: docs/gpu.md)")
+            raise ValueError(f"{name}: capturable=True (a step inside a CUDA graph) is not supported: distopt's step "
+                             "makes its coefficients on the host (docs/gpu.md)")
         return params
 
     # ---- copies: deepcopy, pickle, torch.save, load_state_dict ----
@@ -142,6 +157,14 @@ class _DistoptOptimizer(DistoptOptimizer):
                                 "real tensors (pass torch.view_as_real(p) if its pairs are what you mean)")
             p = torch.view_as_real(p)
         super()._check_param(p, i)
+        if p.device.type == "cuda":
+            why = _core.why_rule_cannot_run(self._rule, "cuda")
+            if why:
+                raise ValueError(f"{self._label(p, i)} is on {p.device}, but {why}")
+        first = next(q for g in self.param_groups for q in g["params"])
+        if p.device != first.device:
+            raise ValueError(f"{self._label(p, i)} is on {p.device}, parameter 0 on {first.device}; one optimizer "
+                             "steps parameters on one device (make one per device)")
 
     def _label(self, p, i=None):
         return super()._label(p, self._index_of(p) if i is None else i)
@@ -171,8 +194,18 @@ class _DistoptOptimizer(DistoptOptimizer):
         out = []
         for k, p in enumerate(params):
             t = self._storage(p, first + k)
-            out.append((f"params[{first + k}]", t.data_ptr(), _DTYPES[t.dtype], list(t.shape)))
+            out.append((f"params[{first + k}]", t.data_ptr(), _DTYPES[t.dtype], list(t.shape), t.device.type))
         return out
+
+    def _device(self):
+        """The device of every parameter (checked as they are added)."""
+        return next(p for g in self.param_groups for p in g["params"]).device
+
+    def _on_device(self):
+        """Where the C++ side's calls run: on a CUDA parameter's device (its
+        memory is allocated there), else nowhere in particular."""
+        device = self._device()
+        return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
     def _storage(self, p, i):
         """The memory the C++ step updates for parameter ``i``: ``p`` itself
@@ -183,23 +216,27 @@ class _DistoptOptimizer(DistoptOptimizer):
             self._staged.pop(i, None)
             return torch.view_as_real(p) if p.is_complex() else p
         buf = self._staged.get(i)
-        if buf is None or buf.shape != p.shape or buf.dtype != p.dtype:
-            buf = self._staged[i] = torch.empty(p.shape, dtype=p.dtype)
+        if buf is None or buf.shape != p.shape or buf.dtype != p.dtype or buf.device != p.device:
+            buf = self._staged[i] = torch.empty(p.shape, dtype=p.dtype, device=p.device)
         with torch.no_grad():
             buf.copy_(p)
         return torch.view_as_real(buf) if buf.is_complex() else buf
 
     def _ensure_cpp(self, loaded=None):
         if self._cpp is None:
-            g0 = self.param_groups[0]
-            self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0))
-            self._track(g0)
-            for group in self.param_groups[1:]:
-                self._cpp.add_group(self._tuples(group["params"], len(self._params)), self._options(group))
-                self._track(group)
-            if self.state:  # loaded, or a copy's: into the C++ optimizer's memory
-                self._push_state(loaded)
+            with self._on_device():
+                self._make_cpp(loaded)
         return self._cpp
+
+    def _make_cpp(self, loaded):
+        g0 = self.param_groups[0]
+        self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0))
+        self._track(g0)
+        for group in self.param_groups[1:]:
+            self._cpp.add_group(self._tuples(group["params"], len(self._params)), self._options(group))
+            self._track(group)
+        if self.state:  # loaded, or a copy's: into the C++ optimizer's memory
+            self._push_state(loaded)
 
     def _track(self, group):
         """Records a group the C++ side has just taken: its parameters in
@@ -219,12 +256,22 @@ class _DistoptOptimizer(DistoptOptimizer):
         if relayout:  # a changed option may change which state tensors exist
             self._unaliased = set(range(len(self._params)))
 
+    def _views(self, i):
+        """Parameter i's C++ state as torch tensors viewing its memory (host
+        or device), by torch key."""
+        out = {}
+        for k, v in self._cpp.state(i).items():
+            if isinstance(v, tuple):  # device memory: (address, shape)
+                out[k] = torch.as_tensor(_DeviceArray(v[0], v[1], self._cpp), device=self._params[i].device)
+            else:
+                out[k] = torch.from_numpy(v)
+        return out
+
     def _alias(self, i):
-        views = self._cpp.state(i)
-        if not views:
+        state = self._views(i)
+        if not state:
             return False
         p = self._params[i]
-        state = {k: torch.from_numpy(v) for k, v in views.items()}
         if p.is_complex():  # a complex parameter's state, complex as torch's (views of the real pairs)
             state = {k: torch.view_as_complex(v) if v.dim() > 0 and v.shape[-1] == 2 and v.numel() == 2 * p.numel()
                      else v for k, v in state.items()}
@@ -255,7 +302,10 @@ class _DistoptOptimizer(DistoptOptimizer):
                 g = g.contiguous()
                 keep.append(g)
             grads.append((torch.view_as_real(g) if g.is_complex() else g).data_ptr())
-        cpp.step(addresses, grads)
+        with self._on_device():
+            if self._device().type == "cuda":  # enqueued on torch's stream, ordered with its kernels
+                cpp.set_cuda_stream(torch.cuda.current_stream().cuda_stream)
+            cpp.step(addresses, grads)
         for i, buf in self._staged.items():
             self._params[i].copy_(buf)
         if self._unaliased:
@@ -290,12 +340,15 @@ class _DistoptOptimizer(DistoptOptimizer):
         if self._cpp is None:
             self._ensure_cpp(originals)  # takes the loaded state
         else:
-            self._push_state(originals)
+            with self._on_device():
+                self._push_state(originals)
 
     def _push_state(self, loaded=None):
         loaded = dict(self.state) if loaded is None else loaded
         cpp = self._cpp
         self._sync_options()
+        if self._device().type == "cuda":  # the C++ side fills new state on its own stream, from the parameters
+            torch.cuda.current_stream().synchronize()
         for i, p in enumerate(self._params):
             saved = loaded.get(p)
             if not saved:  # as torch: no entry, no state; the next step starts it afresh
@@ -305,17 +358,18 @@ class _DistoptOptimizer(DistoptOptimizer):
                         self._unaliased.add(i)
                 continue
             cpp.init_state(i)
-            for key, view in cpp.state(i).items():
+            for key, view in self._views(i).items():
                 if key not in saved or saved[key] is None:
                     if key == "master_param":  # saved by torch: the parameter itself is the value
-                        view[...] = p.detach().float().numpy().reshape(view.shape)
+                        view.copy_(p.detach().float().reshape(view.shape))
                         continue
                     raise ValueError(f"{self._label(p, i)}: the loaded state lacks '{key}'")
                 value = torch.as_tensor(saved[key]).detach()
                 value = (torch.view_as_real(value) if value.is_complex() else value).to(torch.float32)
-                if value.numel() != view.size:
-                    raise ValueError(f"{self._label(p, i)}: loaded '{key}' has {value.numel()} elements, it needs {view.size}")
-                torch.from_numpy(view).copy_(value.reshape(view.shape))
+                if value.numel() != view.numel():
+                    raise ValueError(f"{self._label(p, i)}: loaded '{key}' has {value.numel()} elements, "
+                                     f"it needs {view.numel()}")
+                view.copy_(value.reshape(view.shape))
             self._alias(i)
             self._unaliased.discard(i)
         cpp.state_written()  # LAMB's group step count follows the loaded "step"

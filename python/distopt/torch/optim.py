@@ -12,8 +12,9 @@ same name and the other way round (docs/python.md).
 
 One C++ call steps every parameter (``step``): the parameters are updated in
 place in their own memory, and the state tensors of ``optimizer.state`` are
-views of the C++ optimizer's memory (zero-copy). Parameters are CPU tensors
-of float32, bfloat16 or float16 (bf16/f16 get fp32 master weights,
+views of the C++ optimizer's memory (zero-copy). Parameters are CPU or CUDA
+tensors (CUDA: the pointwise rules, one launch per group on torch's current
+stream; docs/gpu.md) of float32, bfloat16 or float16 (bf16/f16 get fp32 master weights,
 ``state[p]["master_param"]``); complex64 ones step as their real pairs, as
 torch's pointwise rules step them, and non-contiguous ones through a
 contiguous copy; anything else is a one-line TypeError or ValueError naming

@@ -1,0 +1,136 @@
+"""The drop-ins on CUDA parameters (docs/gpu.md, "From PyTorch").
+
+Every test but the first two needs a CUDA device that both the installed
+torch and this build of distopt can use, and skips with the reason
+otherwise (the project's machines have nvcc and no GPU; the GPU test
+machine runs them through scripts/bench_gpu under its torch 2.x).
+
+The reference is the same drop-in on CPU copies of the same parameters and
+gradients: the device step runs each rule's CPU source per element, so
+parameters and state agree bit for bit.
+"""
+
+import copy
+
+import pytest
+import torch
+
+import distopt._core as _core
+import distopt.torch.optim as dopt
+
+WHY = _core.cuda_unavailable_reason() or ("" if torch.cuda.is_available() else "the installed torch has no CUDA")
+needs_cuda = pytest.mark.skipif(bool(WHY), reason=f"no CUDA here: {WHY}")
+
+# The rules with CUDA kernels, one option set each that exercises their state.
+POINTWISE = [("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)), ("SGD", dict(lr=0.1)),
+             ("Adam", dict(lr=0.01, amsgrad=True)), ("AdamW", dict(lr=0.01)), ("Adamax", dict(lr=0.01)),
+             ("Adadelta", dict(weight_decay=0.1)), ("Adagrad", dict(lr=0.1, initial_accumulator_value=0.1)),
+             ("RMSprop", dict(lr=0.01, centered=True, momentum=0.5)), ("NAdam", dict(lr=0.01)),
+             ("RAdam", dict(lr=0.01)), ("Rprop", dict()), ("ASGD", dict(lr=0.01)), ("Lion", dict(lr=1e-3))]
+SHAPES = [(0,), (1,), (7, 3), (70001,), (64, 65)]
+
+
+def test_a_device_distopt_does_not_step_is_one_line():
+    p = torch.empty(3, device="meta", requires_grad=True)
+    with pytest.raises(ValueError, match=r"^Adam: parameter 0 \(shape \(3,\)\) is on meta; distopt.torch steps CPU "
+                                         r"and CUDA tensors \(CUDA: docs/gpu.md\)$"):
+        dopt.Adam([p])
+
+
+def test_the_reason_cuda_cannot_be_used_is_one_line():
+    why = _core.cuda_unavailable_reason()
+    assert "\n" not in why
+    assert why == "" or why.startswith(("this build has no CUDA", "no CUDA device"))
+
+
+def _params(device, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).to(dtype).to(device).requires_grad_() for s in SHAPES]
+
+
+def _run(name, kw, device, dtype, steps=6, stream=None):
+    params = _params(device, dtype)
+    opt = getattr(dopt, name)(params, **kw)
+    g = torch.Generator().manual_seed(1)
+    grads = [[torch.randn(p.shape, generator=g).to(dtype) for p in params] for _ in range(steps)]
+    for k in range(steps):
+        for p, gr in zip(params, grads[k]):
+            p.grad = gr.to(device)
+        if stream is None:
+            opt.step()
+        else:  # the user's side stream: the step must follow the gradients written on it
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for p in params:
+                    p.grad.mul_(1.0)
+                opt.step()
+            torch.cuda.current_stream().wait_stream(stream)
+    return params, opt
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("name,kw", POINTWISE, ids=[f"{n}-{i}" for i, (n, _) in enumerate(POINTWISE)])
+def test_cuda_parameters_step_with_the_cpu_bits(name, kw, dtype):
+    ours, opt = _run(name, kw, "cuda", dtype)
+    ref, ref_opt = _run(name, kw, "cpu", dtype)
+    for k, (p, q) in enumerate(zip(ours, ref)):
+        assert p.device.type == "cuda"
+        assert torch.equal(p.detach().cpu(), q.detach()), f"parameter {k}"
+        for key, value in ref_opt.state[q].items():
+            mine = opt.state[p][key]
+            if torch.is_tensor(value):
+                assert mine.device == (p.device if value.dim() > 0 else torch.device("cpu")), key
+                assert torch.equal(mine.cpu(), value), f"parameter {k}, state {key}"
+
+
+@needs_cuda
+def test_the_step_runs_on_torchs_current_stream():
+    stream = torch.cuda.Stream()
+    ours, _ = _run("AdamW", dict(lr=0.01), "cuda", torch.float32, stream=stream)
+    torch.cuda.synchronize()
+    ref, _ = _run("AdamW", dict(lr=0.01), "cpu", torch.float32)
+    for p, q in zip(ours, ref):
+        assert torch.equal(p.detach().cpu(), q.detach())
+
+
+@needs_cuda
+def test_state_dict_interchanges_with_torchs_optimizer_on_cuda():
+    params, opt = _run("Adam", dict(lr=0.01), "cuda", torch.float32)
+    theirs = [p.detach().clone().requires_grad_() for p in params]
+    ref = torch.optim.Adam(theirs, lr=0.01)
+    ref.load_state_dict(copy.deepcopy(opt.state_dict()))
+    again = dopt.Adam([p.detach().clone().requires_grad_() for p in params], lr=0.01)
+    again.load_state_dict(copy.deepcopy(ref.state_dict()))
+    for o, ps in ((ref, theirs), (again, again.param_groups[0]["params"]), (opt, params)):
+        for p in ps:
+            p.grad = torch.ones_like(p)
+        o.step()
+    for p, q, r in zip(params, theirs, again.param_groups[0]["params"]):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        assert torch.equal(p, r)
+
+
+@needs_cuda
+def test_non_contiguous_cuda_parameters_step_through_a_copy():
+    base = torch.randn(10, 5, 2, device="cuda")
+    p = base[..., 0].requires_grad_()
+    q = p.detach().cpu().requires_grad_()
+    for o, t in ((dopt.Adam([p], lr=0.1), p), (dopt.Adam([q], lr=0.1), q)):
+        t.grad = torch.ones(t.shape, device=t.device)
+        o.step()
+    assert torch.equal(p.detach().cpu(), q.detach())
+
+
+@needs_cuda
+def test_mixed_devices_and_rules_without_a_kernel_are_refused_at_construction():
+    a = torch.zeros(3, device="cuda", requires_grad=True)
+    b = torch.zeros(3, requires_grad=True)
+    with pytest.raises(ValueError, match=r"parameter 1 .* is on cpu, parameter 0 on cuda:0; one optimizer steps "
+                                         r"parameters on one device"):
+        dopt.Adam([a, b])
+    with pytest.raises(ValueError, match=r"^LAMB: parameter 0 \(shape \(3,\)\) is on cuda:0, but lamb has no CUDA "
+                                         r"kernel yet"):
+        dopt.LAMB([a])
+    with pytest.raises(ValueError, match="capturable=True"):
+        dopt.Adam([a], capturable=True)
