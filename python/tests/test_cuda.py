@@ -134,3 +134,23 @@ def test_mixed_devices_and_rules_without_a_kernel_are_refused_at_construction():
         dopt.LAMB([a])
     with pytest.raises(ValueError, match="capturable=True"):
         dopt.Adam([a], capturable=True)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cpu_offload_of_cuda_parameters_has_the_cpu_bits_and_no_device_state(dtype):
+    ours = _params("cuda", dtype)
+    ref = _params("cpu", dtype)
+    opt, ref_opt = dopt.CPUOffload(ours, lr=0.01, threads=2), dopt.AdamW(ref, lr=0.01)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        for p, q in zip(ours, ref):
+            q.grad = torch.randn(q.shape, generator=g).to(dtype)
+            p.grad = q.grad.cuda()
+        opt.step()
+        ref_opt.step()
+    torch.cuda.synchronize()
+    for p, q in zip(ours, ref):
+        assert torch.equal(p.detach().cpu(), q.detach())
+        assert all(t.device.type == "cpu" for t in opt.state[p].values())
+        assert p.numel() == 0 or opt.state[p]["master_param"].is_pinned()

@@ -30,6 +30,7 @@ Copies (deepcopy, pickle, torch.save) step on as the original
 """
 
 from ._dropin import _DistoptOptimizer, _torch_default
+from ._offload import CPUOffload  # noqa: F401
 
 
 class SGD(_DistoptOptimizer):
@@ -406,4 +407,4 @@ class AdagradFull(_DistoptOptimizer):
 
 
 __all__ = ["SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "RMSprop", "NAdam", "RAdam", "Rprop", "ASGD",
-           "Lion", "LAMB", "LARS", "Adafactor", "Muon", "Shampoo", "AdagradFull"]
+           "Lion", "LAMB", "LARS", "Adafactor", "Muon", "Shampoo", "AdagradFull", "CPUOffload"]
