@@ -54,17 +54,23 @@ def _run(name, kw, device, dtype, steps=6, stream=None):
     g = torch.Generator().manual_seed(1)
     grads = [[torch.randn(p.shape, generator=g).to(dtype) for p in params] for _ in range(steps)]
     for k in range(steps):
-        for p, gr in zip(params, grads[k]):
-            p.grad = gr.to(device)
         if stream is None:
+            for p, gr in zip(params, grads[k]):
+                p.grad = gr.to(device)
             opt.step()
-        else:  # the user's side stream: the step must follow the gradients written on it
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for p in params:
-                    p.grad.mul_(1.0)
-                opt.step()
-            torch.cuda.current_stream().wait_stream(stream)
+            continue
+        # The user's side stream (non-blocking, as torch makes them): it is
+        # busy for about 0.1 s, then the gradients land; the step, enqueued
+        # there, must follow them, and step() must return before they land
+        # (but the first, which makes the state from the parameters, waits).
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            torch.cuda._sleep(200_000_000)
+            for p, gr in zip(params, grads[k]):
+                p.grad = gr.to(device)
+            opt.step()
+            assert k == 0 or not stream.query(), "step() waited for the stream"
+        torch.cuda.current_stream().wait_stream(stream)
     return params, opt
 
 

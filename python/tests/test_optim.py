@@ -297,7 +297,7 @@ def test_a_parameter_changed_under_the_optimizer_is_refused():
     opt.step()
     model.double()  # the parameters' storage is now float64
     model(torch.randn(4, 3, dtype=torch.float64)).sum().backward()
-    with pytest.raises(ValueError, match="changed dtype or size since the optimizer took it"):
+    with pytest.raises(ValueError, match="changed dtype, size or device since the optimizer took it"):
         opt.step()
 
 

@@ -29,5 +29,8 @@ void zero(void* p, std::size_t bytes);
 void synchronize();
 // Waits for a caller's stream (a cudaStream_t as an integer; 0 is the legacy default stream).
 void synchronize_stream(std::uintptr_t stream);
+// The calling thread's current device; waiting for all work on a device.
+int current_device();
+void synchronize_device(int device);
 
 }  // namespace distopt::cuda

@@ -28,5 +28,7 @@ void widen(float*, const void*, DType, std::size_t) { refuse(); }
 void zero(void*, std::size_t) { refuse(); }
 void synchronize() {}
 void synchronize_stream(std::uintptr_t) {}
+int current_device() { return 0; }
+void synchronize_device(int) {}
 
 }  // namespace distopt::cuda

@@ -73,5 +73,7 @@ void synchronize(Device d) {
 }
 
 void synchronize_stream(std::uintptr_t stream) { cuda::synchronize_stream(stream); }
+int cuda_current_device() { return cuda::current_device(); }
+void synchronize_cuda_device(int device) { cuda::synchronize_device(device); }
 
 }  // namespace distopt

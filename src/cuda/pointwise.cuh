@@ -113,6 +113,29 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
+// The launches of one step: run r covers entries [run_begin[r], run_begin[r+1]).
+template <class M>
+void launch_runs(std::string_view rule, const std::vector<unsigned>& key, const std::vector<std::size_t>& run_begin,
+                 const std::vector<std::size_t>& run_chunks, const std::vector<std::size_t>& run_src,
+                 std::span<const Slice> slices, std::size_t n_entries, const RuleBlob* dev_blobs,
+                 const Entry* dev_entries, const unsigned* dev_first, cudaStream_t stream) {
+  for (std::size_t r = 0; r < run_begin.size(); ++r) {
+    const std::size_t first = run_begin[r];
+    const std::size_t last = r + 1 < run_begin.size() ? run_begin[r + 1] : n_entries;
+    const std::size_t src = run_src[r];
+    const unsigned flags = key[src] / 4u;
+    const unsigned chunks = static_cast<unsigned>(run_chunks[r]);
+    const unsigned count = static_cast<unsigned>(last - first);
+    rules::dispatch_mask<M::kFlags>(flags, [&](auto... f) {
+      dispatch_dtype(slices[src].dtype, [&]<class T>() {
+        pointwise_kernel<M, T, decltype(f)::value...>
+            <<<chunks, kThreads, 0, stream>>>(dev_blobs, dev_entries + first, dev_first + first, count);
+      });
+    });
+    check(cudaGetLastError(), str(rule, " step: kernel launch over ", count, " tensors"));
+  }
+}
+
 template <class M>
 void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
             std::optional<std::uintptr_t> caller) {
@@ -180,20 +203,15 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
   const auto* dev_entries = reinterpret_cast<const Entry*>(area.device + blob_bytes);
   const auto* dev_first = reinterpret_cast<const unsigned*>(area.device + blob_bytes + entry_bytes);
 
-  for (std::size_t r = 0; r < run_begin.size(); ++r) {
-    const std::size_t first = run_begin[r];
-    const std::size_t last = r + 1 < run_begin.size() ? run_begin[r + 1] : entries.size();
-    const std::size_t src = run_src[r];
-    const unsigned flags = key[src] / 4u;
-    const unsigned chunks = static_cast<unsigned>(run_chunks[r]);
-    const unsigned count = static_cast<unsigned>(last - first);
-    rules::dispatch_mask<M::kFlags>(flags, [&](auto... f) {
-      dispatch_dtype(slices[src].dtype, [&]<class T>() {
-        pointwise_kernel<M, T, decltype(f)::value...>
-            <<<chunks, kThreads, 0, stream>>>(dev_blobs, dev_entries + first, dev_first + first, count);
-      });
-    });
-    check(cudaGetLastError(), str(rule, " step: kernel launch over ", count, " tensors"));
+  try {
+    launch_runs<M>(rule, key, run_begin, run_chunks, run_src, slices, entries.size(), dev_blobs, dev_entries, dev_first,
+                   stream);
+  } catch (...) {
+    try {  // work already enqueued may read the area: it must not be reused before that work is done
+      staging_used(stream);
+    } catch (...) {
+    }
+    throw;
   }
   staging_used(stream);
   // On this thread's own stream the step is complete when it returns, as on

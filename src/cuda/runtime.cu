@@ -8,8 +8,10 @@
 
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "../core/cuda_backend.hpp"
 #include "check.cuh"
@@ -215,9 +217,8 @@ void synchronize_stream(std::uintptr_t handle) {
 
 namespace {
 
-// One slot of a thread's staging ring: pinned host memory, the device
-// memory it is copied to, and an event recorded after the last launch that
-// read them.
+// One slot of a staging ring: pinned host memory, the device memory it is
+// copied to, and an event recorded after the last launch that read them.
 struct Slot {
   unsigned char* host = nullptr;
   unsigned char* device = nullptr;
@@ -232,47 +233,82 @@ struct Slot {
   }
 };
 
-// Four slots: a step waits for the launches of the step four before it,
-// which the device has long finished unless the host runs that far ahead.
-constexpr int kSlots = 4;
+// A thread's ring on one device (its slots' events and memory belong to
+// that device). A launch takes the next slot; when that slot's last launches
+// have not finished (the host is ahead of the device by more launches than
+// the ring has slots: many groups, a deep queue), the ring grows by a slot
+// instead of waiting, up to kMaxSlots, past which it waits.
+constexpr std::size_t kMaxSlots = 64;
 
 struct Ring {
-  Slot slots[kSlots];
-  int next = 0;
+  std::vector<std::unique_ptr<Slot>> slots;
+  std::size_t next = 0;
 };
 
-thread_local Ring ring;
+thread_local std::map<int, Ring> rings;  // by device ordinal
+thread_local Ring* taken = nullptr;      // the ring whose slot `next` staging() handed out
 
 }  // namespace
 
 Staging staging(std::size_t bytes) {
-  Slot& slot = ring.slots[ring.next];
-  if (slot.recorded) {
-    check(cudaEventSynchronize(slot.used), "waiting for a staging area");
-    slot.recorded = false;
+  int device = 0;
+  check(cudaGetDevice(&device), "staging kernel metadata");
+  Ring& ring = rings[device];
+  if (ring.slots.empty()) ring.slots.push_back(std::make_unique<Slot>());
+  Slot* slot = ring.slots[ring.next].get();
+  if (slot->recorded) {
+    const cudaError_t q = cudaEventQuery(slot->used);
+    if (q == cudaErrorNotReady) (void)cudaGetLastError();  // not an error: keep it from later checks
+    if (q == cudaSuccess) {
+      slot->recorded = false;
+    } else if (q == cudaErrorNotReady && ring.slots.size() < kMaxSlots) {
+      ring.slots.insert(ring.slots.begin() + static_cast<std::ptrdiff_t>(ring.next), std::make_unique<Slot>());
+      slot = ring.slots[ring.next].get();
+    } else {
+      if (q != cudaErrorNotReady) check(q, "a staging area's event");
+      check(cudaEventSynchronize(slot->used), "waiting for a staging area");
+      slot->recorded = false;
+    }
   }
-  if (!slot.used) check(cudaEventCreateWithFlags(&slot.used, cudaEventDisableTiming), "creating an event");
-  if (slot.size < bytes) {
+  if (!slot->used) check(cudaEventCreateWithFlags(&slot->used, cudaEventDisableTiming), "creating an event");
+  if (slot->size < bytes) {
     const std::size_t size = bytes < 4096 ? 4096 : bytes * 2;
-    if (slot.host) cudaFreeHost(slot.host);
-    if (slot.device) cuda::free(slot.device);
-    slot.host = nullptr;
-    slot.device = nullptr;
-    slot.size = 0;
+    if (slot->host) cudaFreeHost(slot->host);
+    if (slot->device) cuda::free(slot->device);
+    slot->host = nullptr;
+    slot->device = nullptr;
+    slot->size = 0;
     void* h = nullptr;
     check(cudaMallocHost(&h, size), str("pinned staging of ", human_bytes(size)));
-    slot.host = static_cast<unsigned char*>(h);
-    slot.device = static_cast<unsigned char*>(alloc(size, "kernel metadata"));
-    slot.size = size;
+    slot->host = static_cast<unsigned char*>(h);
+    slot->device = static_cast<unsigned char*>(alloc(size, "kernel metadata"));
+    slot->size = size;
   }
-  return {slot.host, slot.device};
+  taken = &ring;
+  return {slot->host, slot->device};
 }
 
 void staging_used(cudaStream_t stream) {
-  Slot& slot = ring.slots[ring.next];
+  Ring& ring = *taken;
+  Slot& slot = *ring.slots[ring.next];
+  ring.next = (ring.next + 1) % ring.slots.size();
   check(cudaEventRecord(slot.used, stream), "recording a staging area's use");
   slot.recorded = true;
-  ring.next = (ring.next + 1) % kSlots;
+}
+
+int current_device() {
+  int device = 0;
+  check(cudaGetDevice(&device), "which device is current");
+  return device;
+}
+
+void synchronize_device(int device) {
+  int current = 0;
+  check(cudaGetDevice(&current), "which device is current");
+  check(cudaSetDevice(device), "selecting a device");
+  const cudaError_t e = cudaDeviceSynchronize();
+  (void)cudaSetDevice(current);
+  check(e, "waiting for a device");
 }
 
 }  // namespace distopt::cuda

@@ -69,11 +69,15 @@ Optimizer::Optimizer(std::string_view rule, std::vector<Param> params, OptionMap
 
 Optimizer::~Optimizer() {
   // Device state goes back to the pool, whose next user must not overwrite
-  // it under a step still queued on the caller's stream.
-  if (device_ == Device::cuda && cuda_stream_) try {
-      synchronize_stream(*cuda_stream_);
-    } catch (const std::exception&) {  // a failed device: nothing left to order
-    }
+  // it under a step still queued on a caller's stream.
+  try {
+    wait_for_caller();
+  } catch (const std::exception&) {  // a failed device: nothing left to order
+  }
+}
+
+void Optimizer::wait_for_caller() const {
+  if (device_ == Device::cuda && cuda_stream_) synchronize_cuda_device(cuda_device_);
 }
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
@@ -113,6 +117,7 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
   if (device == Device::cuda) {
     require_device(device, "optimizer on cuda");
     if (std::string why = why_rule_cannot_run(rule.name, device); !why.empty()) throw InvalidInput(why);
+    if (params_.empty()) cuda_device_ = cuda_current_device();
   }
   device_ = device;
   ParamGroup group;

@@ -25,6 +25,7 @@ bool Optimizer::has_state(std::size_t i) const {
 
 std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view key) const {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  wait_for_caller();
   const ParamState& st = *state_[i];
   const auto n = static_cast<std::size_t>(params_[i].value.numel());
   // Device state is copied to the host (valid until the next call for this parameter).
@@ -75,11 +76,13 @@ std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
 
 void Optimizer::init_state(std::size_t i) {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  wait_for_caller();
   ensure_state(i, group_of_[i]);
 }
 
 void Optimizer::reset_state(std::size_t i) {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  wait_for_caller();
   ParamState& st = *state_[i];
   st.initialized = false;  // ensure_state re-fills the kept buffers
   st.scalar_names = {};
@@ -173,6 +176,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     if (params_[i].value.dtype != DType::f32) need("master_param", true, n);
   }
   // Apply.
+  wait_for_caller();
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     groups_[g].options = std::move(options[g]);
     groups_[g].extras = dict.param_groups[g].extras;

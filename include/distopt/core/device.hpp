@@ -61,5 +61,9 @@ void synchronize(Device d);
 // Waits for a caller's CUDA stream: a cudaStream_t as an integer, 0 being
 // the legacy default stream (torch's default stream; no-op without CUDA).
 void synchronize_stream(std::uintptr_t stream);
+// The calling thread's current CUDA device (0 without CUDA), and waiting for
+// every stream of a device (nothing without CUDA).
+int cuda_current_device();
+void synchronize_cuda_device(int device);
 
 }  // namespace distopt

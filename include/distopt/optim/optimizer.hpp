@@ -244,6 +244,10 @@ class Optimizer {
   const RuleInfo* rule_;
   Device device_ = Device::cpu;  // of every parameter (add_param_group checks)
   std::optional<std::uintptr_t> cuda_stream_;  // set_cuda_stream
+  int cuda_device_ = 0;                        // the device ordinal of device parameters
+  // Before state is read or written outside a step: the steps enqueued on
+  // callers' streams are done (every stream of the device).
+  void wait_for_caller() const;
   OptionMap defaults_;
   OptimizerConfig config_;
   std::vector<Param> params_;

@@ -161,9 +161,9 @@ class _DistoptOptimizer(DistoptOptimizer):
             why = _core.why_rule_cannot_run(self._rule, "cuda")
             if why:
                 raise ValueError(f"{self._label(p, i)} is on {p.device}, but {why}")
-        first = next(q for g in self.param_groups for q in g["params"])
-        if p.device != first.device:
-            raise ValueError(f"{self._label(p, i)} is on {p.device}, parameter 0 on {first.device}; one optimizer "
+        first = self._device()
+        if p.device != first:
+            raise ValueError(f"{self._label(p, i)} is on {p.device}, the first parameter on {first}; one optimizer "
                              "steps parameters on one device (make one per device)")
 
     def _label(self, p, i=None):
@@ -183,7 +183,9 @@ class _DistoptOptimizer(DistoptOptimizer):
         for k, p in enumerate(group["params"]):
             self._check_param(p, first + k)
         if self._cpp is not None:
-            self._cpp.add_group(self._tuples(group["params"], first), self._options(group))
+            with self._on_device():
+                self._wait_for_torch()  # a rule with eager state (Adagrad) reads the parameters now
+                self._cpp.add_group(self._tuples(group["params"], first), self._options(group))
             self._track(group)
 
     # ---- the C++ side ----
@@ -198,14 +200,23 @@ class _DistoptOptimizer(DistoptOptimizer):
         return out
 
     def _device(self):
-        """The device of every parameter (checked as they are added)."""
-        return next(p for g in self.param_groups for p in g["params"]).device
+        """The device of every parameter (checked as they are added; the
+        CPU where there are none)."""
+        first = next((p for g in self.param_groups for p in g["params"]), None)
+        return torch.device("cpu") if first is None else first.device
 
     def _on_device(self):
         """Where the C++ side's calls run: on a CUDA parameter's device (its
         memory is allocated there), else nowhere in particular."""
         device = self._device()
         return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+    def _wait_for_torch(self):
+        """Before the C++ side makes state outside a step: torch's work on the
+        parameters (and on the copies of non-contiguous ones) is done, since
+        the state's first values are read from them on another stream."""
+        if self._device().type == "cuda":
+            torch.cuda.current_stream().synchronize()
 
     def _storage(self, p, i):
         """The memory the C++ step updates for parameter ``i``: ``p`` itself
@@ -230,6 +241,7 @@ class _DistoptOptimizer(DistoptOptimizer):
 
     def _make_cpp(self, loaded):
         g0 = self.param_groups[0]
+        self._wait_for_torch()
         self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0))
         self._track(g0)
         for group in self.param_groups[1:]:
@@ -244,7 +256,7 @@ class _DistoptOptimizer(DistoptOptimizer):
         state has no torch view yet."""
         first = len(self._params)
         self._params.extend(group["params"])
-        self._shapes.extend((p.dtype, p.numel()) for p in group["params"])
+        self._shapes.extend((p.dtype, p.numel(), p.device) for p in group["params"])
         self._synced.append(self._options(group))
         self._unaliased.update(range(first, len(self._params)))
 
@@ -262,7 +274,12 @@ class _DistoptOptimizer(DistoptOptimizer):
         out = {}
         for k, v in self._cpp.state(i).items():
             if isinstance(v, tuple):  # device memory: (address, shape)
-                out[k] = torch.as_tensor(_DeviceArray(v[0], v[1], self._cpp), device=self._params[i].device)
+                address, shape = v
+                device = self._params[i].device
+                if 0 in shape:  # no memory (address 0, which torch before 2.1 refuses to view)
+                    out[k] = torch.empty(shape, dtype=torch.float32, device=device)
+                else:
+                    out[k] = torch.as_tensor(_DeviceArray(address, shape, self._cpp), device=device)
             else:
                 out[k] = torch.from_numpy(v)
         return out
@@ -285,10 +302,10 @@ class _DistoptOptimizer(DistoptOptimizer):
         self._sync_options()
         addresses, grads, keep = [], [], []
         for i, p in enumerate(self._params):
-            if (p.dtype, p.numel()) != self._shapes[i]:
-                raise ValueError(f"{self._label(p, i)} changed dtype or size since the optimizer took it "
-                                 f"(it has {self._shapes[i][1]} elements of {self._shapes[i][0]}); make the optimizer "
-                                 "after model.to(...)")
+            if (p.dtype, p.numel(), p.device) != self._shapes[i]:
+                raise ValueError(f"{self._label(p, i)} changed dtype, size or device since the optimizer took it "
+                                 f"(it has {self._shapes[i][1]} elements of {self._shapes[i][0]} on "
+                                 f"{self._shapes[i][2]}); make the optimizer after model.to(...)")
             addresses.append(self._storage(p, i).data_ptr())
             g = p.grad
             if g is None:
@@ -347,8 +364,7 @@ class _DistoptOptimizer(DistoptOptimizer):
         loaded = dict(self.state) if loaded is None else loaded
         cpp = self._cpp
         self._sync_options()
-        if self._device().type == "cuda":  # the C++ side fills new state on its own stream, from the parameters
-            torch.cuda.current_stream().synchronize()
+        self._wait_for_torch()  # the C++ side fills new state on its own stream, from the parameters
         for i, p in enumerate(self._params):
             saved = loaded.get(p)
             if not saved:  # as torch: no entry, no state; the next step starts it afresh

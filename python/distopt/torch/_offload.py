@@ -114,9 +114,9 @@ class CPUOffload(_DistoptOptimizer):
         self._sync_options()
         masters, grads = [], []
         for i, p in enumerate(self._params):
-            if (p.dtype, p.numel()) != self._shapes[i]:
-                raise ValueError(f"{self._label(p, i)} changed dtype or size since the optimizer took it; make the "
-                                 "optimizer after model.to(...)")
+            if (p.dtype, p.numel(), p.device) != self._shapes[i]:
+                raise ValueError(f"{self._label(p, i)} changed dtype, size or device since the optimizer took it; "
+                                 "make the optimizer after model.to(...)")
             masters.append(self._storage(p, i).data_ptr())
             g = p.grad
             if g is None:
