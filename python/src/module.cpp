@@ -152,6 +152,10 @@ class PyOptimizer {
   // None: steps on this thread's own stream, complete on return; a handle
   // (torch.cuda.current_stream().cuda_stream): enqueued there.
   void set_cuda_stream(std::optional<std::uintptr_t> stream) { opt_.set_cuda_stream(stream); }
+  // GradScaler's found_inf for the next step: the address of a float32 in
+  // device memory (0: none).
+  void skip_next_step_if(std::uintptr_t flag) { opt_.skip_next_step_if(reinterpret_cast<const float*>(flag)); }
+  void settle_skipped_step() { opt_.settle_skipped_step(); }
   void init_state(std::size_t i) {
     if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
     opt_.init_state(i);
@@ -256,6 +260,8 @@ PYBIND11_MODULE(_core, m) {
       .def("init_state", &PyOptimizer::init_state)
       .def("reset_state", &PyOptimizer::reset_state)
       .def("set_cuda_stream", &PyOptimizer::set_cuda_stream, py::arg("stream"))
+      .def("skip_next_step_if", &PyOptimizer::skip_next_step_if, py::arg("flag"))
+      .def("settle_skipped_step", &PyOptimizer::settle_skipped_step)
       .def("state_written", &PyOptimizer::state_written)
       .def("has_state", &PyOptimizer::has_state)
       .def("rule_of_group", &PyOptimizer::rule_of_group)

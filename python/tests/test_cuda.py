@@ -160,3 +160,38 @@ def test_cpu_offload_of_cuda_parameters_has_the_cpu_bits_and_no_device_state(dty
         assert torch.equal(p.detach().cpu(), q.detach())
         assert all(t.device.type == "cpu" for t in opt.state[p].values())
         assert p.numel() == 0 or opt.state[p]["master_param"].is_pinned()
+
+
+def _grad_scaler():
+    amp = getattr(torch, "amp", None)
+    return amp.GradScaler("cuda") if hasattr(amp, "GradScaler") else torch.cuda.amp.GradScaler()
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_grad_scaler_drives_the_drop_in_on_the_device_as_on_its_standard_path(dtype):
+    """GradScaler through _step_supports_amp_scaling (found_inf read by the
+    kernels, the skipped step's "step" put back) gives the bits of its
+    standard path (unscale_, found_inf read on the host, step() not called),
+    a step with an inf gradient included."""
+    runs = []
+    for protocol in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 4)).cuda().to(dtype)
+        opt = dopt.AdamW(model.parameters(), lr=1e-3)
+        opt._step_supports_amp_scaling = protocol
+        scaler = _grad_scaler()
+        for k in range(6):
+            opt.zero_grad()
+            x = torch.randn(4, 16, device="cuda", dtype=dtype)
+            scaler.scale(model(x).float().pow(2).mean()).backward()
+            if k == 2:
+                model[0].weight.grad[0, 0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+        steps = [float(s["step"]) for s in opt.state_dict()["state"].values()]
+        runs.append(([p.detach().clone() for p in model.parameters()], steps, scaler.get_scale()))
+    assert runs[0][1] == runs[1][1] == [5.0] * 4
+    assert runs[0][2] == runs[1][2]
+    for p, q in zip(runs[0][0], runs[1][0]):
+        assert torch.equal(p, q)

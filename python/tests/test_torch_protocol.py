@@ -505,6 +505,30 @@ def test_a_loaded_dict_without_a_parameters_entry_starts_it_afresh(name, kw):
                                    torch.as_tensor(value).float(), rtol=1e-6, atol=1e-7)
 
 
+def test_grad_scalers_protocol_unscales_in_place_and_skips_a_step_with_an_inf():
+    """torch 2.x's GradScaler sets ``found_inf`` and ``grad_scale`` on an
+    optimizer whose ``_step_supports_amp_scaling`` is True and calls
+    ``step()``; simulated here on CPU parameters (torch 1.13's GradScaler
+    runs on CUDA only: test_cuda.py drives the real one)."""
+    assert dopt.AdamW._step_supports_amp_scaling and not dopt.CPUOffload._step_supports_amp_scaling
+    torch.manual_seed(0)
+    p = torch.randn(5, requires_grad=True)
+    q = p.detach().clone().requires_grad_()
+    ours, ref = dopt.AdamW([p], lr=0.1), dopt.AdamW([q], lr=0.1)
+    for k in range(4):
+        g = torch.randn(5)
+        p.grad, q.grad = g * 1024, g.clone()
+        ours.grad_scale, ours.found_inf = torch.tensor(1024.0), torch.tensor(float(k == 2))
+        ours.step()
+        del ours.grad_scale, ours.found_inf
+        if k != 2:
+            ref.step()
+        assert torch.equal(p.grad, q.grad)  # unscaled in place, as torch's unscale_ does
+    assert torch.equal(p, q) and float(ours.state[p]["step"]) == float(ref.state[q]["step"]) == 3
+    with pytest.raises(TypeError, match="unexpected keyword argument 'foo'"):
+        ours.step(foo=1)
+
+
 def test_zero_grad_both_ways_closures_and_groups_added_before_and_after_steps():
     torch.manual_seed(0)
     a, b, c = (torch.nn.Parameter(torch.randn(4)) for _ in range(3))

@@ -88,7 +88,9 @@ __device__ __forceinline__ void vector_step(const typename M::Coeffs& c, const E
 template <class M, class T, bool... F>
 __global__ void __launch_bounds__(kThreads)
     pointwise_kernel(const RuleBlob* __restrict__ coeffs, const Entry* __restrict__ entries,
-                     const unsigned* __restrict__ first_chunk, unsigned count) {
+                     const unsigned* __restrict__ first_chunk, unsigned count, const float* __restrict__ skip) {
+  // GradScaler's found_inf: a step with an inf or NaN gradient changes nothing.
+  if (skip != nullptr && *skip != 0.0f) return;
   // The tensor holding chunk blockIdx.x: the last entry whose first chunk is <= it.
   unsigned lo = 0, hi = count;
   while (hi - lo > 1) {
@@ -118,7 +120,7 @@ template <class M>
 void launch_runs(std::string_view rule, const std::vector<unsigned>& key, const std::vector<std::size_t>& run_begin,
                  const std::vector<std::size_t>& run_chunks, const std::vector<std::size_t>& run_src,
                  std::span<const Slice> slices, std::size_t n_entries, const RuleBlob* dev_blobs,
-                 const Entry* dev_entries, const unsigned* dev_first, cudaStream_t stream) {
+                 const Entry* dev_entries, const unsigned* dev_first, cudaStream_t stream, const float* skip) {
   for (std::size_t r = 0; r < run_begin.size(); ++r) {
     const std::size_t first = run_begin[r];
     const std::size_t last = r + 1 < run_begin.size() ? run_begin[r + 1] : n_entries;
@@ -129,7 +131,7 @@ void launch_runs(std::string_view rule, const std::vector<unsigned>& key, const 
     rules::dispatch_mask<M::kFlags>(flags, [&](auto... f) {
       dispatch_dtype(slices[src].dtype, [&]<class T>() {
         pointwise_kernel<M, T, decltype(f)::value...>
-            <<<chunks, kThreads, 0, stream>>>(dev_blobs, dev_entries + first, dev_first + first, count);
+            <<<chunks, kThreads, 0, stream>>>(dev_blobs, dev_entries + first, dev_first + first, count, skip);
       });
     });
     check(cudaGetLastError(), str(rule, " step: kernel launch over ", count, " tensors"));
@@ -138,7 +140,7 @@ void launch_runs(std::string_view rule, const std::vector<unsigned>& key, const 
 
 template <class M>
 void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-            std::optional<std::uintptr_t> caller) {
+            std::optional<std::uintptr_t> caller, const float* skip) {
   // The caller's stream, or this thread's own (stream 0 under --default-stream per-thread).
   const cudaStream_t stream = caller ? as_stream(*caller) : cudaStream_t{0};
   // Order the tensors by (flags, dtype): one launch per run of equal keys.
@@ -205,7 +207,7 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
 
   try {
     launch_runs<M>(rule, key, run_begin, run_chunks, run_src, slices, entries.size(), dev_blobs, dev_entries, dev_first,
-                   stream);
+                   stream, skip);
   } catch (...) {
     try {  // work already enqueued may read the area: it must not be reused before that work is done
       staging_used(stream);
@@ -222,8 +224,8 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
 }  // namespace
 
 bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-         std::optional<std::uintptr_t> stream) {
-  return rules::with_pointwise_math(rule, [&]<class M>() { launch<M>(rule, coeffs, slices, stream); });
+         std::optional<std::uintptr_t> stream, const float* skip) {
+  return rules::with_pointwise_math(rule, [&]<class M>() { launch<M>(rule, coeffs, slices, stream, skip); });
 }
 
 }  // namespace distopt::cuda::DISTOPT_FP_NS

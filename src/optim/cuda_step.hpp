@@ -26,8 +26,17 @@ std::string_view kernel_rules();
 // `stream`: none, the calling thread's own stream, and the step is complete
 // when this returns (as on the CPU); or a caller's stream (a cudaStream_t as
 // an integer, 0 the legacy default stream: torch's current stream), on
-// which the step is enqueued without waiting for it.
+// which the step is enqueued without waiting for it. `skip`: null, or a
+// float in device memory which, when not 0 as the kernels run, makes them
+// change nothing (GradScaler's found_inf).
 void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-                    bool flush, std::optional<std::uintptr_t> stream);
+                    bool flush, std::optional<std::uintptr_t> stream, const float* skip = nullptr);
+
+// A skip flag's value, copied to the host after the step on the same stream
+// without waiting: flag_value waits for the copy (usually long done).
+struct FlagCopy;
+FlagCopy* copy_flag(const float* flag, std::optional<std::uintptr_t> stream);
+float flag_value(FlagCopy* copy);
+void free_flag(FlagCopy* copy) noexcept;
 
 }  // namespace distopt::cuda

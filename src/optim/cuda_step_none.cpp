@@ -8,8 +8,14 @@ namespace distopt::cuda {
 bool has_kernel(std::string_view) { return false; }
 std::string_view kernel_rules() { return ""; }
 void pointwise_step(std::string_view, std::span<const RuleBlob* const>, std::span<const Slice>, bool,
-                    std::optional<std::uintptr_t>) {
+                    std::optional<std::uintptr_t>, const float*) {
   throw InvalidInput("this build has no CUDA (configure with -DDISTOPT_CUDA=ON on a machine with nvcc)");
 }
+
+FlagCopy* copy_flag(const float*, std::optional<std::uintptr_t>) {
+  throw InvalidInput("this build has no CUDA (configure with -DDISTOPT_CUDA=ON on a machine with nvcc)");
+}
+float flag_value(FlagCopy*) { return 0.0f; }
+void free_flag(FlagCopy*) noexcept {}
 
 }  // namespace distopt::cuda

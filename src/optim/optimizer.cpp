@@ -79,6 +79,24 @@ Optimizer::~Optimizer() {
 void Optimizer::wait_for_caller() const {
   if (device_ == Device::cuda && cuda_stream_) synchronize_cuda_device(cuda_device_);
 }
+
+void Optimizer::skip_next_step_if(const float* device_flag) {
+  if (device_flag != nullptr && device_ != Device::cuda)
+    throw InvalidInput("skip_next_step_if: a skip flag in device memory needs parameters on the device");
+  skip_flag_ = device_flag;
+}
+
+void Optimizer::settle_skipped_step() {
+  if (!pending_skip_) return;
+  std::unique_ptr<PendingSkip> p = std::move(pending_skip_);
+  if (cuda::flag_value(p->flag) == 0.0f) return;
+  group_steps_ = p->group_steps;
+  for (const auto& [i, scalars] : p->scalars) std::copy(scalars.begin(), scalars.end(), state_[i]->scalars);
+  for (std::size_t i : p->created) {  // as if never stepped: the next step starts it afresh
+    state_[i]->initialized = false;
+    state_[i]->scalar_names = {};
+  }
+}
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
@@ -388,8 +406,14 @@ void Optimizer::step() {
   // Check every gradient first so that a bad one leaves all parameters as they were.
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (params_[i].has_grad) check_grad(i);
+  settle_skipped_step();
   work_.clear();
   active_.clear();
+  std::unique_ptr<PendingSkip> skip;
+  if (skip_flag_ != nullptr) {
+    skip = std::make_unique<PendingSkip>();
+    skip->group_steps = group_steps_;
+  }
   const bool threaded = config_.pool != nullptr && config_.pool->size() > 1;
   const std::size_t chunk = threaded ? std::max<std::size_t>(config_.chunk_elements, 64) : SIZE_MAX;
   if (device_ == Device::cuda && cuda_stream_)  // state made now reads parameters the caller's stream writes
@@ -405,7 +429,14 @@ void Optimizer::step() {
     ++group_steps_[g];
     for (std::size_t i : groups_[g].params) {
       if (!params_[i].has_grad) continue;  // torch skips p.grad is None entirely
+      const bool created = !state_[i]->initialized;
       const bool fresh = ensure_state(i, g);
+      if (skip) {
+        if (created) skip->created.push_back(i);
+        std::array<float, kMaxStateScalars> before;
+        std::copy_n(state_[i]->scalars, kMaxStateScalars, before.begin());
+        skip->scalars.emplace_back(i, before);
+      }
       // The rule advances "step" once: from the group's count before this step.
       if (rule.group_step) state_[i]->scalars[0] = static_cast<float>(group_steps_[g] - 1);
       rule.prepare(parsed_[g], state_[i]->scalars, fresh, coeffs_[i]);
@@ -415,7 +446,15 @@ void Optimizer::step() {
       for (std::size_t b = 0; b < n; b += std::min(chunk, n - b)) work_.push_back({i, b, b + std::min(chunk, n - b)});
     }
   }
-  if (device_ == Device::cuda) return step_on_device();
+  if (device_ == Device::cuda) {
+    step_on_device();
+    if (skip) {
+      skip->flag = cuda::copy_flag(skip_flag_, cuda_stream_);
+      pending_skip_ = std::move(skip);
+    }
+    skip_flag_ = nullptr;
+    return;
+  }
   run_stat_passes(threaded);
   auto run = [&](std::size_t k) {
     const WorkItem& w = work_[k];
@@ -441,7 +480,7 @@ void Optimizer::step_on_device() {
         coeffs.push_back(&coeffs_[i]);
         slices.push_back(slice_of(i, 0, static_cast<std::size_t>(params_[i].value.numel())));
       }
-    if (!slices.empty()) cuda::pointwise_step(group_rules_[g]->name, coeffs, slices, flush, cuda_stream_);
+    if (!slices.empty()) cuda::pointwise_step(group_rules_[g]->name, coeffs, slices, flush, cuda_stream_, skip_flag_);
   }
 }
 

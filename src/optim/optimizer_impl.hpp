@@ -1,11 +1,14 @@
 // Private to the Optimizer's files (src/optim/optimizer.cpp, optimizer_state.cpp):
-// the state it keeps for each parameter.
+// the state it keeps for each parameter, and a step awaiting its skip flag.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "cuda_step.hpp"
 #include "distopt/core/buffer.hpp"
 #include "distopt/optim/optimizer.hpp"
 #include "distopt/optim/rule.hpp"
@@ -23,6 +26,16 @@ struct Optimizer::ParamState {
   Buffer work;    // fp32 scratch of tensor_stats rules (RuleInfo::workspace)
   Buffer aux;     // small per-tensor state (RuleInfo::aux_size), whole
   mutable std::vector<float> host_copy;  // state_tensor() of device state
+};
+
+// A step given a skip flag: the flag's copy on its way to the host, and what
+// the step changed on the host, to put back if the flag says it was skipped.
+struct Optimizer::PendingSkip {
+  cuda::FlagCopy* flag = nullptr;
+  std::vector<std::uint64_t> group_steps;  // before the step
+  std::vector<std::pair<std::size_t, std::array<float, kMaxStateScalars>>> scalars;  // of stepped parameters
+  std::vector<std::size_t> created;  // parameters whose state it created
+  ~PendingSkip() { cuda::free_flag(flag); }
 };
 
 }  // namespace distopt

@@ -56,6 +56,7 @@ double Optimizer::state_scalar(std::size_t i, std::string_view key) const {
 
 std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  settle_skipped_step();
   ParamState& st = *state_[i];
   std::vector<StateView> views;
   if (!st.initialized) return views;
@@ -77,12 +78,14 @@ std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
 void Optimizer::init_state(std::size_t i) {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
   wait_for_caller();
+  settle_skipped_step();
   ensure_state(i, group_of_[i]);
 }
 
 void Optimizer::reset_state(std::size_t i) {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
   wait_for_caller();
+  settle_skipped_step();
   ParamState& st = *state_[i];
   st.initialized = false;  // ensure_state re-fills the kept buffers
   st.scalar_names = {};
@@ -177,6 +180,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   }
   // Apply.
   wait_for_caller();
+  pending_skip_.reset();  // the loaded state replaces whatever that step did
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     groups_[g].options = std::move(options[g]);
     groups_[g].extras = dict.param_groups[g].extras;

@@ -162,6 +162,18 @@ class Optimizer {
   // caller's other work there; only a step that creates state first waits
   // for that stream (the state's first values are read from the parameters).
   void set_cuda_stream(std::optional<std::uintptr_t> stream) { cuda_stream_ = stream; }
+  // GradScaler's protocol on the device: the next step's kernels read
+  // `*device_flag` (a float in device memory: torch's found_inf) and, when it
+  // is not 0, leave every parameter and state tensor as it was. The host
+  // side of that step (step counts, the rules' scalars) is undone once the
+  // flag is known, from a copy made without waiting: at the next step or
+  // state access, or settle_skipped_step(). Device parameters only.
+  void skip_next_step_if(const float* device_flag);
+  // Waits for the last step's skip flag, if any, and undoes that step's
+  // host side if it was skipped (as torch's fused optimizers leave "step").
+  // step, state_views, init_state, reset_state and load_state_dict do it
+  // first; the const readers (state_scalar, state_dict) read what is there.
+  void settle_skipped_step();
   // Set by a parallel engine whose parameters are pieces of tensors spread
   // over ranks (or replicated, with stat ranges): see Param::stat_begin.
   void set_stats_reduce(StatsReduce reduce) { stats_reduce_ = std::move(reduce); }
@@ -245,6 +257,9 @@ class Optimizer {
   Device device_ = Device::cpu;  // of every parameter (add_param_group checks)
   std::optional<std::uintptr_t> cuda_stream_;  // set_cuda_stream
   int cuda_device_ = 0;                        // the device ordinal of device parameters
+  const float* skip_flag_ = nullptr;           // skip_next_step_if, for the next step
+  struct PendingSkip;                          // a step whose skip flag is not read yet
+  std::unique_ptr<PendingSkip> pending_skip_;
   // Before state is read or written outside a step: the steps enqueued on
   // callers' streams are done (every stream of the device).
   void wait_for_caller() const;

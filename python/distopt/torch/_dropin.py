@@ -82,6 +82,7 @@ class _DistoptOptimizer(DistoptOptimizer):
     _devices = ("cpu", "cuda")
     _contiguous = False  # a non-contiguous parameter steps through a contiguous copy (_storage)
     _none_state = ()  # state keys torch sets to None for a stepped parameter without state
+    _step_supports_amp_scaling = True  # GradScaler hands found_inf (and the scale) to step(): _amp
 
     def __init__(self, params, defaults):
         self._init_cpp_side()
@@ -95,6 +96,7 @@ class _DistoptOptimizer(DistoptOptimizer):
         self._synced = []  # per group: the option values the C++ side has
         self._unaliased = set()  # parameter indices whose state has no torch view yet
         self._staged = {}  # parameter index -> contiguous copy of a non-contiguous parameter
+        self._found_inf = None  # GradScaler's flag the last device step read (kept alive for it)
         self._known = {name for name, _, _ in _core.rule_options(self._rule)}
 
     def _check_arguments(self, params, defaults):
@@ -295,11 +297,57 @@ class _DistoptOptimizer(DistoptOptimizer):
         self.state[p] = state
         return True
 
+    def _amp(self, scaler):
+        """GradScaler's protocol (``_step_supports_amp_scaling``): the
+        gradients unscaled as torch's ``unscale_`` unscales them (times the
+        reciprocal of the scale, computed in float64), and found_inf, a
+        float32 tensor that is not 0 when a gradient has an inf or NaN; None
+        when no GradScaler drives this step. torch 1.13 passes itself as
+        ``grad_scaler``; torch 2.x sets ``found_inf`` and ``grad_scale``
+        (None once the user has unscaled) on the optimizer around the step."""
+        if scaler is not None:
+            state = scaler._per_optimizer_states[id(self)]
+            if state["stage"].name == "READY":
+                scaler.unscale_(self)
+            found = None
+            for f in state["found_inf_per_device"].values():
+                found = f if found is None else found + f.to(found.device)
+            return found
+        found_inf = getattr(self, "found_inf", None)
+        scale = getattr(self, "grad_scale", None)
+        if found_inf is None or scale is None:
+            return found_inf
+        inv = scale.double().reciprocal().float()
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        device_grads = [g for g in grads if g.is_cuda]
+        if device_grads:
+            torch._amp_foreach_non_finite_check_and_unscale_(device_grads, torch.zeros_like(inv), inv)
+        for g in grads:
+            if not g.is_cuda:
+                g.mul_(inv.to(g.device))
+        return found_inf
+
     @torch.no_grad()
-    def step(self, closure=None):
+    def step(self, closure=None, **kwargs):
+        """One step of every parameter with a gradient (``closure``: as
+        torch's). Under ``torch.cuda.amp.GradScaler`` (``scaler.step(opt)``)
+        a step whose gradients hold an inf or NaN changes nothing, read on
+        the device for CUDA parameters (no host synchronisation), as with
+        torch's fused optimizers."""
+        scaler = kwargs.pop("grad_scaler", None)
+        if kwargs:
+            raise TypeError(f"step() got an unexpected keyword argument '{next(iter(kwargs))}'")
         loss = self._run_closure(closure)
+        found_inf = self._amp(scaler)
         cpp = self._ensure_cpp()
         self._sync_options()
+        if found_inf is not None:
+            if self._device().type != "cuda":
+                if found_inf.item():
+                    return loss
+            else:  # read by the kernels, on the device
+                self._found_inf = found_inf.to(device=self._device(), dtype=torch.float32).reshape(())
+                cpp.skip_next_step_if(self._found_inf.data_ptr())
         addresses, grads, keep = [], [], []
         for i, p in enumerate(self._params):
             if (p.dtype, p.numel(), p.device) != self._shapes[i]:
@@ -335,6 +383,8 @@ class _DistoptOptimizer(DistoptOptimizer):
     # ---- state_dict ----
     def state_dict(self):
         """torch's; ``step`` a number where the installed torch keeps one."""
+        if self._cpp is not None:
+            self._cpp.settle_skipped_step()  # a step GradScaler skipped leaves "step" as it was
         sd = super().state_dict()
         if _torch_keeps_int_step(type(self).__name__):
             sd["state"] = {k: dict(v) for k, v in sd["state"].items()}

@@ -42,6 +42,7 @@ class CPUOffload(_DistoptOptimizer):
     """
 
     _rule = None
+    _step_supports_amp_scaling = False  # GradScaler unscales and skips itself (its standard path)
 
     def __init__(self, params, optimizer="adamw", threads=1, **options):
         if optimizer not in _core.rules():
