@@ -245,6 +245,40 @@ TEST(Gpu, StepsEnqueuedOnACallersStreamHaveTheOwnStreamsBits) {
   EXPECT_EQ(b.state_scalar(1, "step"), 4.0);  // reset before the seventh of ten steps
 }
 
+// GradScaler's protocol: a step whose device flag is not 0 changes no
+// parameter or state tensor, and its host side (Adam's step count; NAdam's
+// mu_product) is put back; a step that made the state leaves none. The
+// same bits as not stepping at all.
+TEST(Gpu, AStepWhoseSkipFlagIsSetIsUndoneOnTheDeviceAndTheHost) {
+  NEED_DEVICE();
+  const std::vector<std::size_t> sizes{4097, 3};
+  for (const char* rule : {"adam", "nadam"}) {
+    SCOPED_TRACE(rule);
+    Tensors flagged(Device::cuda, DType::bf16, sizes), plain(Device::cuda, DType::bf16, sizes);
+    Optimizer a(rule, flagged.params()), b(rule, plain.params());
+    a.set_cuda_stream(std::uintptr_t{0});
+    Buffer zero(sizeof(float), 0, Device::cuda, "flag 0"), one(sizeof(float), 0, Device::cuda, "flag 1");
+    const float value = 1.0f;
+    copy_bytes(one.data(), Device::cuda, &value, Device::cpu, sizeof value);
+    for (int step = 0; step < 6; ++step) {
+      const bool skip = step == 0 || step == 3;
+      for (std::size_t k = 0; k < sizes.size(); ++k)
+        flagged.set(flagged.grads[k], k, 20 + step), plain.set(plain.grads[k], k, 20 + step);
+      a.skip_next_step_if(static_cast<const float*>(skip ? one.data() : zero.data()));
+      a.step();
+      if (!skip) b.step();
+    }
+    a.settle_skipped_step();
+    for (std::size_t k = 0; k < sizes.size(); ++k) EXPECT_EQ(flagged.bytes(k), plain.bytes(k)) << "parameter " << k;
+    const StateDict da = a.state_dict(), db = b.state_dict();
+    for (std::size_t i = 0; i < sizes.size(); ++i)
+      for (const auto& [key, value] : db.state.at(i)) {
+        if (std::holds_alternative<double>(value)) EXPECT_EQ(std::get<double>(da.state.at(i).at(key)), std::get<double>(value)) << key;
+        else EXPECT_EQ(std::get<StateTensor>(da.state.at(i).at(key)).data, std::get<StateTensor>(value).data) << key;
+      }
+  }
+}
+
 TEST(Gpu, OutOfMemoryIsOneLineNamingTheSize) {
   NEED_DEVICE();
   try {
