@@ -297,6 +297,19 @@ class _DistoptOptimizer(DistoptOptimizer):
         self.state[p] = state
         return True
 
+    def _checked(self, i):
+        """Parameter i and its gradient (or None), after the checks of every
+        step: still what the optimizer took, a dense gradient."""
+        p = self._params[i]
+        if (p.dtype, p.numel(), p.device) != self._shapes[i]:
+            raise ValueError(f"{self._label(p, i)} changed dtype, size or device since the optimizer took it "
+                             f"(it has {self._shapes[i][1]} elements of {self._shapes[i][0]} on "
+                             f"{self._shapes[i][2]}); make the optimizer after model.to(...)")
+        g = p.grad
+        if g is not None and g.is_sparse:
+            raise ValueError(f"{type(self).__name__} does not support sparse gradients ({self._label(p, i)})")
+        return p, g
+
     def _amp(self, scaler):
         """GradScaler's protocol (``_step_supports_amp_scaling``): the
         gradients unscaled as torch's ``unscale_`` unscales them (times the
@@ -349,18 +362,12 @@ class _DistoptOptimizer(DistoptOptimizer):
                 self._found_inf = found_inf.to(device=self._device(), dtype=torch.float32).reshape(())
                 cpp.skip_next_step_if(self._found_inf.data_ptr())
         addresses, grads, keep = [], [], []
-        for i, p in enumerate(self._params):
-            if (p.dtype, p.numel(), p.device) != self._shapes[i]:
-                raise ValueError(f"{self._label(p, i)} changed dtype, size or device since the optimizer took it "
-                                 f"(it has {self._shapes[i][1]} elements of {self._shapes[i][0]} on "
-                                 f"{self._shapes[i][2]}); make the optimizer after model.to(...)")
+        for i in range(len(self._params)):
+            p, g = self._checked(i)
             addresses.append(self._storage(p, i).data_ptr())
-            g = p.grad
             if g is None:
                 grads.append(0)
                 continue
-            if g.is_sparse:
-                raise ValueError(f"{type(self).__name__} does not support sparse gradients ({self._label(p, i)})")
             if g.dtype != p.dtype or g.shape != p.shape:
                 raise TypeError(f"{self._label(p, i)}: its gradient is {g.dtype} {tuple(g.shape)}")
             if not g.is_contiguous():  # handled as torch handles it: on a contiguous copy

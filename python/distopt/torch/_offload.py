@@ -114,17 +114,12 @@ class CPUOffload(_DistoptOptimizer):
         cpp = self._ensure_cpp()
         self._sync_options()
         masters, grads = [], []
-        for i, p in enumerate(self._params):
-            if (p.dtype, p.numel(), p.device) != self._shapes[i]:
-                raise ValueError(f"{self._label(p, i)} changed dtype, size or device since the optimizer took it; "
-                                 "make the optimizer after model.to(...)")
+        for i in range(len(self._params)):
+            p, g = self._checked(i)
             masters.append(self._storage(p, i).data_ptr())
-            g = p.grad
             if g is None:
                 grads.append(0)
                 continue
-            if g.is_sparse:
-                raise ValueError(f"CPUOffload does not support sparse gradients ({self._label(p, i)})")
             self._host_grads[i].copy_(g, non_blocking=True)
             grads.append(self._host_grads[i].data_ptr())
         # The gradients, and the last step's copies into the parameters, complete.
