@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distopt/core/buffer.hpp"
@@ -247,15 +248,17 @@ TEST(Gpu, StepsEnqueuedOnACallersStreamHaveTheOwnStreamsBits) {
 
 // GradScaler's protocol: a step whose device flag is not 0 changes no
 // parameter or state tensor, and its host side (Adam's step count; NAdam's
-// mu_product) is put back; a step that made the state leaves none. The
-// same bits as not stepping at all.
+// mu_product) is put back; a step that made the state leaves none (SGD's
+// next step is then a first step: b = g, not (1 - dampening) g). The same
+// bits as not stepping at all.
 TEST(Gpu, AStepWhoseSkipFlagIsSetIsUndoneOnTheDeviceAndTheHost) {
   NEED_DEVICE();
   const std::vector<std::size_t> sizes{4097, 3};
-  for (const char* rule : {"adam", "nadam"}) {
+  for (const auto& [rule, options] : std::vector<std::pair<std::string, OptionMap>>{
+           {"adam", {}}, {"nadam", {}}, {"sgd", {{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.5}}}}) {
     SCOPED_TRACE(rule);
     Tensors flagged(Device::cuda, DType::bf16, sizes), plain(Device::cuda, DType::bf16, sizes);
-    Optimizer a(rule, flagged.params()), b(rule, plain.params());
+    Optimizer a(rule, flagged.params(), options), b(rule, plain.params(), options);
     a.set_cuda_stream(std::uintptr_t{0});
     Buffer zero(sizeof(float), 0, Device::cuda, "flag 0"), one(sizeof(float), 0, Device::cuda, "flag 1");
     const float value = 1.0f;
@@ -267,6 +270,10 @@ TEST(Gpu, AStepWhoseSkipFlagIsSetIsUndoneOnTheDeviceAndTheHost) {
       a.skip_next_step_if(static_cast<const float*>(skip ? one.data() : zero.data()));
       a.step();
       if (!skip) b.step();
+      if (step == 0) {
+        a.settle_skipped_step();
+        EXPECT_FALSE(a.has_state(0));
+      }
     }
     a.settle_skipped_step();
     for (std::size_t k = 0; k < sizes.size(); ++k) EXPECT_EQ(flagged.bytes(k), plain.bytes(k)) << "parameter " << k;

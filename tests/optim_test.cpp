@@ -467,7 +467,7 @@ TEST(Optimizer, AdagradStateExistsBeforeTheFirstStep) {
 TEST(Optimizer, ResetStateStartsTheParameterAfreshInItsOwnMemory) {
   for (const auto& [rule, options] : std::vector<std::pair<std::string, OptionMap>>{
            {"adam", {{"amsgrad", true}}}, {"adagrad", {{"initial_accumulator_value", 0.25}}},
-           {"sgd", {{"lr", 0.1}, {"momentum", 0.9}}}, {"adafactor", {}}, {"lamb", {}}}) {
+           {"sgd", {{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.5}}}, {"adafactor", {}}, {"lamb", {}}}) {
     SCOPED_TRACE(rule);
     Tensor1 a(random_vector(12, 1));
     Optimizer opt(rule, std::vector<Param>{a.param()}, options);

@@ -155,7 +155,10 @@ class PyOptimizer {
   // GradScaler's found_inf for the next step: the address of a float32 in
   // device memory (0: none).
   void skip_next_step_if(std::uintptr_t flag) { opt_.skip_next_step_if(reinterpret_cast<const float*>(flag)); }
-  void settle_skipped_step() { opt_.settle_skipped_step(); }
+  void settle_skipped_step() {
+    py::gil_scoped_release release;  // may wait for the device
+    opt_.settle_skipped_step();
+  }
   void init_state(std::size_t i) {
     if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
     opt_.init_state(i);

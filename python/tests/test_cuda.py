@@ -173,7 +173,9 @@ def test_grad_scaler_drives_the_drop_in_on_the_device_as_on_its_standard_path(dt
     """GradScaler through _step_supports_amp_scaling (found_inf read by the
     kernels, the skipped step's "step" put back) gives the bits of its
     standard path (unscale_, found_inf read on the host, step() not called),
-    a step with an inf gradient included."""
+    with steps that have an inf gradient: the first (which would make the
+    state), one in the middle and the last (put back only when state_dict
+    reads the flag)."""
     runs = []
     for protocol in (True, False):
         torch.manual_seed(0)
@@ -185,13 +187,18 @@ def test_grad_scaler_drives_the_drop_in_on_the_device_as_on_its_standard_path(dt
             opt.zero_grad()
             x = torch.randn(4, 16, device="cuda", dtype=dtype)
             scaler.scale(model(x).float().pow(2).mean()).backward()
-            if k == 2:
+            if k in (0, 2, 5):
                 model[0].weight.grad[0, 0] = float("inf")
             scaler.step(opt)
             scaler.update()
-        steps = [float(s["step"]) for s in opt.state_dict()["state"].values()]
-        runs.append(([p.detach().clone() for p in model.parameters()], steps, scaler.get_scale()))
-    assert runs[0][1] == runs[1][1] == [5.0] * 4
+        sd = opt.state_dict()
+        runs.append(([p.detach().clone() for p in model.parameters()], sd["state"], scaler.get_scale()))
+    assert [float(s["step"]) for s in runs[0][1].values()] == [3.0] * 4
     assert runs[0][2] == runs[1][2]
+    assert runs[0][1].keys() == runs[1][1].keys()
+    for a, b in zip(runs[0][1].values(), runs[1][1].values()):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(torch.as_tensor(a[key]).cpu(), torch.as_tensor(b[key]).cpu()), key
     for p, q in zip(runs[0][0], runs[1][0]):
         assert torch.equal(p, q)

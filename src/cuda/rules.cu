@@ -42,19 +42,22 @@ struct FlagCopy {
   cudaEvent_t done{};
 };
 
-FlagCopy* copy_flag(const float* flag, std::optional<std::uintptr_t> stream) {
+FlagCopy* new_flag_copy() {
   auto* c = new FlagCopy;
   try {
-    const cudaStream_t s = stream ? as_stream(*stream) : cudaStream_t{0};
     check(cudaMallocHost(&c->host, sizeof(float)), "pinned memory for a skip flag");
     check(cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming), "creating an event");
-    check(cudaMemcpyAsync(c->host, flag, sizeof(float), cudaMemcpyDeviceToHost, s), "copying a skip flag");
-    check(cudaEventRecord(c->done, s), "recording a skip flag's copy");
   } catch (...) {
     free_flag(c);
     throw;
   }
   return c;
+}
+
+void copy_flag(FlagCopy* c, const float* flag, std::optional<std::uintptr_t> stream) {
+  const cudaStream_t s = stream ? as_stream(*stream) : cudaStream_t{0};
+  check(cudaMemcpyAsync(c->host, flag, sizeof(float), cudaMemcpyDeviceToHost, s), "copying a skip flag");
+  check(cudaEventRecord(c->done, s), "recording a skip flag's copy");
 }
 
 float flag_value(FlagCopy* c) {

@@ -32,10 +32,13 @@ std::string_view kernel_rules();
 void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                     bool flush, std::optional<std::uintptr_t> stream, const float* skip = nullptr);
 
-// A skip flag's value, copied to the host after the step on the same stream
-// without waiting: flag_value waits for the copy (usually long done).
+// A skip flag's value, copied to pinned host memory after the step on the
+// same stream without waiting: flag_value waits for that copy (usually long
+// done). One FlagCopy is made once and reused (making pinned memory would
+// synchronise the device); a copy must be read before the next is enqueued.
 struct FlagCopy;
-FlagCopy* copy_flag(const float* flag, std::optional<std::uintptr_t> stream);
+FlagCopy* new_flag_copy();
+void copy_flag(FlagCopy* copy, const float* flag, std::optional<std::uintptr_t> stream);
 float flag_value(FlagCopy* copy);
 void free_flag(FlagCopy* copy) noexcept;
 

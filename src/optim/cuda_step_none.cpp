@@ -12,9 +12,10 @@ void pointwise_step(std::string_view, std::span<const RuleBlob* const>, std::spa
   throw InvalidInput("this build has no CUDA (configure with -DDISTOPT_CUDA=ON on a machine with nvcc)");
 }
 
-FlagCopy* copy_flag(const float*, std::optional<std::uintptr_t>) {
+FlagCopy* new_flag_copy() {
   throw InvalidInput("this build has no CUDA (configure with -DDISTOPT_CUDA=ON on a machine with nvcc)");
 }
+void copy_flag(FlagCopy*, const float*, std::optional<std::uintptr_t>) {}
 float flag_value(FlagCopy*) { return 0.0f; }
 void free_flag(FlagCopy*) noexcept {}
 

@@ -87,12 +87,13 @@ void Optimizer::skip_next_step_if(const float* device_flag) {
 }
 
 void Optimizer::settle_skipped_step() {
-  if (!pending_skip_) return;
-  std::unique_ptr<PendingSkip> p = std::move(pending_skip_);
-  if (cuda::flag_value(p->flag) == 0.0f) return;
-  group_steps_ = p->group_steps;
-  for (const auto& [i, scalars] : p->scalars) std::copy(scalars.begin(), scalars.end(), state_[i]->scalars);
-  for (std::size_t i : p->created) {  // as if never stepped: the next step starts it afresh
+  if (!skip_ || !skip_->pending) return;
+  SkipState& p = *skip_;
+  p.pending = false;
+  if (cuda::flag_value(p.flag) == 0.0f) return;
+  std::copy(p.group_steps.begin(), p.group_steps.end(), group_steps_.begin());
+  for (const auto& [i, scalars] : p.scalars) std::copy(scalars.begin(), scalars.end(), state_[i]->scalars);
+  for (std::size_t i : p.created) {  // as if never stepped: the next step starts it afresh
     state_[i]->initialized = false;
     state_[i]->scalar_names = {};
   }
@@ -101,6 +102,7 @@ Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
 
 void Optimizer::add_param_group(ParamGroupSpec spec) {
+  settle_skipped_step();  // its undo knows the groups there were
   // Validate everything before changing anything.
   // A group of another rule (muon's 1-D parameters under adamw) starts
   // from that rule's defaults, not from the optimizer's.
@@ -209,6 +211,7 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
   ParamState& st = *state_[i];
   const GroupLayout& gl = layouts_[g];
   if (st.initialized && st.layout_version == gl.version) return false;
+  const bool first = !st.initialized;  // new, or reset (its buffers kept and re-filled below)
   const Param& p = params_[i];
   const auto n = static_cast<std::size_t>(p.value.numel());
   float fill[kMaxStateTensors] = {};
@@ -259,7 +262,7 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
   }
   st.initialized = true;
   st.layout_version = gl.version;
-  return created || gl.layout.tensors.empty();
+  return first || created || gl.layout.tensors.empty();
 }
 
 void Optimizer::check_grad(std::size_t i) const {
@@ -406,13 +409,18 @@ void Optimizer::step() {
   // Check every gradient first so that a bad one leaves all parameters as they were.
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (params_[i].has_grad) check_grad(i);
+  const float* const flag = std::exchange(skip_flag_, nullptr);  // this step's only, whatever happens
   settle_skipped_step();
   work_.clear();
   active_.clear();
-  std::unique_ptr<PendingSkip> skip;
-  if (skip_flag_ != nullptr) {
-    skip = std::make_unique<PendingSkip>();
+  SkipState* skip = nullptr;
+  if (flag != nullptr) {
+    if (!skip_) skip_ = std::make_unique<SkipState>();
+    if (skip_->flag == nullptr) skip_->flag = cuda::new_flag_copy();
+    skip = skip_.get();
     skip->group_steps = group_steps_;
+    skip->scalars.clear();
+    skip->created.clear();
   }
   const bool threaded = config_.pool != nullptr && config_.pool->size() > 1;
   const std::size_t chunk = threaded ? std::max<std::size_t>(config_.chunk_elements, 64) : SIZE_MAX;
@@ -447,12 +455,11 @@ void Optimizer::step() {
     }
   }
   if (device_ == Device::cuda) {
-    step_on_device();
+    step_on_device(flag);
     if (skip) {
-      skip->flag = cuda::copy_flag(skip_flag_, cuda_stream_);
-      pending_skip_ = std::move(skip);
+      cuda::copy_flag(skip->flag, flag, cuda_stream_);
+      skip->pending = true;
     }
-    skip_flag_ = nullptr;
     return;
   }
   run_stat_passes(threaded);
@@ -465,7 +472,7 @@ void Optimizer::step() {
     for (std::size_t k = 0; k < work_.size(); ++k) run(k);
 }
 
-void Optimizer::step_on_device() {
+void Optimizer::step_on_device(const float* skip) {
   // One call per group: every active tensor of it, whole, in few launches.
   // The kernels are built twice, so that they flush denormals exactly when
   // this thread's CPU would (DenormalMode).
@@ -480,7 +487,7 @@ void Optimizer::step_on_device() {
         coeffs.push_back(&coeffs_[i]);
         slices.push_back(slice_of(i, 0, static_cast<std::size_t>(params_[i].value.numel())));
       }
-    if (!slices.empty()) cuda::pointwise_step(group_rules_[g]->name, coeffs, slices, flush, cuda_stream_, skip_flag_);
+    if (!slices.empty()) cuda::pointwise_step(group_rules_[g]->name, coeffs, slices, flush, cuda_stream_, skip);
   }
 }
 

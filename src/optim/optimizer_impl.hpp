@@ -28,14 +28,16 @@ struct Optimizer::ParamState {
   mutable std::vector<float> host_copy;  // state_tensor() of device state
 };
 
-// A step given a skip flag: the flag's copy on its way to the host, and what
-// the step changed on the host, to put back if the flag says it was skipped.
-struct Optimizer::PendingSkip {
+// The skip flags of GradScaler's protocol (skip_next_step_if): the host copy
+// of the last flag (made once, reused), and while it is unread, what that
+// step changed on the host, to put back if the flag says it was skipped.
+struct Optimizer::SkipState {
   cuda::FlagCopy* flag = nullptr;
+  bool pending = false;
   std::vector<std::uint64_t> group_steps;  // before the step
   std::vector<std::pair<std::size_t, std::array<float, kMaxStateScalars>>> scalars;  // of stepped parameters
   std::vector<std::size_t> created;  // parameters whose state it created
-  ~PendingSkip() { cuda::free_flag(flag); }
+  ~SkipState() { cuda::free_flag(flag); }
 };
 
 }  // namespace distopt

@@ -56,7 +56,6 @@ double Optimizer::state_scalar(std::size_t i, std::string_view key) const {
 
 std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
-  settle_skipped_step();
   ParamState& st = *state_[i];
   std::vector<StateView> views;
   if (!st.initialized) return views;
@@ -180,7 +179,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   }
   // Apply.
   wait_for_caller();
-  pending_skip_.reset();  // the loaded state replaces whatever that step did
+  if (skip_) skip_->pending = false;  // the loaded state replaces whatever that step did
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     groups_[g].options = std::move(options[g]);
     groups_[g].extras = dict.param_groups[g].extras;

@@ -171,8 +171,9 @@ class Optimizer {
   void skip_next_step_if(const float* device_flag);
   // Waits for the last step's skip flag, if any, and undoes that step's
   // host side if it was skipped (as torch's fused optimizers leave "step").
-  // step, state_views, init_state, reset_state and load_state_dict do it
-  // first; the const readers (state_scalar, state_dict) read what is there.
+  // step, add_param_group, init_state, reset_state and load_state_dict do
+  // it first; the readers (state_scalar, state_views, state_dict) read what
+  // is there.
   void settle_skipped_step();
   // Set by a parallel engine whose parameters are pieces of tensors spread
   // over ranks (or replicated, with stat ranges): see Param::stat_begin.
@@ -250,7 +251,7 @@ class Optimizer {
   // The tensor_stats passes of a step over active_ (work_ holds their chunks).
   void run_stat_passes(bool threaded);
   void run_stat_passes(const RuleInfo& rule, bool threaded);
-  void step_on_device();
+  void step_on_device(const float* skip);
   const Shape& tensor_shape_of(std::size_t i) const;
 
   const RuleInfo* rule_;
@@ -258,8 +259,8 @@ class Optimizer {
   std::optional<std::uintptr_t> cuda_stream_;  // set_cuda_stream
   int cuda_device_ = 0;                        // the device ordinal of device parameters
   const float* skip_flag_ = nullptr;           // skip_next_step_if, for the next step
-  struct PendingSkip;                          // a step whose skip flag is not read yet
-  std::unique_ptr<PendingSkip> pending_skip_;
+  struct SkipState;                            // the last skip flag's copy and its step's undo
+  std::unique_ptr<SkipState> skip_;
   // Before state is read or written outside a step: the steps enqueued on
   // callers' streams are done (every stream of the device).
   void wait_for_caller() const;

@@ -134,6 +134,7 @@ class _DistoptOptimizer(DistoptOptimizer):
         """torch's (defaults, state, param_groups) and every public attribute
         (LAMB's set_grad_none): a copy has what the original shows. The C++
         side stays behind (see __setstate__)."""
+        self._settle()
         state = super().__getstate__()
         state.update({k: v for k, v in self.__dict__.items() if not k.startswith("_")})
         return state
@@ -297,6 +298,19 @@ class _DistoptOptimizer(DistoptOptimizer):
         self.state[p] = state
         return True
 
+    def _settle(self):
+        """A step GradScaler skipped on the device, once its flag is read: its
+        "step" and scalars put back, and the state it made gone again (as
+        if it had not run, which is what torch shows)."""
+        cpp = self.__dict__.get("_cpp")
+        if cpp is None:
+            return
+        cpp.settle_skipped_step()
+        for i, p in enumerate(self._params):
+            if self.state.get(p) and not cpp.has_state(i):
+                del self.state[p]
+                self._unaliased.add(i)
+
     def _checked(self, i):
         """Parameter i and its gradient (or None), after the checks of every
         step: still what the optimizer took, a dense gradient."""
@@ -327,17 +341,24 @@ class _DistoptOptimizer(DistoptOptimizer):
                 found = f if found is None else found + f.to(found.device)
             return found
         found_inf = getattr(self, "found_inf", None)
+        if not torch.is_tensor(found_inf):  # no scaler, or one that found no gradients (torch sums none to 0)
+            return None
         scale = getattr(self, "grad_scale", None)
-        if found_inf is None or scale is None:
+        if scale is None:
             return found_inf
         inv = scale.double().reciprocal().float()
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        device_grads = [g for g in grads if g.is_cuda]
-        if device_grads:
-            torch._amp_foreach_non_finite_check_and_unscale_(device_grads, torch.zeros_like(inv), inv)
-        for g in grads:
-            if not g.is_cuda:
-                g.mul_(inv.to(g.device))
+        by_device = {}
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is not None:
+                    by_device.setdefault(p.grad.device, []).append(p.grad)
+        for device, grads in by_device.items():
+            inv_here = inv.to(device)
+            try:  # torch's own unscale (CUDA; CPU from torch 2.3)
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, torch.zeros_like(inv_here), inv_here)
+            except (RuntimeError, NotImplementedError):
+                for grad in grads:
+                    grad.mul_(inv_here)
         return found_inf
 
     @torch.no_grad()
@@ -354,13 +375,9 @@ class _DistoptOptimizer(DistoptOptimizer):
         found_inf = self._amp(scaler)
         cpp = self._ensure_cpp()
         self._sync_options()
-        if found_inf is not None:
-            if self._device().type != "cuda":
-                if found_inf.item():
-                    return loss
-            else:  # read by the kernels, on the device
-                self._found_inf = found_inf.to(device=self._device(), dtype=torch.float32).reshape(())
-                cpp.skip_next_step_if(self._found_inf.data_ptr())
+        on_cuda = self._device().type == "cuda"
+        if found_inf is not None and not on_cuda and found_inf.item():
+            return loss  # on the CPU the flag costs nothing to read
         addresses, grads, keep = [], [], []
         for i in range(len(self._params)):
             p, g = self._checked(i)
@@ -375,8 +392,11 @@ class _DistoptOptimizer(DistoptOptimizer):
                 keep.append(g)
             grads.append((torch.view_as_real(g) if g.is_complex() else g).data_ptr())
         with self._on_device():
-            if self._device().type == "cuda":  # enqueued on torch's stream, ordered with its kernels
+            if on_cuda:  # enqueued on torch's stream, ordered with its kernels
                 cpp.set_cuda_stream(torch.cuda.current_stream().cuda_stream)
+                if found_inf is not None:  # read by the kernels, on the device
+                    self._found_inf = found_inf.to(device=self._device(), dtype=torch.float32).reshape(())
+                    cpp.skip_next_step_if(self._found_inf.data_ptr())
             cpp.step(addresses, grads)
         for i, buf in self._staged.items():
             self._params[i].copy_(buf)
@@ -390,8 +410,7 @@ class _DistoptOptimizer(DistoptOptimizer):
     # ---- state_dict ----
     def state_dict(self):
         """torch's; ``step`` a number where the installed torch keeps one."""
-        if self._cpp is not None:
-            self._cpp.settle_skipped_step()  # a step GradScaler skipped leaves "step" as it was
+        self._settle()
         sd = super().state_dict()
         if _torch_keeps_int_step(type(self).__name__):
             sd["state"] = {k: dict(v) for k, v in sd["state"].items()}
