@@ -93,10 +93,7 @@ void Optimizer::settle_skipped_step() {
   if (cuda::flag_value(p.flag) == 0.0f) return;
   std::copy(p.group_steps.begin(), p.group_steps.end(), group_steps_.begin());
   for (const auto& [i, scalars] : p.scalars) std::copy(scalars.begin(), scalars.end(), state_[i]->scalars);
-  for (std::size_t i : p.created) {  // as if never stepped: the next step starts it afresh
-    state_[i]->initialized = false;
-    state_[i]->scalar_names = {};
-  }
+  for (std::size_t i : p.created) forget_state(i);  // as if never stepped: the next step starts it afresh
 }
 Optimizer::Optimizer(Optimizer&&) noexcept = default;
 Optimizer& Optimizer::operator=(Optimizer&&) noexcept = default;
@@ -207,10 +204,20 @@ const Param& Optimizer::param(std::size_t i) const {
 
 std::size_t Optimizer::group_of(std::size_t i) const { return group_of_[i]; }
 
+bool Optimizer::state_is_current(std::size_t i) const {
+  const ParamState& st = *state_[i];
+  return st.initialized && st.layout_version == layouts_[group_of_[i]].version;
+}
+
+void Optimizer::forget_state(std::size_t i) {
+  state_[i]->initialized = false;
+  state_[i]->scalar_names = {};
+}
+
 bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
   ParamState& st = *state_[i];
   const GroupLayout& gl = layouts_[g];
-  if (st.initialized && st.layout_version == gl.version) return false;
+  if (state_is_current(i)) return false;
   const bool first = !st.initialized;  // new, or reset (its buffers kept and re-filled below)
   const Param& p = params_[i];
   const auto n = static_cast<std::size_t>(p.value.numel());
@@ -426,8 +433,7 @@ void Optimizer::step() {
   const std::size_t chunk = threaded ? std::max<std::size_t>(config_.chunk_elements, 64) : SIZE_MAX;
   if (device_ == Device::cuda && cuda_stream_)  // state made now reads parameters the caller's stream writes
     for (std::size_t i = 0; i < params_.size(); ++i)
-      if (params_[i].has_grad &&
-          (!state_[i]->initialized || state_[i]->layout_version != layouts_[group_of_[i]].version)) {
+      if (params_[i].has_grad && !state_is_current(i)) {
         synchronize_stream(*cuda_stream_);
         break;
       }

@@ -85,9 +85,7 @@ void Optimizer::reset_state(std::size_t i) {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
   wait_for_caller();
   settle_skipped_step();
-  ParamState& st = *state_[i];
-  st.initialized = false;  // ensure_state re-fills the kept buffers
-  st.scalar_names = {};
+  forget_state(i);  // ensure_state re-fills the kept buffers
   if (group_rules_[group_of_[i]]->eager_state) ensure_state(i, group_of_[i]);
   state_written();  // a group-counted step (LAMB) follows the parameters that keep state
 }

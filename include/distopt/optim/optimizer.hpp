@@ -246,6 +246,12 @@ class Optimizer {
   // Creates or completes the state of parameter i for its group's layout;
   // returns true when any state tensor was created.
   bool ensure_state(std::size_t i, std::size_t g);
+  // Whether parameter i's state exists in its group's current layout (else
+  // ensure_state makes or completes it).
+  bool state_is_current(std::size_t i) const;
+  // Parameter i back to "no state yet", its buffers kept for ensure_state
+  // to re-fill (reset_state; a skipped step that made the state).
+  void forget_state(std::size_t i);
   void check_grad(std::size_t i) const;
   Slice slice_of(std::size_t i, std::size_t begin, std::size_t end) const;
   // The tensor_stats passes of a step over active_ (work_ holds their chunks).

@@ -83,6 +83,7 @@ class _DistoptOptimizer(DistoptOptimizer):
     _contiguous = False  # a non-contiguous parameter steps through a contiguous copy (_storage)
     _none_state = ()  # state keys torch sets to None for a stepped parameter without state
     _step_supports_amp_scaling = True  # GradScaler hands found_inf (and the scale) to step(): _amp
+    _threads = 1  # CPU threads of the C++ step
 
     def __init__(self, params, defaults):
         self._init_cpp_side()
@@ -245,7 +246,7 @@ class _DistoptOptimizer(DistoptOptimizer):
     def _make_cpp(self, loaded):
         g0 = self.param_groups[0]
         self._wait_for_torch()
-        self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0))
+        self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0), self._threads)
         self._track(g0)
         for group in self.param_groups[1:]:
             self._cpp.add_group(self._tuples(group["params"], len(self._params)), self._options(group))

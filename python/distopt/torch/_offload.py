@@ -70,16 +70,6 @@ class CPUOffload(_DistoptOptimizer):
     def _check_param(self, p, i):  # any rule runs on the CPU, for parameters on any devices
         DistoptOptimizer._check_param(self, p, i)
 
-    def _make_cpp(self, loaded):
-        g0 = self.param_groups[0]
-        self._cpp = _core.Optimizer(self._rule, self._tuples(g0["params"], 0), self._options(g0), self._threads)
-        self._track(g0)
-        for group in self.param_groups[1:]:
-            self._cpp.add_group(self._tuples(group["params"], len(self._params)), self._options(group))
-            self._track(group)
-        if self.state:
-            self._push_state(loaded)
-
     def _host(self, p):
         return torch.empty(p.shape, dtype=torch.float32, pin_memory=p.is_cuda)
 
