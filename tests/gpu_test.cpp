@@ -5,7 +5,9 @@
 // where there is none (CTest label `gpu`).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -52,6 +54,7 @@ struct Tensors {
   std::vector<std::size_t> sizes;
   std::size_t offset;
   std::vector<Buffer> values, grads;
+  std::vector<Shape> shapes;  // empty: 1-D of `sizes`
 
   Tensors(Device d, DType t, std::vector<std::size_t> n, std::size_t off = 0)
       : device(d), dtype(t), sizes(std::move(n)), offset(off) {
@@ -60,6 +63,12 @@ struct Tensors {
       grads.emplace_back((sizes[k] + offset) * size_of(t), 1, d, "test gradient");
       set(values[k], k, 1000);
     }
+  }
+  Tensors(Device d, DType t, const std::vector<Shape>& s) : Tensors(d, t, numels(s)) { shapes = s; }
+  static std::vector<std::size_t> numels(const std::vector<Shape>& s) {
+    std::vector<std::size_t> n;
+    for (const Shape& x : s) n.push_back(static_cast<std::size_t>(numel(x)));
+    return n;
   }
   // Fills b with element type `dtype` from value_at(seed + k, i), i counted from the view's start.
   void set(Buffer& b, std::size_t k, std::uint64_t seed) {
@@ -73,7 +82,7 @@ struct Tensors {
   std::vector<Param> params() {
     std::vector<Param> ps;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
-      const Shape shape{static_cast<std::int64_t>(sizes[k])};
+      const Shape shape = shapes.empty() ? Shape{static_cast<std::int64_t>(sizes[k])} : shapes[k];
       const std::size_t skip = offset * size_of(dtype);
       ps.push_back({str("p", k), {static_cast<char*>(values[k].data()) + skip, dtype, shape, device},
                     {static_cast<char*>(grads[k].data()) + skip, dtype, shape, device}, true});
@@ -286,6 +295,115 @@ TEST(Gpu, AStepWhoseSkipFlagIsSetIsUndoneOnTheDeviceAndTheHost) {
   }
 }
 
+// The tensor_stats rules (LAMB, LARS, Adafactor): their norms are summed
+// on the device in another order than the CPU's lane sums (stats.cuh), so
+// the results agree within 1e-6 of each tensor's largest magnitude rather
+// than bit for bit; two device runs agree bit for bit. Shapes: vectors
+// around the kernels' chunk (16384), matrices with more rows than a column
+// sum's band (256) and a 3-D tensor (Adafactor factors the last two
+// dimensions), and an empty one.
+std::vector<Case> stats_cases() {
+  return {
+      {"lamb", {}},
+      {"lamb", {{"adam_w_mode", false}, {"weight_decay", 0.1}, {"max_grad_norm", 0.5}, {"use_nvlamb", true}}},
+      {"lars", {{"lr", 0.1}}},
+      {"lars", {{"lr", 0.1}, {"weight_decay", 1e-4}, {"momentum", 0.9}}},
+      {"lars", {{"lr", 0.1}, {"always_adapt", true}, {"trust_clip", true}, {"momentum", 0.9}, {"nesterov", true}}},
+      {"adafactor", {}},
+      {"adafactor", {{"lr", 1e-2}, {"relative_step", false}, {"beta1", 0.9}, {"weight_decay", 0.01}}},
+  };
+}
+
+std::vector<Shape> stats_shapes() {
+  return {{1}, {16385}, {300, 70}, {2, 3, 50}, {0}, {7, 1}, {1, 513}};
+}
+
+// The largest |x| over the parameter, and the largest |x - y| against it.
+std::pair<float, float> largest_and_difference(const Tensors& x, const Tensors& y, std::size_t k) {
+  float big = 0.0f, diff = 0.0f;
+  for (std::size_t i = 0; i < x.sizes[k]; ++i) {
+    const float a = x.at(x.values[k], i), b = y.at(y.values[k], i);
+    big = std::max(big, std::fabs(a));
+    diff = std::max(diff, std::fabs(a - b));
+  }
+  return {big, diff};
+}
+
+TEST(Gpu, TensorStatsRulesAgreeWithTheCpuAndRepeatTheirBits) {
+  NEED_DEVICE();
+  for (const Case& c : stats_cases())
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(c.rule + " " + std::string(name_of(t)));
+      const std::vector<Shape> shapes = stats_shapes();
+      Tensors cpu(Device::cpu, t, shapes), gpu(Device::cuda, t, shapes), again(Device::cuda, t, shapes);
+      Optimizer a(c.rule, cpu.params(), c.options), b(c.rule, gpu.params(), c.options),
+          b2(c.rule, again.params(), c.options);
+      b2.set_cuda_stream(std::uintptr_t{0});  // enqueued on a caller's stream: the same bits
+      for (int step = 0; step < 5; ++step) {
+        for (std::size_t k = 0; k < shapes.size(); ++k) {
+          cpu.set(cpu.grads[k], k, 7 * step + 1);
+          gpu.set(gpu.grads[k], k, 7 * step + 1);
+          again.set(again.grads[k], k, 7 * step + 1);
+          const bool has = !(step == 2 && k == 2);
+          a.param(k).has_grad = b.param(k).has_grad = b2.param(k).has_grad = has;
+        }
+        a.step();
+        b.step();
+        b2.step();
+        synchronize_stream(0);
+        for (std::size_t k = 0; k < shapes.size(); ++k) {
+          EXPECT_EQ(gpu.bytes(k), again.bytes(k)) << "parameter " << k << " after step " << step;
+          const auto [big, diff] = largest_and_difference(cpu, gpu, k);
+          EXPECT_LE(diff, 1e-6f * big + (t == DType::f32 ? 0.0f : big / 128.0f))
+              << "parameter " << k << " after step " << step;
+        }
+      }
+      // The small state (Adafactor's row and column averages) and the
+      // moments agree as the parameters do.
+      const StateDict da = a.state_dict(), db = b.state_dict();
+      for (const auto& [i, entry] : da.state)
+        for (const auto& [key, value] : entry) {
+          if (std::holds_alternative<double>(value)) {
+            EXPECT_EQ(std::get<double>(value), std::get<double>(db.state.at(i).at(key))) << key;
+            continue;
+          }
+          const auto& x = std::get<StateTensor>(value).data;
+          const auto& y = std::get<StateTensor>(db.state.at(i).at(key)).data;
+          ASSERT_EQ(x.size(), y.size()) << key;
+          float big = 0.0f, diff = 0.0f;
+          for (std::size_t e = 0; e < x.size(); ++e) {
+            big = std::max(big, std::fabs(x[e]));
+            diff = std::max(diff, std::fabs(x[e] - y[e]));
+          }
+          EXPECT_LE(diff, 1e-5f * big) << "state '" << key << "' of " << i;
+        }
+    }
+}
+
+// GradScaler's flag on a tensor_stats rule: read on the host before the
+// passes; a flagged step changes nothing, its step count is put back.
+TEST(Gpu, ATensorStatsStepWhoseSkipFlagIsSetChangesNothing) {
+  NEED_DEVICE();
+  const std::vector<Shape> shapes{{300, 70}, {33}};
+  Tensors flagged(Device::cuda, DType::f32, shapes), plain(Device::cuda, DType::f32, shapes);
+  Optimizer a("adafactor", flagged.params()), b("adafactor", plain.params());
+  Buffer zero(sizeof(float), 0, Device::cuda, "flag 0"), one(sizeof(float), 0, Device::cuda, "flag 1");
+  const float value = 1.0f, nothing = 0.0f;
+  copy_bytes(one.data(), Device::cuda, &value, Device::cpu, sizeof value);
+  copy_bytes(zero.data(), Device::cuda, &nothing, Device::cpu, sizeof nothing);
+  for (int step = 0; step < 4; ++step) {
+    const bool skip = step == 2;
+    for (std::size_t k = 0; k < shapes.size(); ++k)
+      flagged.set(flagged.grads[k], k, 30 + step), plain.set(plain.grads[k], k, 30 + step);
+    a.skip_next_step_if(static_cast<const float*>(skip ? one.data() : zero.data()));
+    a.step();
+    if (!skip) b.step();
+  }
+  a.settle_skipped_step();
+  for (std::size_t k = 0; k < shapes.size(); ++k) EXPECT_EQ(flagged.bytes(k), plain.bytes(k)) << "parameter " << k;
+  EXPECT_EQ(a.state_scalar(0, "step"), 3.0);
+}
+
 TEST(Gpu, OutOfMemoryIsOneLineNamingTheSize) {
   NEED_DEVICE();
   try {
@@ -304,14 +422,14 @@ TEST(Gpu, OutOfMemoryIsOneLineNamingTheSize) {
 
 TEST(Gpu, ARuleWithoutAKernelAndMixedDevicesAreRefused) {
   NEED_DEVICE();
-  Tensors gpu(Device::cuda, DType::f32, {8});
+  Tensors gpu(Device::cuda, DType::f32, std::vector<std::size_t>{8});
   try {
-    Optimizer o("lamb", gpu.params());
-    FAIL() << "lamb accepted device parameters";
+    Optimizer o("shampoo", gpu.params());
+    FAIL() << "shampoo accepted device parameters";
   } catch (const InvalidInput& e) {
-    EXPECT_NE(std::string(e.what()).find("lamb has no CUDA kernel yet"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("shampoo has no CUDA kernel yet"), std::string::npos) << e.what();
   }
-  Tensors cpu(Device::cpu, DType::f32, {8});
+  Tensors cpu(Device::cpu, DType::f32, std::vector<std::size_t>{8});
   std::vector<Param> mixed = gpu.params();
   mixed.push_back(cpu.params()[0]);
   mixed.back().name = "host";

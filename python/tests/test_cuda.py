@@ -90,6 +90,35 @@ def test_cuda_parameters_step_with_the_cpu_bits(name, kw, dtype):
                 assert torch.equal(mine.cpu(), value), f"parameter {k}, state {key}"
 
 
+# The rules with norms (tensor_stats): the device sums them in another order
+# than the CPU, so parameters agree within 1e-6 of their largest magnitude
+# (one rounding of a bf16 parameter) rather than bit for bit.
+STATS = [("LAMB", dict(lr=0.01)), ("LAMB", dict(lr=0.01, adam_w_mode=False, weight_decay=0.1, max_grad_norm=0.5)),
+         ("LARS", dict(lr=0.1, weight_decay=1e-4, momentum=0.9)), ("LARS", dict(lr=0.1)),
+         ("Adafactor", dict()), ("Adafactor", dict(lr=0.01, relative_step=False, beta1=0.9, weight_decay=0.01))]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name,kw", STATS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(STATS)])
+def test_rules_with_norms_step_cuda_parameters_as_on_the_cpu(name, kw, dtype):
+    ours, opt = _run(name, kw, "cuda", dtype)
+    ref, ref_opt = _run(name, kw, "cpu", dtype)
+    ulp = 0.0 if dtype == torch.float32 else 2.0 ** -7
+    for k, (p, q) in enumerate(zip(ours, ref)):
+        assert p.device.type == "cuda"
+        big = q.detach().float().abs().max().item() if q.numel() else 0.0
+        diff = (p.detach().cpu().float() - q.detach().float()).abs().max().item() if q.numel() else 0.0
+        assert diff <= (1e-6 + ulp) * big, f"parameter {k}: {diff} against {big}"
+        for key, value in ref_opt.state[q].items():
+            if torch.is_tensor(value) and value.dim() > 0:
+                mine = opt.state[p][key].cpu()
+                assert mine.shape == value.shape, key
+                torch.testing.assert_close(mine, value, rtol=1e-5, atol=1e-5 * value.abs().max().item(), msg=key)
+            else:
+                assert float(opt.state[p][key]) == float(value), key
+
+
 @needs_cuda
 def test_the_step_runs_on_torchs_current_stream():
     stream = torch.cuda.Stream()
@@ -135,9 +164,9 @@ def test_mixed_devices_and_rules_without_a_kernel_are_refused_at_construction():
     with pytest.raises(ValueError, match=r"parameter 1 .* is on cpu, parameter 0 on cuda:0; one optimizer steps "
                                          r"parameters on one device"):
         dopt.Adam([a, b])
-    with pytest.raises(ValueError, match=r"^LAMB: parameter 0 \(shape \(3,\)\) is on cuda:0, but lamb has no CUDA "
-                                         r"kernel yet"):
-        dopt.LAMB([a])
+    with pytest.raises(ValueError, match=r"^Shampoo: parameter 0 \(shape \(3,\)\) is on cuda:0, but shampoo has no "
+                                         r"CUDA kernel yet"):
+        dopt.Shampoo([a])
     with pytest.raises(ValueError, match="capturable=True"):
         dopt.Adam([a], capturable=True)
 

@@ -34,6 +34,22 @@ struct Staging {
 };
 Staging staging(std::size_t bytes);
 void staging_used(cudaStream_t stream);
+// Runs enqueue() -- the copy and launches that read the area staging()
+// handed out last -- then marks it used by `stream`, also when enqueue
+// throws (work already enqueued may read it).
+template <class F>
+void enqueue_staged(cudaStream_t stream, F&& enqueue) {
+  try {
+    enqueue();
+  } catch (...) {
+    try {
+      staging_used(stream);
+    } catch (...) {
+    }
+    throw;
+  }
+  staging_used(stream);
+}
 
 // A caller's stream from its handle (core/cuda_backend.hpp): 0 is the
 // legacy default stream (torch's default), not this thread's own.

@@ -28,6 +28,7 @@
 #include "../optim/cuda_step.hpp"
 #include "../optim/rules/pointwise.hpp"
 #include "check.cuh"
+#include "table.cuh"
 
 namespace distopt::cuda::DISTOPT_FP_NS {
 namespace {
@@ -91,13 +92,7 @@ __global__ void __launch_bounds__(kThreads)
                      const unsigned* __restrict__ first_chunk, unsigned count, const float* __restrict__ skip) {
   // GradScaler's found_inf: a step with an inf or NaN gradient changes nothing.
   if (skip != nullptr && *skip != 0.0f) return;
-  // The tensor holding chunk blockIdx.x: the last entry whose first chunk is <= it.
-  unsigned lo = 0, hi = count;
-  while (hi - lo > 1) {
-    const unsigned mid = (lo + hi) / 2;
-    if (first_chunk[mid] <= blockIdx.x) lo = mid;
-    else hi = mid;
-  }
+  const unsigned lo = entry_of_block(first_chunk, count);
   const Entry e = entries[lo];
   const typename M::Coeffs c = *reinterpret_cast<const typename M::Coeffs*>(coeffs[e.coeffs].bytes);
   const std::size_t begin = (blockIdx.x - first_chunk[lo]) * kChunk;
@@ -175,10 +170,7 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
       run_src.push_back(j);
     }
     Entry e{};
-    e.p = sl.dtype == DType::f32 ? static_cast<float*>(sl.param) : sl.master;
-    e.lp = sl.dtype == DType::f32 ? nullptr : sl.param;
-    e.g = sl.grad;
-    for (int t = 0; t < kMaxStateTensors; ++t) e.s[t] = sl.state[t];
+    set_arrays(e, sl);
     e.n = sl.n;
     e.coeffs = blob_of[j];
     const std::size_t es = size_of(sl.dtype);
@@ -200,22 +192,15 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
   std::memcpy(area.host, blobs.data(), blob_bytes);
   std::memcpy(area.host + blob_bytes, entries.data(), entry_bytes);
   std::memcpy(area.host + blob_bytes + entry_bytes, first_chunk.data(), first_chunk.size() * sizeof(unsigned));
-  check(cudaMemcpyAsync(area.device, area.host, bytes, cudaMemcpyHostToDevice, stream), str(rule, " step: metadata"));
   const auto* dev_blobs = reinterpret_cast<const RuleBlob*>(area.device);
   const auto* dev_entries = reinterpret_cast<const Entry*>(area.device + blob_bytes);
   const auto* dev_first = reinterpret_cast<const unsigned*>(area.device + blob_bytes + entry_bytes);
 
-  try {
+  enqueue_staged(stream, [&] {
+    check(cudaMemcpyAsync(area.device, area.host, bytes, cudaMemcpyHostToDevice, stream), str(rule, " step: metadata"));
     launch_runs<M>(rule, key, run_begin, run_chunks, run_src, slices, entries.size(), dev_blobs, dev_entries, dev_first,
                    stream, skip);
-  } catch (...) {
-    try {  // work already enqueued may read the area: it must not be reused before that work is done
-      staging_used(stream);
-    } catch (...) {
-    }
-    throw;
-  }
-  staging_used(stream);
+  });
   // On this thread's own stream the step is complete when it returns, as on
   // the CPU; on a caller's it is ordered with the caller's other work.
   if (!caller) check(cudaStreamSynchronize(stream), str(rule, " step"));

@@ -1,31 +1,46 @@
-// Which rules have CUDA kernels (the list of rules/pointwise.hpp), and the
+// Which rules have CUDA kernels (the lists of rules/pointwise.hpp and
+// rules/stats.hpp), and the
 // Optimizer's entry to them and to the copies of its skip flags
 // (optim/cuda_step.hpp).
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <string>
 
 #include "../optim/cuda_step.hpp"
 #include "../optim/rules/pointwise.hpp"
+#include "../optim/rules/stats.hpp"
 #include "check.cuh"
 #include "distopt/core/error.hpp"
 
 namespace distopt::cuda {
+// Each of pointwise.cuh and stats.cuh is built twice, into these namespaces.
+#define DISTOPT_KERNEL_ENTRIES                                                                                       \
+  bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,            \
+           std::optional<std::uintptr_t> stream, const float* skip);                                                 \
+  bool run_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs,                            \
+                std::span<const Slice> slices, std::span<const StatRange> ranges, std::span<const float* const> aux, \
+                std::span<double* const> out, std::optional<std::uintptr_t> stream);                                 \
+  bool run_update(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,     \
+                  std::optional<std::uintptr_t> stream);
 namespace ieee {
-bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-         std::optional<std::uintptr_t> stream, const float* skip);
+DISTOPT_KERNEL_ENTRIES
 }
 namespace ftz {
-bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-         std::optional<std::uintptr_t> stream, const float* skip);
+DISTOPT_KERNEL_ENTRIES
 }
+#undef DISTOPT_KERNEL_ENTRIES
 
 bool has_kernel(std::string_view rule) {
-  return rules::with_pointwise_math(rule, [&]<class M>() {});
+  return rules::with_pointwise_math(rule, [&]<class M>() {}) || has_stats_kernel(rule);
+}
+
+bool has_stats_kernel(std::string_view rule) {
+  return rules::with_stats_math(rule, [&]<class M>() {});
 }
 
 std::string_view kernel_rules() {
-  static const std::string names = rules::pointwise_names();
+  static const std::string names = rules::pointwise_names() + ", " + rules::stats_names();
   return names;
 }
 
@@ -35,6 +50,35 @@ void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coef
   const bool ran =
       flush ? ftz::run(rule, coeffs, slices, stream, skip) : ieee::run(rule, coeffs, slices, stream, skip);
   if (!ran) throw InvalidInput(str(rule, " has no CUDA kernel (the device runs ", kernel_rules(), ")"));
+}
+
+void stats_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+                std::span<const StatRange> ranges, std::span<const float* const> aux, std::span<double* const> out,
+                bool flush, std::optional<std::uintptr_t> stream) {
+  if (coeffs.size() != slices.size() || out.size() != slices.size() ||
+      (!ranges.empty() && ranges.size() != slices.size()) || (!aux.empty() && aux.size() != slices.size()))
+    throw PreconditionError("stats_pass: one coefficient block, output, range and small state per slice");
+  const bool ran = flush ? ftz::run_pass(rule, pass, coeffs, slices, ranges, aux, out, stream)
+                         : ieee::run_pass(rule, pass, coeffs, slices, ranges, aux, out, stream);
+  if (!ran) throw InvalidInput(str(rule, " has no CUDA kernel (the device runs ", kernel_rules(), ")"));
+}
+
+void stats_update(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+                  bool flush, std::optional<std::uintptr_t> stream) {
+  if (coeffs.size() != slices.size()) throw PreconditionError("stats_update: one coefficient block per slice");
+  const bool ran =
+      flush ? ftz::run_update(rule, coeffs, slices, stream) : ieee::run_update(rule, coeffs, slices, stream);
+  if (!ran) throw InvalidInput(str(rule, " has no CUDA kernel (the device runs ", kernel_rules(), ")"));
+}
+
+void upload(void* device, const void* host, std::size_t bytes, std::optional<std::uintptr_t> stream) {
+  if (bytes == 0) return;
+  const cudaStream_t s = stream ? as_stream(*stream) : cudaStream_t{0};
+  const Staging area = staging(bytes);
+  std::memcpy(area.host, host, bytes);
+  const cudaError_t e = cudaMemcpyAsync(device, area.host, bytes, cudaMemcpyHostToDevice, s);
+  staging_used(s);
+  check(e, "copying small state to the device");
 }
 
 struct FlagCopy {

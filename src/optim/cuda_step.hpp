@@ -32,6 +32,30 @@ std::string_view kernel_rules();
 void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                     bool flush, std::optional<std::uintptr_t> stream, const float* skip = nullptr);
 
+// The tensor_stats rules with kernels (rules/stats.hpp: LAMB, LARS,
+// Adafactor) step in passes, as on the CPU (Optimizer::run_stat_passes):
+// stats_pass runs pass `pass` over whole slices -- the rule's transform,
+// then its statistics of slice k over ranges[k] (empty: the whole slice),
+// added to out[k] (host; null: none) as the rule's partial lays them out --
+// and waits for them; the caller finishes the pass on the host
+// (finish_pass). Slice::work and aux[k] (the small state; empty: none) are
+// device memory. stats_update applies the step, enqueued on `stream` as in
+// pointwise_step (no skip flag: the caller reads it first, as it waits for
+// the statistics anyway).
+struct StatRange {
+  std::size_t begin = 0, end = 0;
+};
+bool has_stats_kernel(std::string_view rule);
+void stats_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+                std::span<const StatRange> ranges, std::span<const float* const> aux, std::span<double* const> out,
+                bool flush, std::optional<std::uintptr_t> stream);
+void stats_update(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+                  bool flush, std::optional<std::uintptr_t> stream);
+// Copies host memory to the device, enqueued on `stream` after everything
+// before it there (through pinned staging: the host memory may be reused at
+// once).
+void upload(void* device, const void* host, std::size_t bytes, std::optional<std::uintptr_t> stream);
+
 // A skip flag's value, copied to pinned host memory after the step on the
 // same stream without waiting: flag_value waits for that copy (usually long
 // done). One FlagCopy is made once and reused (making pinned memory would

@@ -5,15 +5,36 @@
 
 namespace distopt::cuda {
 
+namespace {
+[[noreturn]] void no_cuda() {
+  throw InvalidInput("this build has no CUDA (configure with -DDISTOPT_CUDA=ON on a machine with nvcc)");
+}
+}  // namespace
+
 bool has_kernel(std::string_view) { return false; }
 std::string_view kernel_rules() { return ""; }
 void pointwise_step(std::string_view, std::span<const RuleBlob* const>, std::span<const Slice>, bool,
                     std::optional<std::uintptr_t>, const float*) {
-  throw InvalidInput("this build has no CUDA (configure with -DDISTOPT_CUDA=ON on a machine with nvcc)");
+  no_cuda();
+}
+bool has_stats_kernel(std::string_view) {
+  return false;
+}
+void stats_pass(std::string_view, int, std::span<const RuleBlob* const>, std::span<const Slice>,
+                std::span<const StatRange>, std::span<const float* const>, std::span<double* const>, bool,
+                std::optional<std::uintptr_t>) {
+  no_cuda();
+}
+void stats_update(std::string_view, std::span<const RuleBlob* const>, std::span<const Slice>, bool,
+                  std::optional<std::uintptr_t>) {
+  no_cuda();
+}
+void upload(void*, const void*, std::size_t, std::optional<std::uintptr_t>) {
+  no_cuda();
 }
 
 FlagCopy* new_flag_copy() {
-  throw InvalidInput("this build has no CUDA (configure with -DDISTOPT_CUDA=ON on a machine with nvcc)");
+  no_cuda();
 }
 void copy_flag(FlagCopy*, const float*, std::optional<std::uintptr_t>) {}
 float flag_value(FlagCopy*) { return 0.0f; }

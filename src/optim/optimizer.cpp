@@ -19,11 +19,6 @@ namespace distopt {
 
 namespace {
 
-// Stagger slots: 0 = parameter, 1 = gradient (by convention of the callers
-// that allocate them), 2 = master weights, 3.. = state tensors.
-constexpr int kMasterSlot = 2;
-constexpr int kFirstStateSlot = 3;
-
 // Options the rule reads from the optimizer only (LAMB's max_grad_norm, as
 // apex): a group may not set them.
 void refuse_optimizer_level(const RuleInfo& rule, std::string_view option) {
@@ -31,10 +26,6 @@ void refuse_optimizer_level(const RuleInfo& rule, std::string_view option) {
     if (option == key)
       throw InvalidInput(str(key, " is an option of the whole ", rule.name,
                              " optimizer, not of a parameter group (as in the reference); set it once for all"));
-}
-
-std::string param_label(const Param& p, std::size_t i) {
-  return p.name.empty() ? str("parameter ", i) : str("parameter ", i, " ('", p.name, "')");
 }
 
 }  // namespace
@@ -327,7 +318,37 @@ void Optimizer::run_stat_passes(bool threaded) {
       if (group_rules_[group_of_[i]] == rule) pass_active_.push_back(i);
     for (const WorkItem& w : work_)
       if (group_rules_[group_of_[w.param]] == rule) pass_work_.push_back(w);
-    run_stat_passes(*rule, threaded);
+    if (device_ == Device::cuda) stat_passes_on_device(*rule);
+    else run_stat_passes(*rule, threaded);
+  }
+}
+
+void Optimizer::size_stats(const RuleInfo& rule, int pass) {
+  stat_offsets_.resize(pass_active_.size() + 1);
+  stat_offsets_[0] = 0;
+  for (std::size_t j = 0; j < pass_active_.size(); ++j)
+    stat_offsets_[j + 1] = stat_offsets_[j] + rule.num_stats(pass, tensor_shape_of(pass_active_[j]));
+  stats_.assign(stat_offsets_.back(), 0.0);
+}
+
+void Optimizer::finish_stat_pass(const RuleInfo& rule, int pass) {
+  if (rule.global_pass(pass)) {
+    // One total over every tensor, summed in parameter order.
+    const std::size_t c = pass_active_.empty() ? 0 : stat_offsets_[1];
+    DISTOPT_CHECK(c <= static_cast<std::size_t>(kMaxStats), c, " global statistics");
+    double total[kMaxStats] = {};
+    for (std::size_t j = 0; j < pass_active_.size(); ++j)
+      for (std::size_t s = 0; s < c; ++s) total[s] += stats_[j * c + s];
+    if (stats_reduce_) stats_reduce_(std::span<double>(total, c));
+    for (std::size_t j = 0; j < pass_active_.size(); ++j) std::copy(total, total + c, stats_.begin() + j * c);
+  } else if (stats_reduce_) {
+    stats_reduce_(stats_);
+  }
+  for (std::size_t j = 0; j < pass_active_.size(); ++j) {
+    const std::size_t i = pass_active_[j];
+    ParamState& st = *state_[i];
+    rule.finish_pass(pass, tensor_shape_of(i), stats_.data() + stat_offsets_[j], coeffs_[i],
+                     st.aux.empty() ? nullptr : st.aux.as<float>());
   }
 }
 
@@ -341,7 +362,9 @@ void Optimizer::run_stat_passes(const RuleInfo& rule, bool threaded) {
     for (std::size_t i : pass_active_) {
       ParamState& st = *state_[i];
       const std::size_t bytes = static_cast<std::size_t>(params_[i].value.numel()) * sizeof(float);
-      if (st.work.size_bytes() != bytes) st.work = Buffer(bytes, kFirstStateSlot + kMaxStateTensors);
+      if (st.work.size_bytes() != bytes)
+        st.work =
+            Buffer(bytes, kFirstStateSlot + kMaxStateTensors, device_, str("scratch of ", param_label(params_[i], i)));
     }
   for (int pass = 0; pass < rule.stat_passes; ++pass) {
     if (rule.transform != nullptr)
@@ -351,37 +374,13 @@ void Optimizer::run_stat_passes(const RuleInfo& rule, bool threaded) {
       });
     // Each tensor's partial statistics over its stat range, in one piece
     // (so the order of the sums does not depend on the threads).
-    stat_offsets_.resize(pass_active_.size() + 1);
-    stat_offsets_[0] = 0;
-    for (std::size_t j = 0; j < pass_active_.size(); ++j)
-      stat_offsets_[j + 1] = stat_offsets_[j] + rule.num_stats(pass, tensor_shape_of(pass_active_[j]));
-    stats_.assign(stat_offsets_.back(), 0.0);
+    size_stats(rule, pass);
     for_each(pass_active_.size(), [&](std::size_t j) {
       const std::size_t i = pass_active_[j];
-      const Param& p = params_[i];
-      const auto n = static_cast<std::size_t>(p.value.numel());
-      const std::size_t begin = std::min(p.stat_begin, n);
-      const std::size_t end = p.stat_count == Param::kAll ? n : std::min(n, begin + p.stat_count);
+      const auto [begin, end] = stat_range(params_[i]);
       rule.partial(coeffs_[i], pass, slice_of(i, begin, end), stats_.data() + stat_offsets_[j]);
     });
-    if (rule.global_pass(pass)) {
-      // One total over every tensor, summed in parameter order.
-      const std::size_t c = pass_active_.empty() ? 0 : stat_offsets_[1];
-      DISTOPT_CHECK(c <= static_cast<std::size_t>(kMaxStats), c, " global statistics");
-      double total[kMaxStats] = {};
-      for (std::size_t j = 0; j < pass_active_.size(); ++j)
-        for (std::size_t s = 0; s < c; ++s) total[s] += stats_[j * c + s];
-      if (stats_reduce_) stats_reduce_(std::span<double>(total, c));
-      for (std::size_t j = 0; j < pass_active_.size(); ++j) std::copy(total, total + c, stats_.begin() + j * c);
-    } else if (stats_reduce_) {
-      stats_reduce_(stats_);
-    }
-    for (std::size_t j = 0; j < pass_active_.size(); ++j) {
-      const std::size_t i = pass_active_[j];
-      ParamState& st = *state_[i];
-      rule.finish_pass(pass, tensor_shape_of(i), stats_.data() + stat_offsets_[j], coeffs_[i],
-                         st.aux.empty() ? nullptr : st.aux.as<float>());
-    }
+    finish_stat_pass(rule, pass);
     if (rule.whole != nullptr) {
       auto aux_of = [&](std::size_t i) { return state_[i]->aux.empty() ? nullptr : state_[i]->aux.as<float>(); };
       auto is_whole = [&](std::size_t i) {
@@ -476,25 +475,6 @@ void Optimizer::step() {
   if (threaded) config_.pool->parallel_for(work_.size(), run);
   else
     for (std::size_t k = 0; k < work_.size(); ++k) run(k);
-}
-
-void Optimizer::step_on_device(const float* skip) {
-  // One call per group: every active tensor of it, whole, in few launches.
-  // The kernels are built twice, so that they flush denormals exactly when
-  // this thread's CPU would (DenormalMode).
-  const bool flush = flushing_denormals();
-  std::vector<const RuleBlob*> coeffs;
-  std::vector<Slice> slices;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    coeffs.clear();
-    slices.clear();
-    for (std::size_t i : active_)
-      if (group_of_[i] == g) {
-        coeffs.push_back(&coeffs_[i]);
-        slices.push_back(slice_of(i, 0, static_cast<std::size_t>(params_[i].value.numel())));
-      }
-    if (!slices.empty()) cuda::pointwise_step(group_rules_[g]->name, coeffs, slices, flush, cuda_stream_, skip);
-  }
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

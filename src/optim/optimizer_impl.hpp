@@ -1,15 +1,19 @@
-// Private to the Optimizer's files (src/optim/optimizer.cpp, optimizer_state.cpp):
+// Private to the Optimizer's files (src/optim/optimizer.cpp, optimizer_device.cpp,
+// optimizer_state.cpp):
 // the state it keeps for each parameter, and a step awaiting its skip flag.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "cuda_step.hpp"
 #include "distopt/core/buffer.hpp"
+#include "distopt/core/error.hpp"
 #include "distopt/optim/optimizer.hpp"
 #include "distopt/optim/rule.hpp"
 
@@ -25,8 +29,28 @@ struct Optimizer::ParamState {
   Buffer master;  // fp32 copy of a bf16/f16 parameter
   Buffer work;    // fp32 scratch of tensor_stats rules (RuleInfo::workspace)
   Buffer aux;     // small per-tensor state (RuleInfo::aux_size), whole
+  Buffer aux_device;                     // its copy on the device, for device parameters (uploaded every pass)
   mutable std::vector<float> host_copy;  // state_tensor() of device state
 };
+
+// Stagger slots: 0 = parameter, 1 = gradient (by convention of the callers
+// that allocate them), 2 = master weights, 3.. = state tensors, then the
+// scratch and the small state.
+constexpr int kMasterSlot = 2;
+constexpr int kFirstStateSlot = 3;
+
+// "parameter 3 ('fc.weight')" in messages.
+inline std::string param_label(const Param& p, std::size_t i) {
+  return p.name.empty() ? str("parameter ", i) : str("parameter ", i, " ('", p.name, "')");
+}
+
+// The elements [begin, end) of parameter p whose statistics this rank
+// gathers (Param::stat_begin, stat_count).
+inline std::pair<std::size_t, std::size_t> stat_range(const Param& p) {
+  const auto n = static_cast<std::size_t>(p.value.numel());
+  const std::size_t begin = std::min(p.stat_begin, n);
+  return {begin, p.stat_count == Param::kAll ? n : std::min(n, begin + p.stat_count)};
+}
 
 // The skip flags of GradScaler's protocol (skip_next_step_if): the host copy
 // of the last flag (made once, reused), and while it is unread, what that

@@ -9,6 +9,7 @@
 #include "distopt/core/error.hpp"
 #include "distopt/optim/rule.hpp"
 #include "rules/element.hpp"
+#include "rules/stats.hpp"
 
 namespace distopt::rules {
 
@@ -236,6 +237,25 @@ void cpu_loop(const typename M::Coeffs& coeffs, const Typed<T>& slice) {
 #pragma GCC ivdep
     for (std::size_t i = 0; i < s.n; ++i) M::template element<decltype(f)::value...>(c, s, i);
   });
+}
+
+// The CPU loops of a tensor_stats rule's Math (element.hpp, "tensor_stats
+// rules"): its transform of pass `pass` and its update over a slice.
+template <class M, class T>
+void cpu_transform(const typename M::Coeffs& coeffs, int pass, const Typed<T>& typed_slice, const Slice& slice) {
+  const typename M::Coeffs c = coeffs;
+  const Typed<T> s = typed_slice;
+  const Place at = place_of(slice, slice.aux);
+  float* const work = slice.work;
+#pragma GCC ivdep
+  for (std::size_t i = 0; i < s.n; ++i) M::template transform<T>(c, pass, s, at, work, i);
+}
+template <class M, class T>
+void cpu_update(const typename M::Coeffs& coeffs, const Typed<T>& typed_slice, const float* work) {
+  const typename M::Coeffs c = coeffs;
+  const Typed<T> s = typed_slice;
+#pragma GCC ivdep
+  for (std::size_t i = 0; i < s.n; ++i) M::template update<T>(c, s, work, i);
 }
 
 // R's options as the registry lists them: the specs of its kOptions rows,

@@ -257,7 +257,15 @@ class Optimizer {
   // The tensor_stats passes of a step over active_ (work_ holds their chunks).
   void run_stat_passes(bool threaded);
   void run_stat_passes(const RuleInfo& rule, bool threaded);
+  // Of one pass over pass_active_: sizes stats_ (stat_offsets_, zeros) before
+  // the partial sums; afterwards reduces them (globally, over the ranks) and
+  // hands them to the rule's finish_pass.
+  void size_stats(const RuleInfo& rule, int pass);
+  void finish_stat_pass(const RuleInfo& rule, int pass);
+  // The device's step (optimizer_device.cpp): the pointwise groups, then
+  // the tensor_stats rules' passes and updates.
   void step_on_device(const float* skip);
+  void stat_passes_on_device(const RuleInfo& rule);
   const Shape& tensor_shape_of(std::size_t i) const;
 
   const RuleInfo* rule_;

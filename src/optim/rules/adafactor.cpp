@@ -20,6 +20,8 @@
 // and column averages); pass 1 writes U into the scratch and gathers
 // sum U^2. transformers' state "RMS" is not kept: it is recomputed first
 // thing every step.
+#include "adafactor.hpp"
+
 #include <algorithm>
 #include <limits>
 
@@ -97,17 +99,7 @@ struct AdafactorRule {
   }
   static bool tensor_needed(const Options&, std::size_t k, const Shape& s) { return k != 0 || !factored(s); }
 
-  struct Coeffs {
-    double t, rel_step, eps2, decay_rate;
-    float eps1, clip_threshold, beta1, one_minus_beta1;
-    bool use_first_moment, decay;
-    // From pass 0: the step's lr and the second-moment decay.
-    float lr, wd_alpha, beta2t, one_minus_beta2t;
-    // From pass 1: the update's clipping divisor.
-    float den;
-    double weight_decay;
-    bool scale_parameter;
-  };
+  using Coeffs = AdafactorMath::Coeffs;
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     Coeffs c{};
@@ -162,8 +154,7 @@ struct AdafactorRule {
       double& row = rows[r];
       double* col = cols + (r / g.r) * g.c + j0;
       for (std::size_t k = 0; k < len; ++k) {
-        const float gi = to_float(s.g[i + k]);
-        const float q = gi * gi + c.eps1;
+        const float q = AdafactorMath::row_col(c, to_float(s.g[i + k]));
         row += q;
         col[k] += q;
       }
@@ -212,59 +203,33 @@ struct AdafactorRule {
     c.den = std::max(rms_u / c.clip_threshold, 1.0f);
   }
 
-  // Pass 1: U into the scratch (and the unfactored second moment).
+  // Pass 1: U into the scratch (and the unfactored second moment): the
+  // Math's transform, with each row's factor computed once per row.
   template <class T>
   static void transform(const Coeffs& c, int pass, const Typed<T>& s, const Slice& slice) {
     if (pass != 1) return;
     float* work = slice.work;
-    const float* aux = slice.aux;
-    const Shape& shape = *slice.shape;
-    const std::size_t offset = slice.offset;
-    if (!factored(shape)) {
-      float* __restrict v = s.s[0];
-      for (std::size_t i = 0; i < s.n; ++i) {
-        const float gi = to_float(s.g[i]);
-        const float q = gi * gi + c.eps1;
-        const float vi = v[i] * c.beta2t + c.one_minus_beta2t * q;
-        v[i] = vi;
-        work[i] = (1.0f / std::sqrt(vi)) * gi;
-      }
+    if (!factored(*slice.shape)) {
+      for (std::size_t i = 0; i < s.n; ++i) work[i] = AdafactorMath::vector_direction(c, s, i);
       return;
     }
-    const Grid g = Grid::of(shape);
-    const float* row = aux;
-    const float* col = aux + g.b * g.r;
-    const float* row_mean = aux + g.b * g.r + g.b * g.c;
-    for (std::size_t i = 0, e = offset; i < s.n;) {
+    const Grid g = Grid::of(*slice.shape);
+    const float* row = slice.aux;
+    const float* col = slice.aux + g.b * g.r;
+    const float* row_mean = slice.aux + g.b * g.r + g.b * g.c;
+    for (std::size_t i = 0, e = slice.offset; i < s.n;) {
       const std::size_t r = e / g.c, j0 = e % g.c, len = std::min(g.c - j0, s.n - i);
-      const float r_factor = 1.0f / std::sqrt(row[r] / row_mean[r / g.r]);
+      const float r_factor = AdafactorMath::row_factor(row[r], row_mean[r / g.r]);
       const float* cols = col + (r / g.r) * g.c + j0;
-      for (std::size_t k = 0; k < len; ++k) {
-        const float c_factor = 1.0f / std::sqrt(cols[k]);
-        work[i + k] = (r_factor * c_factor) * to_float(s.g[i + k]);
-      }
+      for (std::size_t k = 0; k < len; ++k)
+        work[i + k] = (r_factor * AdafactorMath::col_factor(cols[k])) * to_float(s.g[i + k]);
       i += len;
       e += len;
     }
   }
   template <class T>
   static void apply_update(const Coeffs& c, const Typed<T>& s, const float* work) {
-    float* __restrict p = s.p;
-    T* __restrict lp = s.lp;
-    float* __restrict m = c.use_first_moment ? s.s[1] : nullptr;
-    for (std::size_t i = 0; i < s.n; ++i) {
-      float u = (work[i] / c.den) * c.lr;
-      if (c.use_first_moment) {
-        const float mi = m[i] * c.beta1 + c.one_minus_beta1 * u;
-        m[i] = mi;
-        u = mi;
-      }
-      float pi = p[i];
-      if (c.decay) pi = pi + c.wd_alpha * pi;
-      pi = pi + (-u);
-      p[i] = pi;
-      store(lp, i, pi);
-    }
+    cpu_update<AdafactorMath>(c, s, work);
   }
 };
 

@@ -113,3 +113,46 @@ DISTOPT_HD float sgd_momentum(float g, float& b, bool first, float momentum, flo
 }
 
 }  // namespace distopt::rules
+
+namespace distopt::rules {
+
+// The tensor_stats rules with a device path (lamb.hpp, lars.hpp,
+// adafactor.hpp) keep their per-element math in a Math struct too, run by
+// their CPU loops and by src/cuda/stats.cuh:
+//   struct Coeffs { ... };                 per-step scalars: made by the
+//                                          rule's prepare, completed by its
+//                                          finish_pass (always on the host)
+//   static constexpr int kPasses;
+//   static constexpr Squares kSquares[kPasses];  what pass k sums the
+//                                          squares of, in the order of its
+//                                          statistics (the CPU's partial
+//                                          gathers the same)
+//   static constexpr bool kRowColSums;     pass 0 also sums row_col(c, g)
+//                                          over each row and each column of
+//                                          a factored tensor (Adafactor)
+//   static constexpr bool kTransforms[kPasses];  whether pass k transforms
+//   static bool gathers(const Coeffs&, int pass);  whether the statistics
+//                                          are used (host; LARS without
+//                                          adaptation: no pass at all)
+//   template <class T> DISTOPT_HD static void transform(
+//       const Coeffs&, int pass, const Typed<T>&, const Place&, float* work, std::size_t i);
+//   template <class T> DISTOPT_HD static void update(
+//       const Coeffs&, const Typed<T>&, const float* work, std::size_t i);
+// where transform writes element i of the scratch before pass k's
+// statistics (and may update state), and update applies the step.
+enum class Source : unsigned char { none, param, grad, work };
+struct Squares {
+  Source of[2];
+  DISTOPT_HD int count() const { return (of[0] != Source::none) + (of[1] != Source::none); }
+};
+// Where a slice lies in its tensor: the index of its first element, the
+// tensor's shape as blocks x rows x cols when it is factored (the last two
+// dimensions, per leading index) and its small state, in the memory of the
+// device that steps it.
+struct Place {
+  const float* aux;
+  std::size_t offset, blocks, rows, cols;
+  bool factored;
+};
+
+}  // namespace distopt::rules

@@ -19,6 +19,8 @@
 // Weight decay is apex's, not GradPrologue's: no maximize, L2 on the clipped
 // gradient with p read as 0 when wd is 0, and in adam_w_mode wd*p added to
 // u rather than p scaled by 1 - lr*wd.
+#include "lamb.hpp"
+
 #include "../rule_impl.hpp"
 
 namespace distopt::rules {
@@ -49,12 +51,7 @@ struct LambRule {
     require(o.max_grad_norm >= 0.0, "Invalid max_grad_norm value: ", o.max_grad_norm);
   }
   static StateLayout layout(const Options&) { return {{"exp_avg", "exp_avg_sq"}, {"step"}}; }
-  struct Coeffs {
-    float beta1, beta2, beta3, one_minus_beta2, bc1, bc2, eps, decay, lr, max_grad_norm;
-    float clip;   // from pass 0
-    float ratio;  // from pass 1
-    bool adam_w_mode, adapt;
-  };
+  using Coeffs = LambMath::Coeffs;
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     Coeffs c{};
@@ -87,28 +84,7 @@ struct LambRule {
   // Pass 1: stage 1 of apex, the update direction u into the scratch.
   template <class T>
   static void transform(const Coeffs& c, int pass, const Typed<T>& s, const Slice& slice) {
-    if (pass != 1) return;
-    float* work = slice.work;
-    const float* __restrict p = s.p;
-    const T* __restrict g = s.g;
-    float* __restrict m = s.s[0];
-    float* __restrict v = s.s[1];
-    float* __restrict u = work;
-    const float decay = c.decay;
-    for (std::size_t i = 0; i < s.n; ++i) {
-      // apex reads p only when decay != 0 (0 otherwise, whatever p is).
-      const float pi = decay != 0.0f ? p[i] : 0.0f;
-      float gi = to_float(g[i]) / c.clip;
-      if (!c.adam_w_mode) gi = gi + decay * pi;
-      const float mi = m[i] * c.beta1 + c.beta3 * gi;
-      const float vi = v[i] * c.beta2 + c.one_minus_beta2 * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      const float denom = std::sqrt(vi / c.bc2) + c.eps;
-      float ui = (mi / c.bc1) / denom;
-      if (c.adam_w_mode) ui = ui + decay * pi;
-      u[i] = ui;
-    }
+    if (pass == 1) cpu_transform<LambMath>(c, pass, s, slice);
   }
   template <class T>
   static void partial(const Coeffs&, int pass, const Typed<T>& s, const Slice& slice, double* out) {
@@ -131,16 +107,9 @@ struct LambRule {
     c.ratio = update_norm != 0.0f && param_norm != 0.0f ? c.lr * (param_norm / update_norm) : c.lr;
   }
 
-  // Stage 2: p <- p - ratio*u.
   template <class T>
   static void apply_update(const Coeffs& c, const Typed<T>& s, const float* work) {
-    float* __restrict p = s.p;
-    T* __restrict lp = s.lp;
-    for (std::size_t i = 0; i < s.n; ++i) {
-      const float pi = p[i] - c.ratio * work[i];
-      p[i] = pi;
-      store(lp, i, pi);
-    }
+    cpu_update<LambMath>(c, s, work);
   }
 };
 

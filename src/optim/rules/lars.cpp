@@ -10,6 +10,8 @@
 // tensor_stats: one pass of two statistics per tensor, sum p^2 and sum g^2.
 // The L2 term is timm's, scaled by trust and only when adapting, and there
 // is no maximize: not GradPrologue's.
+#include "lars.hpp"
+
 #include "../rule_impl.hpp"
 
 namespace distopt::rules {
@@ -36,11 +38,7 @@ struct LarsRule {
   };
   static void validate(const Options& o) { check_sgd_family(o); }
   static StateLayout layout(const Options& o) { return momentum_layout(o.momentum); }
-  struct Coeffs {
-    float wd, momentum, one_minus_dampening, neg_lr, lr, trust_coeff, eps;
-    float trust;  // from the statistics
-    bool adapt, trust_clip, has_momentum, first, nesterov;
-  };
+  using Coeffs = LarsMath::Coeffs;
   static Coeffs prepare(const Options& o, float*, bool fresh) {
     Coeffs c{};
     c.wd = static_cast<float>(o.weight_decay);
@@ -85,26 +83,15 @@ struct LarsRule {
   }
 
   template <class T>
-  static void apply_update(const Coeffs& c, const Typed<T>& s, const float*) {
+  static void apply_update(const Coeffs& coeffs, const Typed<T>& slice, const float*) {
     dispatch_bools(
         [&](auto adapt, auto has_momentum, auto nesterov) {
-          float* __restrict p = s.p;
-          T* __restrict lp = s.lp;
-          const T* __restrict g = s.g;
-          float* __restrict b = s.s[0];
-          const bool first = c.first;
-          for (std::size_t i = 0; i < s.n; ++i) {
-            float pi = p[i];
-            float gi = to_float(g[i]);
-            if constexpr (adapt) gi = (gi + c.wd * pi) * c.trust;
-            if constexpr (has_momentum)
-              gi = sgd_momentum<nesterov>(gi, b[i], first, c.momentum, c.one_minus_dampening);
-            pi = pi + c.neg_lr * gi;
-            p[i] = pi;
-            store(lp, i, pi);
-          }
+          const Coeffs c = coeffs;
+          const Typed<T> s = slice;
+#pragma GCC ivdep
+          for (std::size_t i = 0; i < s.n; ++i) LarsMath::element<adapt, has_momentum, nesterov>(c, s, i);
         },
-        c.adapt, c.has_momentum, c.nesterov);
+        coeffs.adapt, coeffs.has_momentum, coeffs.nesterov);
   }
 };
 

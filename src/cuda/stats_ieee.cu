@@ -1,0 +1,4 @@
+// The tensor_stats kernels built with -ftz=false (src/CMakeLists.txt): the bits of the
+// CPU in IEEE mode (denormals kept).
+#define DISTOPT_FP_NS ieee
+#include "stats.cuh"
