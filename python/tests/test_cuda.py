@@ -191,6 +191,31 @@ def test_cpu_offload_of_cuda_parameters_has_the_cpu_bits_and_no_device_state(dty
         assert p.numel() == 0 or opt.state[p]["master_param"].is_pinned()
 
 
+@needs_cuda
+@pytest.mark.parametrize("clip", [False, True], ids=["as-produced", "clipped-after"])
+def test_cpu_offload_copies_gradients_during_backward_with_the_same_bits(clip):
+    """The hooks' copies (a side stream, during backward) and the step's own
+    (a gradient changed after backward) give the bits of overlap=False."""
+    results = []
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).cuda()
+        opt = dopt.CPUOffload(model.parameters(), lr=0.01, overlap=overlap)
+        g = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            opt.zero_grad()
+            model(torch.randn(32, 64, generator=g).cuda()).pow(2).mean().backward()
+            if overlap:
+                assert len(opt._copied) == 4
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            opt.step()
+        torch.cuda.synchronize()
+        results.append([p.detach().cpu() for p in model.parameters()])
+    for p, q in zip(*results):
+        assert torch.equal(p, q)
+
+
 def _grad_scaler():
     amp = getattr(torch, "amp", None)
     return amp.GradScaler("cuda") if hasattr(amp, "GradScaler") else torch.cuda.amp.GradScaler()

@@ -132,3 +132,77 @@ def test_bad_arguments_are_one_line():
         dopt.CPUOffload(p, lr=-1.0)
     with pytest.raises(TypeError, match=r"is torch.float64"):
         dopt.CPUOffload([torch.zeros(3, dtype=torch.float64, requires_grad=True)])
+
+
+def _grads_after_backward(model, opt, x):
+    opt.zero_grad()
+    model(x).pow(2).sum().backward()
+
+
+def test_backward_copies_each_gradient_to_the_host_as_it_is_produced():
+    model = _model(torch.float32)
+    opt = dopt.CPUOffload(model.parameters(), lr=0.01)
+    _grads_after_backward(model, opt, torch.randn(4, 6))
+    params = list(model.parameters())
+    assert sorted(opt._copied) == list(range(len(params)))  # every gradient, before step() is called
+    for i, p in enumerate(params):
+        assert torch.equal(opt._host_grads[i], p.grad)
+    opt.step()
+    assert not opt._copied
+
+
+@pytest.mark.parametrize("between", ["nothing", "clip", "scale", "accumulate", "zero_one"])
+def test_a_gradient_changed_after_backward_is_copied_again(between):
+    """The same bits with and without the hooks' copies, whatever happens to
+    the gradients between backward and step."""
+    results = []
+    for overlap in (True, False):
+        model = _model(torch.float32)
+        opt = dopt.CPUOffload(model.parameters(), lr=0.01, overlap=overlap)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(3):
+            opt.zero_grad()
+            model(torch.randn(4, 6, generator=g)).pow(2).sum().backward()
+            if between == "clip":
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+            elif between == "scale":
+                for p in model.parameters():
+                    p.grad.mul_(0.5)
+            elif between == "accumulate":  # a second micro-batch
+                model(torch.randn(4, 6, generator=g)).pow(2).sum().backward()
+            elif between == "zero_one":
+                next(model.parameters()).grad = None
+            opt.step()
+        results.append([p.detach().clone() for p in model.parameters()])
+    for p, q in zip(*results):
+        assert torch.equal(p, q)
+
+
+def test_copies_and_added_groups_have_their_own_hooks_and_a_dropped_optimizer_none():
+    model = _model(torch.float32)
+    first, rest = list(model.parameters())[:2], list(model.parameters())[2:]
+    opt = dopt.CPUOffload(first, lr=0.01)
+    opt.add_param_group({"params": rest})
+    _grads_after_backward(model, opt, torch.randn(4, 6))
+    assert sorted(opt._copied) == [0, 1, 2, 3]
+    opt.step()
+    twin = copy.deepcopy(opt)  # its own copies of the parameters, hooked
+    twin_params = [p for group in twin.param_groups for p in group["params"]]
+    sum((p * p).sum() for p in twin_params).backward()
+    assert sorted(twin._copied) == [0, 1, 2, 3]
+    twin.step()
+    del opt, twin
+    _grads_after_backward(model, dopt.SGD(model.parameters(), lr=0.1), torch.randn(4, 6))  # hooks of the dead: no-ops
+
+
+def test_overlap_must_be_a_bool():
+    with pytest.raises(ValueError, match=r"^CPUOffload: overlap must be True or False, got 1$"):
+        dopt.CPUOffload(_model(torch.float32).parameters(), overlap=1)
+
+
+def test_an_optimizer_made_under_no_grad_still_hooks_its_parameters():
+    model = _model(torch.float32)
+    with torch.no_grad():
+        opt = dopt.CPUOffload(model.parameters(), lr=0.01)
+    _grads_after_backward(model, opt, torch.randn(4, 6))
+    assert len(opt._copied) == 4

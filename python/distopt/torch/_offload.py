@@ -3,11 +3,18 @@ CPUOffloadOptimizer) with distopt's CPU rules. docs/python.md, "CPU offload".
 
 The parameters and their gradients stay where the model has them (a GPU);
 each parameter's fp32 master copy and its optimizer state live in host
-memory (pinned where the parameter is on CUDA). A step copies the gradients
-to the host, runs the C++ rule over the master copies (with ``threads``
-threads), and copies the masters back into the parameters in their dtype.
+memory (pinned where the parameter is on CUDA). Each gradient is copied to
+the host as backward produces it (a hook on the parameter's gradient
+accumulator; on CUDA, on a side stream, so the copies overlap the rest of
+backward); the step checks that each gradient is still the one copied
+(same tensor, same version: clipping or GradScaler's unscale_ after
+backward change it, and it is copied again), runs the C++ rule over the
+master copies (with ``threads`` threads), and copies the masters back into
+the parameters in their dtype, enqueued on torch's stream without waiting.
 The GPU holds no optimizer state at all.
 """
+
+import weakref
 
 import torch
 
@@ -36,6 +43,11 @@ class CPUOffload(_DistoptOptimizer):
     ``"master_param"``, all host tensors; ``state_dict`` carries them, so a
     resume continues from the fp32 masters.
 
+    ``overlap=True``: each gradient is copied to the host as backward
+    produces it (see the module's docstring); the step copies again any
+    gradient changed since (the same bits either way). ``overlap=False``:
+    every copy at the step.
+
     The masters are taken from the parameters at the first step (or
     ``load_state_dict``) and are the truth from then on: change the
     parameters only through a state_dict loaded into the optimizer too.
@@ -44,28 +56,93 @@ class CPUOffload(_DistoptOptimizer):
     _rule = None
     _step_supports_amp_scaling = False  # GradScaler unscales and skips itself (its standard path)
 
-    def __init__(self, params, optimizer="adamw", threads=1, **options):
+    def __init__(self, params, optimizer="adamw", threads=1, overlap=True, **options):
         if optimizer not in _core.rules():
             raise ValueError(f"CPUOffload: unknown optimizer '{optimizer}' (distopt's rules: "
                              f"{', '.join(_core.rules())})")
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise ValueError(f"CPUOffload: threads must be a positive integer, got {threads!r}")
+        if not isinstance(overlap, bool):
+            raise ValueError(f"CPUOffload: overlap must be True or False, got {overlap!r}")
         self._rule = optimizer
         self._threads = threads
+        self._overlap = overlap
         known = {name: default for name, default, _ in _core.rule_options(optimizer)}
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise TypeError(f"CPUOffload: {optimizer} has no option {', '.join(map(repr, unknown))} "
                             f"(its options: {', '.join(known)})")
         super().__init__(params, dict(known, **options))
+        self._hook_all()
 
     def _init_cpp_side(self):
         super()._init_cpp_side()
         self._masters = {}  # parameter index -> fp32 master in host memory
         self._host_grads = {}  # parameter index -> fp32 gradient buffer in host memory
+        self._hooks = {}  # parameter index -> (hook handle, the accumulator it is on, kept alive)
+        self._copied = {}  # parameter index -> (gradient, its version, CUDA event or None) copied by a hook
+        self._copy_streams = {}  # CUDA device -> the side stream of the hooks' copies
+        self._put_back = {}  # CUDA device -> event after the last step's copies into the parameters
 
-    def __getstate__(self):  # a copy steps the same rule with as many threads
-        return dict(super().__getstate__(), _rule=self._rule, _threads=self._threads)
+    def __getstate__(self):  # a copy steps the same rule with as many threads (and hooks its own parameters)
+        return dict(super().__getstate__(), _rule=self._rule, _threads=self._threads, _overlap=self._overlap)
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._hook_all()
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if hasattr(self, "_overlap"):  # not while torch's __init__ adds the first groups
+            self._hook_all()
+
+    def _all_params(self):
+        return [p for group in self.param_groups for p in group["params"]]
+
+    def _hook_all(self):
+        """A hook on each parameter's gradient accumulator that copies the
+        gradient to the host once backward has accumulated it."""
+        if not self._overlap:
+            return
+        me = weakref.ref(self)  # the hooks must not keep the optimizer alive
+        for i, p in enumerate(self._all_params()):
+            if i in self._hooks or not p.requires_grad:
+                continue
+
+            def ready(*_, i=i):
+                opt = me()
+                if opt is not None:
+                    opt._grad_ready(i)
+
+            if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+                self._hooks[i] = (p.register_post_accumulate_grad_hook(ready), None)
+            else:  # torch 1.13: the accumulator node, which the parameter holds only weakly
+                with torch.enable_grad():
+                    accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hooks[i] = (accumulator.register_hook(ready), accumulator)
+
+    def _grad_ready(self, i):
+        p = self._all_params()[i]
+        g = p.grad
+        if g is None or g.is_sparse or g.shape != p.shape or g.device != p.device:
+            return  # the step's checks say what is wrong
+        host = self._host_grads.get(i)
+        if host is None:
+            host = self._host_grads[i] = self._host(p)
+        event = None
+        if g.is_cuda:
+            stream = self._copy_streams.get(g.device)
+            if stream is None:
+                stream = self._copy_streams[g.device] = torch.cuda.Stream(g.device)
+            stream.wait_stream(torch.cuda.current_stream(g.device))  # backward wrote g there
+            with torch.cuda.stream(stream):
+                host.copy_(g, non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            g.record_stream(stream)  # g's memory is not reused before the copy is done
+        else:
+            host.copy_(g)
+        self._copied[i] = (g, g._version, event)
 
     def _check_param(self, p, i):  # any rule runs on the CPU, for parameters on any devices
         DistoptOptimizer._check_param(self, p, i)
@@ -80,7 +157,8 @@ class CPUOffload(_DistoptOptimizer):
         if master is None:
             master = self._masters[i] = self._host(p)
             master.copy_(p.detach())
-            self._host_grads[i] = self._host(p)
+            if i not in self._host_grads:
+                self._host_grads[i] = self._host(p)
         return master
 
     def _alias(self, i):
@@ -103,22 +181,39 @@ class CPUOffload(_DistoptOptimizer):
         loss = self._run_closure(closure)
         cpp = self._ensure_cpp()
         self._sync_options()
-        masters, grads = [], []
+        # The last step's copies into the parameters are done before the
+        # masters change again.
+        for event in self._put_back.values():
+            event.synchronize()
+        masters, grads, events, again = [], [], [], []
         for i in range(len(self._params)):
             p, g = self._checked(i)
             masters.append(self._storage(p, i).data_ptr())
+            copied = self._copied.pop(i, None)
+            if copied is not None and copied[2] is not None:
+                events.append(copied[2])  # done before the buffer is read, or written again
             if g is None:
                 grads.append(0)
                 continue
-            self._host_grads[i].copy_(g, non_blocking=True)
+            if copied is None or copied[0] is not g or copied[1] != g._version:
+                again.append(i)  # no hook copied it, or it changed since (clipping, unscale_)
             grads.append(self._host_grads[i].data_ptr())
-        # The gradients, and the last step's copies into the parameters, complete.
-        for device in {p.device for p in self._params if p.is_cuda}:
+        self._copied.clear()
+        for event in events:
+            event.synchronize()
+        for i in again:
+            self._host_grads[i].copy_(self._params[i].grad, non_blocking=True)
+        for device in {self._params[i].device for i in again if self._params[i].is_cuda}:
             torch.cuda.current_stream(device).synchronize()
         cpp.step(masters, grads)
         for i, p in enumerate(self._params):
             if grads[i]:
                 p.copy_(self._masters[i], non_blocking=p.is_cuda)
+        self._put_back = {}
+        for device in {p.device for i, p in enumerate(self._params) if grads[i] and p.is_cuda}:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._put_back[device] = event
         if self._unaliased:
             self._unaliased = {i for i in self._unaliased if not self._alias(i)}
         return loss
