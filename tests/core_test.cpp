@@ -334,7 +334,8 @@ TEST(Device, ClippingAndTheLossScalerRefuseDeviceGradients) {
   // The one wording of a rule the device cannot run.
   EXPECT_EQ(why_rule_cannot_run("adam", Device::cpu), "");
   EXPECT_EQ(why_rule_cannot_run("nosuchrule", Device::cpu), "unknown update rule 'nosuchrule'");
-  EXPECT_EQ(why_rule_cannot_run("lamb", Device::cuda).rfind("lamb has no CUDA kernel yet (the device runs ", 0), 0u);
+  EXPECT_EQ(why_rule_cannot_run("shampoo", Device::cuda).rfind("shampoo has no CUDA kernel yet (the device runs ", 0),
+            0u);
 }
 
 }  // namespace

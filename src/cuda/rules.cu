@@ -15,13 +15,14 @@
 
 namespace distopt::cuda {
 // Each of pointwise.cuh and stats.cuh is built twice, into these namespaces.
-#define DISTOPT_KERNEL_ENTRIES                                                                                       \
-  bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,            \
-           std::optional<std::uintptr_t> stream, const float* skip);                                                 \
-  bool run_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs,                            \
-                std::span<const Slice> slices, std::span<const StatRange> ranges, std::span<const float* const> aux, \
-                std::span<double* const> out, std::optional<std::uintptr_t> stream);                                 \
-  bool run_update(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,     \
+#define DISTOPT_KERNEL_ENTRIES                                                                                   \
+  bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,        \
+           std::optional<std::uintptr_t> stream, const float* skip);                                             \
+  bool run_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs,                        \
+                std::span<const Slice> slices, std::span<const StatRange> ranges,                                \
+                std::span<const std::span<const float>> aux, std::span<double* const> out,                       \
+                std::optional<std::uintptr_t> stream);                                                           \
+  bool run_update(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices, \
                   std::optional<std::uintptr_t> stream);
 namespace ieee {
 DISTOPT_KERNEL_ENTRIES
@@ -53,8 +54,8 @@ void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coef
 }
 
 void stats_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-                std::span<const StatRange> ranges, std::span<const float* const> aux, std::span<double* const> out,
-                bool flush, std::optional<std::uintptr_t> stream) {
+                std::span<const StatRange> ranges, std::span<const std::span<const float>> aux,
+                std::span<double* const> out, bool flush, std::optional<std::uintptr_t> stream) {
   if (coeffs.size() != slices.size() || out.size() != slices.size() ||
       (!ranges.empty() && ranges.size() != slices.size()) || (!aux.empty() && aux.size() != slices.size()))
     throw PreconditionError("stats_pass: one coefficient block, output, range and small state per slice");
@@ -69,16 +70,6 @@ void stats_update(std::string_view rule, std::span<const RuleBlob* const> coeffs
   const bool ran =
       flush ? ftz::run_update(rule, coeffs, slices, stream) : ieee::run_update(rule, coeffs, slices, stream);
   if (!ran) throw InvalidInput(str(rule, " has no CUDA kernel (the device runs ", kernel_rules(), ")"));
-}
-
-void upload(void* device, const void* host, std::size_t bytes, std::optional<std::uintptr_t> stream) {
-  if (bytes == 0) return;
-  const cudaStream_t s = stream ? as_stream(*stream) : cudaStream_t{0};
-  const Staging area = staging(bytes);
-  std::memcpy(area.host, host, bytes);
-  const cudaError_t e = cudaMemcpyAsync(device, area.host, bytes, cudaMemcpyHostToDevice, s);
-  staging_used(s);
-  check(e, "copying small state to the device");
 }
 
 struct FlagCopy {

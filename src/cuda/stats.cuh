@@ -54,6 +54,7 @@ struct Entry {
   std::size_t rows_at;     // of the first row sum
   std::size_t cols_at;     // of the first band's column sums
   bool row_cols;           // whether it has row and column sums
+  std::size_t aux_at;      // its small state's first float in the staged copy
 };
 
 template <class T>
@@ -225,11 +226,13 @@ struct Layout {
   std::vector<unsigned> first;        // kind * entries + entry
   std::vector<Run> runs;
   std::size_t stats = 0;  // doubles
+  std::vector<std::span<const float>> aux;  // each entry's small state (host), staged after the statistics
+  std::size_t aux_floats = 0;
 };
 
 template <class M>
 Layout lay_out(std::string_view what, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-               std::span<const StatRange> ranges, std::span<const float* const> aux, int pass) {
+               std::span<const StatRange> ranges, std::span<const std::span<const float>> aux, int pass) {
   Layout l;
   std::vector<std::size_t> order(slices.size());
   for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
@@ -242,7 +245,10 @@ Layout lay_out(std::string_view what, std::span<const RuleBlob* const> coeffs, s
     Entry e{};
     set_arrays(e, sl);
     e.work = sl.work;
-    e.at = rules::place_of(sl, aux.empty() ? nullptr : aux[j]);
+    e.at = rules::place_of(sl, nullptr);  // the staged copy of the small state: set by stage()
+    l.aux.push_back(aux.empty() ? std::span<const float>{} : aux[j]);
+    e.aux_at = l.aux_floats;
+    l.aux_floats += l.aux.back().size();
     e.n = sl.n;
     e.begin = ranges.empty() ? 0 : std::min(ranges[j].begin, sl.n);
     e.end = ranges.empty() ? sl.n : std::min(std::max(ranges[j].end, e.begin), sl.n);
@@ -297,13 +303,21 @@ struct Staged {
 
 Staged stage(const Layout& l) {
   const std::size_t blob_bytes = l.blobs.size() * sizeof(RuleBlob), entry_bytes = l.entries.size() * sizeof(Entry);
-  const std::size_t first_bytes = l.first.size() * sizeof(unsigned);
-  const std::size_t meta = blob_bytes + entry_bytes + first_bytes;
+  const std::size_t first_bytes = l.first.size() * sizeof(unsigned), aux_bytes = l.aux_floats * sizeof(float);
+  // Metadata, the small state (both copied to the device), then the statistics (copied back).
+  const std::size_t aux_at = blob_bytes + entry_bytes + first_bytes;
+  const std::size_t meta = aux_at + aux_bytes;
   const std::size_t stats_at = (meta + alignof(double) - 1) / alignof(double) * alignof(double);
   const Staging area = staging(stats_at + l.stats * sizeof(double));
   std::memcpy(area.host, l.blobs.data(), blob_bytes);
   std::memcpy(area.host + blob_bytes, l.entries.data(), entry_bytes);
   std::memcpy(area.host + blob_bytes + entry_bytes, l.first.data(), first_bytes);
+  auto* entries = reinterpret_cast<Entry*>(area.host + blob_bytes);
+  for (std::size_t k = 0; k < l.entries.size(); ++k) {
+    if (l.aux[k].empty()) continue;
+    std::memcpy(area.host + aux_at + entries[k].aux_at * sizeof(float), l.aux[k].data(), l.aux[k].size_bytes());
+    entries[k].at.aux = reinterpret_cast<const float*>(area.device + aux_at) + entries[k].aux_at;
+  }
   return {reinterpret_cast<const RuleBlob*>(area.device),
           reinterpret_cast<const Entry*>(area.device + blob_bytes),
           reinterpret_cast<const unsigned*>(area.device + blob_bytes + entry_bytes),
@@ -363,13 +377,15 @@ void gather(const Layout& l, const double* stats, int count, std::span<double* c
 
 template <class M>
 void pass_of(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-             std::span<const StatRange> ranges, std::span<const float* const> aux, std::span<double* const> out,
-             cudaStream_t stream) {
+             std::span<const StatRange> ranges, std::span<const std::span<const float>> aux,
+             std::span<double* const> out, cudaStream_t stream) {
   const std::string what = str(rule, " pass ", pass);
+  // Statistics nobody uses (LARS without adaptation) are not gathered: they
+  // stay 0, which finish_pass ignores.
   bool used = false;
   for (const RuleBlob* c : coeffs) used = used || M::gathers(c->as<typename M::Coeffs>(), pass);
-  if (!used) return;  // the statistics stay 0, which finish_pass ignores
-  const Layout l = lay_out<M>(what, coeffs, slices, ranges, aux, pass);
+  if (!used && !M::kTransforms[pass]) return;
+  const Layout l = lay_out<M>(what, coeffs, slices, ranges, aux, used ? pass : -1);
   if (l.entries.empty()) return;
   const Staged at = stage(l);
   enqueue_staged(stream, [&] {
@@ -379,6 +395,7 @@ void pass_of(std::string_view rule, int pass, std::span<const RuleBlob* const> c
                [&]<class T>(const Entry* e, const unsigned* first, unsigned count, unsigned blocks) {
                  transform_kernel<M, T><<<blocks, kThreads, 0, stream>>>(at.blobs, e, first, count, pass);
                });
+    if (!used) return;
     const rules::Squares what_squares = M::kSquares[pass];
     for_runs(what, l, at, kSquares,
              [&]<class T>(const Entry* e, const unsigned* first, unsigned count, unsigned blocks) {
@@ -394,6 +411,7 @@ void pass_of(std::string_view rule, int pass, std::span<const RuleBlob* const> c
                           cudaMemcpyDeviceToHost, stream),
           str(what, ": statistics"));
   });
+  if (!used) return;
   check(cudaStreamSynchronize(stream), str(what, ": statistics"));
   gather(l, at.stats_host, M::kSquares[pass].count(), out);
 }
@@ -417,8 +435,8 @@ void update_of(std::string_view rule, std::span<const RuleBlob* const> coeffs, s
 }  // namespace
 
 bool run_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-              std::span<const StatRange> ranges, std::span<const float* const> aux, std::span<double* const> out,
-              std::optional<std::uintptr_t> stream) {
+              std::span<const StatRange> ranges, std::span<const std::span<const float>> aux,
+              std::span<double* const> out, std::optional<std::uintptr_t> stream) {
   const cudaStream_t s = stream ? as_stream(*stream) : cudaStream_t{0};
   return rules::with_stats_math(rule, [&]<class M>() { pass_of<M>(rule, pass, coeffs, slices, ranges, aux, out, s); });
 }

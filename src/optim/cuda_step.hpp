@@ -38,8 +38,9 @@ void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coef
 // then its statistics of slice k over ranges[k] (empty: the whole slice),
 // added to out[k] (host; null: none) as the rule's partial lays them out --
 // and waits for them; the caller finishes the pass on the host
-// (finish_pass). Slice::work and aux[k] (the small state; empty: none) are
-// device memory. stats_update applies the step, enqueued on `stream` as in
+// (finish_pass). Slice::work is device memory; aux[k] is slice k's small
+// state in host memory (empty: none), copied to the device with the pass's
+// metadata. stats_update applies the step, enqueued on `stream` as in
 // pointwise_step (no skip flag: the caller reads it first, as it waits for
 // the statistics anyway).
 struct StatRange {
@@ -47,14 +48,10 @@ struct StatRange {
 };
 bool has_stats_kernel(std::string_view rule);
 void stats_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
-                std::span<const StatRange> ranges, std::span<const float* const> aux, std::span<double* const> out,
-                bool flush, std::optional<std::uintptr_t> stream);
+                std::span<const StatRange> ranges, std::span<const std::span<const float>> aux,
+                std::span<double* const> out, bool flush, std::optional<std::uintptr_t> stream);
 void stats_update(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                   bool flush, std::optional<std::uintptr_t> stream);
-// Copies host memory to the device, enqueued on `stream` after everything
-// before it there (through pinned staging: the host memory may be reused at
-// once).
-void upload(void* device, const void* host, std::size_t bytes, std::optional<std::uintptr_t> stream);
 
 // A skip flag's value, copied to pinned host memory after the step on the
 // same stream without waiting: flag_value waits for that copy (usually long

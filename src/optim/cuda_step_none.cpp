@@ -21,15 +21,12 @@ bool has_stats_kernel(std::string_view) {
   return false;
 }
 void stats_pass(std::string_view, int, std::span<const RuleBlob* const>, std::span<const Slice>,
-                std::span<const StatRange>, std::span<const float* const>, std::span<double* const>, bool,
+                std::span<const StatRange>, std::span<const std::span<const float>>, std::span<double* const>, bool,
                 std::optional<std::uintptr_t>) {
   no_cuda();
 }
 void stats_update(std::string_view, std::span<const RuleBlob* const>, std::span<const Slice>, bool,
                   std::optional<std::uintptr_t>) {
-  no_cuda();
-}
-void upload(void*, const void*, std::size_t, std::optional<std::uintptr_t>) {
   no_cuda();
 }
 

@@ -36,7 +36,9 @@ void Optimizer::step_on_device(const float* skip) {
   if (!stats) return;
   // The tensor_stats rules wait for their statistics on the host anyway:
   // they read the skip flag there first, and a skipped step runs nothing of
-  // them (their small state, which finish_pass changes on the host, stays).
+  // them (their small state, which finish_pass changes on the host, stays),
+  // nor the ranks' reduction of their statistics: a flag must agree over
+  // the ranks (GradScaler's found_inf is all-reduced).
   if (skip != nullptr) {
     cuda::copy_flag(skip_->flag, skip, cuda_stream_);
     if (cuda::flag_value(skip_->flag) != 0.0f) return;
@@ -49,39 +51,27 @@ void Optimizer::stat_passes_on_device(const RuleInfo& rule) {
   std::vector<const RuleBlob*> coeffs;
   std::vector<Slice> slices;
   std::vector<cuda::StatRange> ranges;
-  std::vector<const float*> aux;
-  bool has_aux = false;
+  std::vector<std::span<const float>> aux;  // host memory: finish_pass keeps it there
   for (std::size_t i : pass_active_) {
     ParamState& st = *state_[i];
     const auto n = static_cast<std::size_t>(params_[i].value.numel());
     if (rule.workspace && st.work.size_bytes() != n * sizeof(float))
       st.work = Buffer(n * sizeof(float), kFirstStateSlot + kMaxStateTensors, device_,
                        str("scratch of ", param_label(params_[i], i)));
-    if (st.aux_device.size_bytes() != st.aux.size_bytes())
-      st.aux_device = Buffer(st.aux.size_bytes(), kFirstStateSlot + kMaxStateTensors + 1, device_,
-                             str("small state of ", param_label(params_[i], i)));
-    has_aux = has_aux || !st.aux.empty();
     coeffs.push_back(&coeffs_[i]);
     slices.push_back(slice_of(i, 0, n));
     const auto [begin, end] = stat_range(params_[i]);
     ranges.push_back({begin, end});
-    aux.push_back(st.aux_device.empty() ? nullptr : st.aux_device.as<float>());
+    aux.emplace_back(st.aux.empty() ? nullptr : st.aux.as<float>(), st.aux.size_bytes() / sizeof(float));
   }
   std::vector<double*> out(pass_active_.size());
   for (int pass = 0; pass < rule.stat_passes; ++pass) {
     size_stats(rule, pass);
     for (std::size_t j = 0; j < pass_active_.size(); ++j) out[j] = stats_.data() + stat_offsets_[j];
-    cuda::stats_pass(rule.name, pass, coeffs, slices, ranges,
-                     has_aux ? std::span<const float* const>(aux) : std::span<const float* const>{}, out, flush,
-                     cuda_stream_);
+    // The small state as the last pass's finish_pass left it travels with
+    // this pass's metadata.
+    cuda::stats_pass(rule.name, pass, coeffs, slices, ranges, aux, out, flush, cuda_stream_);
     finish_stat_pass(rule, pass);
-    // finish_pass changed the small state on the host: the next pass's
-    // kernels read it on the device.
-    if (pass + 1 < rule.stat_passes)
-      for (std::size_t i : pass_active_) {
-        ParamState& st = *state_[i];
-        if (!st.aux.empty()) cuda::upload(st.aux_device.data(), st.aux.data(), st.aux.size_bytes(), cuda_stream_);
-      }
   }
   cuda::stats_update(rule.name, coeffs, slices, flush, cuda_stream_);
 }

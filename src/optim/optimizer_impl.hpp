@@ -29,7 +29,6 @@ struct Optimizer::ParamState {
   Buffer master;  // fp32 copy of a bf16/f16 parameter
   Buffer work;    // fp32 scratch of tensor_stats rules (RuleInfo::workspace)
   Buffer aux;     // small per-tensor state (RuleInfo::aux_size), whole
-  Buffer aux_device;                     // its copy on the device, for device parameters (uploaded every pass)
   mutable std::vector<float> host_copy;  // state_tensor() of device state
 };
 

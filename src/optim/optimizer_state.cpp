@@ -227,7 +227,7 @@ std::size_t Optimizer::state_bytes() const {
   std::size_t bytes = 0;
   for (const auto& st : state_) {
     for (const Buffer& b : st->tensors) bytes += b.size_bytes();
-    bytes += st->master.size_bytes() + st->work.size_bytes() + st->aux.size_bytes() + st->aux_device.size_bytes();
+    bytes += st->master.size_bytes() + st->work.size_bytes() + st->aux.size_bytes();
   }
   return bytes;
 }
