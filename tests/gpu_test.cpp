@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "distopt/core/device.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/fp_mode.hpp"
+#include "distopt/optim/clip.hpp"
 #include "distopt/optim/optimizer.hpp"
 
 namespace distopt {
@@ -402,6 +404,49 @@ TEST(Gpu, ATensorStatsStepWhoseSkipFlagIsSetChangesNothing) {
   a.settle_skipped_step();
   for (std::size_t k = 0; k < shapes.size(); ++k) EXPECT_EQ(flagged.bytes(k), plain.bytes(k)) << "parameter " << k;
   EXPECT_EQ(a.state_scalar(0, "step"), 3.0);
+}
+
+// distopt's own clipping on device gradients: the norm in double summed in
+// another order than the CPU's (so the same float norm, or one rounding
+// apart), the scale and the clamp the CPU's per element; max-norm exactly
+// the CPU's, NaN propagated.
+TEST(Gpu, ClippingTakesDeviceGradients) {
+  NEED_DEVICE();
+  const DenormalMode mode(DenormalMode::ieee);
+  for (DType t : {DType::f32, DType::bf16, DType::f16})
+    for (double norm_type : {2.0, 1.0, 3.0, std::numeric_limits<double>::infinity()}) {
+      SCOPED_TRACE(str(name_of(t), " norm ", norm_type));
+      const std::vector<std::size_t> sizes{70001, 1, 0, 16384};
+      Tensors cpu(Device::cpu, t, sizes), gpu(Device::cuda, t, sizes);
+      for (std::size_t k = 0; k < sizes.size(); ++k) cpu.set(cpu.grads[k], k, 5), gpu.set(gpu.grads[k], k, 5);
+      std::vector<TensorView> a, b;
+      for (const Param& p : cpu.params()) a.push_back(p.grad);
+      for (const Param& p : gpu.params()) b.push_back(p.grad);
+      const double na = clip_grad_norm(a, 0.5, norm_type), nb = clip_grad_norm(b, 0.5, norm_type);
+      if (std::isinf(norm_type)) EXPECT_EQ(na, nb);
+      else EXPECT_NEAR(na, nb, 2e-7 * na);
+      // Scaled by the same coefficient (when the norms are the same float),
+      // then clamped: the CPU's bits.
+      auto same = [&](const char* what) {
+        for (std::size_t k = 0; k < sizes.size(); ++k) {
+          std::vector<unsigned char> x(cpu.grads[k].size_bytes()), y(x.size());
+          copy_bytes(x.data(), Device::cpu, cpu.grads[k].data(), Device::cpu, x.size());
+          copy_bytes(y.data(), Device::cpu, gpu.grads[k].data(), Device::cuda, y.size());
+          EXPECT_EQ(x, y) << what << ", gradient " << k;
+        }
+      };
+      if (na != nb) continue;  // a norm one rounding apart scales by another coefficient
+      same("scaled");
+      clip_grad_value(a, 0.01);
+      clip_grad_value(b, 0.01);
+      same("clamped");
+    }
+  // A NaN gradient: the inf-norm is NaN on both.
+  Tensors gpu(Device::cuda, DType::f32, std::vector<std::size_t>{3});
+  const float nan[3] = {1.0f, std::numeric_limits<float>::quiet_NaN(), 2.0f};
+  copy_bytes(gpu.grads[0].data(), Device::cuda, nan, Device::cpu, sizeof nan);
+  std::vector<TensorView> b{gpu.params()[0].grad};
+  EXPECT_TRUE(std::isnan(clip_grad_norm(b, 1.0, std::numeric_limits<double>::infinity())));
 }
 
 TEST(Gpu, OutOfMemoryIsOneLineNamingTheSize) {

@@ -5,6 +5,8 @@
 #include <limits>
 #include <vector>
 
+#include "cuda_step.hpp"
+#include "distopt/core/device.hpp"
 #include "distopt/core/dtype.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/optim/optimizer.hpp"
@@ -46,10 +48,32 @@ void check_norm_type(double p) {
   if (!(p > 0)) throw InvalidInput(str("norm_type must be positive (or inf), got ", p));
 }
 
+// The gradients on the CPU and those on the device (src/cuda/clip.cu runs
+// the latter; with none usable, one line says why before anything is read).
+struct ByDevice {
+  std::vector<TensorView> cpu, cuda;
+  explicit ByDevice(std::span<const TensorView> grads) {
+    for (const TensorView& g : grads) (g.device == Device::cpu ? cpu : cuda).push_back(g);
+    if (!cuda.empty()) require_device(Device::cuda, "clipping on cuda");
+  }
+};
+
+double cpu_norm_partial(std::span<const TensorView> grads, double norm_type);
+
 }  // namespace
 
 double grad_norm_partial(std::span<const TensorView> grads, double norm_type) {
   check_norm_type(norm_type);
+  const ByDevice split(grads);
+  const double host = cpu_norm_partial(split.cpu, norm_type);
+  if (split.cuda.empty()) return host;
+  const double device = cuda::grad_norm_partial(split.cuda, norm_type);
+  if (!std::isinf(norm_type)) return host + device;
+  return std::isnan(host) || std::isnan(device) ? std::numeric_limits<double>::quiet_NaN() : std::max(host, device);
+}
+
+namespace {
+double cpu_norm_partial(std::span<const TensorView> grads, double norm_type) {
   if (std::isinf(norm_type)) {
     double m = 0;
     bool nan = false;
@@ -71,6 +95,7 @@ double grad_norm_partial(std::span<const TensorView> grads, double norm_type) {
   }
   return s;
 }
+}  // namespace
 
 double finish_grad_norm(double partial, double norm_type) {
   check_norm_type(norm_type);
@@ -102,7 +127,9 @@ double clip_grad_norm(std::span<const TensorView> owned, std::span<const TensorV
   const float denom = total + static_cast<float>(1e-6);
   float coef = (1.0f / denom) * static_cast<float>(max_norm);
   if (!(coef <= 1.0f) && !std::isnan(coef)) coef = 1.0f;  // clamp(max=1) keeps NaN
-  for (const TensorView& g : grads) transform(g, [coef](float x) { return x * coef; });
+  const ByDevice split(grads);
+  for (const TensorView& g : split.cpu) transform(g, [coef](float x) { return x * coef; });
+  if (!split.cuda.empty()) cuda::scale_grads(split.cuda, coef);
   return total;
 }
 
@@ -121,8 +148,10 @@ double clip_grad_norm(Optimizer& opt, std::span<const TensorView> owned, double 
 void clip_grad_value(std::span<const TensorView> grads, double clip_value) {
   if (std::isnan(clip_value)) throw InvalidInput("clip_value must not be NaN");
   const auto v = static_cast<float>(clip_value);
-  for (const TensorView& g : grads)
+  const ByDevice split(grads);
+  for (const TensorView& g : split.cpu)
     transform(g, [v](float x) { return std::isnan(x) ? x : std::min(std::max(x, -v), v); });
+  if (!split.cuda.empty()) cuda::clamp_grads(split.cuda, v);
 }
 
 void clip_grad_value(Optimizer& opt, double clip_value) {

@@ -53,6 +53,14 @@ void stats_pass(std::string_view rule, int pass, std::span<const RuleBlob* const
 void stats_update(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                   bool flush, std::optional<std::uintptr_t> stream);
 
+// Clipping's device half (optim/clip.cpp; src/cuda/clip.cu), on the calling
+// thread's stream, complete when they return: the norm's partial statistic
+// of device gradients (as clip.hpp's grad_norm_partial), and the in-place
+// scale by coef and clamp into [-limit, limit] (NaN stays NaN).
+double grad_norm_partial(std::span<const TensorView> grads, double norm_type);
+void scale_grads(std::span<const TensorView> grads, float coef);
+void clamp_grads(std::span<const TensorView> grads, float limit);
+
 // A skip flag's value, copied to pinned host memory after the step on the
 // same stream without waiting: flag_value waits for that copy (usually long
 // done). One FlagCopy is made once and reused (making pinned memory would

@@ -30,6 +30,16 @@ void stats_update(std::string_view, std::span<const RuleBlob* const>, std::span<
   no_cuda();
 }
 
+double grad_norm_partial(std::span<const TensorView>, double) {
+  no_cuda();
+}
+void scale_grads(std::span<const TensorView>, float) {
+  no_cuda();
+}
+void clamp_grads(std::span<const TensorView>, float) {
+  no_cuda();
+}
+
 FlagCopy* new_flag_copy() {
   no_cuda();
 }
