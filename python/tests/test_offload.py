@@ -7,7 +7,9 @@ rule, so parameters and state agree bit for bit.
 """
 
 import copy
+import gc
 import io
+import weakref
 
 import pytest
 import torch
@@ -191,8 +193,13 @@ def test_copies_and_added_groups_have_their_own_hooks_and_a_dropped_optimizer_no
     sum((p * p).sum() for p in twin_params).backward()
     assert sorted(twin._copied) == [0, 1, 2, 3]
     twin.step()
+    gone = weakref.ref(opt)
     del opt, twin
-    _grads_after_backward(model, dopt.SGD(model.parameters(), lr=0.1), torch.randn(4, 6))  # hooks of the dead: no-ops
+    gc.collect()
+    assert gone() is None  # the hooks hold no reference to their optimizer
+    other = dopt.SGD(model.parameters(), lr=0.1)
+    _grads_after_backward(model, other, torch.randn(4, 6))  # the dead optimizer's hooks are gone
+    other.step()
 
 
 def test_overlap_must_be_a_bool():

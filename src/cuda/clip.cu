@@ -8,7 +8,10 @@
 // host adds the chunks in order -- the same bits run to run; against the
 // CPU's one sequential sum, the same to double rounding (max: exactly). The
 // scale and the clamp are the CPU's per-element expressions (bit for bit
-// in IEEE mode).
+// in IEEE mode; these kernels do not flush denormals, where the CPU may).
+// The calling thread's stream follows the legacy default stream (torch's
+// default); a caller on another stream waits for it first (clip.cpp does
+// for an optimizer's stream).
 #include <cuda_runtime.h>
 
 #include <cmath>

@@ -226,7 +226,7 @@ struct Layout {
   std::vector<unsigned> first;        // kind * entries + entry
   std::vector<Run> runs;
   std::size_t stats = 0;  // doubles
-  std::vector<std::span<const float>> aux;  // each entry's small state (host), staged after the statistics
+  std::vector<std::span<const float>> aux;  // each entry's small state (host), staged after the metadata
   std::size_t aux_floats = 0;
 };
 

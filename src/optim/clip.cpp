@@ -37,10 +37,16 @@ void transform(const TensorView& g, Fn&& fn) {
   });
 }
 
+// The gradients of an optimizer's parameters that have one. Device
+// gradients are clipped on the calling thread's stream: a caller's stream
+// the optimizer steps on (torch's current one) is waited for first.
 std::vector<TensorView> grads_of(Optimizer& opt) {
   std::vector<TensorView> out;
   for (std::size_t i = 0; i < opt.num_params(); ++i)
     if (opt.param(i).has_grad) out.push_back(opt.param(i).grad);
+  if (opt.cuda_stream() &&
+      std::any_of(out.begin(), out.end(), [](const TensorView& g) { return g.device == Device::cuda; }))
+    synchronize_stream(*opt.cuda_stream());
   return out;
 }
 

@@ -162,6 +162,7 @@ class Optimizer {
   // caller's other work there; only a step that creates state first waits
   // for that stream (the state's first values are read from the parameters).
   void set_cuda_stream(std::optional<std::uintptr_t> stream) { cuda_stream_ = stream; }
+  std::optional<std::uintptr_t> cuda_stream() const { return cuda_stream_; }
   // GradScaler's protocol on the device: the next step's kernels read
   // `*device_flag` (a float in device memory: torch's found_inf) and, when it
   // is not 0, leave every parameter and state tensor as it was. The host

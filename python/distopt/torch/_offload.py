@@ -18,6 +18,32 @@ import weakref
 
 import torch
 
+_BUMPS = {}  # device -> whether the in-place ops below bump a gradient's version there
+
+
+def _versions_bump(device):
+    """Whether the in-place ops that change gradients after backward bump
+    their version counter on ``device``: the foreach scaling of
+    ``clip_grad_norm_`` and GradScaler's unscale. The hooks' copies are
+    trusted only where they do (elsewhere the step copies every gradient,
+    as with overlap=False)."""
+    if device not in _BUMPS:
+        t = torch.ones(2, device=device)
+        bumps = True
+        for op in ("mul", "unscale"):
+            before = t._version
+            try:
+                if op == "mul":
+                    torch._foreach_mul_([t], 0.5)
+                else:
+                    torch._amp_foreach_non_finite_check_and_unscale_([t], torch.zeros(1, device=device),
+                                                                     torch.ones(1, device=device))
+            except (AttributeError, RuntimeError, NotImplementedError):
+                continue  # not on this device: nothing changes gradients with it here
+            bumps = bumps and t._version != before
+        _BUMPS[device] = bumps
+    return _BUMPS[device]
+
 from .. import _core
 from ._base import DistoptOptimizer
 from ._dropin import _DistoptOptimizer
@@ -46,7 +72,8 @@ class CPUOffload(_DistoptOptimizer):
     ``overlap=True``: each gradient is copied to the host as backward
     produces it (see the module's docstring); the step copies again any
     gradient changed since (the same bits either way). ``overlap=False``:
-    every copy at the step.
+    every copy at the step. A change the version counter does not see --
+    in place through ``p.grad.data`` -- is missed with overlap=True.
 
     The masters are taken from the parameters at the first step (or
     ``load_state_dict``) and are the truth from then on: change the
@@ -54,6 +81,7 @@ class CPUOffload(_DistoptOptimizer):
     """
 
     _rule = None
+    _overlap = True  # (a CPUOffload pickled before the option had it on)
     _step_supports_amp_scaling = False  # GradScaler unscales and skips itself (its standard path)
 
     def __init__(self, params, optimizer="adamw", threads=1, overlap=True, **options):
@@ -80,7 +108,7 @@ class CPUOffload(_DistoptOptimizer):
         self._masters = {}  # parameter index -> fp32 master in host memory
         self._host_grads = {}  # parameter index -> fp32 gradient buffer in host memory
         self._hooks = {}  # parameter index -> (hook handle, the accumulator it is on, kept alive)
-        self._copied = {}  # parameter index -> (gradient, its version, CUDA event or None) copied by a hook
+        self._copied = {}  # parameter index -> (weakref to the gradient, its version, CUDA event or None) a hook copied
         self._copy_streams = {}  # CUDA device -> the side stream of the hooks' copies
         self._put_back = {}  # CUDA device -> event after the last step's copies into the parameters
 
@@ -93,8 +121,7 @@ class CPUOffload(_DistoptOptimizer):
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
-        if hasattr(self, "_overlap"):  # not while torch's __init__ adds the first groups
-            self._hook_all()
+        self._hook_all()
 
     def _all_params(self):
         return [p for group in self.param_groups for p in group["params"]]
@@ -102,30 +129,40 @@ class CPUOffload(_DistoptOptimizer):
     def _hook_all(self):
         """A hook on each parameter's gradient accumulator that copies the
         gradient to the host once backward has accumulated it."""
-        if not self._overlap:
+        if not self._overlap or "_hooks" not in self.__dict__:  # (torch's __init__ adds the groups first)
             return
-        me = weakref.ref(self)  # the hooks must not keep the optimizer alive
+        me = weakref.ref(self)  # the hooks keep neither the optimizer nor the parameter alive
         for i, p in enumerate(self._all_params()):
             if i in self._hooks or not p.requires_grad:
                 continue
 
-            def ready(*_, i=i):
-                opt = me()
-                if opt is not None:
-                    opt._grad_ready(i)
+            def ready(*_, i=i, param=weakref.ref(p)):
+                opt, p = me(), param()
+                if opt is not None and p is not None:
+                    opt._grad_ready(i, p)
 
             if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
-                self._hooks[i] = (p.register_post_accumulate_grad_hook(ready), None)
+                handle, accumulator = p.register_post_accumulate_grad_hook(ready), None
             else:  # torch 1.13: the accumulator node, which the parameter holds only weakly
                 with torch.enable_grad():
                     accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                self._hooks[i] = (accumulator.register_hook(ready), accumulator)
+                handle = accumulator.register_hook(ready)
+            self._hooks[i] = (handle, accumulator)
+            weakref.finalize(self, handle.remove)  # a dropped optimizer leaves no hook behind
 
-    def _grad_ready(self, i):
-        p = self._all_params()[i]
+    def zero_grad(self, *args, **kwargs):
+        # No copy outlives the gradients it was made from (a copy still in
+        # flight is waited for: the step may write the same buffer).
+        for _, _, event in self._copied.values():
+            if event is not None:
+                event.synchronize()
+        self._copied.clear()
+        return super().zero_grad(*args, **kwargs)
+
+    def _grad_ready(self, i, p):
         g = p.grad
-        if g is None or g.is_sparse or g.shape != p.shape or g.device != p.device:
-            return  # the step's checks say what is wrong
+        if g is None or g.is_sparse or g.shape != p.shape or g.device != p.device or not _versions_bump(g.device):
+            return  # the step's checks say what is wrong, or copies it
         host = self._host_grads.get(i)
         if host is None:
             host = self._host_grads[i] = self._host(p)
@@ -142,7 +179,7 @@ class CPUOffload(_DistoptOptimizer):
             g.record_stream(stream)  # g's memory is not reused before the copy is done
         else:
             host.copy_(g)
-        self._copied[i] = (g, g._version, event)
+        self._copied[i] = (weakref.ref(g), g._version, event)
 
     def _check_param(self, p, i):  # any rule runs on the CPU, for parameters on any devices
         DistoptOptimizer._check_param(self, p, i)
@@ -168,6 +205,8 @@ class CPUOffload(_DistoptOptimizer):
         return True
 
     def _push_state(self, loaded=None):
+        for event in self._put_back.values():  # the last copies into the parameters read the masters
+            event.synchronize()
         loaded = dict(self.state) if loaded is None else loaded
         super()._push_state({p: {k: v for k, v in s.items() if k != "master_param"} for p, s in loaded.items()})
         for i, p in enumerate(self._params):
@@ -195,7 +234,7 @@ class CPUOffload(_DistoptOptimizer):
             if g is None:
                 grads.append(0)
                 continue
-            if copied is None or copied[0] is not g or copied[1] != g._version:
+            if copied is None or copied[0]() is not g or copied[1] != g._version:
                 again.append(i)  # no hook copied it, or it changed since (clipping, unscale_)
             grads.append(self._host_grads[i].data_ptr())
         self._copied.clear()
