@@ -174,8 +174,10 @@ InvalidInput child_failed(const std::string& strategy, std::size_t layers, const
 }
 
 // The largest number of layers that fits: two small runs give the peak's
-// growth per layer, each next trial is aimed from the two largest that
-// fit (the peak grows linearly in layers), then it steps to the boundary.
+// growth per layer, each next trial after a fit is aimed from the smallest
+// and the largest that fit (the peak grows linearly in layers), and after
+// a trial over the cap the interval between the largest fit and the
+// smallest over is halved.
 struct Search {
   std::string strategy;
   std::optional<Trial> best;
@@ -208,10 +210,17 @@ Search search(const TrialRunner& runner, const MemoryBenchOptions& o, std::uint6
       next = std::min(lo + 1, hi - 1);
       continue;
     }
-    const Trial& a = fits[fits.size() - 2];
+    // After a trial over the cap, or where the peaks do not grow (two fits
+    // a layer apart can measure the same peak: the aim would be the
+    // largest model), halve the interval: a few trials, not one per layer.
+    const Trial& a = fits.front();
     const Trial& b = fits.back();
-    const double per_layer =
-        std::max(1.0, (double(b.peak) - double(a.peak)) / (double(b.layers) - double(a.layers)));
+    if (!t.fits || b.peak <= a.peak) {
+      next = lo + (hi - lo) / 2;
+      continue;
+    }
+    // Aim from the widest pair of fits (the least noisy slope).
+    const double per_layer = (double(b.peak) - double(a.peak)) / (double(b.layers) - double(a.layers));
     const double room = double(cap) - double(b.peak);
     auto aim = static_cast<std::size_t>(double(b.layers) + std::floor(room / per_layer));
     next = std::clamp(aim, lo + 1, hi - 1);
