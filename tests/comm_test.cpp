@@ -380,13 +380,22 @@ double since(std::chrono::steady_clock::time_point t) {
 }
 
 TEST(LinkEmulator, AMessageArrivesAfterItsBytesCrossedTheLinkAndTheLatency) {
-  // 1 MB at 80 Mbit/s takes 0.1 s on the link; plus 0.05 s latency.
-  spawn(2, [](Communicator& c) {
+  // 1 MB at 80 Mbit/s takes 0.1 s on the link; plus 0.05 s latency. The
+  // receiver's lower bounds are measured from the sender's clock reading
+  // before it sent (the ranks are threads of this process): the ranks leave
+  // a barrier up to several ms apart on a loaded runner, so the receiver's
+  // own reading would make the bound depend on that skew.
+  std::atomic<std::chrono::steady_clock::rep> sent_at{0};
+  auto sender_start = [&] {
+    return std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(sent_at.load()));
+  };
+  spawn(2, [&](Communicator& c) {
     c.set_link_model({80e6, 0.05});
     std::vector<unsigned char> buf(1'000'000, 7);
     c.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     if (c.rank() == 0) {
+      sent_at.store(t0.time_since_epoch().count());
       c.send(buf.data(), buf.size(), ElemType::u8, 1, 3);
       // The lower bounds are the model's; the upper ones only say "not the
       // model's time twice over", loose enough for a loaded 2-core runner.
@@ -395,7 +404,7 @@ TEST(LinkEmulator, AMessageArrivesAfterItsBytesCrossedTheLinkAndTheLatency) {
     } else {
       std::vector<unsigned char> got(buf.size());
       c.recv(got.data(), got.size(), ElemType::u8, 0, 3);
-      EXPECT_GE(since(t0), 0.145);  // (the ranks leave the barrier up to a few ms apart)
+      EXPECT_GE(since(sender_start()), 0.15);
       EXPECT_LT(since(t0), 0.6);
       EXPECT_EQ(got, buf);
     }
@@ -403,6 +412,7 @@ TEST(LinkEmulator, AMessageArrivesAfterItsBytesCrossedTheLinkAndTheLatency) {
     c.barrier();
     const auto t1 = std::chrono::steady_clock::now();
     if (c.rank() == 0) {
+      sent_at.store(t1.time_since_epoch().count());
       auto a = c.isend(buf.data(), buf.size(), ElemType::u8, 1, 4);
       auto b = c.isend(buf.data(), buf.size(), ElemType::u8, 1, 5);
       a->wait();
@@ -411,9 +421,8 @@ TEST(LinkEmulator, AMessageArrivesAfterItsBytesCrossedTheLinkAndTheLatency) {
     } else {
       std::vector<unsigned char> got(buf.size());
       c.recv(got.data(), got.size(), ElemType::u8, 0, 5);
-      // Queued: 0.25 s (unqueued it would be 0.15); the margin is for this
-      // rank leaving the barrier late on a loaded runner (8 ms seen).
-      EXPECT_GE(since(t1), 0.225);
+      // Queued: 0.25 s (unqueued it would be 0.15).
+      EXPECT_GE(since(sender_start()), 0.25);
       c.recv(got.data(), got.size(), ElemType::u8, 0, 4);
     }
     EXPECT_EQ(c.bytes_sent(), c.rank() == 0 ? 3'000'000u : 0u) << "the arrival stamps are not counted";
