@@ -22,12 +22,13 @@
 #include "../optim/cuda_step.hpp"
 #include "check.cuh"
 #include "distopt/core/hd.hpp"
+#include "table.cuh"
 
 namespace distopt::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr std::size_t kChunk = 16384;
+constexpr int kThreads = kSumThreads;
+constexpr std::size_t kChunk = kSumChunk;
 
 enum class Norm : int { two, one, power, inf };
 
@@ -36,6 +37,11 @@ __device__ __forceinline__ double combine(Norm kind, double a, double b) {
   if (a != a || b != b) return __longlong_as_double(0x7ff8000000000000ll);  // NaN
   return a < b ? b : a;
 }
+
+struct Combine {
+  Norm kind;
+  __device__ __forceinline__ double operator()(double a, double b) const { return combine(kind, a, b); }
+};
 
 template <class T>
 __global__ void __launch_bounds__(kThreads)
@@ -52,14 +58,8 @@ __global__ void __launch_bounds__(kThreads)
     else v = pow(ax, p);
     a = combine(kind, a, v);
   }
-  shared[threadIdx.x] = a;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (static_cast<int>(threadIdx.x) < s)
-      shared[threadIdx.x] = combine(kind, shared[threadIdx.x], shared[threadIdx.x + s]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) out[blockIdx.x] = shared[0];
+  a = block_reduce(a, shared, Combine{kind});
+  if (threadIdx.x == 0) out[blockIdx.x] = a;
 }
 
 template <class T>

@@ -210,7 +210,7 @@ void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std:
 
 bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
          std::optional<std::uintptr_t> stream, const float* skip) {
-  return rules::with_pointwise_math(rule, [&]<class M>() { launch<M>(rule, coeffs, slices, stream, skip); });
+  return rules::with_math(rules::kPointwise, rule, [&]<class M>() { launch<M>(rule, coeffs, slices, stream, skip); });
 }
 
 }  // namespace distopt::cuda::DISTOPT_FP_NS

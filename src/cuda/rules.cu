@@ -33,15 +33,15 @@ DISTOPT_KERNEL_ENTRIES
 #undef DISTOPT_KERNEL_ENTRIES
 
 bool has_kernel(std::string_view rule) {
-  return rules::with_pointwise_math(rule, [&]<class M>() {}) || has_stats_kernel(rule);
+  return rules::with_math(rules::kPointwise, rule, [&]<class M>() {}) || has_stats_kernel(rule);
 }
 
 bool has_stats_kernel(std::string_view rule) {
-  return rules::with_stats_math(rule, [&]<class M>() {});
+  return rules::with_math(rules::kTensorStats, rule, [&]<class M>() {});
 }
 
 std::string_view kernel_rules() {
-  static const std::string names = rules::pointwise_names() + ", " + rules::stats_names();
+  static const std::string names = rules::names_of(rules::kPointwise) + ", " + rules::names_of(rules::kTensorStats);
   return names;
 }
 

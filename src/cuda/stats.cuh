@@ -35,8 +35,8 @@ using rules::Place;
 using rules::Source;
 using rules::Typed;
 
-constexpr int kThreads = 256;
-constexpr std::size_t kChunk = 16384;  // elements per block
+constexpr int kThreads = kSumThreads;
+constexpr std::size_t kChunk = kSumChunk;  // elements per block
 constexpr std::size_t kBand = 256;     // rows per thread of a column sum
 
 struct Entry {
@@ -76,18 +76,8 @@ __device__ __forceinline__ double square_of(Source src, const Entry& e, std::siz
   return v * v;
 }
 
-// Adds v over the block's threads in a fixed tree; every thread gets the
-// total. `shared` may be reused at once: the first barrier keeps a call from
-// overwriting it while threads still read the last call's total.
 __device__ __forceinline__ double block_sum(double v, double* shared) {
-  __syncthreads();
-  shared[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = kThreads / 2; s > 0; s /= 2) {
-    if (static_cast<int>(threadIdx.x) < s) shared[threadIdx.x] += shared[threadIdx.x + s];
-    __syncthreads();
-  }
-  return shared[0];
+  return block_reduce(v, shared, Plus{});
 }
 
 template <class M, class T>
@@ -438,13 +428,15 @@ bool run_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> 
               std::span<const StatRange> ranges, std::span<const std::span<const float>> aux,
               std::span<double* const> out, std::optional<std::uintptr_t> stream) {
   const cudaStream_t s = stream ? as_stream(*stream) : cudaStream_t{0};
-  return rules::with_stats_math(rule, [&]<class M>() { pass_of<M>(rule, pass, coeffs, slices, ranges, aux, out, s); });
+  return rules::with_math(rules::kTensorStats, rule,
+                          [&]<class M>() { pass_of<M>(rule, pass, coeffs, slices, ranges, aux, out, s); });
 }
 
 bool run_update(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                 std::optional<std::uintptr_t> stream) {
   const cudaStream_t s = stream ? as_stream(*stream) : cudaStream_t{0};
-  const bool ran = rules::with_stats_math(rule, [&]<class M>() { update_of<M>(rule, coeffs, slices, s); });
+  const bool ran =
+      rules::with_math(rules::kTensorStats, rule, [&]<class M>() { update_of<M>(rule, coeffs, slices, s); });
   if (ran && !stream) check(cudaStreamSynchronize(s), str(rule, " step"));
   return ran;
 }

@@ -1,6 +1,9 @@
 // The multi-tensor launches' table (pointwise.cuh, stats.cuh): entry k of a
-// launch owns blocks [first[k], first[k+1]) of its grid.
+// launch owns blocks [first[k], first[k+1]) of its grid. And the block
+// reduction of the statistics (stats.cuh, clip.cu).
 #pragma once
+
+#include <cstddef>
 
 #include "distopt/optim/rule.hpp"
 
@@ -27,5 +30,32 @@ __device__ __forceinline__ unsigned entry_of_block(const unsigned* __restrict__ 
   }
   return lo;
 }
+
+// The block shape of every statistic (stats.cuh, clip.cu): a block sums one
+// chunk of kSumChunk elements with kSumThreads threads, each over a fixed
+// stride, so the order of the sums (and their bits) is the same on every
+// device and launch.
+constexpr int kSumThreads = 256;
+constexpr std::size_t kSumChunk = 16384;
+
+// Combines v over the block's kSumThreads threads with op in a fixed tree;
+// every thread gets the result. `shared` (kSumThreads doubles) may be reused
+// at once: the first barrier keeps a call from overwriting it while threads
+// still read the last call's result.
+template <class Op>
+__device__ __forceinline__ double block_reduce(double v, double* shared, Op op) {
+  __syncthreads();
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kSumThreads / 2; s > 0; s /= 2) {
+    if (static_cast<int>(threadIdx.x) < s) shared[threadIdx.x] = op(shared[threadIdx.x], shared[threadIdx.x + s]);
+    __syncthreads();
+  }
+  return shared[0];
+}
+
+struct Plus {
+  __device__ __forceinline__ double operator()(double a, double b) const { return a + b; }
+};
 
 }  // namespace distopt::cuda

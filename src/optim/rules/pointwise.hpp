@@ -36,21 +36,22 @@ inline constexpr std::tuple kPointwise{
     Pointwise<RpropMath>{"rprop"},     Pointwise<AsgdMath>{"asgd"},         Pointwise<LionMath>{"lion"},
 };
 
-// Calls f.template operator()<Math>() for the rule named `rule`; false where
-// the list has no such rule.
-template <class F>
-bool with_pointwise_math(std::string_view rule, F&& f) {
+// Calls f.template operator()<Math>() for the rule named `rule` in `list`
+// (kPointwise, or stats.hpp's kTensorStats); false where it has no such rule.
+template <class List, class F>
+bool with_math(const List& list, std::string_view rule, F&& f) {
   return std::apply(
       [&](auto... r) {
         return ((r.name == rule ? (f.template operator()<typename decltype(r)::Math>(), true) : false) || ...);
       },
-      kPointwise);
+      list);
 }
 
-// The names of kPointwise, comma-separated.
-inline std::string pointwise_names() {
+// The names in `list`, comma-separated.
+template <class List>
+std::string names_of(const List& list) {
   std::string out;
-  std::apply([&](auto... r) { ((out += (out.empty() ? "" : ", "), out += r.name), ...); }, kPointwise);
+  std::apply([&](auto... r) { ((out += (out.empty() ? "" : ", "), out += r.name), ...); }, list);
   return out;
 }
 

@@ -24,24 +24,6 @@ inline constexpr std::tuple kTensorStats{
     Pointwise<AdafactorMath>{"adafactor"},
 };
 
-// Calls f.template operator()<Math>() for the rule named `rule`; false where
-// the list has no such rule.
-template <class F>
-bool with_stats_math(std::string_view rule, F&& f) {
-  return std::apply(
-      [&](auto... r) {
-        return ((r.name == rule ? (f.template operator()<typename decltype(r)::Math>(), true) : false) || ...);
-      },
-      kTensorStats);
-}
-
-// The names of kTensorStats, comma-separated.
-inline std::string stats_names() {
-  std::string out;
-  std::apply([&](auto... r) { ((out += (out.empty() ? "" : ", "), out += r.name), ...); }, kTensorStats);
-  return out;
-}
-
 // Where `slice` lies in its tensor, with its small state at `aux` (the
 // slice's own, or a device copy of it).
 inline Place place_of(const Slice& slice, const float* aux) {
