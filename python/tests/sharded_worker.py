@@ -8,7 +8,10 @@ batches, each rank on its slice, and rank 0 writes what the test compares
 (torch.save to OUT): the parameters, the consolidated state_dict, each
 rank's parameter bytes and optimizer-state bytes. ``--save DIR`` writes a
 reshardable checkpoint after the last step; ``--load DIR`` starts from one
-and records the state right after loading.
+and records the state right after loading. ``--device cuda`` trains the
+model on the GPU (the optimizer stages it through host memory);
+``--staged`` stages CPU parameters the same way (the staged path where
+there is no GPU). What is saved is on the CPU either way.
 """
 
 import argparse
@@ -42,7 +45,10 @@ def main():
     ap.add_argument("--save")
     ap.add_argument("--load")
     ap.add_argument("--zero-redundancy", action="store_true", help="also torch's ZeroRedundancyOptimizer (gloo)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--staged", action="store_true", help="stage CPU parameters as device ones are")
     a = ap.parse_args()
+    make = Staged if a.staged else ShardedOptimizer
     if a.gloo:
         import torch.distributed as dist
 
@@ -50,30 +56,29 @@ def main():
     comm = dcomm.world()
     rank, world = comm.rank, comm.size
     results = {"world": world, "backend": comm.backend, "runs": {}}
-    data = batches(a.steps, seed=7)
+    data = [(x.to(a.device), y.to(a.device)) for x, y in batches(a.steps, seed=7)]
     for rule in a.rules.split(","):
         for strategy in a.strategies.split(","):
-            model = mlp(seed=3)
-            opt = ShardedOptimizer(model.parameters(), rule, strategy, comm=comm, bucket_elements=64,
-                                   **OPTIONS[rule])
+            model = mlp(seed=3).to(a.device)
+            opt = make(model.parameters(), rule, strategy, comm=comm, bucket_elements=64, **OPTIONS[rule])
             run = {}
             if a.load:
                 run["loaded_step"] = opt.load(a.load)
                 run["loaded_state"] = opt.state_dict()
-                run["loaded_params"] = [p.detach().clone() for p in model.parameters()]
+                run["loaded_params"] = [p.detach().to("cpu", copy=True) for p in model.parameters()]
             for x, y in data:
                 n = x.shape[0] // world
                 opt.zero_grad()
                 loss_of(model, x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]).backward()
                 opt.step()
             state = opt.state_dict()
-            mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            mine = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
             every = torch.empty(world * mine.numel())
             comm.all_gather(every, mine)
             mem = torch.tensor([float(opt.memory()["optimizer_state"])], dtype=torch.float64)
             mems = torch.empty(world, dtype=torch.float64)
             comm.all_gather(mems, mem)
-            run.update(params=[p.detach().clone() for p in model.parameters()], state=state,
+            run.update(params=[p.detach().to("cpu", copy=True) for p in model.parameters()], state=state,
                        ranks_params=every.reshape(world, -1), state_bytes=mems.tolist())
             if a.save:
                 run["saved_bytes"] = opt.save(os.path.join(a.save, f"{rule}-{strategy}"), a.steps)
@@ -89,6 +94,10 @@ def main():
         # abort it ("terminate called without an active exception"), its
         # threads still holding tensors while Python shuts down.
         dist.destroy_process_group()
+
+
+class Staged(ShardedOptimizer):
+    _stage_cpu = True
 
 
 def collectives(comm):

@@ -256,3 +256,85 @@ def test_grad_scaler_drives_the_drop_in_on_the_device_as_on_its_standard_path(dt
             assert torch.equal(torch.as_tensor(a[key]).cpu(), torch.as_tensor(b[key]).cpu()), key
     for p, q in zip(runs[0][0], runs[1][0]):
         assert torch.equal(p, q)
+
+
+# ---- ShardedOptimizer over CUDA parameters: staged through host memory,
+# so torch's CUDA is enough (this build of distopt needs none of its own).
+TORCH_WHY = "" if torch.cuda.is_available() else "the installed torch has no CUDA"
+needs_torch_cuda = pytest.mark.skipif(bool(TORCH_WHY), reason=f"no CUDA here: {TORCH_WHY}")
+
+
+@needs_torch_cuda
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2"])
+@pytest.mark.parametrize("rule,kw", [("adamw", dict(lr=1e-2, weight_decay=0.1)), ("lamb", dict(lr=1e-2)),
+                                     ("muon", dict(lr=2e-2))], ids=["adamw", "lamb", "muon"])
+def test_sharded_optimizer_steps_cuda_parameters_with_the_cpu_bits(rule, kw, strategy):
+    from conftest import batches, loss_of, mlp
+    import distopt.torch.comm as dcomm
+    from distopt.torch.distributed import ShardedOptimizer
+
+    runs = []
+    for device in ("cpu", "cuda"):
+        model = mlp(seed=3).to(device)
+        storages = [p.data_ptr() for p in model.parameters()]
+        opt = ShardedOptimizer(model.parameters(), rule, strategy, comm=dcomm.single(), max_grad_norm=1.0, **kw)
+        for x, y in batches(5, seed=7):
+            opt.zero_grad()
+            loss_of(model, x.to(device), y.to(device)).backward()
+            opt.step()
+        if device == "cuda":
+            assert [p.data_ptr() for p in model.parameters()] == storages
+            assert all(p.is_cuda and p.grad.is_cuda for p in model.parameters())
+        runs.append(([p.detach().cpu() for p in model.parameters()], opt.state_dict()["state"]))
+    for a, b in zip(runs[0][0], runs[1][0]):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    for i in runs[0][1]:
+        for key in runs[0][1][i]:
+            assert torch.equal(runs[0][1][i][key], runs[1][1][i][key]), f"state {i}.{key}"
+
+
+@needs_torch_cuda
+def test_sharded_optimizer_on_cuda_over_gloo_at_world_2_has_the_cpu_runs_bits(tmp_path):
+    """Two processes on one GPU (gloo carries the host buffers): the same
+    bits as the same launch on the CPU, every rule and strategy."""
+    from test_sharded import assert_same_run, launch_gloo
+
+    cpu = launch_gloo(str(tmp_path), 2)
+    gpu = launch_gloo(str(tmp_path), 2, "--device", "cuda")
+    assert gpu["runs"].keys() == cpu["runs"].keys()
+    for key in cpu["runs"]:
+        assert_same_run(gpu["runs"][key], cpu["runs"][key], f"{key}: cuda vs cpu")
+
+
+NCCL_WORLD_ONE = """
+import sys, torch, torch.distributed as dist
+import distopt.torch.comm as dcomm
+from distopt.torch.distributed import ShardedOptimizer
+dist.init_process_group("nccl", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+torch.cuda.set_device(0)
+c = dcomm.world()
+assert c.backend == "torch" and c.size == 1, (c.backend, c.size)
+t = torch.ones(4, device="cuda")
+dist.all_reduce(t)  # the NCCL group still works beside the gloo one
+model = torch.nn.Linear(4, 2).cuda()
+opt = ShardedOptimizer(model.parameters(), "adamw", "zero2")
+model(torch.randn(3, 4, device="cuda")).sum().backward()
+opt.step()
+assert opt.comm is c
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+@needs_torch_cuda
+def test_an_nccl_default_group_gets_a_gloo_group_beside_it():
+    import subprocess
+    import sys
+
+    from test_sharded import _env, _free_port
+
+    if not torch.distributed.is_nccl_available():
+        pytest.skip("this torch has no NCCL")
+    r = subprocess.run([sys.executable, "-c", NCCL_WORLD_ONE, str(_free_port())], env=_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

@@ -94,11 +94,13 @@ def assert_same_run(a, b, what):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Worlds 1-4 over MPI and world 2 over gloo, each launch every rule under every strategy."""
+    """Worlds 1-4 over MPI and world 2 over gloo, each launch every rule
+    under every strategy; world 3 over gloo LAMB, its parameters staged
+    through host memory as CUDA ones are."""
     tmp = str(tmp_path_factory.mktemp("sharded"))
     out = {("mpi", n): launch_mpi(tmp, n) for n in (1, 2, 3, 4)}
     out[("gloo", 2)] = launch_gloo(tmp, 2, "--zero-redundancy")
-    out[("gloo", 3)] = launch_gloo(tmp, 3, "--rules", "lamb")
+    out[("gloo", 3)] = launch_gloo(tmp, 3, "--rules", "lamb", "--staged")
     return out
 
 
@@ -291,6 +293,44 @@ def test_state_dict_round_trips_and_takes_torchs():
     _train(s, os_, data[4:])
     for p, q in zip(s.parameters(), t.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+class Staged(ShardedOptimizer):
+    _stage_cpu = True  # the path of CUDA parameters, on CPU ones
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero2"])
+def test_staged_parameters_keep_their_storage_and_step_the_same_bits(strategy):
+    """Parameters staged through host memory (as CUDA ones are) keep their
+    own storage and gradients and take the same values as parameters that
+    view the strategy's buffer, through clipping, zero_grad(set_to_none)
+    and a state_dict round trip."""
+    data = batches(4, seed=5)
+    models = [mlp(seed=3), mlp(seed=3)]
+    storages = [p.data_ptr() for p in models[1].parameters()]
+    opts = [ShardedOptimizer(models[0].parameters(), "lamb", strategy, comm=dcomm.single(), max_grad_norm=0.5),
+            Staged(models[1].parameters(), "lamb", strategy, comm=dcomm.single(), max_grad_norm=0.5)]
+    for k, (x, y) in enumerate(data):
+        for model, opt in zip(models, opts):
+            opt.zero_grad(set_to_none=k % 2 == 1)
+            loss_of(model, x, y).backward()
+            opt.step()
+        if k == 1:  # through the state_dict: the staged optimizer reloads its own
+            opts[1].load_state_dict(opts[1].state_dict())
+    assert [p.data_ptr() for p in models[1].parameters()] == storages
+    assert opts[1].last_grad_norm == opts[0].last_grad_norm
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert same_bits(a.detach(), b.detach())
+    grads = [p.grad for p in models[1].parameters()]
+    opts[1].zero_grad()
+    assert all(g is p.grad and not g.any() for g, p in zip(grads, models[1].parameters()))
+    opts[1].zero_grad(set_to_none=True)
+    assert all(p.grad is None for p in models[1].parameters())
+    opts[1].step()  # no gradients: zeros (LAMB still decays)
+    opts[0].zero_grad()
+    opts[0].step()
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        assert same_bits(a.detach(), b.detach())
 
 
 def test_bad_input_is_one_line():

@@ -14,11 +14,13 @@ import torch
 from .. import _core
 
 
-def check_tensor(t, label, dtypes, what="distopt.torch steps", contiguous=True, devices=("cpu",)):
+def check_tensor(t, label, dtypes, what="distopt.torch steps", contiguous=True, devices=("cpu",),
+                 device_kernels=True):
     """Raises the one-line TypeError or ValueError naming ``label`` when
     ``t`` is not a dense tensor of one of ``dtypes`` on one of ``devices``
-    ("cpu", "cuda": a CUDA device this build can use), contiguous unless
-    told otherwise."""
+    ("cpu", "cuda": with ``device_kernels``, a CUDA device this build can
+    use; without, distopt only copies the tensor and torch's CUDA is
+    enough), contiguous unless told otherwise."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{label}: expected a torch.Tensor, got {type(t).__name__}")
     names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
@@ -29,7 +31,7 @@ def check_tensor(t, label, dtypes, what="distopt.torch steps", contiguous=True, 
     if t.device.type not in devices:
         kinds = " and ".join("CUDA" if d == "cuda" else d.upper() for d in devices)
         raise ValueError(f"{label} is on {t.device}; {what} {kinds} tensors (CUDA: docs/gpu.md)")
-    if t.device.type == "cuda":
+    if t.device.type == "cuda" and device_kernels:
         why = _core.cuda_unavailable_reason()
         if why:
             raise ValueError(f"{label} is on {t.device}, but {why}")
@@ -45,12 +47,14 @@ class DistoptOptimizer(torch.optim.Optimizer):
     _dtypes = (torch.float32,)
     _contiguous = True
     _devices = ("cpu",)
+    _device_kernels = True  # whether a CUDA parameter needs this build's CUDA (False: only copied)
 
     def _label(self, p, i):
         return f"{type(self).__name__}: parameter {i} (shape {tuple(p.shape)})"
 
     def _check_param(self, p, i):
-        check_tensor(p, self._label(p, i), self._dtypes, contiguous=self._contiguous, devices=self._devices)
+        check_tensor(p, self._label(p, i), self._dtypes, contiguous=self._contiguous, devices=self._devices,
+                     device_kernels=self._device_kernels)
 
     @staticmethod
     def _run_closure(closure):

@@ -179,9 +179,26 @@ def single():
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+_beside = []  # the gloo group made beside a default group that moves no CPU tensors (NCCL)
+
+
+def _host_group():
+    """None (the default group) where it carries CPU tensors; else a gloo
+    group over the same ranks, made once (collective, as the first
+    ``world()`` call is on every rank)."""
+    import torch.distributed as dist
+
+    if dist.get_backend() in ("gloo", "mpi"):
+        return None
+    if not _beside:
+        _beside.append(dist.new_group(backend="gloo"))
+    return _beside[0]
+
+
 def world():
     """The process group's communicator when torch.distributed is
-    initialized; MPI's under mpirun; under torchrun (RANK and WORLD_SIZE
+    initialized (under an NCCL default group, that of a gloo group made
+    beside it over the same ranks); MPI's under mpirun; under torchrun (RANK and WORLD_SIZE
     set, with MASTER_ADDR and MASTER_PORT) torch's own gloo group,
     initialized here from those variables (env://: torch's store on
     MASTER_PORT, never a second one) and destroyed at exit; otherwise a
@@ -192,7 +209,7 @@ def world():
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        return from_process_group()
+        return from_process_group(_host_group())
     if _core.launched_by_mpirun():
         return mpi_world()
     given = [v for v in _TORCHRUN_VARS if os.environ.get(v)]

@@ -21,7 +21,17 @@ parameter:
   parameters are all-gathered back into their views.
 
 So ddp, zero1 and zero2 give the same bits at a world size, over MPI and
-over a torch.distributed (gloo) process group alike. Use it in place of both
+over a torch.distributed (gloo) process group alike.
+
+Parameters on a CUDA device (or any other off the CPU) are staged through
+host memory, as ZeRO-Offload keeps its masters: they keep their own device
+storage and ``.grad``; the strategy's buffers (values, gradients, this
+rank's shard of the state) stay in host memory; ``step()`` copies each
+gradient into the host buffer, runs the strategy there over the host
+communicator (MPI, or a gloo group -- under an NCCL default group
+``comm.world()`` makes a gloo one beside it) and copies the stepped values
+back into the parameters. The same bits as the CPU run on the same
+gradients; the collectives are the host's, not NCCL's. Use it in place of both
 DistributedDataParallel and the optimizer: the model is not wrapped, and
 the backward pass is not overlapped with communication (the reductions run
 in ``step``).
@@ -69,6 +79,9 @@ class ShardedOptimizer(DistoptOptimizer):
     """
 
     _contiguous = False  # the values move into the strategy's buffer
+    _devices = ("cpu", "cuda")  # CUDA parameters are staged through host memory
+    _device_kernels = False  # so this build of distopt needs no CUDA of its own for them
+    _stage_cpu = False  # stage CPU parameters too (tests: the staged path on a machine without a GPU)
 
     def __init__(self, params, optimizer="adamw", strategy="zero1", *, comm=None, bucket_elements=1 << 15,
                  max_grad_norm=None, norm_type=2.0, **options):
@@ -102,7 +115,7 @@ class ShardedOptimizer(DistoptOptimizer):
         self._known = known
         ps = self._all()
         with torch.no_grad():
-            initial = torch.cat([p.detach().reshape(-1) for p in ps]).numpy()
+            initial = torch.cat([p.detach().reshape(-1).cpu() for p in ps]).numpy()
         group = self.param_groups[0]
         self._synced = {k: group[k] for k in known}
         self._core = _core.Sharded(self.comm._c, strategy, optimizer,
@@ -115,7 +128,7 @@ class ShardedOptimizer(DistoptOptimizer):
         return self.param_groups[0]["params"]
 
     def _check_param(self, p, i):
-        super()._check_param(p, i)  # dense float32 on the CPU
+        super()._check_param(p, i)  # dense float32 on the CPU or a CUDA device
         label = self._label(p, i)
         if p.numel() == 0:
             raise ValueError(f"{label} has no elements")
@@ -123,17 +136,30 @@ class ShardedOptimizer(DistoptOptimizer):
             raise ValueError(f"{label} does not require a gradient; pass only the trained parameters "
                              "([p for p in model.parameters() if p.requires_grad])")
 
+    def _staged(self, p):
+        return p.device.type != "cpu" or self._stage_cpu
+
     def _attach(self):
         """Each parameter becomes a view of the strategy's buffer and its
-        gradient a view of the flat gradient buffer."""
+        gradient a view of the flat gradient buffer; a staged one takes the
+        buffer's values and keeps its own storage and gradient."""
         self._grads, self._values = [], []
         with torch.no_grad():
             for i, p in enumerate(self._all()):
-                p.data = torch.from_numpy(self._core.param(i))
                 g = torch.from_numpy(self._core.grad(i))
-                p.grad = g
+                if self._staged(p):
+                    p.copy_(torch.from_numpy(self._core.param(i)))
+                else:
+                    p.data = torch.from_numpy(self._core.param(i))
+                    p.grad = g
                 self._grads.append(g)
                 self._values.append(p.data_ptr())
+
+    def _put_back(self):
+        """The stepped values into the staged parameters."""
+        for i, p in enumerate(self._all()):
+            if self._staged(p):
+                p.copy_(torch.from_numpy(self._core.param(i)))
 
     def add_param_group(self, param_group):
         if self.param_groups:
@@ -143,10 +169,16 @@ class ShardedOptimizer(DistoptOptimizer):
     def zero_grad(self, set_to_none=False):
         """Zeroes the flat gradient buffer in place; each ``.grad`` stays its
         view (``set_to_none`` is accepted and has no effect, as with DDP's
-        ``gradient_as_bucket_view``)."""
+        ``gradient_as_bucket_view``). A staged parameter's own ``.grad`` is
+        zeroed, or set to None with ``set_to_none``, as torch's optimizers do."""
         self._core.zero_grads()
         for p, g in zip(self._all(), self._grads):
-            if p.grad is not g:
+            if self._staged(p):
+                if set_to_none:
+                    p.grad = None
+                elif p.grad is not None:
+                    p.grad.zero_()
+            elif p.grad is not g:
                 p.grad = g
 
     def _gather_grads(self):
@@ -165,8 +197,9 @@ class ShardedOptimizer(DistoptOptimizer):
                 else:
                     if p.grad.is_sparse:
                         raise ValueError(f"ShardedOptimizer: parameter {i} has a sparse gradient")
-                    g.copy_(p.grad)
-                p.grad = g
+                    g.copy_(p.grad)  # a staged parameter's: from its device
+                if not self._staged(p):
+                    p.grad = g
 
     def _sync_options(self):
         self._send_changed_options(self.param_groups[0], self._synced, self._core.set_option)
@@ -177,6 +210,7 @@ class ShardedOptimizer(DistoptOptimizer):
         self._sync_options()
         self._gather_grads()
         norm = self._core.step(self.max_grad_norm or 0.0, self.norm_type)
+        self._put_back()
         self.last_grad_norm = None if math.isnan(norm) else norm
         return loss
 
