@@ -331,38 +331,48 @@ std::pair<float, float> largest_and_difference(const Tensors& x, const Tensors& 
   return {big, diff};
 }
 
+// Steps rule `c` over `shapes` on the CPU, on the device, and on the device
+// enqueued on a caller's stream, `steps` times with the same gradients
+// (parameter 2 without one at step 2 where `gap`): after each step the two
+// device runs agree bit for bit and the device is within `rel` of each
+// tensor's largest magnitude of the CPU (plus a bf16 rounding). Returns the
+// CPU's and the device's state.
+std::pair<StateDict, StateDict> against_the_cpu(const Case& c, DType t, const std::vector<Shape>& shapes, int steps,
+                                                float rel, bool gap) {
+  Tensors cpu(Device::cpu, t, shapes), gpu(Device::cuda, t, shapes), again(Device::cuda, t, shapes);
+  Optimizer a(c.rule, cpu.params(), c.options), b(c.rule, gpu.params(), c.options),
+      b2(c.rule, again.params(), c.options);
+  b2.set_cuda_stream(std::uintptr_t{0});  // enqueued on a caller's stream: the same bits
+  for (int step = 0; step < steps; ++step) {
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      cpu.set(cpu.grads[k], k, 7 * step + 1);
+      gpu.set(gpu.grads[k], k, 7 * step + 1);
+      again.set(again.grads[k], k, 7 * step + 1);
+      const bool has = !(gap && step == 2 && k == 2);
+      a.param(k).has_grad = b.param(k).has_grad = b2.param(k).has_grad = has;
+    }
+    a.step();
+    b.step();
+    b2.step();
+    synchronize_stream(0);
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      EXPECT_EQ(gpu.bytes(k), again.bytes(k)) << "parameter " << k << " after step " << step;
+      const auto [big, diff] = largest_and_difference(cpu, gpu, k);
+      EXPECT_LE(diff, rel * big + (t == DType::f32 ? 0.0f : big / 128.0f))
+          << "parameter " << k << " after step " << step;
+    }
+  }
+  return {a.state_dict(), b.state_dict()};
+}
+
 TEST(Gpu, TensorStatsRulesAgreeWithTheCpuAndRepeatTheirBits) {
   NEED_DEVICE();
   for (const Case& c : stats_cases())
     for (DType t : {DType::f32, DType::bf16}) {
       SCOPED_TRACE(c.rule + " " + std::string(name_of(t)));
-      const std::vector<Shape> shapes = stats_shapes();
-      Tensors cpu(Device::cpu, t, shapes), gpu(Device::cuda, t, shapes), again(Device::cuda, t, shapes);
-      Optimizer a(c.rule, cpu.params(), c.options), b(c.rule, gpu.params(), c.options),
-          b2(c.rule, again.params(), c.options);
-      b2.set_cuda_stream(std::uintptr_t{0});  // enqueued on a caller's stream: the same bits
-      for (int step = 0; step < 5; ++step) {
-        for (std::size_t k = 0; k < shapes.size(); ++k) {
-          cpu.set(cpu.grads[k], k, 7 * step + 1);
-          gpu.set(gpu.grads[k], k, 7 * step + 1);
-          again.set(again.grads[k], k, 7 * step + 1);
-          const bool has = !(step == 2 && k == 2);
-          a.param(k).has_grad = b.param(k).has_grad = b2.param(k).has_grad = has;
-        }
-        a.step();
-        b.step();
-        b2.step();
-        synchronize_stream(0);
-        for (std::size_t k = 0; k < shapes.size(); ++k) {
-          EXPECT_EQ(gpu.bytes(k), again.bytes(k)) << "parameter " << k << " after step " << step;
-          const auto [big, diff] = largest_and_difference(cpu, gpu, k);
-          EXPECT_LE(diff, 1e-6f * big + (t == DType::f32 ? 0.0f : big / 128.0f))
-              << "parameter " << k << " after step " << step;
-        }
-      }
+      const auto [da, db] = against_the_cpu(c, t, stats_shapes(), 5, 1e-6f, true);
       // The small state (Adafactor's row and column averages) and the
       // moments agree as the parameters do.
-      const StateDict da = a.state_dict(), db = b.state_dict();
       for (const auto& [i, entry] : da.state)
         for (const auto& [key, value] : entry) {
           if (std::holds_alternative<double>(value)) {
@@ -404,6 +414,55 @@ TEST(Gpu, ATensorStatsStepWhoseSkipFlagIsSetChangesNothing) {
   a.settle_skipped_step();
   for (std::size_t k = 0; k < shapes.size(); ++k) EXPECT_EQ(flagged.bytes(k), plain.bytes(k)) << "parameter " << k;
   EXPECT_EQ(a.state_scalar(0, "step"), 3.0);
+}
+
+// Muon: the momentum and the step are the CPU's per-element math (so the
+// momentum buffer is the CPU's bit for bit), the Newton-Schulz products
+// cuBLAS's SGEMM in another order than Eigen's: the parameters agree within
+// 1e-5 of each tensor's largest magnitude; two device runs, one on a
+// caller's stream, agree bit for bit. Wide, tall, square, one-row and empty
+// matrices; ns_steps 0 (the scaling alone) and an odd count (the result
+// lands in the scratch and is copied back).
+TEST(Gpu, MuonOnCublasAgreesWithTheCpuAndRepeatsItsBits) {
+  NEED_DEVICE();
+  const std::vector<Case> muon_cases{
+      {"muon", {{"lr", 0.02}}},
+      {"muon", {{"lr", 0.02}, {"nesterov", false}, {"adjust_lr_fn", "match_rms_adamw"}, {"weight_decay", 0.0}}},
+      {"muon", {{"lr", 0.02}, {"ns_steps", 0}}},
+      {"muon", {{"lr", 0.03}, {"ns_steps", 7}, {"momentum", 0.0}}},
+  };
+  const std::vector<Shape> shapes{{300, 70}, {70, 300}, {64, 64}, {1, 513}, {0, 4}};
+  for (const Case& c : muon_cases)
+    for (DType t : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(c.rule + " case " + std::to_string(&c - muon_cases.data()) + " " + std::string(name_of(t)));
+      const auto [da, db] = against_the_cpu(c, t, shapes, 4, 1e-5f, false);
+      // The momentum reads only the gradients: the CPU's bits in either type.
+      for (const auto& [i, entry] : da.state)
+        for (const auto& [key, value] : entry) {
+          if (!std::holds_alternative<StateTensor>(value)) continue;
+          EXPECT_EQ(std::get<StateTensor>(value).data, std::get<StateTensor>(db.state.at(i).at(key)).data)
+              << "state '" << key << "' of " << i;
+        }
+    }
+}
+
+// ns_dtype bfloat16 (torch's rounding, emulated) is CPU-only: the device
+// step is refused in one line and changes nothing.
+TEST(Gpu, MuonsBfloat16NewtonSchulzIsRefusedOnTheDevice) {
+  NEED_DEVICE();
+  const std::vector<Shape> shapes{{16, 8}};
+  Tensors gpu(Device::cuda, DType::f32, shapes);
+  Optimizer o("muon", gpu.params(), {{"ns_dtype", "bfloat16"}});
+  const std::vector<unsigned char> before = gpu.bytes(0);
+  try {
+    o.step();
+    FAIL() << "the step ran";
+  } catch (const InvalidInput& e) {
+    EXPECT_NE(std::string(e.what()).find("ns_dtype bfloat16 (torch's rounding) is CPU-only"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
+  }
+  EXPECT_EQ(gpu.bytes(0), before);
 }
 
 // distopt's own clipping on device gradients: the norm in double summed in

@@ -120,6 +120,37 @@ def test_rules_with_norms_step_cuda_parameters_as_on_the_cpu(name, kw, dtype):
 
 
 @needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kw", [dict(lr=0.02), dict(lr=0.02, nesterov=False, adjust_lr_fn="match_rms_adamw"),
+                                dict(lr=0.03, ns_steps=7)], ids=["default", "plain-rms", "odd-steps"])
+def test_muon_steps_cuda_parameters_on_cublas_as_on_the_cpu(kw, dtype):
+    """Newton-Schulz on cuBLAS: the products in another order than the
+    CPU's, so within 1e-5 of each parameter's largest magnitude; the
+    momentum buffer (the CPU's per-element math on the same gradients) bit
+    for bit."""
+    shapes = [(300, 70), (70, 300), (64, 64), (1, 513)]
+    runs = []
+    for device in ("cuda", "cpu"):
+        g = torch.Generator().manual_seed(0)
+        params = [torch.randn(s, generator=g).to(dtype).to(device).requires_grad_() for s in shapes]
+        opt = dopt.Muon(params, **kw)
+        gg = torch.Generator().manual_seed(1)
+        for _ in range(4):
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=gg).to(dtype).to(device)
+            opt.step()
+        runs.append((params, opt))
+    (ours, opt), (ref, ref_opt) = runs
+    ulp = 0.0 if dtype == torch.float32 else 2.0 ** -7
+    for k, (p, q) in enumerate(zip(ours, ref)):
+        assert p.device.type == "cuda"
+        big = q.detach().float().abs().max().item()
+        diff = (p.detach().cpu().float() - q.detach().float()).abs().max().item()
+        assert diff <= (1e-5 + ulp) * big, f"parameter {k}: {diff} against {big}"
+        assert torch.equal(opt.state[p]["momentum_buffer"].cpu(), ref_opt.state[q]["momentum_buffer"])
+
+
+@needs_cuda
 def test_the_step_runs_on_torchs_current_stream():
     stream = torch.cuda.Stream()
     ours, _ = _run("AdamW", dict(lr=0.01), "cuda", torch.float32, stream=stream)

@@ -1,5 +1,5 @@
 // Which rules have CUDA kernels (the lists of rules/pointwise.hpp and
-// rules/stats.hpp), and the
+// rules/stats.hpp, and muon.cu's), and the
 // Optimizer's entry to them and to the copies of its skip flags
 // (optim/cuda_step.hpp).
 #include <cuda_runtime.h>
@@ -33,7 +33,8 @@ DISTOPT_KERNEL_ENTRIES
 #undef DISTOPT_KERNEL_ENTRIES
 
 bool has_kernel(std::string_view rule) {
-  return rules::with_math(rules::kPointwise, rule, [&]<class M>() {}) || has_stats_kernel(rule);
+  return rules::with_math(rules::kPointwise, rule, [&]<class M>() {}) || has_stats_kernel(rule) ||
+         has_whole_kernel(rule);
 }
 
 bool has_stats_kernel(std::string_view rule) {
@@ -41,7 +42,8 @@ bool has_stats_kernel(std::string_view rule) {
 }
 
 std::string_view kernel_rules() {
-  static const std::string names = rules::names_of(rules::kPointwise) + ", " + rules::names_of(rules::kTensorStats);
+  static const std::string names =
+      rules::names_of(rules::kPointwise) + ", " + rules::names_of(rules::kTensorStats) + ", muon";
   return names;
 }
 

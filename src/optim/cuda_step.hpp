@@ -53,6 +53,15 @@ void stats_pass(std::string_view rule, int pass, std::span<const RuleBlob* const
 void stats_update(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                   bool flush, std::optional<std::uintptr_t> stream);
 
+// The whole_tensor rules with a device path (muon: src/cuda/muon.cu): one
+// step over whole slices, the rule's transform into Slice::work (device
+// memory), the step on the whole tensor, and the update, on `stream` as in
+// pointwise_step after one wait for the tensors' norms. Refused in one line
+// (nothing changed) where the options or the device cannot run it.
+bool has_whole_kernel(std::string_view rule);
+void whole_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
+                std::optional<std::uintptr_t> stream);
+
 // Clipping's device half (optim/clip.cpp; src/cuda/clip.cu), on the calling
 // thread's stream, complete when they return: the norm's partial statistic
 // of device gradients (as clip.hpp's grad_norm_partial), and the in-place

@@ -30,6 +30,14 @@ void stats_update(std::string_view, std::span<const RuleBlob* const>, std::span<
   no_cuda();
 }
 
+bool has_whole_kernel(std::string_view) {
+  return false;
+}
+void whole_step(std::string_view, std::span<const RuleBlob* const>, std::span<const Slice>,
+                std::optional<std::uintptr_t>) {
+  no_cuda();
+}
+
 double grad_norm_partial(std::span<const TensorView>, double) {
   no_cuda();
 }

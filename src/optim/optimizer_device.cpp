@@ -1,7 +1,8 @@
 // The Optimizer's step of CUDA parameters (include/distopt/optim/optimizer.hpp,
 // docs/gpu.md): the pointwise rules in one multi-tensor launch per group,
 // the tensor_stats rules (LAMB, LARS, Adafactor) pass by pass with their
-// statistics finished on the host, as the CPU finishes them.
+// statistics finished on the host, as the CPU finishes them; muon's
+// Newton-Schulz on cuBLAS (src/cuda/muon.cu).
 #include <string>
 #include <vector>
 
@@ -63,6 +64,11 @@ void Optimizer::stat_passes_on_device(const RuleInfo& rule) {
     const auto [begin, end] = stat_range(params_[i]);
     ranges.push_back({begin, end});
     aux.emplace_back(st.aux.empty() ? nullptr : st.aux.as<float>(), st.aux.size_bytes() / sizeof(float));
+  }
+  // A whole_tensor rule (muon) steps its whole tensors in one call.
+  if (rule.whole != nullptr) {
+    cuda::whole_step(rule.name, coeffs, slices, cuda_stream_);
+    return;
   }
   std::vector<double*> out(pass_active_.size());
   for (int pass = 0; pass < rule.stat_passes; ++pass) {

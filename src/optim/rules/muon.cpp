@@ -15,8 +15,9 @@
 // float as torch's CPU bfloat16 matmul does.
 // whole_tensor: the matrix products need the whole update; the sharded
 // strategies gather it (Optimizer::set_tensor_gather).
-#include <Eigen/Core>
+#include "muon.hpp"
 
+#include <Eigen/Core>
 #include <cmath>
 
 #include "../rule_impl.hpp"
@@ -26,19 +27,11 @@ namespace {
 
 using Mat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 
-// torch's lerp: start + w*(end - start) for |w| < 0.5, else
-// end - (end - start)*(1 - w), in float.
-inline float lerp(float start, float end, float w) {
-  return std::abs(w) < 0.5f ? start + w * (end - start) : end - (end - start) * (1.0f - w);
-}
-
 float round_bf16(float v) { return bf16_bits_to_float(float_to_bf16_bits(v)); }
 
 void round_all(Mat& m) {
   for (Eigen::Index i = 0; i < m.size(); ++i) m.data()[i] = round_bf16(m.data()[i]);
 }
-
-enum class AdjustLr : int { original, match_rms_adamw };
 
 struct MuonRule : WholeTensorRule {
   static constexpr std::string_view kName = "muon";
@@ -87,14 +80,7 @@ struct MuonRule : WholeTensorRule {
             " (give such parameters to another optimizer)");
   }
 
-  struct Coeffs {
-    float w, momentum, a, b, c, eps, decay;
-    double lr, adjust_scale;
-    int ns_steps;
-    bool nesterov, bf16;
-    AdjustLr adjust;
-    float neg_adjusted_lr;  // from whole()
-  };
+  using Coeffs = MuonMath::Coeffs;
   static Coeffs prepare(const Options& o, float*, bool) {
     Coeffs c{};
     c.w = static_cast<float>(1.0 - o.momentum);
@@ -116,14 +102,7 @@ struct MuonRule : WholeTensorRule {
   // The momentum and the update to orthogonalize, into the scratch.
   template <class T>
   static void transform(const Coeffs& c, int, const Typed<T>& s, const Slice& slice) {
-    float* __restrict buf = s.s[0];
-    float* __restrict u = slice.work;
-    for (std::size_t i = 0; i < s.n; ++i) {
-      const float g = to_float(s.g[i]);
-      const float b = lerp(buf[i], g, c.w);
-      buf[i] = b;
-      u[i] = c.nesterov ? lerp(g, b, c.momentum) : b;
-    }
+    for (std::size_t i = 0; i < s.n; ++i) MuonMath::transform<T>(c, s, slice.work, i);
   }
 
   // Newton-Schulz on the whole matrix, in place.
@@ -169,22 +148,12 @@ struct MuonRule : WholeTensorRule {
     Eigen::Map<Mat> out(work, rows, cols);
     if (transpose) out = x.transpose();
     else out = x;
-    const double ratio = c.adjust == AdjustLr::original
-                             ? std::sqrt(std::max(1.0, static_cast<double>(rows) / static_cast<double>(cols)))
-                             : 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
-    c.neg_adjusted_lr = static_cast<float>(-(c.lr * ratio));
+    c.neg_adjusted_lr = MuonMath::adjusted_lr(c, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
   }
 
   template <class T>
   static void apply_update(const Coeffs& c, const Typed<T>& s, const float* work) {
-    float* __restrict p = s.p;
-    T* __restrict lp = s.lp;
-    for (std::size_t i = 0; i < s.n; ++i) {
-      float pi = p[i] * c.decay;
-      pi = pi + c.neg_adjusted_lr * work[i];
-      p[i] = pi;
-      store(lp, i, pi);
-    }
+    for (std::size_t i = 0; i < s.n; ++i) MuonMath::update<T>(c, s, work, i);
   }
 };
 
