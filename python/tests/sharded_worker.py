@@ -56,7 +56,7 @@ def main():
     comm = dcomm.world()
     rank, world = comm.rank, comm.size
     results = {"world": world, "backend": comm.backend, "runs": {}}
-    data = [(x.to(a.device), y.to(a.device)) for x, y in batches(a.steps, seed=7)]
+    data = batches(a.steps, seed=7)
     for rule in a.rules.split(","):
         for strategy in a.strategies.split(","):
             model = mlp(seed=3).to(a.device)
@@ -69,7 +69,7 @@ def main():
             for x, y in data:
                 n = x.shape[0] // world
                 opt.zero_grad()
-                loss_of(model, x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]).backward()
+                backward(model, x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n], a.device)
                 opt.step()
             state = opt.state_dict()
             mine = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
@@ -94,6 +94,25 @@ def main():
         # abort it ("terminate called without an active exception"), its
         # threads still holding tensors while Python shuts down.
         dist.destroy_process_group()
+
+
+def backward(model, x, y, device):
+    """The loss's gradients into the model's .grad; for a model on a device,
+    from a CPU replica of its parameters (a GPU's forward and backward have
+    other bits than the CPU's: the optimizer is what the tests compare)."""
+    if device == "cpu":
+        loss_of(model, x, y).backward()
+        return
+    replica = mlp(seed=3)
+    with torch.no_grad():
+        for r, p in zip(replica.parameters(), model.parameters()):
+            r.copy_(p)
+    loss_of(replica, x, y).backward()
+    for r, p in zip(replica.parameters(), model.parameters()):
+        if p.grad is None:
+            p.grad = r.grad.to(device)
+        else:
+            p.grad.copy_(r.grad)
 
 
 class Staged(ShardedOptimizer):

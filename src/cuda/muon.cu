@@ -203,6 +203,9 @@ Scratch& scratch(int device, std::size_t floats, cudaStream_t stream) {
   return s;
 }
 
+constexpr const char* kBf16Refusal =
+    "muon on cuda runs Newton-Schulz in float32: ns_dtype bfloat16 (torch's rounding) is CPU-only";
+
 Coeffs coeffs_of(const RuleBlob* blob) {
   Coeffs c;
   std::memcpy(&c, blob->bytes, sizeof c);
@@ -215,6 +218,14 @@ bool has_whole_kernel(std::string_view rule) {
   return rule == "muon";
 }
 
+void check_whole_step(std::string_view rule, const OptionMap& options) {
+  if (!has_whole_kernel(rule))
+    throw InvalidInput(str(rule, " has no CUDA kernel (the device runs ", kernel_rules(), ")"));
+  const auto dtype = options.find("ns_dtype");
+  if (dtype != options.end() && dtype->second.word() == "bfloat16") throw InvalidInput(kBf16Refusal);
+  if (!blas().why.empty()) throw InvalidInput(str("muon on cuda needs cuBLAS: ", blas().why));
+}
+
 void whole_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                 std::optional<std::uintptr_t> stream) {
   if (!has_whole_kernel(rule))
@@ -225,9 +236,7 @@ void whole_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, 
   std::size_t most = 0, total_chunks = 0;
   for (std::size_t k = 0; k < slices.size(); ++k) {
     cs.push_back(coeffs_of(coeffs[k]));
-    if (cs.back().bf16)
-      throw InvalidInput(
-          "muon on cuda runs Newton-Schulz in float32: ns_dtype bfloat16 (torch's rounding) is CPU-only");
+    if (cs.back().bf16) throw InvalidInput(kBf16Refusal);
     const Shape& shape = *slices[k].shape;
     if (shape.size() != 2 || slices[k].offset != 0 || slices[k].n != static_cast<std::size_t>(numel(shape)))
       throw PreconditionError("muon on cuda steps whole 2-D tensors");
@@ -239,13 +248,21 @@ void whole_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, 
   }
   if (!blas().why.empty()) throw InvalidInput(str("muon on cuda needs cuBLAS: ", blas().why));
   if (total_chunks == 0) return;
-  const cudaStream_t s = stream ? as_stream(*stream) : cudaStream_t{0};
+  // This thread's own stream by name: cuBLAS, built without per-thread
+  // default streams, would take 0 for the legacy one.
+  const cudaStream_t s = stream ? as_stream(*stream) : cudaStreamPerThread;
   int device = 0;
   check(cudaGetDevice(&device), "muon: the current device");
   const cublasHandle_t h = handle_of(device);
   check_blas(blas().set_stream(h, s), "setting the stream");
   Scratch& area_ns = scratch(device, most, s);
   float* const a_buf = area_ns.p;
+  // Its last use recorded however this ends (work already enqueued may use it).
+  struct Record {
+    Scratch& area;
+    cudaStream_t stream;
+    ~Record() { (void)cudaEventRecord(area.used, stream); }
+  } record{area_ns, s};
 
   // The momentum into the scratch U, then Σ U^2 of every tensor, waited for.
   const Staging area = staging(total_chunks * sizeof(double));
@@ -307,7 +324,6 @@ void whole_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, 
                    [&]<class T>() { update_kernel<T><<<grid_for(sl.n), kThreads, 0, s>>>(c, arrays_of(sl), sl.work); });
     check(cudaGetLastError(), "muon: the update's kernel");
   }
-  check(cudaEventRecord(area_ns.used, s), "recording muon's last use of its scratch");
   if (!stream) check(cudaStreamSynchronize(s), "muon step");
 }
 

@@ -59,6 +59,9 @@ void stats_update(std::string_view rule, std::span<const RuleBlob* const> coeffs
 // pointwise_step after one wait for the tensors' norms. Refused in one line
 // (nothing changed) where the options or the device cannot run it.
 bool has_whole_kernel(std::string_view rule);
+// Throws that refusal for `rule` under its complete `options`: the
+// Optimizer calls it before a step changes anything.
+void check_whole_step(std::string_view rule, const OptionMap& options);
 void whole_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                 std::optional<std::uintptr_t> stream);
 

@@ -33,6 +33,7 @@ void stats_update(std::string_view, std::span<const RuleBlob* const>, std::span<
 bool has_whole_kernel(std::string_view) {
   return false;
 }
+void check_whole_step(std::string_view, const OptionMap&) {}
 void whole_step(std::string_view, std::span<const RuleBlob* const>, std::span<const Slice>,
                 std::optional<std::uintptr_t>) {
   no_cuda();

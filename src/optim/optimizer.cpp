@@ -415,6 +415,10 @@ void Optimizer::step() {
   // Check every gradient first so that a bad one leaves all parameters as they were.
   for (std::size_t i = 0; i < params_.size(); ++i)
     if (params_[i].has_grad) check_grad(i);
+  // A device step a rule's options or the machine cannot run is refused before anything changes.
+  if (device_ == Device::cuda)
+    for (std::size_t g = 0; g < groups_.size(); ++g)
+      if (group_rules_[g]->whole != nullptr) cuda::check_whole_step(group_rules_[g]->name, groups_[g].options);
   const float* const flag = std::exchange(skip_flag_, nullptr);  // this step's only, whatever happens
   settle_skipped_step();
   work_.clear();

@@ -133,7 +133,7 @@ def from_process_group(group=None):
     key = id(group) if group is not None else None
     if key not in _groups:
         backend = dist.get_backend(group)
-        if backend not in ("gloo", "mpi"):
+        if not _carries_cpu_tensors(backend):
             raise ValueError(f"the process group's backend is {backend}; distopt.torch.comm moves CPU tensors, "
                              "so it needs gloo (init_process_group('gloo'), or a gloo group from new_group)")
         rank = dist.get_rank(group)
@@ -179,20 +179,27 @@ def single():
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-_beside = []  # the gloo group made beside a default group that moves no CPU tensors (NCCL)
+_beside = {}  # default group -> the gloo group made beside it (one that moves no CPU tensors: NCCL)
+
+
+def _carries_cpu_tensors(backend):
+    return backend == "mpi" or "gloo" in str(backend)  # "gloo", or "cpu:gloo,cuda:nccl"
 
 
 def _host_group():
     """None (the default group) where it carries CPU tensors; else a gloo
-    group over the same ranks, made once (collective, as the first
-    ``world()`` call is on every rank)."""
+    group over the same ranks, made once per default group (collective, as
+    the first ``world()`` call is on every rank)."""
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
 
-    if dist.get_backend() in ("gloo", "mpi"):
+    if _carries_cpu_tensors(dist.get_backend()):
         return None
-    if not _beside:
-        _beside.append(dist.new_group(backend="gloo"))
-    return _beside[0]
+    default = c10d._get_default_group()
+    key = id(default)
+    if key not in _beside or _beside[key][0] is not default:
+        _beside[key] = (default, dist.new_group(backend="gloo"))
+    return _beside[key][1]
 
 
 def world():

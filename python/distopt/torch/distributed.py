@@ -170,7 +170,7 @@ class ShardedOptimizer(DistoptOptimizer):
         """Zeroes the flat gradient buffer in place; each ``.grad`` stays its
         view (``set_to_none`` is accepted and has no effect, as with DDP's
         ``gradient_as_bucket_view``). A staged parameter's own ``.grad`` is
-        zeroed, or set to None with ``set_to_none``, as torch's optimizers do."""
+        zeroed in place, or set to None with ``set_to_none=True``."""
         self._core.zero_grads()
         for p, g in zip(self._all(), self._grads):
             if self._staged(p):
@@ -190,6 +190,8 @@ class ShardedOptimizer(DistoptOptimizer):
                                      "p.data = ..., load_state_dict(assign=True)); the optimizer steps its own "
                                      "buffer, so make the optimizer after moving the model and load values with "
                                      "p.copy_(...)")
+                if self._staged(p):  # its values, which the user may have changed, are the step's start
+                    torch.from_numpy(self._core.param(i)).copy_(p.detach())
                 if p.grad is g:
                     continue
                 if p.grad is None:
