@@ -5,16 +5,19 @@
 // built from a fuzzed name, world size and peer count, whose peers are then
 // asked for; optimizer options from one string (parse_options, for the rule
 // the first byte picks) and the command line's --scheduler-option
-// KEY=VALUE items (split at ';'). Only distopt::Error may escape as an
-// answer.
+// KEY=VALUE items (split at ';'); a launcher's environment (srun's,
+// torchrun's: launch_env over NAME=VALUE lines) and a SLURM node list.
+// Only distopt::Error may escape as an answer.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../tools/commands.hpp"
 #include "distopt/comm/communicator.hpp"
+#include "distopt/comm/launch_env.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/gossip/topology.hpp"
 #include "distopt/optim/option_text.hpp"
@@ -60,6 +63,28 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       at = end + 1;
     }
     (void)distopt::scheduler_spec_from_options("steplr", items);
+  } catch (const distopt::Error&) {
+  }
+  try {
+    (void)distopt::first_host(text);
+  } catch (const distopt::Error&) {
+  }
+  try {
+    // NAME=VALUE lines; a name not among them is unset.
+    std::vector<std::pair<std::string, std::string>> env;
+    for (std::size_t at = 0; at < text.size();) {
+      std::size_t end = text.find('\n', at);
+      if (end == std::string::npos) end = text.size();
+      const std::string line = text.substr(at, end - at);
+      const std::size_t eq = line.find('=');
+      if (eq != std::string::npos) env.emplace_back(line.substr(0, eq), line.substr(eq + 1));
+      at = end + 1;
+    }
+    (void)distopt::launch_env([&](const char* name) -> const char* {
+      for (const auto& [k, v] : env)
+        if (k == name) return v.c_str();
+      return nullptr;
+    });
   } catch (const distopt::Error&) {
   }
   return 0;

@@ -18,7 +18,9 @@ sv=("${base[@]}" --train-size 512 --epochs 2)
 # gloo_run NAME N [VAR=VALUE ...] -- ARGS...: N processes of one run, rank r
 # writing $tmp/NAME/out.r and err.r, pids in pid.r; waits for all; their
 # exit statuses in $tmp/NAME/status (one line per rank) and the seconds the
-# run took in $tmp/NAME/seconds.
+# run took in $tmp/NAME/seconds. @R@ in a VALUE is the rank. With
+# launched=1, without --backend/--world/--rank/--rendezvous (the
+# launcher's variables give them).
 gloo_run() {
   local name=$1 n=$2 d="$tmp/$1" r
   shift 2
@@ -29,8 +31,9 @@ gloo_run() {
   local t0 pids=()
   t0=$(date +%s.%N)
   for ((r = 0; r < n; r++)); do
-    env "${env[@]}" "$bin" "$@" --backend gloo --world "$n" --rank "$r" --rendezvous "$d/rv" \
-      >"$d/out.$r" 2>"$d/err.$r" &
+    local flags=(--backend gloo --world "$n" --rank "$r" --rendezvous "$d/rv")
+    [ -z "${launched:-}" ] || flags=()
+    env "${env[@]//@R@/$r}" "$bin" "$@" "${flags[@]}" >"$d/out.$r" 2>"$d/err.$r" &
     pids[r]=$!
     echo "${pids[r]}" >"$d/pid.$r"
   done
@@ -286,4 +289,32 @@ expect_error 2 "--join $tmp/ddp-3/rv: this process has --lr 0.01, the run the de
 expect_error 2 "--join $tmp/nothing: no run has published its configuration there" -- "${j[@]}" --join "$tmp/nothing"
 expect_error 2 "--join: pass --on-rank-failure continue" -- "${long[@]}" --join "$tmp/ddp-3/rv"
 expect_error 2 "--join DIR takes no --rank, --rendezvous or --world" -- "${j[@]}" --world 2 --join "$tmp/ddp-3/rv"
+
+# 9. Started by srun or torchrun (their variables set as they set them): no
+# --backend, --world, --rank or --rendezvous; the threads backend's bits;
+# the rendezvous a directory of the run's own under $TMPDIR.
+want=$("$bin" "${sv[@]}" --world 3 --max-steps 12 2>/dev/null | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+launched=1 gloo_run srun 3 TMPDIR="$tmp/srun" SLURM_PROCID=@R@ SLURM_LOCALID=@R@ SLURM_STEP_NUM_TASKS=3 \
+  SLURM_STEP_NUM_NODES=1 SLURM_STEP_NODELIST="node[07-09]" SLURM_JOB_ID=4242 SLURM_STEP_ID=0 -- "${sv[@]}" --max-steps 12
+[ "$(statuses srun)" = "0 0 0" ] || fail "srun: exits $(statuses srun): $(cat "$tmp/srun"/err.*)"
+[ "$(hash_of "$tmp/srun/out.0")" = "$want" ] || fail "srun: not the threads backend's bits"
+grep -q "started by srun as 3 processes: using --backend gloo" "$tmp/srun/err.0" || fail "srun: $(cat "$tmp/srun/err.0")"
+ls -d "$tmp/srun"/distopt-srun-4242.0-* >/dev/null 2>&1 || fail "srun: no rendezvous under TMPDIR: $(ls "$tmp/srun")"
+launched=1 gloo_run torchrun 3 TMPDIR="$tmp/torchrun" RANK=@R@ LOCAL_RANK=@R@ WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 \
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 TORCHELASTIC_RUN_ID=t1 -- "${sv[@]}" --max-steps 12
+[ "$(statuses torchrun)" = "0 0 0" ] || fail "torchrun: exits $(statuses torchrun): $(cat "$tmp/torchrun"/err.*)"
+[ "$(hash_of "$tmp/torchrun/out.0")" = "$want" ] || fail "torchrun: not the threads backend's bits"
+# Bad input, one line each.
+SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=1 expect_error 2 \
+  "--world 4 disagrees with SLURM_STEP_NUM_TASKS=2 (the processes srun started)" -- "${sv[@]}" --max-steps 3 --world 4
+SLURM_PROCID=1 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=2 expect_error 2 \
+  "--backend gloo under srun across 2 machines needs --rendezvous DIR" -- "${sv[@]}" --max-steps 3
+SLURM_PROCID=2 SLURM_STEP_NUM_TASKS=2 expect_error 2 \
+  "SLURM_PROCID=2 is not a rank of SLURM_STEP_NUM_TASKS=2 (0 .. 1)" -- "${sv[@]}" --max-steps 3
+SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NODELIST="node[" expect_error 2 \
+  "the SLURM node list 'node\[' has a '\[' not followed by a number" -- "${sv[@]}" --max-steps 3
+RANK=x WORLD_SIZE=2 expect_error 2 "RANK=x is not a whole number" -- "${sv[@]}" --max-steps 3
+SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 expect_error 2 "--backend threads under srun (SLURM_STEP_NUM_TASKS=2)" -- \
+  "${sv[@]}" --max-steps 3 --backend threads
 finish cli.gloo

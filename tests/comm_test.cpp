@@ -565,3 +565,97 @@ TEST(Elastic, OnlyAnElasticWorldsTopCommunicatorShrinks) {
 
 }  // namespace
 }  // namespace distopt
+
+#include <map>
+
+#include "distopt/comm/launch_env.hpp"
+
+namespace distopt {
+namespace {
+
+std::optional<LaunchEnv> env_of(const std::map<std::string, std::string>& vars) {
+  return launch_env([&](const char* name) -> const char* {
+    const auto it = vars.find(name);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+std::string error_of(const std::map<std::string, std::string>& vars) {
+  try {
+    (void)env_of(vars);
+  } catch (const InvalidInput& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LaunchEnv, SrunsAndTorchrunsVariablesGiveTheRankAndWorld) {
+  EXPECT_FALSE(env_of({}).has_value());
+  // A batch script's own environment: the job's task count, no step's.
+  EXPECT_FALSE(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_JOB_ID", "7"}}).has_value());
+  const auto s = env_of({{"SLURM_PROCID", "3"},
+                         {"SLURM_STEP_NUM_TASKS", "4"},
+                         {"SLURM_LOCALID", "1"},
+                         {"SLURM_STEP_NUM_NODES", "2"},
+                         {"SLURM_STEP_NODELIST", "gpu[007-008]"},
+                         {"SLURM_JOB_ID", "991"},
+                         {"SLURM_STEP_ID", "2"}});
+  ASSERT_TRUE(s.has_value());
+  EXPECT_EQ(s->launcher, "srun");
+  EXPECT_EQ(s->rank, 3);
+  EXPECT_EQ(s->world, 4);
+  EXPECT_EQ(s->local_rank, 1);
+  EXPECT_FALSE(s->one_machine);
+  EXPECT_EQ(s->machines, 2);
+  EXPECT_EQ(s->master_addr, "gpu007");
+  EXPECT_EQ(s->job, "991.2");
+  // torchrun inside a SLURM step: torchrun's variables are the process's.
+  const auto t = env_of({{"RANK", "1"},
+                         {"WORLD_SIZE", "2"},
+                         {"LOCAL_RANK", "1"},
+                         {"LOCAL_WORLD_SIZE", "2"},
+                         {"MASTER_ADDR", "10.0.0.1"},
+                         {"MASTER_PORT", "29500"},
+                         {"TORCHELASTIC_RUN_ID", "abc"},
+                         {"SLURM_PROCID", "0"},
+                         {"SLURM_STEP_NUM_TASKS", "1"}});
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->launcher, "torchrun");
+  EXPECT_EQ(t->rank, 1);
+  EXPECT_EQ(t->world, 2);
+  EXPECT_TRUE(t->one_machine);
+  EXPECT_EQ(t->master_port, 29500);
+  EXPECT_EQ(t->job, "abc-10.0.0.1-29500");
+  // Without LOCAL_WORLD_SIZE, torchrun's processes are not known to share a machine.
+  EXPECT_FALSE(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})->one_machine);
+}
+
+TEST(LaunchEnv, MalformedValuesAreOneLineNamingTheVariable) {
+  EXPECT_EQ(error_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}}), "RANK=x is not a whole number");
+  EXPECT_EQ(error_of({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}), "RANK=-1 is not a whole number");
+  EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "0"}}), "WORLD_SIZE=0 is out of range (1 .. 2147483647)");
+  EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}}), "WORLD_SIZE=99999999999 is not a whole number");
+  EXPECT_EQ(error_of({{"SLURM_PROCID", "4"}, {"SLURM_STEP_NUM_TASKS", "4"}}),
+            "SLURM_PROCID=4 is not a rank of SLURM_STEP_NUM_TASKS=4 (0 .. 3)");
+  EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}),
+            "MASTER_PORT=70000 is out of range (1 .. 65535)");
+}
+
+TEST(LaunchEnv, TheFirstHostOfASlurmNodeList) {
+  EXPECT_EQ(first_host("node07"), "node07");
+  EXPECT_EQ(first_host("node07,gpu2"), "node07");
+  EXPECT_EQ(first_host("node[07-09,11],gpu2"), "node07");
+  EXPECT_EQ(first_host("n[1,3]"), "n1");
+  EXPECT_EQ(first_host("rack1-n[001-004]"), "rack1-n001");
+  for (const char* bad : {"", "[1-2]", "node[", "node[x]", "node[1-2", ",node1"}) {
+    try {
+      (void)first_host(bad);
+      ADD_FAILURE() << "'" << bad << "' parsed";
+    } catch (const InvalidInput& e) {
+      EXPECT_NE(std::string(e.what()).find("the SLURM node list"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace distopt

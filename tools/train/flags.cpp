@@ -138,7 +138,8 @@ Runner add_train(CLI::App& app) {
   });
   sub->add_option("--backend", a->backend,
                   "threads (default), mpi (world size from mpirun; chosen by itself under mpirun) or gloo (one "
-                  "process per rank, started by you: --world, --rank, --rendezvous)")
+                  "process per rank, started by you: --world, --rank, --rendezvous; chosen by itself under srun "
+                  "or torchrun, which give them: docs/cluster.md)")
       ->each([a](const std::string&) { a->backend_given = true; })
       ->check(CLI::IsMember({"threads", "mpi", "gloo"}));
   sub->add_option("--rank", a->rank, "gloo: this process's rank, 0 .. --world - 1")

@@ -7,21 +7,22 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <csignal>
-#include <thread>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "../backends.hpp"
 #include "../commands.hpp"
 #include "../signals.hpp"
 #include "args.hpp"
 #include "distopt/comm/gloo.hpp"
+#include "distopt/comm/launch_env.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "observers.hpp"
@@ -237,6 +238,44 @@ void check_gloo_flags(TrainArgs& a) {
     throw InvalidInput(str("--rank ", a.rank, " is not a rank of --world ", a.world, " (0 .. ", a.world - 1, ")"));
 }
 
+// Started by srun or torchrun (comm/launch_env.hpp) as one of several
+// processes: the gloo backend with the launcher's rank and world, and on
+// one machine a rendezvous directory of the run's own under $TMPDIR (the
+// processes share their parent, the launcher's agent); across machines the
+// rendezvous must be given. --world or --rank that disagree are refused.
+void take_launch_env(TrainArgs& a) {
+  const std::optional<LaunchEnv> env = launch_env();
+  if (!env || env->world == 1) return;
+  const bool chosen = !a.backend_given;
+  if (chosen) {
+    a.backend = "gloo";
+  } else if (a.backend == "threads") {
+    throw InvalidInput(str("--backend threads under ", env->launcher, " (", env->world_var, "=", env->world,
+                           "): each process would train its own copy; use --backend gloo (or mpi)"));
+  }
+  if (a.backend != "gloo") return;
+  if (a.world_given && a.world != env->world)
+    throw InvalidInput(str("--world ", a.world, " disagrees with ", env->world_var, "=", env->world, " (the processes ",
+                           env->launcher, " started)"));
+  if (a.rank_given && a.rank != env->rank)
+    throw InvalidInput(str("--rank ", a.rank, " disagrees with ", env->rank_var, "=", env->rank));
+  a.world = env->world;
+  a.rank = env->rank;
+  a.world_given = a.rank_given = true;
+  if (a.rendezvous.empty()) {
+    if (!env->one_machine)
+      throw InvalidInput(str("--backend gloo under ", env->launcher, " across ",
+                             env->machines > 1 ? std::to_string(env->machines) + " machines" : "machines",
+                             " needs --rendezvous DIR on a file system every machine sees (docs/cluster.md)"));
+    const char* tmp = std::getenv("TMPDIR");
+    a.rendezvous = str(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/distopt-", env->launcher, "-", env->job, "-",
+                       static_cast<long>(getppid()));
+  }
+  if (chosen && env->rank == 0)
+    std::fprintf(stderr, "distopt: started by %s as %d processes: using --backend gloo\n", env->launcher.c_str(),
+                 env->world);
+}
+
 // Started by Open MPI's mpirun: the MPI backend, whatever was (not) said.
 // Without it every process would train its own copy and exit 0.
 std::unique_ptr<Launcher> launch(TrainArgs& a, std::chrono::milliseconds timeout, LinkModel link) {
@@ -252,6 +291,7 @@ std::unique_ptr<Launcher> launch(TrainArgs& a, std::chrono::milliseconds timeout
                              "without mpirun"));
     }
   }
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") == nullptr && a.join.empty()) take_launch_env(a);
   check_gloo_flags(a);
   if (a.backend == "mpi" && a.on_rank_failure == "continue")
     throw InvalidInput("--on-rank-failure continue: the mpi backend (Open MPI) ends the job when a process is lost; "

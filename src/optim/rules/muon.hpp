@@ -1,7 +1,9 @@
 // Muon's per-element math (muon.cpp has the options, the Newton-Schulz
 // iteration on the CPU and the formula; src/cuda/muon.cu runs the same
 // iteration on cuBLAS): the momentum and the update to orthogonalize, and
-// the step, shared by the CPU loops and the CUDA kernels (element.hpp).
+// the step, shared by the CPU loops and the CUDA kernels (element.hpp). An
+// internal interface of optim for src/cuda/ (docs/architecture.md,
+// "Layers").
 #pragma once
 
 #include <algorithm>
