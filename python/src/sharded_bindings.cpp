@@ -23,6 +23,7 @@
 
 #include "bindings.hpp"
 #include "distopt/comm/communicator.hpp"
+#include "distopt/comm/launch_env.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/gossip/push_sum.hpp"
@@ -187,6 +188,23 @@ void bind_sharded(py::module_& m) {
     return false;
 #endif
   });
+  m.def(
+      "launch_env",
+      []() -> py::object {
+        const std::optional<LaunchEnv> e = launch_env();
+        if (!e) return py::none();
+        py::dict d;
+        d["launcher"] = e->launcher;
+        d["rank"] = e->rank;
+        d["world"] = e->world;
+        d["local_rank"] = e->local_rank;
+        d["one_machine"] = e->one_machine;
+        d["job"] = e->job;
+        d["master_addr"] = e->master_addr;
+        d["master_port"] = e->master_port;
+        return d;
+      },
+      "the launcher's environment (srun's or torchrun's; include/distopt/comm/launch_env.hpp) as a dict, or None");
   m.def("single", [] { return std::shared_ptr<Communicator>(std::move(make_threads_world(1)[0])); },
         "a communicator of one rank");
   m.def(

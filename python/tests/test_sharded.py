@@ -469,3 +469,42 @@ def test_a_partial_torchrun_environment_is_one_line():
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     assert "RuntimeError: RANK, WORLD_SIZE set but not MASTER_ADDR, MASTER_PORT" in r.stderr, r.stderr
+
+
+def test_world_joins_the_tasks_of_a_slurm_step(tmp_path):
+    """Under srun (its variables set as srun sets them in each task of a
+    step; MASTER_PORT a free port), comm.world() makes a gloo group of the
+    step's tasks: two ranks, one world, as under torchrun."""
+    script = tmp_path / "world.py"
+    script.write_text(TORCHRUN_WORLD)
+    out = str(tmp_path / "out")
+    port = str(_free_port())
+    procs = []
+    for rank in (0, 1):
+        env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+        env.update(SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_STEP_NUM_TASKS="2",
+                   SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="127.0.0.1", SLURM_JOB_ID="77",
+                   SLURM_STEP_ID="0", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, str(script), out], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    for rank in (0, 1):
+        size, backend, total, params = open(f"{out}.{rank}").read().split(" ", 3)
+        assert (size, backend, total) == ("2", "torch", "3.0"), (rank, size, backend, total)
+        assert params == "[-0.5, -0.5, -0.5, -0.5]"
+
+
+def test_a_malformed_slurm_environment_is_one_line_and_the_port_is_the_steps():
+    from distopt.torch.comm import slurm_port
+    env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE")}
+    env.update(SLURM_PROCID="2", SLURM_STEP_NUM_TASKS="2")
+    r = subprocess.run([sys.executable, "-c", "import distopt.torch.comm as c; c.world()"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert r.stderr.strip().splitlines()[-1] == \
+        "ValueError: SLURM_PROCID=2 is not a rank of SLURM_STEP_NUM_TASKS=2 (0 .. 1)", r.stderr
+    assert slurm_port("4242.0") == 15000 + 42420 % 20000
+    assert slurm_port("4242.1") != slurm_port("4242.0")
+    assert 15000 <= slurm_port("987654321.12") < 35000

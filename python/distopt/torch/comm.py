@@ -211,8 +211,10 @@ def world():
     MASTER_PORT, never a second one) and destroyed at exit; otherwise a
     single rank. RANK and WORLD_SIZE without the other two, or a group
     that cannot form, is a one-line RuntimeError, never a silent single
-    rank. (A program that wants an NCCL default group initialises it
-    itself, before this.)"""
+    rank. Under srun (a SLURM job step of several tasks), a gloo group
+    from SLURM_PROCID and SLURM_STEP_NUM_TASKS, torch's store on the step's
+    first node (docs/cluster.md). (A program that wants an NCCL default
+    group initialises it itself, before this.)"""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
@@ -239,7 +241,41 @@ def world():
         # ("terminate called without an active exception").
         atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
         return from_process_group()
+    launched = _core.launch_env()  # ValueError, in one line, for malformed variables
+    if launched is not None and launched["launcher"] == "srun" and launched["world"] > 1:
+        return _srun_world(dist, launched)
     return single()
+
+
+def slurm_port(job):
+    """The port rank 0 serves torch's store on under srun when MASTER_PORT
+    is not set: 15000 + the job step's number modulo 20000, the same on
+    every task of the step (``job`` is "SLURM_JOB_ID.SLURM_STEP_ID")."""
+    digits = "".join(c for c in job if c.isdigit()) or "0"
+    return 15000 + int(digits[-9:]) % 20000
+
+
+def _srun_world(dist, launched):
+    """A gloo process group for a SLURM job step's tasks: rank and world
+    from SLURM_PROCID and SLURM_STEP_NUM_TASKS, torch's TCP store at
+    MASTER_ADDR (default: the step's first node) and MASTER_PORT (default:
+    slurm_port of the step), destroyed at exit."""
+    if not dist.is_available():
+        raise RuntimeError("srun's variables are set but this torch has no torch.distributed")
+    addr = os.environ.get("MASTER_ADDR") or launched["master_addr"]
+    if not addr:
+        raise RuntimeError("under srun, SLURM_STEP_NODELIST (or MASTER_ADDR) names the host of rank 0; neither is set")
+    port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else slurm_port(launched["job"])
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=launched["rank"],
+                                world_size=launched["world"])
+    except Exception as e:  # noqa: BLE001 - one line naming the launch, whatever torch raised
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RuntimeError(f"torch.distributed.init_process_group('gloo') under srun (rank {launched['rank']} of "
+                           f"{launched['world']}, store at {addr}:{port}; set MASTER_PORT for another) failed: "
+                           f"{first}") from e
+    atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
+    return from_process_group()
 
 
 class PushSum:
