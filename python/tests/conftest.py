@@ -25,6 +25,23 @@ def loss_of(model, x, y):
     return torch.nn.functional.cross_entropy(model(x), y)
 
 
+def replica_backward(model, x, y):
+    """The loss's gradients into the .grad of ``model`` (an mlp(seed=3) on a
+    device), computed on a CPU replica of its parameters: a GPU's forward
+    and backward have other bits than the CPU's, and the optimizer is what
+    the CUDA tests compare."""
+    replica = mlp(seed=3)
+    with torch.no_grad():
+        for r, p in zip(replica.parameters(), model.parameters()):
+            r.copy_(p)
+    loss_of(replica, x, y).backward()
+    for r, p in zip(replica.parameters(), model.parameters()):
+        if p.grad is None:
+            p.grad = r.grad.to(p.device)
+        else:
+            p.grad.copy_(r.grad)
+
+
 @pytest.fixture
 def distopt_bin():
     path = os.environ.get("DISTOPT_BIN")

@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 torch.set_num_threads(1)
 
-from conftest import batches, loss_of, mlp  # noqa: E402
+from conftest import batches, loss_of, mlp, replica_backward  # noqa: E402
 
 import distopt.torch.comm as dcomm  # noqa: E402
 from distopt.torch.distributed import ShardedOptimizer  # noqa: E402
@@ -98,21 +98,11 @@ def main():
 
 def backward(model, x, y, device):
     """The loss's gradients into the model's .grad; for a model on a device,
-    from a CPU replica of its parameters (a GPU's forward and backward have
-    other bits than the CPU's: the optimizer is what the tests compare)."""
+    from a CPU replica of its parameters (conftest.replica_backward)."""
     if device == "cpu":
         loss_of(model, x, y).backward()
-        return
-    replica = mlp(seed=3)
-    with torch.no_grad():
-        for r, p in zip(replica.parameters(), model.parameters()):
-            r.copy_(p)
-    loss_of(replica, x, y).backward()
-    for r, p in zip(replica.parameters(), model.parameters()):
-        if p.grad is None:
-            p.grad = r.grad.to(device)
-        else:
-            p.grad.copy_(r.grad)
+    else:
+        replica_backward(model, x, y)
 
 
 class Staged(ShardedOptimizer):

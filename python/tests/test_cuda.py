@@ -300,7 +300,7 @@ needs_torch_cuda = pytest.mark.skipif(bool(TORCH_WHY), reason=f"no CUDA here: {T
 @pytest.mark.parametrize("rule,kw", [("adamw", dict(lr=1e-2, weight_decay=0.1)), ("lamb", dict(lr=1e-2)),
                                      ("muon", dict(lr=2e-2))], ids=["adamw", "lamb", "muon"])
 def test_sharded_optimizer_steps_cuda_parameters_with_the_cpu_bits(rule, kw, strategy):
-    from conftest import batches, loss_of, mlp
+    from conftest import batches, mlp, replica_backward
     import distopt.torch.comm as dcomm
     from distopt.torch.distributed import ShardedOptimizer
 
@@ -309,21 +309,11 @@ def test_sharded_optimizer_steps_cuda_parameters_with_the_cpu_bits(rule, kw, str
     runs = []
     for device in ("cpu", "cuda"):
         model = mlp(seed=3).to(device)
-        replica = mlp(seed=3)
         storages = [p.data_ptr() for p in model.parameters()]
         opt = ShardedOptimizer(model.parameters(), rule, strategy, comm=dcomm.single(), max_grad_norm=1.0, **kw)
         for x, y in batches(5, seed=7):
             opt.zero_grad()
-            with torch.no_grad():
-                for r, p in zip(replica.parameters(), model.parameters()):
-                    r.copy_(p)
-                    r.grad = None
-            loss_of(replica, x, y).backward()
-            for r, p in zip(replica.parameters(), model.parameters()):
-                if p.grad is None:
-                    p.grad = r.grad.to(device)
-                else:
-                    p.grad.copy_(r.grad)
+            replica_backward(model, x, y)
             opt.step()
         if device == "cuda":
             assert [p.data_ptr() for p in model.parameters()] == storages

@@ -77,14 +77,6 @@ __global__ void __launch_bounds__(kThreads) clamp_kernel(T* __restrict__ g, std:
   }
 }
 
-std::size_t chunks(std::size_t n) {
-  return (n + kChunk - 1) / kChunk;
-}
-unsigned grid_for(std::size_t n) {
-  const std::size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65536 ? (b == 0 ? 1 : b) : 65536);
-}
-
 }  // namespace
 
 double grad_norm_partial(std::span<const TensorView> grads, double norm_type) {
@@ -93,7 +85,7 @@ double grad_norm_partial(std::span<const TensorView> grads, double norm_type) {
                     : norm_type == 1      ? Norm::one
                                           : Norm::power;
   std::size_t total = 0;
-  for (const TensorView& g : grads) total += chunks(static_cast<std::size_t>(g.numel()));
+  for (const TensorView& g : grads) total += sum_chunks(static_cast<std::size_t>(g.numel()));
   if (total == 0) return 0.0;
   const cudaStream_t stream{0};  // this thread's own
   const Staging area = staging(total * sizeof(double));
@@ -104,11 +96,11 @@ double grad_norm_partial(std::span<const TensorView> grads, double norm_type) {
       const auto n = static_cast<std::size_t>(g.numel());
       if (n == 0) continue;
       dispatch_dtype(g.dtype, [&]<class T>() {
-        norm_kernel<T>
-            <<<static_cast<unsigned>(chunks(n)), kThreads, 0, stream>>>(g.as<const T>(), n, kind, norm_type, dev + at);
+        norm_kernel<T><<<static_cast<unsigned>(sum_chunks(n)), kThreads, 0, stream>>>(g.as<const T>(), n, kind,
+                                                                                      norm_type, dev + at);
       });
       check(cudaGetLastError(), "clipping: the norm's kernel");
-      at += chunks(n);
+      at += sum_chunks(n);
     }
     check(cudaMemcpyAsync(area.host, area.device, total * sizeof(double), cudaMemcpyDeviceToHost, stream),
           "clipping: the norm's partial sums");

@@ -104,14 +104,6 @@ __global__ void __launch_bounds__(kThreads) divide_kernel(float* __restrict__ x,
     x[i] = x[i] / by;
 }
 
-std::size_t chunks(std::size_t n) {
-  return (n + kChunk - 1) / kChunk;
-}
-unsigned grid_for(std::size_t n) {
-  const std::size_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(b < 65536 ? (b == 0 ? 1 : b) : 65536);
-}
-
 // ---- cuBLAS, loaded on first use ----
 struct Blas {
   decltype(&cublasCreate_v2) create = nullptr;
@@ -244,7 +236,7 @@ void whole_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, 
     if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
       throw InvalidInput(str("muon on cuda: a ", to_string(shape), " tensor is larger than cuBLAS's int dimensions"));
     most = std::max(most, 2 * m * m + n);
-    total_chunks += chunks(n);
+    total_chunks += sum_chunks(n);
   }
   if (!blas().why.empty()) throw InvalidInput(str("muon on cuda needs cuBLAS: ", blas().why));
   if (total_chunks == 0) return;
@@ -276,9 +268,9 @@ void whole_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, 
         transform_kernel<T><<<grid_for(sl.n), kThreads, 0, s>>>(cs[k], arrays_of(sl), sl.work);
       });
       check(cudaGetLastError(), "muon: the momentum's kernel");
-      squares_kernel<<<static_cast<unsigned>(chunks(sl.n)), kThreads, 0, s>>>(sl.work, sl.n, sums + at);
+      squares_kernel<<<static_cast<unsigned>(sum_chunks(sl.n)), kThreads, 0, s>>>(sl.work, sl.n, sums + at);
       check(cudaGetLastError(), "muon: the norm's kernel");
-      at += chunks(sl.n);
+      at += sum_chunks(sl.n);
     }
     check(cudaMemcpyAsync(area.host, area.device, total_chunks * sizeof(double), cudaMemcpyDeviceToHost, s),
           "muon: the norms' partial sums");
@@ -293,8 +285,8 @@ void whole_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, 
     if (sl.n == 0) continue;
     Coeffs& c = cs[k];
     double sum = 0.0;
-    for (std::size_t j = 0; j < chunks(sl.n); ++j) sum += host[at + j];
-    at += chunks(sl.n);
+    for (std::size_t j = 0; j < sum_chunks(sl.n); ++j) sum += host[at + j];
+    at += sum_chunks(sl.n);
     const float norm = static_cast<float>(std::sqrt(sum));
     divide_kernel<<<grid_for(sl.n), kThreads, 0, s>>>(sl.work, sl.n, std::max(norm, c.eps));
     check(cudaGetLastError(), "muon: the scaling kernel");

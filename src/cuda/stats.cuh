@@ -175,9 +175,6 @@ __global__ void __launch_bounds__(kThreads)
   for (std::size_t i = begin + threadIdx.x; i < end; i += kThreads) M::template update<T>(c, s, e.work, i);
 }
 
-std::size_t chunks(std::size_t n) {
-  return (n + kChunk - 1) / kChunk;
-}
 std::size_t bands(const Entry& e) {
   return (e.at.rows + kBand - 1) / kBand;
 }
@@ -188,9 +185,9 @@ enum Kind { kElements, kSquares, kRows, kCols, kKinds };
 std::size_t blocks_of(Kind kind, const Entry& e, bool row_cols) {
   switch (kind) {
     case kElements:
-      return chunks(e.n);
+      return sum_chunks(e.n);
     case kSquares:
-      return chunks(e.end - e.begin);
+      return sum_chunks(e.end - e.begin);
     case kRows:
       return row_cols ? e.at.blocks * e.at.rows : 0;
     case kCols:
@@ -248,7 +245,7 @@ Layout lay_out(std::string_view what, std::span<const RuleBlob* const> coeffs, s
     e.dtype = static_cast<unsigned>(sl.dtype);
     if (pass >= 0) {
       e.squares_at = l.stats;
-      l.stats += 2 * chunks(e.end - e.begin);
+      l.stats += 2 * sum_chunks(e.end - e.begin);
       if (row_cols && e.at.factored) {
         e.row_cols = true;
         e.rows_at = l.stats;
@@ -348,7 +345,7 @@ void gather(const Layout& l, const double* stats, int count, std::span<double* c
     if (o == nullptr) continue;
     for (int q = 0; q < count; ++q) {
       double sum = 0.0;
-      for (std::size_t c = 0; c < chunks(e.end - e.begin); ++c) sum += stats[e.squares_at + 2 * c + q];
+      for (std::size_t c = 0; c < sum_chunks(e.end - e.begin); ++c) sum += stats[e.squares_at + 2 * c + q];
       o[q] += sum;
     }
     if (!e.row_cols) continue;

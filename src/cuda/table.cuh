@@ -38,6 +38,17 @@ __device__ __forceinline__ unsigned entry_of_block(const unsigned* __restrict__ 
 constexpr int kSumThreads = 256;
 constexpr std::size_t kSumChunk = 16384;
 
+// The chunks (blocks) of a statistic over n elements.
+inline std::size_t sum_chunks(std::size_t n) {
+  return (n + kSumChunk - 1) / kSumChunk;
+}
+// A grid-stride launch of kSumThreads-thread blocks over n elements: at
+// least one block, at most 65536.
+inline unsigned grid_for(std::size_t n) {
+  const std::size_t b = (n + kSumThreads - 1) / kSumThreads;
+  return static_cast<unsigned>(b < 65536 ? (b == 0 ? 1 : b) : 65536);
+}
+
 // Combines v over the block's kSumThreads threads with op in a fixed tree;
 // every thread gets the result. `shared` (kSumThreads doubles) may be reused
 // at once: the first barrier keeps a call from overwriting it while threads

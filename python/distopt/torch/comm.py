@@ -229,18 +229,9 @@ def world():
                                "(or call torch.distributed.init_process_group yourself)")
         if not dist.is_available():
             raise RuntimeError("torchrun's variables are set but this torch has no torch.distributed")
-        try:
-            dist.init_process_group("gloo", init_method="env://")
-        except Exception as e:  # noqa: BLE001 - one line naming the launch, whatever torch raised
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise RuntimeError(f"torch.distributed.init_process_group('gloo') from RANK={os.environ['RANK']} "
-                               f"WORLD_SIZE={os.environ['WORLD_SIZE']} MASTER_ADDR={os.environ['MASTER_ADDR']} "
-                               f"MASTER_PORT={os.environ['MASTER_PORT']} failed: {first}") from e
-        # The group this made is destroyed at exit, before the interpreter
-        # tears down: a gloo group left to it can abort the process
-        # ("terminate called without an active exception").
-        atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
-        return from_process_group()
+        return _gloo_world(dist, f"from RANK={os.environ['RANK']} WORLD_SIZE={os.environ['WORLD_SIZE']} "
+                                 f"MASTER_ADDR={os.environ['MASTER_ADDR']} MASTER_PORT={os.environ['MASTER_PORT']}",
+                           init_method="env://")
     launched = _core.launch_env()  # ValueError, in one line, for malformed variables
     if launched is not None and launched["launcher"] == "srun" and launched["world"] > 1:
         return _srun_world(dist, launched)
@@ -266,14 +257,22 @@ def _srun_world(dist, launched):
     if not addr:
         raise RuntimeError("under srun, SLURM_STEP_NODELIST (or MASTER_ADDR) names the host of rank 0; neither is set")
     port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else slurm_port(launched["job"])
+    return _gloo_world(dist, f"under srun (rank {launched['rank']} of {launched['world']}, store at {addr}:{port}; "
+                             "set MASTER_PORT for another)",
+                       init_method=f"tcp://{addr}:{port}", rank=launched["rank"], world_size=launched["world"])
+
+
+def _gloo_world(dist, launch, **init):
+    """The default group's communicator after init_process_group('gloo',
+    **init); its failure is one RuntimeError line naming ``launch``. The
+    group is destroyed at exit, before the interpreter tears down: a gloo
+    group left to it can abort the process ("terminate called without an
+    active exception")."""
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=launched["rank"],
-                                world_size=launched["world"])
+        dist.init_process_group("gloo", **init)
     except Exception as e:  # noqa: BLE001 - one line naming the launch, whatever torch raised
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RuntimeError(f"torch.distributed.init_process_group('gloo') under srun (rank {launched['rank']} of "
-                           f"{launched['world']}, store at {addr}:{port}; set MASTER_PORT for another) failed: "
-                           f"{first}") from e
+        raise RuntimeError(f"torch.distributed.init_process_group('gloo') {launch} failed: {first}") from e
     atexit.register(lambda: dist.is_initialized() and dist.destroy_process_group())
     return from_process_group()
 
