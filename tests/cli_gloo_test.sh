@@ -288,7 +288,7 @@ DISTOPT_FAULT=kill:1:1 expect_error 2 "DISTOPT_FAULT kill:RANK:STEP needs a proc
 expect_error 2 "--join $tmp/ddp-3/rv: this process has --lr 0.01, the run the default" -- "${j[@]}" --lr 0.01 --join "$tmp/ddp-3/rv"
 expect_error 2 "--join $tmp/nothing: no run has published its configuration there" -- "${j[@]}" --join "$tmp/nothing"
 expect_error 2 "--join: pass --on-rank-failure continue" -- "${long[@]}" --join "$tmp/ddp-3/rv"
-expect_error 2 "--join DIR takes no --rank, --rendezvous or --world" -- "${j[@]}" --world 2 --join "$tmp/ddp-3/rv"
+expect_error 2 "--join RENDEZVOUS takes no --rank, --rendezvous or --world" -- "${j[@]}" --world 2 --join "$tmp/ddp-3/rv"
 
 # 9. Started by srun or torchrun (their variables set as they set them): no
 # --backend, --world, --rank or --rendezvous; the threads backend's bits;

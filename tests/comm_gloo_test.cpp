@@ -17,6 +17,7 @@
 
 #include "distopt/comm/gloo.hpp"
 #include "distopt/comm/threads.hpp"
+#include "free_port.hpp"
 
 namespace distopt {
 namespace {
@@ -27,6 +28,11 @@ std::string fresh_dir(const std::string& name) {
   const auto d = std::filesystem::temp_directory_path() / ("distopt-gloo-" + std::to_string(::getpid()) + "-" + name);
   std::filesystem::remove_all(d);
   return d.string();
+}
+
+// A TCP rendezvous (rank 0's store) on a free port of the loopback.
+std::string tcp_rendezvous() {
+  return "tcp://127.0.0.1:" + std::to_string(free_port());
 }
 
 // Runs fn(world) for ranks 0..n-1 of a gloo world, each on a thread; a
@@ -84,12 +90,12 @@ Results collectives(Communicator& c, const std::vector<std::size_t>& counts) {
   return out;
 }
 
-TEST(Gloo, CollectivesHaveTheThreadsBackendsBits) {
+void collectives_bits(const std::string& rendezvous) {
   const int n = 3;
   const std::vector<std::size_t> counts = {5, 0, 17};  // uneven, one empty
   std::vector<Results> want(n), got(n);
   spawn(n, [&](Communicator& c) { want[static_cast<std::size_t>(c.rank())] = collectives(c, counts); });
-  run_gloo(n, fresh_dir("bits"), 20s, Elastic::off, [&](GlooWorld& w, int r) {
+  run_gloo(n, rendezvous, 20s, Elastic::off, [&](GlooWorld& w, int r) {
     EXPECT_EQ(w.comm().backend(), "gloo");
     EXPECT_EQ(w.comm().rank(), r);
     got[static_cast<std::size_t>(r)] = collectives(w.comm(), counts);
@@ -106,8 +112,15 @@ TEST(Gloo, CollectivesHaveTheThreadsBackendsBits) {
   }
 }
 
-TEST(Gloo, PointToPointSplitAndNonBlockingCollectives) {
-  run_gloo(3, fresh_dir("p2p"), 20s, Elastic::off, [&](GlooWorld& w, int r) {
+TEST(Gloo, CollectivesHaveTheThreadsBackendsBits) {
+  collectives_bits(fresh_dir("bits"));
+}
+TEST(GlooTcp, CollectivesHaveTheThreadsBackendsBits) {
+  collectives_bits(tcp_rendezvous());
+}
+
+void point_to_point(const std::string& rendezvous) {
+  run_gloo(3, rendezvous, 20s, Elastic::off, [&](GlooWorld& w, int r) {
     Communicator& c = w.comm();
     // A ring: each sends its rank to the next, with two tags in flight.
     const int next = (r + 1) % 3, prev = (r + 2) % 3;
@@ -142,6 +155,13 @@ TEST(Gloo, PointToPointSplitAndNonBlockingCollectives) {
   });
 }
 
+TEST(Gloo, PointToPointSplitAndNonBlockingCollectives) {
+  point_to_point(fresh_dir("p2p"));
+}
+TEST(GlooTcp, PointToPointSplitAndNonBlockingCollectives) {
+  point_to_point(tcp_rendezvous());
+}
+
 TEST(Gloo, ASilentRankIsNamedAtTheTimeOut) {
   std::atomic<bool> done{false};
   std::string what;
@@ -168,13 +188,13 @@ TEST(Gloo, ASilentRankIsNamedAtTheTimeOut) {
   EXPECT_LT(took.count(), 3.0);
 }
 
-TEST(Gloo, SurvivorsOfALostRankShrinkAndGoOn) {
+void survivors_shrink(const std::string& rendezvous) {
   // Rank 2 of 4 leaves (its world closed: connections closed, heartbeat
   // stopped, as a killed process); the others get RankLost, re-form in
   // their old order, and sum again. A group of less than half stops.
   std::vector<int> size_after(4, -1), rank_after(4, -1);
   std::vector<float> sums(4, -1);
-  run_gloo(4, fresh_dir("shrink"), 5000ms, Elastic::on, [&](GlooWorld& w, int r) {
+  run_gloo(4, rendezvous, 5000ms, Elastic::on, [&](GlooWorld& w, int r) {
     float x = 1;
     w.comm().all_reduce(&x, &x, 1, ElemType::f32, ReduceOp::sum);
     ASSERT_EQ(x, 4.f);
@@ -195,6 +215,13 @@ TEST(Gloo, SurvivorsOfALostRankShrinkAndGoOn) {
   EXPECT_EQ(size_after, (std::vector<int>{3, 3, -1, 3}));
   EXPECT_EQ(rank_after, (std::vector<int>{0, 1, -1, 2}));
   EXPECT_EQ(sums, (std::vector<float>{4, 4, -1, 4}));
+}
+
+TEST(Gloo, SurvivorsOfALostRankShrinkAndGoOn) {
+  survivors_shrink(fresh_dir("shrink"));
+}
+TEST(GlooTcp, SurvivorsOfALostRankShrinkAndGoOn) {
+  survivors_shrink(tcp_rendezvous());
 }
 
 TEST(Gloo, AFailureFoundByOneThreadWakesAnothersWait) {
@@ -315,14 +342,14 @@ std::int32_t joins_seen(Communicator& comm) {
   return joins;
 }
 
-TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
-  // Three ranks sum until rank 0 sees a process waiting to join; they agree
-  // on it (rank 0's count, broadcast) and grow; the fourth gets rank 3.
-  const std::string dir = fresh_dir("join");
+// Three ranks sum until rank 0 sees a process waiting to join; they agree
+// on it (rank 0's count, broadcast) and grow; the fourth gets rank 3. The
+// ranks are given `ranks_at`, the joiner `joiner_at`: the same rendezvous.
+void join_between(const std::string& joiner_at, const std::string& ranks_at) {
   std::vector<int> size_after(4, -1), rank_after(4, -1);
   std::vector<float> sums(4, -1);
-  std::thread joiner = joining_process(dir, 3, size_after, rank_after, sums);
-  run_gloo(3, dir + "/", 10s, Elastic::on, [&](GlooWorld& w, int r) {
+  std::thread joiner = joining_process(joiner_at, 3, size_after, rank_after, sums);
+  run_gloo(3, ranks_at, 10s, Elastic::on, [&](GlooWorld& w, int r) {
     EXPECT_EQ(w.comm().pending_joins(), 0);
     std::int32_t joins = joins_seen(w.comm());
     ASSERT_EQ(joins, 1);
@@ -339,6 +366,15 @@ TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
   EXPECT_EQ(size_after, (std::vector<int>{4, 4, 4, 4}));
   EXPECT_EQ(rank_after, (std::vector<int>{0, 1, 2, 3}));
   EXPECT_EQ(sums, (std::vector<float>{13, 13, 13, 13}));
+}
+
+TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
+  const std::string dir = fresh_dir("join");
+  join_between(dir, dir + "/");
+}
+TEST(GlooTcp, AProcessJoinsBetweenTwoCollectives) {
+  const std::string at = tcp_rendezvous();
+  join_between(at, at);
 }
 
 TEST(Gloo, ARankLostWhileAJoinWaitsLeavesTheSurvivorsWhoAdmitItNext) {

@@ -205,6 +205,9 @@ void bind_sharded(py::module_& m) {
         return d;
       },
       "the launcher's environment (srun's or torchrun's; include/distopt/comm/launch_env.hpp) as a dict, or None");
+  m.def(
+      "slurm_port", [](const std::string& job) { return slurm_port(job); }, py::arg("job"),
+      "the port a SLURM job step's rank 0 serves its store on without MASTER_PORT (launch_env.hpp)");
   m.def("single", [] { return std::shared_ptr<Communicator>(std::move(make_threads_world(1)[0])); },
         "a communicator of one rank");
   m.def(

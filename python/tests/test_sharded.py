@@ -497,7 +497,7 @@ def test_world_joins_the_tasks_of_a_slurm_step(tmp_path):
 
 
 def test_a_malformed_slurm_environment_is_one_line_and_the_port_is_the_steps():
-    from distopt.torch.comm import slurm_port
+    from distopt._core import slurm_port
     env = {k: v for k, v in _env().items() if k not in ("RANK", "WORLD_SIZE")}
     env.update(SLURM_PROCID="2", SLURM_STEP_NUM_TASKS="2")
     r = subprocess.run([sys.executable, "-c", "import distopt.torch.comm as c; c.world()"], env=env,

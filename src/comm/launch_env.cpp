@@ -76,6 +76,8 @@ std::optional<LaunchEnv> launch_env(const EnvLookup& lookup) {
     if (const char* v = get("MASTER_PORT")) e.master_port = whole("MASTER_PORT", v, 1, 65535);
     const char* run = get("TORCHELASTIC_RUN_ID");
     e.job = str(run != nullptr ? run : "run", "-", e.master_addr, "-", e.master_port);
+    const char* agent = get("TORCHELASTIC_USE_AGENT_STORE");
+    e.agent_store = agent != nullptr && std::string_view(agent) == "True";
     return e;
   }
   if (get("SLURM_PROCID") != nullptr && get("SLURM_STEP_NUM_TASKS") != nullptr) {
@@ -84,12 +86,25 @@ std::optional<LaunchEnv> launch_env(const EnvLookup& lookup) {
     e.machines = nodes != nullptr ? whole("SLURM_STEP_NUM_NODES", nodes, 1, kMost) : 0;
     e.one_machine = e.machines == 1;
     if (const char* v = get("SLURM_STEP_NODELIST")) e.master_addr = first_host(v);
+    if (const char* v = get("MASTER_ADDR"); v != nullptr && *v != '\0') e.master_addr = v;
     const char* job = get("SLURM_JOB_ID");
     const char* step = get("SLURM_STEP_ID");
     e.job = str(job != nullptr ? job : "job", ".", step != nullptr ? step : "step");
+    const char* port = get("MASTER_PORT");
+    e.master_port = port != nullptr && *port != '\0' ? whole("MASTER_PORT", port, 1, 65535) : slurm_port(e.job);
     return e;
   }
   return std::nullopt;
+}
+
+int slurm_port(std::string_view job) {
+  std::string digits;
+  for (const char c : job)
+    if (c >= '0' && c <= '9') digits += c;
+  if (digits.size() > 9) digits.erase(0, digits.size() - 9);
+  long n = 0;
+  for (const char c : digits) n = n * 10 + (c - '0');
+  return 15000 + static_cast<int>(n % 20000);
 }
 
 }  // namespace distopt

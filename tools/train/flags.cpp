@@ -145,11 +145,12 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--rank", a->rank, "gloo: this process's rank, 0 .. --world - 1")
       ->each([a](const std::string&) { a->rank_given = true; });
   sub->add_option("--rendezvous", a->rendezvous,
-                  "gloo: a directory every process of the run sees (one machine, or a shared file system); one per "
-                  "run");
-  sub->add_option("--join", a->join,
-                  "join the gloo run going on in this rendezvous directory (started with --on-rank-failure "
-                  "continue), with the same training flags; it admits this process between two steps");
+                  "gloo: a directory every process of the run sees (one machine, or a shared file system), or "
+                  "tcp://HOST:PORT, a store rank 0 serves on PORT of HOST (its machine); one per run");
+  sub->add_option(
+      "--join", a->join,
+      "join the gloo run going on at this rendezvous, a directory or tcp://HOST:PORT (started with --on-rank-failure "
+      "continue), with the same training flags; it admits this process between two steps");
   sub->add_option("--gloo-host", a->gloo_host, "gloo: the address the others reach this process at (default: the "
                                                "host name)");
   sub->add_option("--epochs", c.epochs, "epochs (default 1)");

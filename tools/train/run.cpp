@@ -23,6 +23,7 @@
 #include "args.hpp"
 #include "distopt/comm/gloo.hpp"
 #include "distopt/comm/launch_env.hpp"
+#include "distopt/comm/tcp_store.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "observers.hpp"
@@ -215,7 +216,7 @@ void check_gloo_flags(TrainArgs& a) {
   if (!a.join.empty()) {
     if (a.backend_given && a.backend != "gloo") throw InvalidInput("--join is for --backend gloo");
     if (a.rank_given || !a.rendezvous.empty() || a.world_given)
-      throw InvalidInput("--join DIR takes no --rank, --rendezvous or --world: the run gives them");
+      throw InvalidInput("--join RENDEZVOUS takes no --rank, --rendezvous or --world: the run gives them");
     if (a.on_rank_failure != "continue")
       throw InvalidInput("--join: pass --on-rank-failure continue, as the run's processes were started with");
     a.backend = "gloo";
@@ -233,7 +234,9 @@ void check_gloo_flags(TrainArgs& a) {
   throw InvalidInput("this distopt was built without gloo: install libgloo-dev (scripts/install-deps) and rebuild");
 #endif
   if (!a.world_given || !a.rank_given || a.rendezvous.empty())
-    throw InvalidInput("--backend gloo needs --world N, --rank R (0 .. N-1) and --rendezvous DIR on every process");
+    throw InvalidInput(
+        "--backend gloo needs --world N, --rank R (0 .. N-1) and --rendezvous DIR (or tcp://HOST:PORT) on every "
+        "process");
   if (a.rank < 0 || a.rank >= a.world)
     throw InvalidInput(str("--rank ", a.rank, " is not a rank of --world ", a.world, " (0 .. ", a.world - 1, ")"));
 }
@@ -241,8 +244,9 @@ void check_gloo_flags(TrainArgs& a) {
 // Started by srun or torchrun (comm/launch_env.hpp) as one of several
 // processes: the gloo backend with the launcher's rank and world, and on
 // one machine a rendezvous directory of the run's own under $TMPDIR (the
-// processes share their parent, the launcher's agent); across machines the
-// rendezvous must be given. --world or --rank that disagree are refused.
+// processes share their parent, the launcher's agent); across machines
+// rank 0's TCP store at MASTER_ADDR:MASTER_PORT (srun: the step's first
+// node and slurm_port). --world or --rank that disagree are refused.
 void take_launch_env(TrainArgs& a) {
   const std::optional<LaunchEnv> env = launch_env();
   if (!env || env->world == 1) return;
@@ -262,14 +266,26 @@ void take_launch_env(TrainArgs& a) {
   a.world = env->world;
   a.rank = env->rank;
   a.world_given = a.rank_given = true;
-  if (a.rendezvous.empty()) {
-    if (!env->one_machine)
-      throw InvalidInput(str("--backend gloo under ", env->launcher, " across ",
-                             env->machines > 1 ? std::to_string(env->machines) + " machines" : "machines",
-                             " needs --rendezvous DIR on a file system every machine sees (docs/cluster.md)"));
+  if (a.rendezvous.empty() && env->one_machine) {
     const char* tmp = std::getenv("TMPDIR");
     a.rendezvous = str(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/distopt-", env->launcher, "-", env->job, "-",
                        static_cast<long>(getppid()));
+  } else if (a.rendezvous.empty()) {
+    const std::string across = str("--backend gloo under ", env->launcher, " across ",
+                                   env->machines > 1 ? std::to_string(env->machines) + " machines" : "machines");
+    if (env->master_addr.empty() || env->master_port == 0)
+      throw InvalidInput(
+          str(across, " serves its rendezvous at MASTER_ADDR:MASTER_PORT, ",
+              env->launcher == "srun" ? "and SLURM_STEP_NODELIST (or MASTER_ADDR) is not set" : "and they are not set",
+              ": give --rendezvous tcp://HOST:PORT (or a directory every machine sees)"));
+    // torchrun's agent may hold MASTER_PORT for its own store: the next one.
+    const int port = env->master_port + (env->agent_store ? 1 : 0);
+    if (port > 65535)
+      throw InvalidInput(str(across, ": MASTER_PORT=", env->master_port,
+                             " is torchrun's store, and there is no port after it; give --rendezvous tcp://HOST:PORT"));
+    a.rendezvous = TcpEndpoint{env->master_addr, port}.text();
+    if (env->rank == 0)
+      std::fprintf(stderr, "distopt: the rendezvous is rank 0's store at %s (docs/cluster.md)\n", a.rendezvous.c_str());
   }
   if (chosen && env->rank == 0)
     std::fprintf(stderr, "distopt: started by %s as %d processes: using --backend gloo\n", env->launcher.c_str(),

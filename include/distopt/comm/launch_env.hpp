@@ -25,8 +25,11 @@ struct LaunchEnv {
   bool one_machine = true;  // every process on this machine
   int machines = 1;         // (srun: SLURM_STEP_NUM_NODES; torchrun: 1 where it says so, else 0: unknown)
   std::string job;          // an identifier of this run: SLURM_JOB_ID.SLURM_STEP_ID, or torchrun's run id and port
-  std::string master_addr;  // torchrun's MASTER_ADDR; srun: the step's first node
-  int master_port = 0;      // torchrun's MASTER_PORT; srun: 0
+  std::string master_addr;  // MASTER_ADDR; srun: else the step's first node
+  int master_port = 0;      // MASTER_PORT; srun: else slurm_port(job)
+  // torchrun's agent serves its own store on MASTER_PORT
+  // (TORCHELASTIC_USE_AGENT_STORE=True): the port is taken.
+  bool agent_store = false;
 };
 
 // The launcher's environment, read through `get` (std::getenv by default):
@@ -35,6 +38,11 @@ struct LaunchEnv {
 // parse) is an InvalidInput naming the variable, in one line.
 using EnvLookup = std::function<const char*(const char*)>;
 std::optional<LaunchEnv> launch_env(const EnvLookup& get = {});
+
+// The port a job step's rank 0 serves its store on when MASTER_PORT is not
+// set: 15000 + the step's number ("SLURM_JOB_ID.SLURM_STEP_ID", its digits,
+// the last nine) modulo 20000; the same on every task of the step.
+int slurm_port(std::string_view job);
 
 // The first host of a SLURM host list ("node[07-09,11],gpu2" -> "node07"):
 // a prefix, then optionally a bracketed list of numbers and ranges whose

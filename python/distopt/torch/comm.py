@@ -238,25 +238,16 @@ def world():
     return single()
 
 
-def slurm_port(job):
-    """The port rank 0 serves torch's store on under srun when MASTER_PORT
-    is not set: 15000 + the job step's number modulo 20000, the same on
-    every task of the step (``job`` is "SLURM_JOB_ID.SLURM_STEP_ID")."""
-    digits = "".join(c for c in job if c.isdigit()) or "0"
-    return 15000 + int(digits[-9:]) % 20000
-
-
 def _srun_world(dist, launched):
     """A gloo process group for a SLURM job step's tasks: rank and world
     from SLURM_PROCID and SLURM_STEP_NUM_TASKS, torch's TCP store at
     MASTER_ADDR (default: the step's first node) and MASTER_PORT (default:
-    slurm_port of the step), destroyed at exit."""
+    _core.slurm_port of the step), destroyed at exit."""
     if not dist.is_available():
         raise RuntimeError("srun's variables are set but this torch has no torch.distributed")
-    addr = os.environ.get("MASTER_ADDR") or launched["master_addr"]
+    addr, port = launched["master_addr"], launched["master_port"]
     if not addr:
         raise RuntimeError("under srun, SLURM_STEP_NODELIST (or MASTER_ADDR) names the host of rank 0; neither is set")
-    port = int(os.environ["MASTER_PORT"]) if os.environ.get("MASTER_PORT") else slurm_port(launched["job"])
     return _gloo_world(dist, f"under srun (rank {launched['rank']} of {launched['world']}, store at {addr}:{port}; "
                              "set MASTER_PORT for another)",
                        init_method=f"tcp://{addr}:{port}", rank=launched["rank"], world_size=launched["world"])

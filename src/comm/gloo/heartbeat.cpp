@@ -15,7 +15,7 @@ void Shared::watch_for_leavers() {
     if (!lock.owns_lock()) return;
     now = epoch;
   }
-  const std::string leaver = read_or_empty(store, str("leaving/", now + 1));
+  const std::string leaver = read_or_empty(*store, str("leaving/", now + 1));
   if (!leaver.empty())
     abort_upto(now, str("first rank ", leaver, " left the group to re-form it (it lost a peer)"), true);
 }
@@ -27,7 +27,7 @@ void Shared::start_beating() {
     while (!stop_beating) {
       lock.unlock();
       try {
-        store.set(str("hb/", first), bytes_of(std::to_string(++beat)));
+        store->set(str("hb/", first), bytes_of(std::to_string(++beat)));
       } catch (const std::exception&) {
         // A full disk or a vanished directory: the others will see this
         // process as silent, which is what it then is to them.

@@ -30,9 +30,10 @@ class LiveBuffers;
 
 // What every communicator of a process's world shares.
 struct Shared {
-  Shared(std::string dir, milliseconds timeout, Elastic e, int first)
-      : store(std::move(dir), timeout), elastic(e), first(first) {}
-  DirStore store;
+  // `serve`: this process serves the rendezvous's TCP store (rank 0).
+  Shared(const std::string& rendezvous, milliseconds timeout, Elastic e, int first, bool serve)
+      : store(open_store(rendezvous, timeout, serve)), elastic(e), first(first) {}
+  std::unique_ptr<KeyStore> store;
   std::shared_ptr<gloo::transport::Device> device;
   Elastic elastic;
   int first;  // this process's rank as first numbered

@@ -63,11 +63,11 @@ std::vector<char> encode(const Decision& d) {
   all.insert(all.end(), d.members.begin(), d.members.end());
   return encode(all);
 }
-Decision read_decision(const DirStore& store, int epoch) {
+Decision read_decision(const KeyStore& store, int epoch) {
   const std::string key = str("members/", epoch);
   std::vector<int> all = decode(store.read(key));
   if (all.size() < 3 || all[0] < 0 || all[1] < 0)
-    throw CommError(str("rendezvous: ", store.path(key), " is malformed"));
+    throw CommError(str("rendezvous: ", store.where(key), " is malformed"));
   return {std::vector<int>(all.begin() + 2, all.end()), all[0], all[1]};
 }
 
@@ -113,8 +113,8 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
   const std::string decision = str("members/", next);
   // Re-forming after a loss: the other members' waits on the group are
   // aborted (Shared::watch_for_leavers).
-  if (joins == 0) sh.store.create_once(str("leaving/", next), bytes_of(std::to_string(sh.first)));
-  sh.store.set(str("alive/", next, "/", sh.first), bytes_of("1"));
+  if (joins == 0) sh.store->create_once(str("leaving/", next), bytes_of(std::to_string(sh.first)));
+  sh.store->set(str("alive/", next, "/", sh.first), bytes_of("1"));
   const auto start = Clock::now();
   struct Seen {
     std::string beat;
@@ -125,7 +125,7 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
   const auto beating = [&](int m) {
     std::string beat;
     try {
-      const auto b = sh.store.read(str("hb/", m));
+      const auto b = sh.store->read(str("hb/", m));
       beat.assign(b.begin(), b.end());
     } catch (const CommError&) {
     }
@@ -133,11 +133,11 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
     if (!fresh && it->second.beat != beat) it->second = Seen{beat, Clock::now()};
     return Clock::now() - it->second.since < kSilent;
   };
-  while (!sh.store.has(decision)) {
+  while (!sh.store->has(decision)) {
     std::vector<int> present;
     bool pending = false;
     for (int m : before) {
-      if (sh.store.has(str("alive/", next, "/", m))) {
+      if (sh.store->has(str("alive/", next, "/", m))) {
         present.push_back(m);
         continue;
       }
@@ -149,30 +149,30 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
       // The answers first, then the decision: a request withdrawn
       // meanwhile keeps its "withdrawn"; one answered for a decision that
       // another member made first asks again (join()).
-      for (int taken = 0; taken < joins && sh.store.has(str("join/", d.next_join)); ++d.next_join) {
-        if (!sh.store.create_once(str("joined/", d.next_join), bytes_of(str(next, " ", d.next_id)))) continue;
+      for (int taken = 0; taken < joins && sh.store->has(str("join/", d.next_join)); ++d.next_join) {
+        if (!sh.store->create_once(str("joined/", d.next_join), bytes_of(str(next, " ", d.next_id)))) continue;
         d.members.push_back(d.next_id++);
         ++taken;
       }
-      sh.store.create_once(decision, encode(d));
+      sh.store->create_once(decision, encode(d));
       break;
     }
     // Every member came: the first decides; another only once it is late,
     // or once the first fell silent after it came (then without it).
     if (present.size() == before.size() && sh.first != before.front() && !beating(before.front())) {
       d.members.erase(d.members.begin());
-      sh.store.create_once(decision, encode(d));
+      sh.store->create_once(decision, encode(d));
       break;
     }
     // Some did not come: the first to see the others all come or fall
     // silent decides.
     if ((present.size() < before.size() && !pending) || late) {
-      sh.store.create_once(decision, encode(d));
+      sh.store->create_once(decision, encode(d));
       break;
     }
     std::this_thread::sleep_for(milliseconds(5));
   }
-  const Decision d = read_decision(sh.store, next);
+  const Decision d = read_decision(*sh.store, next);
   const std::vector<int>& after = d.members;
   const auto at = std::find(after.begin(), after.end(), sh.first);
   if (at == after.end())
@@ -211,11 +211,11 @@ int GlooComm::pending_joins() {
   Shared& sh = *shared_;
   std::lock_guard lock(sh.m);
   int n = 0;
-  for (int k = sh.next_join; sh.store.has(str("join/", k)); ++k)
-    if (!sh.store.has(str("joined/", k))) ++n;  // not withdrawn
+  for (int k = sh.next_join; sh.store->has(str("join/", k)); ++k)
+    if (!sh.store->has(str("joined/", k))) ++n;  // not withdrawn
   if (n > 0 && Clock::now() - sh.joins_seen_at > kBeat) {
     try {
-      sh.store.set("joins-seen", bytes_of(std::to_string(++sh.joins_seen)));
+      sh.store->set("joins-seen", bytes_of(std::to_string(++sh.joins_seen)));
     } catch (const CommError&) {
       // (a full disk: the joining process will withdraw at its time-out)
     }
@@ -232,17 +232,23 @@ class World final : public GlooWorld {
     if (o.size < 1) throw InvalidInput(str("gloo backend: the world size must be at least 1 (got ", o.size, ")"));
     if (o.rank < 0 || o.rank >= o.size)
       throw InvalidInput(str("gloo backend: rank ", o.rank, " is not a rank of a world of ", o.size));
-    if (o.rendezvous.empty()) throw InvalidInput("gloo backend: a rendezvous directory is needed (--rendezvous DIR)");
-    std::error_code ec;
-    std::filesystem::create_directories(o.rendezvous, ec);
-    if (!std::filesystem::is_directory(o.rendezvous))
-      throw InvalidInput(str("--rendezvous ", o.rendezvous, ": not a directory, and cannot be created",
-                             ec ? str(" (", ec.message(), ")") : std::string()));
-    shared_ = std::make_shared<Shared>(o.rendezvous, o.timeout, o.elastic, o.rank);
+    if (o.rendezvous.empty())
+      throw InvalidInput("gloo backend: a rendezvous is needed (--rendezvous DIR, or tcp://HOST:PORT)");
+    const bool tcp = tcp_endpoint(o.rendezvous).has_value();
+    if (!tcp) {
+      std::error_code ec;
+      std::filesystem::create_directories(o.rendezvous, ec);
+      if (!std::filesystem::is_directory(o.rendezvous))
+        throw InvalidInput(str("--rendezvous ", o.rendezvous, ": not a directory, and cannot be created",
+                               ec ? str(" (", ec.message(), ")") : std::string()));
+    }
+    // Rank 0 serves a TCP rendezvous; the others (and processes that join) connect to it.
+    shared_ = std::make_shared<Shared>(o.rendezvous, o.timeout, o.elastic, o.rank, tcp && !o.join && o.rank == 0);
     Shared& sh = *shared_;
-    if (sh.store.has("closed"))
+    if (sh.store->has("closed"))
       throw InvalidInput(str("--rendezvous ", o.rendezvous,
-                             ": an earlier run ended in this directory; give each run a directory of its own"));
+                             tcp ? ": an earlier run ended there; give each run a port of its own"
+                                 : ": an earlier run ended in this directory; give each run a directory of its own"));
     char machine[256] = {};
     if (::gethostname(machine, sizeof machine - 1) != 0)
       throw InvalidInput("gloo backend: this machine has no host name");
@@ -267,11 +273,12 @@ class World final : public GlooWorld {
     // The rank, taken: "<machine> <pid>". Never taken over: the keys an
     // earlier start left (its addresses) would mislead the others.
     const std::string rank_key = str("rank/", o.rank);
-    if (!sh.store.create_once(rank_key, bytes_of(owner))) {
-      const std::vector<char> held = sh.store.read(rank_key);
+    if (!sh.store->create_once(rank_key, bytes_of(owner))) {
+      const std::vector<char> held = sh.store->read(rank_key);
       throw InvalidInput(str("--rendezvous ", o.rendezvous, ": rank ", o.rank, " is already taken there (by process ",
-                             std::string(held.begin(), held.end()), "); each process needs a rank of its own, and each "
-                             "run (or new start of one) a directory of its own"));
+                             std::string(held.begin(), held.end()),
+                             "); each process needs a rank of its own, and each "
+                             "run (or new start of one) a rendezvous of its own"));
     }
     for (int r = 0; r < o.size; ++r) sh.members.push_back(r);
     sh.next_id = o.size;
@@ -281,7 +288,7 @@ class World final : public GlooWorld {
     } catch (const CommTimeout&) {
       std::vector<int> missing;
       for (int r = 0; r < o.size; ++r)
-        if (!sh.store.has(str("rank/", r))) missing.push_back(r);
+        if (!sh.store->has(str("rank/", r))) missing.push_back(r);
       if (missing.empty()) throw;
       throw CommTimeout(str("rendezvous: timed out after ", seconds(o.timeout), " waiting for rank(s) ",
                             rank_list(missing), " to start in ", o.rendezvous, " (gloo backend)"));
@@ -295,9 +302,11 @@ class World final : public GlooWorld {
   ~World() override { comm_.reset(); }
 
   void publish(const std::string& key, const std::string& value) override {
-    shared_->store.set(str("published/", key), bytes_of(value));
+    shared_->store->set(str("published/", key), bytes_of(value));
   }
-  std::string published(const std::string& key) const override { return published_in(shared_->store.dir(), key); }
+  std::string published(const std::string& key) const override {
+    return read_or_empty(*shared_->store, str("published/", key));
+  }
 
   Communicator& comm() override { return *comm_; }
   std::vector<int> members() const override {
@@ -314,19 +323,19 @@ class World final : public GlooWorld {
       members = sh.members;
       epoch = sh.epoch;
     }
-    sh.store.set(str("done/", epoch, "/", sh.first), bytes_of("1"));
+    sh.store->set(str("done/", epoch, "/", sh.first), bytes_of("1"));
     const auto start = Clock::now();
     for (;;) {
       std::vector<int> missing;
       for (int m : members)
-        if (!sh.store.has(str("done/", epoch, "/", m))) missing.push_back(m);
+        if (!sh.store->has(str("done/", epoch, "/", m))) missing.push_back(m);
       if (missing.empty()) break;
       if (Clock::now() - start > comm_->timeout())
         throw CommTimeout(str("the run's end on rank ", sh.first, ": timed out after ", seconds(comm_->timeout()),
                               " waiting for rank(s) ", rank_list(missing), " (gloo backend)"));
       std::this_thread::sleep_for(milliseconds(5));
     }
-    if (members.front() == sh.first) sh.store.set("closed", bytes_of("1"));
+    if (members.front() == sh.first) sh.store->set("closed", bytes_of("1"));
   }
 
  private:
@@ -347,22 +356,21 @@ class World final : public GlooWorld {
   // GlooComm::reform) is answered by asking again.
   void join(const GlooOptions& o, const std::string& owner) {
     Shared& sh = *shared_;
-    if (!sh.store.has("rank/0"))
-      throw InvalidInput(str("--join ", o.rendezvous, ": no run has started there"));
+    if (!sh.store->has("rank/0")) throw InvalidInput(str("--join ", o.rendezvous, ": no run has started there"));
     int k = 0, epoch = 0, id = -1;
     Decision d;
     for (;;) {
-      while (!sh.store.create_once(str("join/", k), bytes_of(owner))) ++k;
+      while (!sh.store->create_once(str("join/", k), bytes_of(owner))) ++k;
       const std::string answer = str("joined/", k);
       auto start = Clock::now();
-      std::string seen = read_or_empty(sh.store, "joins-seen");
-      for (int polls = 0; !sh.store.has(answer); ++polls) {
+      std::string seen = read_or_empty(*sh.store, "joins-seen");
+      for (int polls = 0; !sh.store->has(answer); ++polls) {
         if (polls % 20 == 19) {  // every 0.1 s: the run saw the request again
-          std::string now = read_or_empty(sh.store, "joins-seen");
+          std::string now = read_or_empty(*sh.store, "joins-seen");
           if (now != seen) seen = std::move(now), start = Clock::now();
         }
-        const bool ended = sh.store.has("closed");
-        if ((ended || Clock::now() - start > o.timeout) && sh.store.create_once(answer, bytes_of("withdrawn"))) {
+        const bool ended = sh.store->has("closed");
+        if ((ended || Clock::now() - start > o.timeout) && sh.store->create_once(answer, bytes_of("withdrawn"))) {
           if (ended) throw CommError(str("--join ", o.rendezvous, ": the run ended before it admitted this process"));
           throw CommTimeout(str("--join ", o.rendezvous, ": the run did not admit this process within ",
                                 seconds(o.timeout), " (it admits new ranks between two steps)"));
@@ -370,13 +378,13 @@ class World final : public GlooWorld {
         std::this_thread::sleep_for(milliseconds(5));
       }
       std::istringstream in([&] {
-        const auto a = sh.store.read(answer);
+        const auto a = sh.store->read(answer);
         return std::string(a.begin(), a.end());
       }());
       in >> epoch >> id;
       if (epoch <= 0 || id < 0) throw CommError(str("--join ", o.rendezvous, ": a malformed answer in ", answer));
-      sh.store.wait({str("members/", epoch)});
-      d = read_decision(sh.store, epoch);
+      sh.store->wait({str("members/", epoch)});
+      d = read_decision(*sh.store, epoch);
       if (std::find(d.members.begin(), d.members.end(), id) != d.members.end()) break;
     }
     const std::vector<int>& after = d.members;

@@ -56,12 +56,12 @@ std::vector<char> DirStore::read(const std::string& key) const {
   return std::vector<char>(std::istreambuf_iterator<char>(in), {});
 }
 
-std::vector<char> DirStore::get(const std::string& key) {
+std::vector<char> KeyStore::get(const std::string& key) {
   wait({key}, timeout_);
   return read(key);
 }
 
-void DirStore::wait(const std::vector<std::string>& keys, const milliseconds& timeout) {
+void KeyStore::wait(const std::vector<std::string>& keys, const milliseconds& timeout) {
   const auto start = Clock::now();
   for (;;) {
     std::vector<std::string> missing;
@@ -96,21 +96,21 @@ void DirStore::write_file(const std::string& name, const std::vector<char>& data
   if (!out) throw CommError(str("rendezvous: cannot write ", name));
 }
 
-std::string DirStore::describe_missing(const std::vector<std::string>& keys, milliseconds timeout) const {
+std::string KeyStore::describe_missing(const std::vector<std::string>& keys, milliseconds timeout) const {
   std::vector<int> ranks;
   for (const std::string& k : keys) {
     const auto slash = k.rfind('/');
-    if (slash == std::string::npos) return str("rendezvous: timed out after ", seconds(timeout), " waiting for ", k,
-                                               " in ", dir_);
+    if (slash == std::string::npos)
+      return str("rendezvous: timed out after ", seconds(timeout), " waiting for ", k, " in ", name_);
     ranks.push_back(std::atoi(k.c_str() + slash + 1));
   }
   return str("rendezvous: timed out after ", seconds(timeout), " waiting for rank(s) ", rank_list(ranks),
-             " to join in ", dir_, " (gloo backend)");
+             " to join in ", name_, " (gloo backend)");
 }
 
 std::vector<char> bytes_of(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
 
-std::string read_or_empty(const DirStore& store, const std::string& key) {
+std::string read_or_empty(const KeyStore& store, const std::string& key) {
   try {
     if (!store.has(key)) return {};
     const std::vector<char> b = store.read(key);
@@ -120,11 +120,28 @@ std::string read_or_empty(const DirStore& store, const std::string& key) {
   }
 }
 
+TcpKeyStore::TcpKeyStore(const TcpEndpoint& at, milliseconds timeout, bool serve) : KeyStore(at.text(), timeout) {
+  if (serve) server_ = std::make_unique<StoreServer>(at.port, timeout);
+  client_ = std::make_unique<StoreClient>(at, timeout);
+}
+
+std::vector<char> TcpKeyStore::read(const std::string& key) const {
+  std::optional<std::vector<char>> v = client_->read(key);
+  if (!v) throw CommError(str("rendezvous: ", where(key), " is not there"));
+  return std::move(*v);
+}
+
+std::unique_ptr<KeyStore> open_store(const std::string& rendezvous, milliseconds timeout, bool serve) {
+  if (const std::optional<TcpEndpoint> at = tcp_endpoint(rendezvous))
+    return std::make_unique<TcpKeyStore>(*at, timeout, serve);
+  return std::make_unique<DirStore>(rendezvous, timeout);
+}
+
 std::shared_ptr<gloo::rendezvous::Context> connect(Shared& sh, const std::string& prefix, int rank, int size,
                                                    milliseconds timeout) {
   auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
   ctx->setTimeout(timeout);
-  gloo::rendezvous::PrefixStore store(prefix, sh.store);
+  gloo::rendezvous::PrefixStore store(prefix, *sh.store);
   ctx->connectFullMesh(store, sh.device);
   return ctx;
 }
@@ -134,11 +151,9 @@ std::shared_ptr<gloo::rendezvous::Context> connect(Shared& sh, const std::string
 namespace distopt {
 
 std::string published_in(const std::string& rendezvous, const std::string& key) {
-  gloo_detail::DirStore store(rendezvous, gloo_detail::milliseconds(0));
-  const std::string k = str("published/", key);
-  if (!store.has(k)) return "";
-  const auto v = store.read(k);
-  return std::string(v.begin(), v.end());
+  // A TCP store's process may be a moment from answering: a few seconds.
+  const auto store = gloo_detail::open_store(rendezvous, std::chrono::seconds(10), false);
+  return gloo_detail::read_or_empty(*store, str("published/", key));
 }
 
 }  // namespace distopt

@@ -1,8 +1,9 @@
 // The gloo backend's rendezvous (private to src/comm/gloo; see
 // include/distopt/comm/gloo.hpp and docs/reliability.md, "Processes"): the
-// run's rendezvous directory as a key-value store (DirStore), where the
-// processes leave their addresses, heartbeats and membership decisions,
-// and the connection of a group's ranks through it (connect).
+// run's rendezvous as a key-value store (a directory, DirStore, or rank 0's
+// TCP store, TcpKeyStore), where the processes leave their addresses,
+// heartbeats and membership decisions, and the connection of a group's
+// ranks through it (connect).
 #pragma once
 
 #include <gloo/rendezvous/context.h>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "distopt/comm/gloo.hpp"
+#include "distopt/comm/tcp_store.hpp"
 
 namespace distopt::gloo_detail {
 
@@ -23,22 +25,48 @@ using std::chrono::milliseconds;
 std::string seconds(milliseconds t);
 std::string rank_list(const std::vector<int>& ranks);
 
-// A key-value store in a directory: one file per key, written under a
-// temporary name and renamed, so that a reader sees a whole value or none.
-class DirStore final : public gloo::rendezvous::Store {
+// The rendezvous as a key-value store, with the operations the membership
+// needs beyond gloo's: a value is written whole or not at all, and a key can
+// be created once among all the processes. Two kinds: a directory every
+// process sees (DirStore), or the TCP store of rank 0's process
+// (TcpKeyStore; include/distopt/comm/tcp_store.hpp).
+class KeyStore : public gloo::rendezvous::Store {
  public:
-  DirStore(std::string dir, milliseconds timeout) : dir_(std::move(dir)), timeout_(timeout) {}
+  KeyStore(std::string name, milliseconds timeout) : name_(std::move(name)), timeout_(timeout) {}
 
-  void set(const std::string& key, const std::vector<char>& data) override;
   // Creates the key unless it exists; true when this call created it.
-  bool create_once(const std::string& key, const std::vector<char>& data);
-  bool has(const std::string& key) const;
-  std::vector<char> read(const std::string& key) const;
+  virtual bool create_once(const std::string& key, const std::vector<char>& data) = 0;
+  virtual bool has(const std::string& key) const = 0;
+  // The value; a CommError where there is none.
+  virtual std::vector<char> read(const std::string& key) const = 0;
+  // Where the key is, for messages (a file, or the key at tcp://HOST:PORT).
+  virtual std::string where(const std::string& key) const = 0;
+
   std::vector<char> get(const std::string& key) override;
   void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
   void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override;
+  // The rendezvous as given: a directory or tcp://HOST:PORT.
+  const std::string& name() const { return name_; }
+
+ private:
+  // gloo waits for "e<epoch>/<rank>": the address of that rank.
+  std::string describe_missing(const std::vector<std::string>& keys, milliseconds timeout) const;
+  std::string name_;
+  milliseconds timeout_;
+};
+
+// A key-value store in a directory: one file per key, written under a
+// temporary name and renamed, so that a reader sees a whole value or none.
+class DirStore final : public KeyStore {
+ public:
+  DirStore(std::string dir, milliseconds timeout) : KeyStore(dir, timeout), dir_(std::move(dir)) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  bool create_once(const std::string& key, const std::vector<char>& data) override;
+  bool has(const std::string& key) const override;
+  std::vector<char> read(const std::string& key) const override;
+  std::string where(const std::string& key) const override { return path(key); }
   std::string path(const std::string& key) const;
-  const std::string& dir() const { return dir_; }
 
  private:
   // Unique among the machines (host), their processes (pid) and the
@@ -46,16 +74,35 @@ class DirStore final : public gloo::rendezvous::Store {
   static std::string temp_name(const std::string& dir);
   std::string temp_name() const { return temp_name(dir_); }
   static void write_file(const std::string& name, const std::vector<char>& data);
-  // gloo waits for "e<epoch>/<rank>": the address of that rank.
-  std::string describe_missing(const std::vector<std::string>& keys, milliseconds timeout) const;
   std::string dir_;
-  milliseconds timeout_;
 };
+
+// The TCP store at `at`, served by this process where `serve` (rank 0).
+class TcpKeyStore final : public KeyStore {
+ public:
+  TcpKeyStore(const TcpEndpoint& at, milliseconds timeout, bool serve);
+
+  void set(const std::string& key, const std::vector<char>& data) override { client_->set(key, data); }
+  bool create_once(const std::string& key, const std::vector<char>& data) override {
+    return client_->create_once(key, data);
+  }
+  bool has(const std::string& key) const override { return client_->has(key); }
+  std::vector<char> read(const std::string& key) const override;
+  std::string where(const std::string& key) const override { return str(key, " at ", name()); }
+
+ private:
+  std::unique_ptr<StoreServer> server_;  // (declared first: the client hangs up before it stops)
+  std::unique_ptr<StoreClient> client_;
+};
+
+// The store of a rendezvous: TCP for "tcp://HOST:PORT" (served here where
+// `serve`), else the directory (which must exist).
+std::unique_ptr<KeyStore> open_store(const std::string& rendezvous, milliseconds timeout, bool serve);
 
 std::vector<char> bytes_of(const std::string& s);
 
 // A small value of the store, or "" where there is none (yet).
-std::string read_or_empty(const DirStore& store, const std::string& key);
+std::string read_or_empty(const KeyStore& store, const std::string& key);
 
 struct Shared;
 
