@@ -20,7 +20,8 @@ sv=("${base[@]}" --train-size 512 --epochs 2)
 # exit statuses in $tmp/NAME/status (one line per rank) and the seconds the
 # run took in $tmp/NAME/seconds. @R@ in a VALUE is the rank. With
 # launched=1, without --backend/--world/--rank/--rendezvous (the
-# launcher's variables give them).
+# launcher's variables give them); with rv=RENDEZVOUS, that rendezvous
+# (tcp://HOST:PORT) instead of the directory $tmp/NAME/rv.
 gloo_run() {
   local name=$1 n=$2 d="$tmp/$1" r
   shift 2
@@ -31,7 +32,7 @@ gloo_run() {
   local t0 pids=()
   t0=$(date +%s.%N)
   for ((r = 0; r < n; r++)); do
-    local flags=(--backend gloo --world "$n" --rank "$r" --rendezvous "$d/rv")
+    local flags=(--backend gloo --world "$n" --rank "$r" --rendezvous "${rv:-$d/rv}")
     [ -z "${launched:-}" ] || flags=()
     env "${env[@]//@R@/$r}" "$bin" "$@" "${flags[@]}" >"$d/out.$r" 2>"$d/err.$r" &
     pids[r]=$!
@@ -43,6 +44,21 @@ gloo_run() {
     echo $? >>"$d/status"
   done
   echo "$(date +%s.%N) - $t0" | bc >"$d/seconds"
+}
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# store_has tcp://HOST:PORT KEY: the TCP store there holds KEY (its wire
+# format, include/distopt/comm/tcp_store.hpp, spoken by Python).
+store_has() {
+  python3 - "$1" "$2" <<'PY' 2>/dev/null
+import socket, struct, sys
+host, port = sys.argv[1][len("tcp://"):].rsplit(":", 1)
+s = socket.create_connection((host, int(port)), timeout=2)
+s.sendall(b"dstore1\n")
+assert s.recv(8) == b"dstore1\n"
+key = sys.argv[2].encode()
+s.sendall(bytes([3]) + struct.pack("<I", len(key)) + key)
+sys.exit(0 if s.recv(1) == b"\x01" else 1)
+PY
 }
 statuses() { tr '\n' ' ' <"$tmp/$1/status" | sed 's/ $//'; }
 hash_of() { tail -n 1 "$1" | python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])'; }
@@ -180,8 +196,10 @@ cat "$tmp/stop/err.0" "$tmp/stop/err.1" "$tmp/stop/err.3" | grep -q "lost rank 2
 # survivors' checkpoint in memory). diloco admits a new rank only at the
 # end of an outer cycle.
 j=("${long[@]}" --on-rank-failure continue --comm-timeout 10)
-for case in ddp-3 ddp-lost zero2-lost zero2mem-lost diloco-3; do
-  extra=(); n=3; fault=
+# ddp-tcp: ddp-3 through rank 0's TCP store (--rendezvous tcp://...).
+for case in ddp-3 ddp-tcp ddp-lost zero2-lost zero2mem-lost diloco-3; do
+  extra=(); n=3; fault=; at="$tmp/$case/rv"; rv=
+  [ $case = ddp-tcp ] && { rv="tcp://127.0.0.1:$(free_port)"; at=$rv; }
   case $case in
     *-lost) n=4; fault=DISTOPT_FAULT=kill:2:5 ;;
   esac
@@ -191,12 +209,14 @@ for case in ddp-3 ddp-lost zero2-lost zero2mem-lost diloco-3; do
   mkdir -p "$tmp/$case"
   ( if [ -n "$fault" ]; then
       for i in $(seq 600); do grep -q "lost after" "$tmp/$case/err.0" 2>/dev/null && break; sleep 0.05; done
+    elif [ -n "$rv" ]; then
+      for i in $(seq 600); do store_has "$rv" published/config && break; sleep 0.05; done
     else
       for i in $(seq 600); do [ -s "$tmp/$case/rv/published.config" ] && break; sleep 0.05; done
     fi
-    "$bin" "${j[@]}" "${extra[@]}" --join "$tmp/$case/rv" >"$tmp/$case/out.join" 2>"$tmp/$case/err.join"
+    "$bin" "${j[@]}" "${extra[@]}" --join "$at" >"$tmp/$case/out.join" 2>"$tmp/$case/err.join"
     echo $? >"$tmp/$case/status.join" ) &
-  gloo_run "$case" $n ${fault:+"$fault"} -- "${j[@]}" "${extra[@]}" --metrics "$tmp/$case/m.jsonl"
+  rv=$rv gloo_run "$case" $n ${fault:+"$fault"} -- "${j[@]}" "${extra[@]}" --metrics "$tmp/$case/m.jsonl"
   wait
   [ "$(cat "$tmp/$case/status.join")" = 0 ] || fail "join $case: the joiner: $(cat "$tmp/$case/err.join")"
   step=$(python3 - "$tmp/$case/out.0" "$tmp/$case/m.jsonl" <<'PY'
@@ -309,7 +329,8 @@ launched=1 gloo_run torchrun 3 TMPDIR="$tmp/torchrun" RANK=@R@ LOCAL_RANK=@R@ WO
 SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=1 expect_error 2 \
   "--world 4 disagrees with SLURM_STEP_NUM_TASKS=2 (the processes srun started)" -- "${sv[@]}" --max-steps 3 --world 4
 SLURM_PROCID=1 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NUM_NODES=2 expect_error 2 \
-  "--backend gloo under srun across 2 machines needs --rendezvous DIR" -- "${sv[@]}" --max-steps 3
+  "--backend gloo under srun across 2 machines serves its rendezvous at MASTER_ADDR:MASTER_PORT, and SLURM_STEP_NODELIST (or MASTER_ADDR) is not set" \
+  -- "${sv[@]}" --max-steps 3
 SLURM_PROCID=2 SLURM_STEP_NUM_TASKS=2 expect_error 2 \
   "SLURM_PROCID=2 is not a rank of SLURM_STEP_NUM_TASKS=2 (0 .. 1)" -- "${sv[@]}" --max-steps 3
 SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NODELIST="node[" expect_error 2 \
@@ -317,4 +338,59 @@ SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 SLURM_STEP_NODELIST="node[" expect_error 2
 RANK=x WORLD_SIZE=2 expect_error 2 "RANK=x is not a whole number" -- "${sv[@]}" --max-steps 3
 SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 expect_error 2 "--backend threads under srun (SLURM_STEP_NUM_TASKS=2)" -- \
   "${sv[@]}" --max-steps 3 --backend threads
+
+# 10. Across machines without a shared directory: rank 0's TCP store
+# (docs/cluster.md, "Rendezvous"). Given by hand, and chosen under srun
+# across machines (MASTER_ADDR and MASTER_PORT; here every "machine" is
+# this one) and under torchrun whose agent holds MASTER_PORT (the port
+# after it): the threads backend's bits.
+rv="tcp://127.0.0.1:$(free_port)" gloo_run tcp 3 -- "${sv[@]}" --max-steps 12
+[ "$(statuses tcp)" = "0 0 0" ] || fail "tcp: exits $(statuses tcp): $(cat "$tmp/tcp"/err.*)"
+[ "$(hash_of "$tmp/tcp/out.0")" = "$want" ] || fail "tcp: not the threads backend's bits"
+port=$(free_port)
+launched=1 gloo_run srun-nodes 3 SLURM_PROCID=@R@ SLURM_LOCALID=0 SLURM_STEP_NUM_TASKS=3 SLURM_STEP_NUM_NODES=3 \
+  SLURM_STEP_NODELIST="node[07-09]" SLURM_JOB_ID=4243 SLURM_STEP_ID=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  -- "${sv[@]}" --max-steps 12
+[ "$(statuses srun-nodes)" = "0 0 0" ] || fail "srun, 3 nodes: exits $(statuses srun-nodes): $(cat "$tmp/srun-nodes"/err.*)"
+[ "$(hash_of "$tmp/srun-nodes/out.0")" = "$want" ] || fail "srun, 3 nodes: not the threads backend's bits"
+grep -q "the rendezvous is rank 0's store at tcp://127.0.0.1:$port" "$tmp/srun-nodes/err.0" \
+  || fail "srun, 3 nodes: $(cat "$tmp/srun-nodes/err.0")"
+port=$(free_port)
+python3 -c 'import socket, sys, time; s = socket.socket(); s.bind(("", int(sys.argv[1]))); s.listen(); time.sleep(120)' \
+  "$port" & agent=$!
+launched=1 gloo_run torchrun-nodes 2 RANK=@R@ LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+  TORCHELASTIC_USE_AGENT_STORE=True -- "${sv[@]}" --max-steps 12 --strategy zero2
+want2=$("$bin" "${sv[@]}" --world 2 --max-steps 12 --strategy zero2 2>/dev/null | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+[ "$(statuses torchrun-nodes)" = "0 0" ] || fail "torchrun, agent store: exits $(statuses torchrun-nodes): $(cat "$tmp/torchrun-nodes"/err.*)"
+[ "$(hash_of "$tmp/torchrun-nodes/out.0")" = "$want2" ] || fail "torchrun, agent store: not the threads backend's bits"
+grep -q "the rendezvous is rank 0's store at tcp://127.0.0.1:$((port + 1))" "$tmp/torchrun-nodes/err.0" \
+  || fail "torchrun, agent store: $(cat "$tmp/torchrun-nodes/err.0")"
+# A lost rank: the survivors go on; the store's own process (rank 0)
+# lost: each of the others ends in one line naming the store, at once.
+rv="tcp://127.0.0.1:$(free_port)" gloo_run tcp-lost 3 DISTOPT_FAULT=kill:1:20 -- "${long[@]}" --on-rank-failure continue \
+  --comm-timeout $timeout
+[ "$(statuses tcp-lost)" = "0 137 0" ] || fail "tcp, rank 1 lost: exits $(statuses tcp-lost): $(cat "$tmp/tcp-lost"/err.*)"
+tail -n 1 "$tmp/tcp-lost/out.0" | python3 -c 'import json, sys; s = json.load(sys.stdin); assert s["world_at_end"] == 2, s' \
+  || fail "tcp, rank 1 lost: $(cat "$tmp/tcp-lost/err.0")"
+rv="tcp://127.0.0.1:$(free_port)" gloo_run tcp-lost0 3 DISTOPT_FAULT=kill:0:20 -- "${long[@]}" --on-rank-failure continue \
+  --comm-timeout $timeout
+[ "$(statuses tcp-lost0)" = "137 2 2" ] || fail "tcp, rank 0 lost: exits $(statuses tcp-lost0): $(cat "$tmp/tcp-lost0"/err.*)"
+for r in 1 2; do
+  [ "$(wc -l <"$tmp/tcp-lost0/err.$r")" = 1 ] && grep -q "^distopt: error (rank $r): rendezvous tcp://127.0.0.1:[0-9]*: the store hung up (the store's process, rank 0's, is gone?)$" "$tmp/tcp-lost0/err.$r" \
+    || fail "tcp, rank 0 lost: rank $r: $(cat "$tmp/tcp-lost0/err.$r")"
+done
+[ "$(echo "$(cat "$tmp/tcp-lost0/seconds") < $timeout + 3" | bc)" = 1 ] || fail "tcp, rank 0 lost: took $(cat "$tmp/tcp-lost0/seconds") s"
+# Bad input, one line each, within --comm-timeout: the store's port taken
+# (by the "agent" above), no store answering.
+expect_error 2 "rendezvous: cannot serve the store on port $port: Address already in use (another run's store" -- \
+  "${b[@]}" --rank 0 --rendezvous "tcp://127.0.0.1:$port"
+kill $agent
+nobody=$(free_port)
+t0=$(date +%s.%N)
+expect_error 2 "rendezvous tcp://127.0.0.1:$nobody: no store answered within 2 s" -- "${b[@]}" --rank 1 \
+  --rendezvous "tcp://127.0.0.1:$nobody" --comm-timeout 2
+[ "$(echo "$(date +%s.%N) - $t0 < 4" | bc)" = 1 ] || fail "no store: not within --comm-timeout 2"
+expect_error 2 "--rendezvous tcp://127.0.0.1:0: the port is not a number from 1 to 65535" -- "${b[@]}" --rank 1 \
+  --rendezvous tcp://127.0.0.1:0
 finish cli.gloo

@@ -609,6 +609,16 @@ TEST(LaunchEnv, SrunsAndTorchrunsVariablesGiveTheRankAndWorld) {
   EXPECT_EQ(s->machines, 2);
   EXPECT_EQ(s->master_addr, "gpu007");
   EXPECT_EQ(s->job, "991.2");
+  EXPECT_EQ(s->master_port, 15000 + 9912);  // slurm_port: no MASTER_PORT
+  // MASTER_ADDR and MASTER_PORT, where set, are the store's place under srun too.
+  const auto m = env_of({{"SLURM_PROCID", "0"},
+                         {"SLURM_STEP_NUM_TASKS", "2"},
+                         {"SLURM_STEP_NODELIST", "gpu[007-008]"},
+                         {"MASTER_ADDR", "10.1.2.3"},
+                         {"MASTER_PORT", "29400"}});
+  ASSERT_TRUE(m.has_value());
+  EXPECT_EQ(m->master_addr, "10.1.2.3");
+  EXPECT_EQ(m->master_port, 29400);
   // torchrun inside a SLURM step: torchrun's variables are the process's.
   const auto t = env_of({{"RANK", "1"},
                          {"WORLD_SIZE", "2"},
@@ -626,6 +636,8 @@ TEST(LaunchEnv, SrunsAndTorchrunsVariablesGiveTheRankAndWorld) {
   EXPECT_TRUE(t->one_machine);
   EXPECT_EQ(t->master_port, 29500);
   EXPECT_EQ(t->job, "abc-10.0.0.1-29500");
+  EXPECT_FALSE(t->agent_store);
+  EXPECT_TRUE(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}})->agent_store);
   // Without LOCAL_WORLD_SIZE, torchrun's processes are not known to share a machine.
   EXPECT_FALSE(env_of({{"RANK", "0"}, {"WORLD_SIZE", "2"}})->one_machine);
 }
@@ -639,6 +651,13 @@ TEST(LaunchEnv, MalformedValuesAreOneLineNamingTheVariable) {
             "SLURM_PROCID=4 is not a rank of SLURM_STEP_NUM_TASKS=4 (0 .. 3)");
   EXPECT_EQ(error_of({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "70000"}}),
             "MASTER_PORT=70000 is out of range (1 .. 65535)");
+}
+
+TEST(LaunchEnv, ASlurmStepsPortIsItsNumbersLastNineDigitsModulo20000) {
+  EXPECT_EQ(slurm_port("4242.0"), 15000 + 42420 % 20000);
+  EXPECT_NE(slurm_port("4242.1"), slurm_port("4242.0"));
+  EXPECT_EQ(slurm_port("987654321.12"), 15000 + 765432112 % 20000);
+  EXPECT_EQ(slurm_port("job.step"), 15000);
 }
 
 TEST(LaunchEnv, TheFirstHostOfASlurmNodeList) {

@@ -12,6 +12,9 @@
 // each membership epoch, a heartbeat per process, and the membership
 // decisions. Every process of a run must see the same directory (one
 // machine, or a shared file system); give each run a directory of its own.
+// Or the rendezvous is "tcp://HOST:PORT": the same keys in a store that
+// rank 0's process serves on PORT (comm/tcp_store.hpp), for machines that
+// share no directory; losing rank 0's process then loses the store.
 #pragma once
 
 #include <chrono>
@@ -24,7 +27,7 @@
 namespace distopt {
 
 struct GlooOptions {
-  std::string rendezvous;  // the run's rendezvous directory (created if missing)
+  std::string rendezvous;  // the run's rendezvous directory (created if missing), or tcp://HOST:PORT
   int rank = 0;            // this process's rank, 0 .. size-1
   int size = 1;
   // The address other processes reach this one at: a host name or an IP
