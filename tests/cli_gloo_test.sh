@@ -356,7 +356,7 @@ launched=1 gloo_run srun-nodes 3 SLURM_PROCID=@R@ SLURM_LOCALID=0 SLURM_STEP_NUM
 grep -q "the rendezvous is rank 0's store at tcp://127.0.0.1:$port" "$tmp/srun-nodes/err.0" \
   || fail "srun, 3 nodes: $(cat "$tmp/srun-nodes/err.0")"
 port=$(free_port)
-python3 -c 'import socket, sys, time; s = socket.socket(); s.bind(("", int(sys.argv[1]))); s.listen(); time.sleep(120)' \
+python3 -c 'import socket, sys, time; s = socket.socket(); s.bind(("", int(sys.argv[1]))); s.listen(); time.sleep(3600)' \
   "$port" & agent=$!
 launched=1 gloo_run torchrun-nodes 2 RANK=@R@ LOCAL_RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
   TORCHELASTIC_USE_AGENT_STORE=True -- "${sv[@]}" --max-steps 12 --strategy zero2
@@ -373,14 +373,23 @@ rv="tcp://127.0.0.1:$(free_port)" gloo_run tcp-lost 3 DISTOPT_FAULT=kill:1:20 --
 [ "$(statuses tcp-lost)" = "0 137 0" ] || fail "tcp, rank 1 lost: exits $(statuses tcp-lost): $(cat "$tmp/tcp-lost"/err.*)"
 tail -n 1 "$tmp/tcp-lost/out.0" | python3 -c 'import json, sys; s = json.load(sys.stdin); assert s["world_at_end"] == 2, s' \
   || fail "tcp, rank 1 lost: $(cat "$tmp/tcp-lost/err.0")"
+# (When rank 0's process ended, seen from outside, to the others' end.)
+mkdir -p "$tmp/tcp-lost0"
+( for i in $(seq 2000); do [ -s "$tmp/tcp-lost0/pid.0" ] && break; sleep 0.01; done
+  while kill -0 "$(cat "$tmp/tcp-lost0/pid.0")" 2>/dev/null; do sleep 0.01; done
+  date +%s.%N >"$tmp/tcp-lost0/died" ) &
+watcher=$!
 rv="tcp://127.0.0.1:$(free_port)" gloo_run tcp-lost0 3 DISTOPT_FAULT=kill:0:20 -- "${long[@]}" --on-rank-failure continue \
   --comm-timeout $timeout
+ended=$(date +%s.%N)
+wait $watcher
 [ "$(statuses tcp-lost0)" = "137 2 2" ] || fail "tcp, rank 0 lost: exits $(statuses tcp-lost0): $(cat "$tmp/tcp-lost0"/err.*)"
 for r in 1 2; do
   [ "$(wc -l <"$tmp/tcp-lost0/err.$r")" = 1 ] && grep -q "^distopt: error (rank $r): rendezvous tcp://127.0.0.1:[0-9]*: the store hung up (the store's process, rank 0's, is gone?)$" "$tmp/tcp-lost0/err.$r" \
     || fail "tcp, rank 0 lost: rank $r: $(cat "$tmp/tcp-lost0/err.$r")"
 done
-[ "$(echo "$(cat "$tmp/tcp-lost0/seconds") < $timeout + 3" | bc)" = 1 ] || fail "tcp, rank 0 lost: took $(cat "$tmp/tcp-lost0/seconds") s"
+[ "$(echo "$ended - $(cat "$tmp/tcp-lost0/died") < $timeout" | bc)" = 1 ] ||
+  fail "tcp, rank 0 lost: the others ended $(echo "$ended - $(cat "$tmp/tcp-lost0/died")" | bc) s after it"
 # Bad input, one line each, within --comm-timeout: the store's port taken
 # (by the "agent" above), no store answering.
 expect_error 2 "rendezvous: cannot serve the store on port $port: Address already in use (another run's store" -- \

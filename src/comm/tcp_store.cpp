@@ -6,6 +6,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -42,6 +44,31 @@ std::string seconds(milliseconds t) {
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
   return left <= 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
+}
+
+// Sends all of `data` by `deadline` (waiting for room in the socket's
+// buffer): false where the connection failed or the time passed (then
+// `timed_out`).
+bool send_all(int fd, std::string_view data, Clock::time_point deadline, bool& timed_out) {
+  timed_out = false;
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      data.remove_prefix(static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      const int ready = ::poll(&p, 1, remaining_ms(deadline));
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) timed_out = true;
+      if (ready <= 0) return false;
+      continue;
+    }
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -164,57 +191,47 @@ struct StoreServer::Impl {
   StoreTable table;
   std::vector<Client> clients;
   std::thread thread;
+  static constexpr std::size_t kMaxClients = 4096;
 
-  // Sends all of `data`, waiting at most a second for room: a client that
-  // reads nothing is dropped rather than let stall the store.
-  static bool send_all(int fd, std::string_view data) {
-    while (!data.empty()) {
-      const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) {
-        data.remove_prefix(static_cast<std::size_t>(n));
-        continue;
-      }
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        pollfd p{fd, POLLOUT, 0};
-        if (::poll(&p, 1, 1000) <= 0) return false;
-        continue;
-      }
-      return false;
-    }
-    return true;
+  // A client that reads nothing is dropped after a second rather than let
+  // stall the store.
+  static bool answer_with(int fd, std::string_view data) {
+    bool timed_out = false;
+    return send_all(fd, data, Clock::now() + milliseconds(1000), timed_out);
   }
 
-  // Reads what client c sent and answers each whole request; false: drop it.
+  // Reads what client c sent and answers each whole request as it comes: a
+  // malformed header is refused as soon as its bytes are in, and at most a
+  // request's worth (its declared key and value) is held. False: drop it.
   bool serve(Client& c) {
     char buf[65536];
     for (;;) {
-      const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+      // Before the greeting, only its bytes.
+      const std::size_t want = c.greeted ? sizeof buf : kStoreHello.size() - c.in.size();
+      const ssize_t n = ::recv(c.fd, buf, want, MSG_DONTWAIT);
       if (n == 0) return false;
       if (n < 0) {
         if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        return false;
+        return errno == EAGAIN || errno == EWOULDBLOCK;
       }
       c.in.append(buf, static_cast<std::size_t>(n));
-      if (c.in.size() > kStoreMaxValue + kStoreMaxKey + 16 + sizeof buf) break;  // answer before reading more
-    }
-    if (!c.greeted) {
-      if (c.in.size() < kStoreHello.size()) return true;
-      if (std::string_view(c.in).substr(0, kStoreHello.size()) != kStoreHello) return false;
-      c.in.erase(0, kStoreHello.size());
-      c.greeted = true;
-      if (!send_all(c.fd, kStoreHello)) return false;
-    }
-    try {
-      while (std::optional<StoreRequest> r = take_store_request(c.in)) {
-        const std::string a = table.answer(*r);
-        if (!send_all(c.fd, a) || a == "\2") return false;
+      if (!c.greeted) {
+        if (c.in.size() < kStoreHello.size()) continue;
+        if (c.in != kStoreHello) return false;
+        c.in.clear();
+        c.greeted = true;
+        if (!answer_with(c.fd, kStoreHello)) return false;
+        continue;
       }
-    } catch (const InvalidInput&) {
-      return false;  // malformed: not one of ours
+      try {
+        while (std::optional<StoreRequest> r = take_store_request(c.in)) {
+          const std::string a = table.answer(*r);
+          if (!answer_with(c.fd, a) || a == "\2") return false;
+        }
+      } catch (const InvalidInput&) {
+        return false;  // malformed: not one of ours
+      }
     }
-    return true;
   }
 
   void run() {
@@ -245,7 +262,9 @@ struct StoreServer::Impl {
       }
       if (fds[0].revents & POLLIN) {
         const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd >= 0) {
+        if (fd >= 0 && clients.size() >= kMaxClients) {
+          ::close(fd);  // (a run has one connection per process)
+        } else if (fd >= 0) {
           const int one = 1;
           ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
           clients.push_back(Client{fd, false, {}});
@@ -296,7 +315,13 @@ StoreServer::StoreServer(int port, milliseconds linger) : impl_(std::make_unique
   }
   if (::listen(s.listen_fd, 1024) != 0) throw fail("listen: ", errno);
   if (::pipe2(s.wake, O_CLOEXEC | O_NONBLOCK) != 0) throw fail("pipe: ", errno);
-  s.thread = std::thread([&s] { s.run(); });
+  s.thread = std::thread([&s] {
+    // The process's signals (a SIGTERM to stop training) go to its other threads.
+    sigset_t all;
+    ::sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
+    s.run();
+  });
 }
 
 StoreServer::~StoreServer() {
@@ -369,16 +394,6 @@ bool recv_exact(int fd, char* out, std::size_t n, Clock::time_point deadline, bo
   return true;
 }
 
-bool send_exact(int fd, std::string_view data) {
-  while (!data.empty()) {
-    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data.remove_prefix(static_cast<std::size_t>(n));
-  }
-  return true;
-}
-
 }  // namespace
 
 StoreClient::StoreClient(const TcpEndpoint& at, milliseconds timeout) : at_(at), timeout_(timeout) {
@@ -386,11 +401,16 @@ StoreClient::StoreClient(const TcpEndpoint& at, milliseconds timeout) : at_(at),
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
-  if (const int rc = ::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found); rc != 0)
-    throw InvalidInput(
-        str("rendezvous ", at.text(), ": the host ", at.host, " has no address here (", ::gai_strerror(rc), ")"));
-  const auto start = Clock::now();
-  const auto deadline = start + timeout;
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    const int rc = ::getaddrinfo(at.host.c_str(), std::to_string(at.port).c_str(), &hints, &found);
+    if (rc == 0) break;
+    // A name server that did not answer (yet) is asked again until the time-out.
+    if (rc != EAI_AGAIN || Clock::now() >= deadline)
+      throw InvalidInput(
+          str("rendezvous ", at.text(), ": the host ", at.host, " has no address here (", ::gai_strerror(rc), ")"));
+    std::this_thread::sleep_for(milliseconds(100));
+  }
   for (;;) {
     fd_ = connect_once(found, deadline);
     if (fd_ >= 0) {
@@ -398,8 +418,8 @@ StoreClient::StoreClient(const TcpEndpoint& at, milliseconds timeout) : at_(at),
       // proxy, a server going down) is retried as one that did not answer.
       std::string hello;
       char buf[kStoreHello.size()];
-      if (send_exact(fd_, kStoreHello)) {
-        bool timed_out = false;
+      bool timed_out = false;
+      if (send_all(fd_, kStoreHello, deadline, timed_out)) {
         while (hello.size() < kStoreHello.size() && recv_exact(fd_, buf, 1, deadline, timed_out)) hello += buf[0];
       }
       if (hello == kStoreHello) break;
@@ -433,17 +453,26 @@ std::string StoreClient::ask(const StoreRequest& r) {
     return CommError(broken_);
   };
   if (!broken_.empty()) throw CommError(broken_);
-  if (!send_exact(fd_, encode_store_request(r))) throw lost("the store hung up");
   const auto deadline = Clock::now() + timeout_;
-  char status = 0;
   bool timed_out = false;
-  if (!recv_exact(fd_, &status, 1, deadline, timed_out)) {
-    if (!timed_out) throw lost("the store hung up");
+  const auto late = [&] {
     // A late answer would be read as the next one's: the connection is done.
     broken_ = str("rendezvous ", at_.text(), ": the store did not answer within ", seconds(timeout_));
-    throw CommTimeout(broken_);
+    return CommTimeout(broken_);
+  };
+  if (!send_all(fd_, encode_store_request(r), deadline, timed_out)) {
+    if (timed_out) throw late();
+    throw lost("the store hung up");
   }
-  if (status == 2) throw CommError(str("rendezvous ", at_.text(), ": the store is full (", kStoreMaxBytes, " bytes)"));
+  char status = 0;
+  if (!recv_exact(fd_, &status, 1, deadline, timed_out)) {
+    if (timed_out) throw late();
+    throw lost("the store hung up");
+  }
+  if (status == 2) {  // (and the server closed the connection)
+    broken_ = str("rendezvous ", at_.text(), ": the store is full (", kStoreMaxBytes, " bytes)");
+    throw CommError(broken_);
+  }
   std::string out(1, status);
   if (r.op == StoreOp::read && status == 1) {
     char len[4];

@@ -15,8 +15,11 @@
 //             full); read's yes is followed by the value's length (4) and
 //             the value
 // Keys are at most kStoreMaxKey bytes, values kStoreMaxValue: a request
-// naming more is malformed, and its connection is closed before anything
-// is allocated for it.
+// naming more is malformed, and its connection is closed as soon as the
+// lengths are read (the server holds at most one declared request per
+// connection, and nothing before the greeting but its 8 bytes). There is
+// no authentication: whoever reaches the port can read and write the
+// keys (a run's machines are trusted with each other, as gloo's are).
 #pragma once
 
 #include <chrono>
@@ -94,8 +97,9 @@ class StoreServer {
 // A connection to a store. The constructor retries until the server
 // answers or `timeout` has passed (the server's process may start later):
 // a host with no address is an InvalidInput at once, no answer within the
-// time a CommTimeout, a service that is not a store a CommError, each one
-// line naming the endpoint. Each operation waits at most `timeout` for its
+// time a CommTimeout (a peer that accepts and hangs up without a word is
+// retried as one that did not answer), a service that answers other than
+// a store does a CommError, each one line naming the endpoint. Each operation waits at most `timeout` for its
 // answer; a lost connection is a CommError (the store's process is gone),
 // and the client does not reconnect. Safe to use from several threads.
 class StoreClient {

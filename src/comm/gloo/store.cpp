@@ -62,13 +62,20 @@ std::vector<char> KeyStore::get(const std::string& key) {
 }
 
 void KeyStore::wait(const std::vector<std::string>& keys, const milliseconds& timeout) {
+  // Keys are never removed: one found stays found, so each poll asks only
+  // for the first key still missing (one question per poll, not one per
+  // key: over TCP each is a round trip to rank 0's store).
   const auto start = Clock::now();
+  std::size_t found = 0;
   for (;;) {
-    std::vector<std::string> missing;
-    for (const std::string& k : keys)
-      if (!has(k)) missing.push_back(k);
-    if (missing.empty()) return;
-    if (Clock::now() - start > timeout) throw CommTimeout(describe_missing(missing, timeout));
+    while (found < keys.size() && has(keys[found])) ++found;
+    if (found == keys.size()) return;
+    if (Clock::now() - start > timeout) {
+      std::vector<std::string> missing;
+      for (std::size_t i = found; i < keys.size(); ++i)
+        if (!has(keys[i])) missing.push_back(keys[i]);
+      throw CommTimeout(describe_missing(missing, timeout));
+    }
     std::this_thread::sleep_for(Clock::now() - start < milliseconds(100) ? milliseconds(1) : milliseconds(5));
   }
 }
