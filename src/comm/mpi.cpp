@@ -12,6 +12,7 @@
 
 #include "distopt/core/buffer.hpp"
 #include "distopt/core/copy.hpp"
+#include "seconds.hpp"
 
 namespace distopt {
 
@@ -31,7 +32,7 @@ int to_int(std::size_t bytes, const char* what) {
   return static_cast<int>(bytes);
 }
 
-std::string seconds(std::chrono::milliseconds t) { return str(t.count() / 1000.0, " s"); }
+using comm_detail::seconds;
 
 class MpiComm;
 

@@ -19,6 +19,7 @@
 
 #include "distopt/comm/types.hpp"
 #include "distopt/core/error.hpp"
+#include "seconds.hpp"
 
 namespace distopt {
 
@@ -37,9 +38,7 @@ std::uint32_t get_u32(std::string_view in, std::size_t at) {
   return n;
 }
 
-std::string seconds(milliseconds t) {
-  return str(static_cast<double>(t.count()) / 1000.0, " s");
-}
+using comm_detail::seconds;
 
 int remaining_ms(Clock::time_point deadline) {
   const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();

@@ -20,13 +20,14 @@
 
 #include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
+#include "seconds.hpp"
 
 // Internal to the library: hidden from libdistopt.so (src/exports.map), as in src/optim/rule_impl.hpp.
 #define DISTOPT_INTERNAL __attribute__((visibility("hidden")))
 
 namespace distopt::threads_detail {
 
-DISTOPT_INTERNAL inline std::string seconds(std::chrono::milliseconds t) { return str(t.count() / 1000.0, " s"); }
+using comm_detail::seconds;
 
 // Abort and membership state shared by every group of one world. Lock
 // order: World::m may be taken while holding a group's mutex (split makes a

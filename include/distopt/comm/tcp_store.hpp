@@ -113,7 +113,6 @@ class StoreClient {
   bool create_once(const std::string& key, const std::vector<char>& value);  // true: this call created it
   bool has(const std::string& key);
   std::optional<std::vector<char>> read(const std::string& key);
-  const TcpEndpoint& endpoint() const { return at_; }
 
  private:
   std::string ask(const StoreRequest& r);  // the answer's status byte and value, whole

@@ -19,8 +19,6 @@
 
 namespace distopt::gloo_detail {
 
-std::string seconds(milliseconds t) { return str(static_cast<double>(t.count()) / 1000.0, " s"); }
-
 std::string rank_list(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ", ") + std::to_string(r);

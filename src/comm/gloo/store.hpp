@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../seconds.hpp"
 #include "distopt/comm/gloo.hpp"
 #include "distopt/comm/tcp_store.hpp"
 
@@ -22,7 +23,7 @@ namespace distopt::gloo_detail {
 using Clock = Communicator::Clock;
 using std::chrono::milliseconds;
 
-std::string seconds(milliseconds t);
+using comm_detail::seconds;
 std::string rank_list(const std::vector<int>& ranks);
 
 // The rendezvous as a key-value store, with the operations the membership
