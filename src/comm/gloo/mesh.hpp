@@ -1,0 +1,100 @@
+// The gloo backend's data path (private to src/comm/gloo; see mesh.cpp and
+// docs/reliability.md, "Processes"): a full mesh of TCP connections between
+// the processes of one group, whose messages move in the thread that waits
+// for them.
+//
+// Why not gloo's own pairs: each of gloo's unbound-buffer messages waits
+// for a "ready to receive" notice from its receiver, and every byte is
+// read by gloo's event-loop thread and handed to the waiting one, whose
+// pair lock the loop spins on meanwhile; on a 2-core machine an 8-byte
+// all_reduce of 2 processes took 180-400 us (MPI: 6.5 us) and pinned to
+// one core each 4 ms (docs/cluster.md, "gloo and MPI").
+//
+// Here a message is a 16-byte header (slot, bytes) and its bytes, sent at
+// once (eager); a receiver matches it to the receive posted on the same
+// peer and slot, first posted first, or keeps it until one is posted.
+// Messages between two processes keep their order per slot. Whichever
+// thread waits polls every connection, so no message waits for a thread
+// that is not running, and a message no one waits for yet does not block
+// its connection.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "distopt/comm/communicator.hpp"
+
+namespace distopt::gloo_detail {
+
+class KeyStore;
+
+// A wait on a connection that broke ("connection to rank 2 closed"), or
+// that timed out ("Timed out ...").
+class MeshError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Mesh {
+ public:
+  using Clock = Communicator::Clock;
+
+  // Rank `rank` of `size` connects to the others: it listens on `host`
+  // (empty: this machine's name), leaves its address under
+  // "<prefix>/<rank>" in `store`, connects to the lower ranks and accepts
+  // the higher ones, all within `timeout` (CommTimeout naming the ranks
+  // that did not come, CommError for an address that does not answer).
+  static std::shared_ptr<Mesh> connect(KeyStore& store, const std::string& prefix, const std::string& host, int rank,
+                                       int size, std::chrono::milliseconds timeout);
+  // Throws CommError where this process cannot listen on `host`.
+  static void check_listen(const std::string& host);
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(peers_.size()); }
+
+  struct Op;
+  // A message to `peer` from `data` (kept valid until its wait ends), or
+  // one from `peer` into `data` (`bytes` must be the size sent).
+  std::shared_ptr<Op> send(int peer, std::uint64_t slot, const void* data, std::size_t bytes);
+  std::shared_ptr<Op> recv(int peer, std::uint64_t slot, void* data, std::size_t bytes);
+  // True when `op` is done, false when abort_pending ended its wait.
+  // Throws MeshError when its connection broke or `until` passed.
+  bool wait(Op& op, Clock::time_point until);
+  // The waits of every operation not done now return false.
+  void abort_pending();
+  // Ends every connection: no byte is read into or written from a
+  // caller's buffer after it returns; waits throw.
+  void close();
+
+ private:
+  struct Peer;
+  Mesh(int rank, std::vector<int> fds);
+  void post(Peer& p, const std::shared_ptr<Op>& op);
+  void write_some(Peer& p);
+  void read_some(Peer& p);
+  void broke(Peer& p, const std::string& why);
+  void wake();
+
+  int rank_;
+  std::vector<std::unique_ptr<Peer>> peers_;  // by rank; null for this one
+  int wake_fd_ = -1;                          // an eventfd that ends a poll
+  std::mutex m_;
+  std::condition_variable cv_;  // an operation finished, or the poller stopped
+  bool polling_ = false;        // a thread polls the connections
+  bool closed_ = false;
+  std::vector<std::weak_ptr<Op>> pending_;  // for abort_pending
+};
+
+}  // namespace distopt::gloo_detail
