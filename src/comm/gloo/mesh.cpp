@@ -208,6 +208,20 @@ Fd connect_to(const std::string& address, Mesh::Clock::time_point until, const s
 
 }  // namespace
 
+Mesh::Greeting Mesh::greeting(const unsigned char* head, std::size_t prefix_length, int rank, int size) {
+  const std::uint32_t from = get_u32(head + 8), length = get_u32(head + 12);
+  if (std::memcmp(head, kHello, sizeof kHello) != 0 || length != prefix_length || from <= std::uint32_t(rank) ||
+      from >= std::uint32_t(size))
+    return {};
+  return {static_cast<int>(from)};
+}
+
+std::shared_ptr<Mesh> Mesh::over(int rank, std::vector<int> fds) {
+  for (int fd : fds)
+    if (fd >= 0) set_nonblocking(fd);
+  return std::shared_ptr<Mesh>(new Mesh(rank, std::move(fds)));
+}
+
 void Mesh::check_listen(const std::string& host) {
   std::string address;
   listen_on(host, 1, address);
@@ -290,17 +304,15 @@ std::shared_ptr<Mesh> Mesh::connect(KeyStore& store, const std::string& prefix, 
     } catch (const CommError&) {
       continue;
     }
-    const std::uint32_t from = get_u32(head + 8), length = get_u32(head + 12);
-    if (std::memcmp(head, kHello, sizeof kHello) != 0 || length != prefix.size() || from <= std::uint32_t(rank) ||
-        from >= std::uint32_t(size) || fds[from].get() >= 0)
-      continue;
-    std::string theirs(length, '\0');
+    const int from = greeting(head, prefix.size(), rank, size).rank;
+    if (from < 0 || fds[static_cast<std::size_t>(from)].get() >= 0) continue;
+    std::string theirs(prefix.size(), '\0');
     try {
-      if (!recv_until(fd.get(), theirs.data(), length, until, "greeting") || theirs != prefix) continue;
+      if (!recv_until(fd.get(), theirs.data(), theirs.size(), until, "greeting") || theirs != prefix) continue;
     } catch (const CommError&) {
       continue;
     }
-    fds[from] = std::move(fd);
+    fds[static_cast<std::size_t>(from)] = std::move(fd);
     ++accepted;
   }
   std::vector<int> raw(static_cast<std::size_t>(size), -1);
@@ -450,12 +462,18 @@ void Mesh::read_some(Peer& p) {
           return broke(p, "it sent a message of an unexpected size");
         }
       } else {
-        p.in_buf = std::vector<char>(p.in_bytes);
+        p.in_buf.clear();  // grown as the bytes come: a size read is not trusted before them
       }
     }
     if (p.in_got < p.in_bytes) {
+      std::size_t room = p.in_bytes - p.in_got;
+      if (!p.in_op) {
+        if (p.in_buf.size() == p.in_got)
+          p.in_buf.resize(p.in_got + std::min(room, std::max<std::size_t>(p.in_got, std::size_t{64} << 10)));
+        room = p.in_buf.size() - p.in_got;
+      }
       char* into = p.in_op ? p.in_op->data : p.in_buf.data();
-      const ssize_t k = ::recv(p.fd, into + p.in_got, p.in_bytes - p.in_got, MSG_DONTWAIT);
+      const ssize_t k = ::recv(p.fd, into + p.in_got, room, MSG_DONTWAIT);
       if (k == 0) return broke(p, "the connection closed");
       if (k < 0) {
         if (errno == EINTR) continue;

@@ -55,6 +55,17 @@ class Mesh {
   // that did not come, CommError for an address that does not answer).
   static std::shared_ptr<Mesh> connect(KeyStore& store, const std::string& prefix, const std::string& host, int rank,
                                        int size, std::chrono::milliseconds timeout);
+  // A mesh over connected stream sockets, one per rank (-1 for `rank`'s
+  // own), which it then owns: for tests and fuzzing.
+  static std::shared_ptr<Mesh> over(int rank, std::vector<int> fds);
+  // A greeting's first 16 bytes: the rank it names and the length of the
+  // prefix that follows, or rank -1 where they do not greet as a member of
+  // a group of `size` whose `rank` accepts them (a rank above it, a prefix
+  // of `prefix_length` bytes).
+  struct Greeting {
+    int rank = -1;
+  };
+  static Greeting greeting(const unsigned char* head, std::size_t prefix_length, int rank, int size);
   // Throws CommError where this process cannot listen on `host`.
   static void check_listen(const std::string& host);
   ~Mesh();
