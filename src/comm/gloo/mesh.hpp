@@ -19,6 +19,8 @@
 // its connection.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -36,6 +38,7 @@
 namespace distopt::gloo_detail {
 
 class KeyStore;
+struct Bytes;
 
 // A wait on a connection that broke ("connection to rank 2 closed"), or
 // that timed out ("Timed out ...").
@@ -92,11 +95,27 @@ class Mesh {
  private:
   struct Peer;
   Mesh(int rank, std::vector<int> fds);
+  // Ring bytes per pair for a group of `size` on one machine (0: none;
+  // DISTOPT_GLOO_SHM=0 turns them off).
+  static std::size_t ring_capacity(int size);
+  // Each pair on this machine agrees on two rings in shared memory (one
+  // each way), over its connection; other pairs keep to TCP.
+  void share_memory(std::size_t capacity, Clock::time_point until);
   void post(Peer& p, const std::shared_ptr<Op>& op);
+  // Bytes to or from the peer's connection or ring: how many moved (0:
+  // none can now), or -1 once the connection broke.
+  long put(Peer& p, const iovec* iov, int n);
+  long take(Peer& p, char* into, std::size_t n);
   void write_some(Peer& p);
   void read_some(Peer& p);
   void broke(Peer& p, const std::string& why);
   void wake();
+  Bytes buffer(std::size_t n);
+  void recycle(Bytes b);
+  // Moves what the rings allow (the lock held); true when a ring has data
+  // or room a send waits for.
+  void progress_rings();
+  bool rings_ready() const;
 
   int rank_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by rank; null for this one
@@ -106,6 +125,7 @@ class Mesh {
   bool polling_ = false;        // a thread polls the connections
   bool closed_ = false;
   std::vector<std::weak_ptr<Op>> pending_;  // for abort_pending
+  std::vector<Bytes> spare_;                // (kept for reuse)
 };
 
 }  // namespace distopt::gloo_detail
