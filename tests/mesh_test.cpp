@@ -1,6 +1,7 @@
-// The gloo backend's data path (src/comm/gloo/mesh.hpp) on its own: two or
-// three meshes over socket pairs, or connected through a rendezvous
-// directory. The backend's behaviour as a whole is comm_gloo_test's.
+// The gloo backend's data path (src/comm/gloo/mesh.hpp) on its own: two
+// meshes over a socket pair, their messages on it or in shared-memory
+// rings (each test runs both ways), or three connected through a
+// rendezvous directory. The backend as a whole is comm_gloo_test's.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,17 +22,27 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Ranks 0 and 1 of a group, over a socket pair.
-std::pair<std::shared_ptr<Mesh>, std::shared_ptr<Mesh>> pair_of_meshes() {
+// Ranks 0 and 1 of a group, over a socket pair, with rings or without.
+std::pair<std::shared_ptr<Mesh>, std::shared_ptr<Mesh>> pair_of_meshes(bool rings) {
   int sv[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) throw std::runtime_error("socketpair");
-  return {Mesh::over(0, {-1, sv[0]}), Mesh::over(1, {sv[1], -1})};
+  std::shared_ptr<Mesh> b;
+  std::thread t([&] { b = Mesh::over(1, {sv[1], -1}, rings); });
+  auto a = Mesh::over(0, {-1, sv[0]}, rings);
+  t.join();
+  EXPECT_EQ(a->uses_rings(1), rings);
+  EXPECT_EQ(b->uses_rings(0), rings);
+  return {a, b};
 }
+
+class Mesh2 : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(SocketAndRings, Mesh2, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Rings" : "Socket"; });
 
 Mesh::Clock::time_point soon(std::chrono::milliseconds d = 5s) { return Mesh::Clock::now() + d; }
 
-TEST(Mesh, AMessageSentBeforeItsReceiveIsPostedWaitsForIt) {
-  auto [a, b] = pair_of_meshes();
+TEST_P(Mesh2, AMessageSentBeforeItsReceiveIsPostedWaitsForIt) {
+  auto [a, b] = pair_of_meshes(GetParam());
   std::vector<int> x(1000), y(1000, 0);
   std::iota(x.begin(), x.end(), 7);
   auto s = a->send(1, 5, x.data(), x.size() * sizeof(int));
@@ -48,8 +59,8 @@ TEST(Mesh, AMessageSentBeforeItsReceiveIsPostedWaitsForIt) {
   EXPECT_EQ(x, y);
 }
 
-TEST(Mesh, MessagesOfOneSlotArriveInOrder) {
-  auto [a, b] = pair_of_meshes();
+TEST_P(Mesh2, MessagesOfOneSlotArriveInOrder) {
+  auto [a, b] = pair_of_meshes(GetParam());
   std::vector<std::shared_ptr<Mesh::Op>> ops;
   int out[20], in[20] = {};
   for (int i = 0; i < 20; ++i) {
@@ -68,8 +79,8 @@ TEST(Mesh, MessagesOfOneSlotArriveInOrder) {
   for (int k = 0; k < 20; ++k) EXPECT_EQ(in[order[static_cast<std::size_t>(k)]], k * k) << k;
 }
 
-TEST(Mesh, LargeMessagesBothWaysAtOnceDoNotBlockEachOther) {
-  auto [a, b] = pair_of_meshes();
+TEST_P(Mesh2, LargeMessagesBothWaysAtOnceDoNotBlockEachOther) {
+  auto [a, b] = pair_of_meshes(GetParam());
   const std::size_t n = 16 << 20;  // far above any socket buffer
   std::vector<char> xa(n, 'a'), xb(n, 'b'), ya(n), yb(n);
   std::thread t([&, b = b] {
@@ -87,8 +98,8 @@ TEST(Mesh, LargeMessagesBothWaysAtOnceDoNotBlockEachOther) {
   EXPECT_EQ(yb, xa);
 }
 
-TEST(Mesh, TwoThreadsWaitingAtOnceBothFinish) {
-  auto [a, b] = pair_of_meshes();
+TEST_P(Mesh2, TwoThreadsWaitingAtOnceBothFinish) {
+  auto [a, b] = pair_of_meshes(GetParam());
   int x1 = 1, x2 = 2, y1 = 0, y2 = 0;
   auto r1 = b->recv(0, 1, &y1, sizeof y1);
   auto r2 = b->recv(0, 2, &y2, sizeof y2);
@@ -102,8 +113,8 @@ TEST(Mesh, TwoThreadsWaitingAtOnceBothFinish) {
   EXPECT_EQ(y2, 2);
 }
 
-TEST(Mesh, AWaitEndsOnAbortOnTimeOutAndOnALostPeer) {
-  auto [a, b] = pair_of_meshes();
+TEST_P(Mesh2, AWaitEndsOnAbortOnTimeOutAndOnALostPeer) {
+  auto [a, b] = pair_of_meshes(GetParam());
   int y = 0;
   auto r = b->recv(0, 1, &y, sizeof y);
   std::thread t([&, b = b] {
@@ -137,16 +148,16 @@ TEST(Mesh, AWaitEndsOnAbortOnTimeOutAndOnALostPeer) {
   }
 }
 
-TEST(Mesh, AMessageOfTheWrongSizeIsAnError) {
-  auto [a, b] = pair_of_meshes();
+TEST_P(Mesh2, AMessageOfTheWrongSizeIsAnError) {
+  auto [a, b] = pair_of_meshes(GetParam());
   int x[2] = {1, 2}, y = 0;
   a->wait(*a->send(1, 1, x, sizeof x), soon());
   auto r = b->recv(0, 1, &y, sizeof y);
   EXPECT_THROW(b->wait(*r, soon()), MeshError);
 }
 
-TEST(Mesh, CloseEndsEveryWait) {
-  auto [a, b] = pair_of_meshes();
+TEST_P(Mesh2, CloseEndsEveryWait) {
+  auto [a, b] = pair_of_meshes(GetParam());
   int y = 0;
   auto r = b->recv(0, 1, &y, sizeof y);
   std::thread t([&, b = b] {

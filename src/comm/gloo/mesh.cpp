@@ -237,10 +237,13 @@ Mesh::Greeting Mesh::greeting(const unsigned char* head, std::size_t prefix_leng
   return {static_cast<int>(from)};
 }
 
-std::shared_ptr<Mesh> Mesh::over(int rank, std::vector<int> fds) {
+std::shared_ptr<Mesh> Mesh::over(int rank, std::vector<int> fds, bool rings) {
   for (int fd : fds)
     if (fd >= 0) set_nonblocking(fd);
-  return std::shared_ptr<Mesh>(new Mesh(rank, std::move(fds)));
+  const int size = static_cast<int>(fds.size());
+  auto mesh = std::shared_ptr<Mesh>(new Mesh(rank, std::move(fds)));
+  if (rings) mesh->share_memory(ring_capacity(size), Clock::now() + std::chrono::seconds(10));
+  return mesh;
 }
 
 void Mesh::check_listen(const std::string& host) {
@@ -296,9 +299,8 @@ struct Mesh::Peer {
   int fd = -1;  // the connection (on one machine with rings, only to see the peer go)
   bool rings = false;
   Ring out, in;
-  // A send waits for room in `out`: its tail when the poller looked.
+  // A send waits for room in `out` (the poller's look).
   bool waits_for_room = false;
-  std::uint64_t room_tail = 0;
   std::string broken;  // why the connection ended; empty while it works
   std::deque<std::shared_ptr<Op>> sends;  // the first is being written
   std::map<std::uint64_t, std::deque<std::shared_ptr<Op>>> posted;
@@ -795,9 +797,12 @@ bool Mesh::rings_ready() const {
     if (!p || !p->rings) continue;
     const RingControl* in = p->in.control();
     if (in->head.load(std::memory_order_acquire) != in->tail.load(std::memory_order_relaxed)) return true;
+    // Any room: the send's last write filled the ring. (Not "the tail
+    // moved since we looked": the peer may have emptied it before.)
     if (p->waits_for_room) {
       const RingControl* out = p->out.control();
-      if (out->tail.load(std::memory_order_acquire) != p->room_tail) return true;
+      if (out->head.load(std::memory_order_acquire) - out->tail.load(std::memory_order_acquire) < p->out.capacity)
+        return true;
     }
   }
   return false;
@@ -825,7 +830,6 @@ bool Mesh::wait(Op& op, Clock::time_point until) {
       if (!p || !p->broken.empty()) continue;
       rings = rings || p->rings;
       p->waits_for_room = p->rings && !p->sends.empty();
-      if (p->waits_for_room) p->room_tail = p->out.control()->tail.load(std::memory_order_acquire);
       // (A ring's peer sends nothing on its socket: it is polled to see it go.)
       const bool out = !p->rings && !p->sends.empty();
       fds.push_back({p->fd, static_cast<short>(POLLIN | (out ? POLLOUT : 0)), 0});
@@ -881,6 +885,8 @@ bool Mesh::wait(Op& op, Clock::time_point until) {
     cv_.notify_all();
   }
 }
+
+bool Mesh::uses_rings(int peer) const { return peers_.at(static_cast<std::size_t>(peer))->rings; }
 
 void Mesh::abort_pending() {
   std::lock_guard lock(m_);

@@ -59,8 +59,10 @@ class Mesh {
   static std::shared_ptr<Mesh> connect(KeyStore& store, const std::string& prefix, const std::string& host, int rank,
                                        int size, std::chrono::milliseconds timeout);
   // A mesh over connected stream sockets, one per rank (-1 for `rank`'s
-  // own), which it then owns: for tests and fuzzing.
-  static std::shared_ptr<Mesh> over(int rank, std::vector<int> fds);
+  // own), which it then owns: for tests and fuzzing. With `rings`, it
+  // agrees on shared-memory rings with each peer as connect() does (the
+  // peers must do the same at once).
+  static std::shared_ptr<Mesh> over(int rank, std::vector<int> fds, bool rings = false);
   // A greeting's first 16 bytes: the rank it names and the length of the
   // prefix that follows, or rank -1 where they do not greet as a member of
   // a group of `size` whose `rank` accepts them (a rank above it, a prefix
@@ -77,6 +79,8 @@ class Mesh {
 
   int rank() const { return rank_; }
   int size() const { return static_cast<int>(peers_.size()); }
+  // Messages to and from `peer` go through shared memory.
+  bool uses_rings(int peer) const;
 
   struct Op;
   // A message to `peer` from `data` (kept valid until its wait ends), or
