@@ -45,8 +45,10 @@ constexpr std::size_t kSpares = 8;
 constexpr int kSpins = 50;
 // Between processes of one machine: looks at the rings (yielding between
 // them) before a wait sleeps in 1 ms polls; the sockets are looked at
-// every kSocketLook-th time (a lost peer, a wake-up).
-constexpr int kRingSpins = 20000;
+// every kSocketLook-th time (a lost peer, a wake-up). 200, 2000 and 20000
+// looks trained the same (scripts/bench_gloo's mlp, 4 processes on 2
+// cores); fewer leave more of a loaded machine to others.
+constexpr int kRingSpins = 2000;
 constexpr int kSocketLook = 16;
 // Shared memory for the rings of one group, all pairs together: at most
 // 32 MiB, each ring 256 KiB to 4 MiB (a group too large for 256 KiB rings
