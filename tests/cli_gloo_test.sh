@@ -344,6 +344,9 @@ SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 expect_error 2 "--backend threads under sr
 # across machines (MASTER_ADDR and MASTER_PORT; here every "machine" is
 # this one) and under torchrun whose agent holds MASTER_PORT (the port
 # after it): the threads backend's bits.
+# Every message on TCP, as between machines (DISTOPT_GLOO_SHM=0: no
+# shared-memory rings).
+export DISTOPT_GLOO_SHM=0
 rv="tcp://127.0.0.1:$(free_port)" gloo_run tcp 3 -- "${sv[@]}" --max-steps 12
 [ "$(statuses tcp)" = "0 0 0" ] || fail "tcp: exits $(statuses tcp): $(cat "$tmp/tcp"/err.*)"
 [ "$(hash_of "$tmp/tcp/out.0")" = "$want" ] || fail "tcp: not the threads backend's bits"

@@ -604,7 +604,12 @@ long Mesh::put(Peer& p, const iovec* iov, int n) {
   if (p.rings) {
     RingControl* c = p.out.control();
     const std::uint64_t head = c->head.load(std::memory_order_relaxed);
-    std::size_t space = p.out.capacity - static_cast<std::size_t>(head - c->tail.load(std::memory_order_acquire));
+    const std::uint64_t used = head - c->tail.load(std::memory_order_acquire);
+    if (used > p.out.capacity) {  // (the peer's process wrote over the ring's count)
+      broke(p, "its ring's read count is corrupt");
+      return -1;
+    }
+    std::size_t space = p.out.capacity - static_cast<std::size_t>(used);
     std::size_t moved = 0;
     for (int i = 0; i < n && space > 0; ++i) {
       const std::size_t k = std::min(space, iov[i].iov_len);
@@ -632,7 +637,12 @@ long Mesh::take(Peer& p, char* into, std::size_t n) {
   if (p.rings) {
     RingControl* c = p.in.control();
     const std::uint64_t tail = c->tail.load(std::memory_order_relaxed);
-    const std::size_t k = std::min(n, static_cast<std::size_t>(c->head.load(std::memory_order_acquire) - tail));
+    const std::uint64_t ready = c->head.load(std::memory_order_acquire) - tail;
+    if (ready > p.in.capacity) {
+      broke(p, "its ring's write count is corrupt");
+      return -1;
+    }
+    const std::size_t k = std::min(n, static_cast<std::size_t>(ready));
     if (k > 0) {
       copy_out(p.in, tail, into, k);
       c->tail.store(tail + k, std::memory_order_release);
