@@ -2,6 +2,8 @@
 // meshes over a socket pair, their messages on it or in shared-memory
 // rings (each test runs both ways), or three connected through a
 // rendezvous directory. The backend as a whole is comm_gloo_test's.
+#include "../src/comm/gloo/mesh.hpp"
+
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -14,7 +16,6 @@
 #include <thread>
 #include <vector>
 
-#include "../src/comm/gloo/mesh.hpp"
 #include "../src/comm/gloo/store.hpp"
 
 namespace distopt::gloo_detail {
@@ -39,7 +40,9 @@ class Mesh2 : public ::testing::TestWithParam<bool> {};
 INSTANTIATE_TEST_SUITE_P(SocketAndRings, Mesh2, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "Rings" : "Socket"; });
 
-Mesh::Clock::time_point soon(std::chrono::milliseconds d = 5s) { return Mesh::Clock::now() + d; }
+Mesh::Clock::time_point soon(std::chrono::milliseconds d = 5s) {
+  return Mesh::Clock::now() + d;
+}
 
 TEST_P(Mesh2, AMessageSentBeforeItsReceiveIsPostedWaitsForIt) {
   auto [a, b] = pair_of_meshes(GetParam());

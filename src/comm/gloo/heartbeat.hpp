@@ -8,7 +8,6 @@
 // it, and then aborts its own waits on the group (Shared::watch_for_leavers).
 #pragma once
 
-
 #include <condition_variable>
 #include <cstdint>
 #include <memory>

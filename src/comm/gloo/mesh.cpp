@@ -12,18 +12,18 @@
 #include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
-#include <sstream>
-#include <string_view>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string_view>
 #include <utility>
 
 #include "distopt/core/error.hpp"
@@ -60,7 +60,9 @@ constexpr std::size_t kRingMin = std::size_t{256} << 10, kRingMax = std::size_t{
 // took several polls each and training ran at 0.6-0.8x MPI's speed.
 constexpr int kSocketBuffer = 4 << 20;
 
-std::string errno_text(int e) { return std::strerror(e); }
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
 
 void put_u64(unsigned char* p, std::uint64_t v) {
   for (int i = 0; i < 8; ++i) p[i] = static_cast<unsigned char>(v >> (8 * i));
@@ -84,7 +86,9 @@ int ms_until(Mesh::Clock::time_point until, int cap) {
   return static_cast<int>(std::clamp<long long>(left, 0, cap));
 }
 
-void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
+void set_nonblocking(int fd) {
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
 
 void set_options(int fd) {
   int one = 1;
@@ -303,7 +307,7 @@ struct Mesh::Peer {
   Ring out, in;
   // A send waits for room in `out` (the poller's look).
   bool waits_for_room = false;
-  std::string broken;  // why the connection ended; empty while it works
+  std::string broken;                     // why the connection ended; empty while it works
   std::deque<std::shared_ptr<Op>> sends;  // the first is being written
   std::map<std::uint64_t, std::deque<std::shared_ptr<Op>>> posted;
   std::map<std::uint64_t, std::deque<Bytes>> unexpected;
@@ -327,8 +331,8 @@ std::shared_ptr<Mesh> Mesh::connect(KeyStore& store, const std::string& prefix, 
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r)
     if (r != rank) keys.push_back(str(prefix, "/", r));
-  store.wait(keys, std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(
-                                                               until - Clock::now())));
+  store.wait(
+      keys, std::max(std::chrono::milliseconds(1), std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now())));
   std::vector<Fd> fds(static_cast<std::size_t>(size));
   // Connects to the lower ranks, each greeted with this rank and the prefix.
   std::vector<unsigned char> hello(sizeof kHello + 8 + prefix.size());
@@ -352,8 +356,8 @@ std::shared_ptr<Mesh> Mesh::connect(KeyStore& store, const std::string& prefix, 
       std::vector<int> missing;
       for (int r = rank + 1; r < size; ++r)
         if (fds[static_cast<std::size_t>(r)].get() < 0) missing.push_back(r);
-      throw CommTimeout(str("timed out after ", seconds(timeout), " waiting for rank(s) ", rank_list(missing),
-                            " to connect"));
+      throw CommTimeout(
+          str("timed out after ", seconds(timeout), " waiting for rank(s) ", rank_list(missing), " to connect"));
     }
     Fd fd(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (fd.get() < 0) continue;
@@ -560,8 +564,7 @@ std::shared_ptr<Mesh::Op> Mesh::recv(int peer, std::uint64_t slot, void* data, s
     if (it->second.empty()) p.unexpected.erase(it);
     if (m.size != bytes)
       op->error = str("a message of ", m.size, " bytes from rank ", peer, " where ", bytes, " were expected");
-    else if (bytes > 0)
-      std::memcpy(op->data, m.data.get(), bytes);
+    else if (bytes > 0) std::memcpy(op->data, m.data.get(), bytes);
     op->complete = op->error.empty();
     recycle(std::move(m));
     return op;
@@ -737,8 +740,8 @@ void Mesh::read_some(Peer& p) {
       it->second.pop_front();
       if (it->second.empty()) p.posted.erase(it);
       if (op->bytes != p.in_bytes) {
-        op->error = str("a message of ", p.in_bytes, " bytes from rank ", p.rank, " where ", op->bytes,
-                        " were expected");
+        op->error =
+            str("a message of ", p.in_bytes, " bytes from rank ", p.rank, " where ", op->bytes, " were expected");
         return broke(p, "it sent a message of an unexpected size");
       }
       if (op->bytes > 0) std::memcpy(op->data, p.in_buf.data.get(), op->bytes);
@@ -898,7 +901,9 @@ bool Mesh::wait(Op& op, Clock::time_point until) {
   }
 }
 
-bool Mesh::uses_rings(int peer) const { return peers_.at(static_cast<std::size_t>(peer))->rings; }
+bool Mesh::uses_rings(int peer) const {
+  return peers_.at(static_cast<std::size_t>(peer))->rings;
+}
 
 void Mesh::abort_pending() {
   std::lock_guard lock(m_);
