@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../src/comm/gloo/store.hpp"
+#include "distopt/core/error.hpp"
 
 namespace distopt::gloo_detail {
 namespace {
@@ -169,6 +170,51 @@ TEST_P(Mesh2, CloseEndsEveryWait) {
   });
   EXPECT_THROW(b->wait(*r, soon()), MeshError);
   t.join();
+}
+
+TEST_P(Mesh2, AMessageSentBeforeThePeerWentIsStillReceived) {
+  auto [a, b] = pair_of_meshes(GetParam());
+  int x = 5, y = 0, z = 0;
+  ASSERT_TRUE(a->wait(*a->send(1, 1, &x, sizeof x), soon()));
+  a.reset();  // its connection (and its side of the rings) ends
+  std::this_thread::sleep_for(20ms);
+  EXPECT_TRUE(b->wait(*b->recv(0, 1, &y, sizeof y), soon()));
+  EXPECT_EQ(y, 5);
+  EXPECT_THROW(b->wait(*b->recv(0, 1, &z, sizeof z), soon()), MeshError);
+}
+
+TEST_P(Mesh2, AWaitThatTakesAnotherThreadsMessageWakesIt) {
+  // Thread t polls for slot 2; the main thread's wait for slot 1 may read
+  // slot 2's message first: t must learn it at once, not at its deadline.
+  auto [a, b] = pair_of_meshes(GetParam());
+  const auto t0 = Mesh::Clock::now();
+  for (int i = 0; i < 200; ++i) {
+    int x1 = i, x2 = -i, y1 = 0, y2 = 0;
+    auto r1 = b->recv(0, 1, &y1, sizeof y1);
+    auto r2 = b->recv(0, 2, &y2, sizeof y2);
+    std::thread t([&, b = b] { EXPECT_TRUE(b->wait(*r2, soon(3s))); });
+    a->wait(*a->send(1, 2, &x2, sizeof x2), soon());
+    a->wait(*a->send(1, 1, &x1, sizeof x1), soon());
+    EXPECT_TRUE(b->wait(*r1, soon(3s)));
+    t.join();
+    ASSERT_EQ(y1, i);
+    ASSERT_EQ(y2, -i);
+  }
+  EXPECT_LT(Mesh::Clock::now() - t0, 2s);
+}
+
+TEST_P(Mesh2, ACancelledReceiveLeavesItsMessageToTheNext) {
+  auto [a, b] = pair_of_meshes(GetParam());
+  int x = 7, y = 1, dead = -1;
+  auto gone = b->recv(0, 1, &dead, sizeof dead);
+  b->cancel(*gone);
+  ASSERT_TRUE(a->wait(*a->send(1, 1, &x, sizeof x), soon()));
+  EXPECT_TRUE(b->wait(*b->recv(0, 1, &y, sizeof y), soon()));
+  EXPECT_EQ(y, 7);
+  EXPECT_EQ(dead, -1);
+  EXPECT_THROW(b->wait(*gone, soon()), MeshError);
+  // A message to this rank itself is refused.
+  EXPECT_THROW(b->send(1, 1, &x, sizeof x), PreconditionError);
 }
 
 TEST(Mesh, AGreetingMustNameAHigherRankAndThePrefixsLength) {

@@ -19,9 +19,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string_view>
 #include <utility>
@@ -267,6 +269,8 @@ struct Mesh::Op {
   unsigned char header[kHeader] = {};
   bool complete = false, aborted = false;
   std::string error;
+  std::unique_ptr<char[]> own;  // a cancelled send's rest: its bytes from own_from on
+  std::size_t own_from = 0;
 };
 
 // A single-producer single-consumer byte ring in memory two processes
@@ -319,6 +323,7 @@ struct Mesh::Peer {
   std::size_t in_bytes = 0, in_got = 0;
   std::shared_ptr<Op> in_op;
   Bytes in_buf;
+  bool discard = false;  // the message being read had its receive cancelled
 };
 
 std::shared_ptr<Mesh> Mesh::connect(KeyStore& store, const std::string& prefix, const std::string& host, int rank,
@@ -428,7 +433,10 @@ bool map_ring(Ring& r, const std::string& name, std::size_t capacity, bool creat
   // took microseconds each.)
   void* base = ok ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0) : MAP_FAILED;
   ::close(fd);
-  if (base == MAP_FAILED) return false;
+  if (base == MAP_FAILED) {
+    if (create) ::shm_unlink(name.c_str());  // (only one this call made)
+    return false;
+  }
   r.base = base;
   r.mapped = bytes;
   r.capacity = capacity;
@@ -442,6 +450,12 @@ void Mesh::share_memory(std::size_t capacity, Clock::time_point until) {
   const std::string boot = capacity > 0 ? boot_id() : std::string();
   if (boot.empty()) capacity = 0;
   static std::atomic<std::uint64_t> count{0};
+  static const std::string nonce = [] {
+    std::random_device rd;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%08x%08x", rd(), rd());
+    return std::string(hex);
+  }();
   std::vector<std::string> mine;
   struct Unlink {
     std::vector<std::string>& names;
@@ -454,12 +468,11 @@ void Mesh::share_memory(std::size_t capacity, Clock::time_point until) {
     if (!p) continue;
     std::string offer = "none";
     if (capacity > 0) {
-      const std::string name = str("/distopt.", ::getpid(), ".", count.fetch_add(1));
+      // (The nonce: processes of other PID namespaces may share /dev/shm.)
+      const std::string name = str("/distopt.", ::getpid(), ".", nonce, ".", count.fetch_add(1));
       if (map_ring(p->out, name, capacity, true)) {
         mine.push_back(name);
         offer = str(boot, " ", name, " ", capacity);
-      } else {
-        ::shm_unlink(name.c_str());
       }
     }
     unsigned char length[4];
@@ -537,7 +550,7 @@ std::shared_ptr<Mesh::Op> Mesh::send(int peer, std::uint64_t slot, const void* d
   put_u64(op->header, slot);
   put_u64(op->header + 8, bytes);
   std::lock_guard lock(m_);
-  Peer& p = *peers_.at(static_cast<std::size_t>(peer));
+  Peer& p = peer_at(peer);
   if (!p.broken.empty()) {
     op->error = p.broken;
     return op;
@@ -556,7 +569,7 @@ std::shared_ptr<Mesh::Op> Mesh::recv(int peer, std::uint64_t slot, void* data, s
   op->data = static_cast<char*>(data);
   op->bytes = bytes;
   std::lock_guard lock(m_);
-  Peer& p = *peers_.at(static_cast<std::size_t>(peer));
+  Peer& p = peer_at(peer);
   auto it = p.unexpected.find(slot);
   if (it != p.unexpected.end()) {
     Bytes m = std::move(it->second.front());
@@ -576,6 +589,43 @@ std::shared_ptr<Mesh::Op> Mesh::recv(int peer, std::uint64_t slot, void* data, s
   post(p, op);
   p.posted[slot].push_back(op);
   return op;
+}
+
+Mesh::Peer& Mesh::peer_at(int rank) {
+  if (rank < 0 || rank >= size() || rank == rank_)
+    throw PreconditionError(str("mesh: no connection from rank ", rank_, " to rank ", rank));
+  return *peers_[static_cast<std::size_t>(rank)];
+}
+
+void Mesh::cancel(Op& op) {
+  std::lock_guard lock(m_);
+  if (op.complete || !op.error.empty() || closed_) return;
+  Peer& p = *peers_[static_cast<std::size_t>(op.peer)];
+  if (op.is_send) {
+    // Not begun: dropped. Begun: the rest is copied, so that the message
+    // still ends whole (the receiver expects its bytes).
+    auto it = std::find_if(p.sends.begin(), p.sends.end(), [&](const auto& o) { return o.get() == &op; });
+    if (it == p.sends.end()) return;
+    if (op.done == 0) {
+      p.sends.erase(it);
+    } else {
+      const std::size_t body = op.done > kHeader ? op.done - kHeader : 0;
+      op.own = std::make_unique_for_overwrite<char[]>(op.bytes - body + 1);
+      std::memcpy(op.own.get(), op.data + body, op.bytes - body);
+      op.own_from = body;
+    }
+    op.error = "cancelled";
+    return;
+  }
+  if (p.in_op.get() == &op) {  // being read: the rest of it is dropped
+    p.in_op.reset();
+    p.discard = true;
+    p.in_buf = buffer(std::size_t{64} << 10);
+  } else if (auto it = p.posted.find(op.slot); it != p.posted.end()) {
+    std::erase_if(it->second, [&](const auto& o) { return o.get() == &op; });
+    if (it->second.empty()) p.posted.erase(it);
+  }
+  op.error = "cancelled";
 }
 
 void Mesh::post(Peer&, const std::shared_ptr<Op>& op) {
@@ -673,12 +723,16 @@ void Mesh::write_some(Peer& p) {
     int n = 0;
     if (op.done < kHeader) iov[n++] = {op.header + op.done, kHeader - op.done};
     const std::size_t body_done = op.done > kHeader ? op.done - kHeader : 0;
-    if (op.bytes > body_done) iov[n++] = {op.data + body_done, op.bytes - body_done};
+    if (op.bytes > body_done) {
+      char* from = op.own ? op.own.get() + (body_done - op.own_from) : op.data + body_done;
+      iov[n++] = {from, op.bytes - body_done};
+    }
     const long k = put(p, iov, n);
     if (k <= 0) return;
     op.done += static_cast<std::size_t>(k);
     if (op.done < kHeader + op.bytes) continue;
     op.complete = true;
+    ++done_;
     p.sends.pop_front();
   }
 }
@@ -712,24 +766,36 @@ void Mesh::read_some(Peer& p) {
     }
     if (p.in_got < p.in_bytes) {
       std::size_t room = p.in_bytes - p.in_got;
-      if (!p.in_op) {
+      char* into = nullptr;
+      if (p.in_op) {
+        into = p.in_op->data + p.in_got;
+      } else if (p.discard) {  // (read and dropped, a buffer at a time)
+        room = std::min(room, p.in_buf.capacity);
+        into = p.in_buf.data.get();
+      } else {
         if (p.in_buf.capacity == p.in_got) {
           Bytes more = buffer(std::min(p.in_bytes, 2 * p.in_got));
           if (p.in_got > 0) std::memcpy(more.data.get(), p.in_buf.data.get(), p.in_got);
           recycle(std::exchange(p.in_buf, std::move(more)));
         }
         room = std::min(room, p.in_buf.capacity - p.in_got);
+        into = p.in_buf.data.get() + p.in_got;
       }
-      char* into = p.in_op ? p.in_op->data : p.in_buf.data.get();
-      const long k = take(p, into + p.in_got, room);
+      const long k = take(p, into, room);
       if (k <= 0) return;
       p.in_got += static_cast<std::size_t>(k);
       if (p.in_got < p.in_bytes) continue;
     }
     // A whole message.
     p.header_got = 0;
+    if (p.discard) {
+      p.discard = false;
+      recycle(std::exchange(p.in_buf, Bytes()));
+      continue;
+    }
     if (p.in_op) {
       p.in_op->complete = true;
+      ++done_;
       p.in_op.reset();
       continue;
     }
@@ -746,6 +812,7 @@ void Mesh::read_some(Peer& p) {
       }
       if (op->bytes > 0) std::memcpy(op->data, p.in_buf.data.get(), op->bytes);
       op->complete = true;
+      ++done_;
       recycle(std::exchange(p.in_buf, Bytes()));
       continue;
     }
@@ -806,10 +873,10 @@ void Mesh::progress_rings() {
   }
 }
 
-// (Read without the lock: only the other process moves these now.)
-bool Mesh::rings_ready() const {
-  for (const auto& p : peers_) {
-    if (!p || !p->rings) continue;
+// (Read without the lock: the peers were taken under it, and only the
+// other process moves these counts meanwhile.)
+bool Mesh::rings_ready(const std::vector<Peer*>& ring_peers) {
+  for (const Peer* p : ring_peers) {
     const RingControl* in = p->in.control();
     if (in->head.load(std::memory_order_acquire) != in->tail.load(std::memory_order_relaxed)) return true;
     // Any room: the send's last write filled the ring. (Not "the tail
@@ -826,9 +893,16 @@ bool Mesh::rings_ready() const {
 bool Mesh::wait(Op& op, Clock::time_point until) {
   std::unique_lock lock(m_);
   std::vector<pollfd> fds;
-  std::vector<Peer*> of;
+  std::vector<Peer*> of, ring_peers;
   for (;;) {
+    const std::uint64_t done_before = done_;
     if (!closed_) progress_rings();
+    if (done_ != done_before) {
+      // Another thread's operation may be done: its waiter learns it (on
+      // the condition, or, polling, from the wake-up).
+      cv_.notify_all();
+      if (polling_) wake();
+    }
     if (op.complete) return true;
     if (!op.error.empty()) throw MeshError(op.error);
     if (op.aborted) return false;
@@ -840,11 +914,18 @@ bool Mesh::wait(Op& op, Clock::time_point until) {
     }
     fds.assign(1, pollfd{wake_fd_, POLLIN, 0});
     of.assign(1, nullptr);
-    bool rings = false;
+    ring_peers.clear();
+    bool sockets = false;
     for (auto& p : peers_) {
-      if (!p || !p->broken.empty()) continue;
-      rings = rings || p->rings;
-      p->waits_for_room = p->rings && !p->sends.empty();
+      if (!p) continue;
+      p->waits_for_room = false;
+      if (!p->broken.empty()) continue;
+      if (p->rings) {
+        p->waits_for_room = !p->sends.empty();
+        ring_peers.push_back(p.get());
+      } else {
+        sockets = true;
+      }
       // (A ring's peer sends nothing on its socket: it is polled to see it go.)
       const bool out = !p->rings && !p->sends.empty();
       fds.push_back({p->fd, static_cast<short>(POLLIN | (out ? POLLOUT : 0)), 0});
@@ -856,7 +937,7 @@ bool Mesh::wait(Op& op, Clock::time_point until) {
     // them (a peer on this core may be the one to answer), then a poll
     // that sleeps; with rings, many looks at them and then 1 ms sleeps.
     int ready = 0;
-    if (!rings) {
+    if (ring_peers.empty()) {
       for (int spin = 0; spin < kSpins && ready == 0; ++spin) {
         ready = ::poll(fds.data(), fds.size(), 0);
         if (ready == 0) ::sched_yield();
@@ -864,7 +945,12 @@ bool Mesh::wait(Op& op, Clock::time_point until) {
       if (ready == 0) ready = ::poll(fds.data(), fds.size(), ms_until(until, 1000));
     } else {
       for (int spin = 1;; ++spin) {
-        if (rings_ready()) break;
+        if (rings_ready(ring_peers)) {
+          // (Sockets too, where some peers are on TCP: a stream on the
+          // rings does not starve them.)
+          if (sockets) ready = ::poll(fds.data(), fds.size(), 0);
+          break;
+        }
         if (spin % kSocketLook == 0 || spin > kRingSpins) {
           ready = ::poll(fds.data(), fds.size(), spin > kRingSpins ? 1 : 0);
           if (ready != 0 || Clock::now() >= until) break;
@@ -874,6 +960,10 @@ bool Mesh::wait(Op& op, Clock::time_point until) {
     }
     lock.lock();
     polling_ = false;
+    struct Notify {  // (also when reading throws)
+      std::condition_variable& cv;
+      ~Notify() { cv.notify_all(); }
+    } notify{cv_};
     if (ready > 0 && !closed_) {
       if (fds[0].revents) {
         std::uint64_t count;
@@ -883,13 +973,19 @@ bool Mesh::wait(Op& op, Clock::time_point until) {
         if (!fds[i].revents) continue;
         Peer& p = *of[i];
         if (p.rings) {
-          // Nothing comes on a ring peer's socket but its end.
+          // Nothing comes on a ring peer's socket but its end: what it
+          // wrote to the ring before is read first.
           if (p.broken.empty()) {
             char byte;
             const ssize_t k = ::recv(p.fd, &byte, 1, MSG_DONTWAIT);
-            if (k == 0) broke(p, "the connection closed");
-            else if (k > 0) broke(p, "it sent on the socket of a shared-memory pair");
-            else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) broke(p, errno_text(errno));
+            const bool end = k >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+            if (end) {
+              const int e = errno;
+              read_some(p);
+              if (k == 0) broke(p, "the connection closed");
+              else if (k > 0) broke(p, "it sent on the socket of a shared-memory pair");
+              else broke(p, errno_text(e));
+            }
           }
           continue;
         }
@@ -897,7 +993,6 @@ bool Mesh::wait(Op& op, Clock::time_point until) {
         if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_some(p);
       }
     }
-    cv_.notify_all();
   }
 }
 

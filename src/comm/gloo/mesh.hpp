@@ -13,7 +13,10 @@
 // Here a message is a 16-byte header (slot, bytes) and its bytes, sent at
 // once (eager); a receiver matches it to the receive posted on the same
 // peer and slot, first posted first, or keeps it until one is posted.
-// Messages between two processes keep their order per slot. Whichever
+// Messages between two processes keep their order per slot. Nothing
+// limits what a sender sends ahead: a message no receive is ever posted
+// for stays in memory until the group ends (the communicator's
+// operations are all matched). Whichever
 // thread waits polls every connection, so no message waits for a thread
 // that is not running, and a message no one waits for yet does not block
 // its connection.
@@ -95,6 +98,10 @@ class Mesh {
   // Ends every connection: no byte is read into or written from a
   // caller's buffer after it returns; waits throw.
   void close();
+  // An operation whose caller will not wait for it (its buffer may go):
+  // a receive is withdrawn (a message it was reading is read and dropped),
+  // a send not begun is dropped and one begun finishes from a copy.
+  void cancel(Op& op);
 
  private:
   struct Peer;
@@ -116,10 +123,12 @@ class Mesh {
   void wake();
   Bytes buffer(std::size_t n);
   void recycle(Bytes b);
-  // Moves what the rings allow (the lock held); true when a ring has data
-  // or room a send waits for.
+  // Moves what the rings allow (the lock held).
   void progress_rings();
-  bool rings_ready() const;
+  // A ring of these has data, or room a send waits for.
+  static bool rings_ready(const std::vector<Peer*>& ring_peers);
+  // The peer `rank` (PreconditionError for this rank or one outside).
+  Peer& peer_at(int rank);
 
   int rank_;
   std::vector<std::unique_ptr<Peer>> peers_;  // by rank; null for this one
@@ -127,6 +136,7 @@ class Mesh {
   std::mutex m_;
   std::condition_variable cv_;  // an operation finished, or the poller stopped
   bool polling_ = false;        // a thread polls the connections
+  std::uint64_t done_ = 0;      // operations done (for the waiters of others)
   bool closed_ = false;
   std::vector<std::weak_ptr<Op>> pending_;  // for abort_pending
   std::vector<Bytes> spare_;                // (kept for reuse)

@@ -152,6 +152,10 @@ void GlooComm::exchange(const char* op, std::span<const Message> sends, std::spa
   }
 }
 
+GlooRequest::~GlooRequest() {
+  if (!done_) comm_.mesh_->cancel(*op_);
+}
+
 void GlooRequest::wait() {
   if (done_) return;
   const auto until = Clock::now() + comm_.timeout();

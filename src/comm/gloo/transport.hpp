@@ -70,6 +70,7 @@ class GlooRequest final : public Request {
  public:
   GlooRequest(GlooComm& comm, std::shared_ptr<Mesh::Op> op, bool send, int peer, int tag)
       : comm_(comm), op_(std::move(op)), send_(send), peer_(peer), tag_(tag) {}
+  ~GlooRequest() override;
   // Waits (a test would need a wait that can end early without failing).
   bool test() override {
     wait();
