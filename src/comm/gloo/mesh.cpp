@@ -49,8 +49,10 @@ constexpr int kSpins = 50;
 // them) before a wait sleeps in 1 ms polls; the sockets are looked at
 // every kSocketLook-th time (a lost peer, a wake-up). 200, 2000 and 20000
 // looks trained the same (scripts/bench_gloo's mlp, 4 processes on 2
-// cores); fewer leave more of a loaded machine to others.
-constexpr int kRingSpins = 2000;
+// cores), and 100 too (1.2x MPI's steps per second), while 2000 starved
+// other processes of a loaded machine (cli.slurm beside cli.gloo: a job
+// ran past its scancel, processes did not start within 10 s).
+constexpr int kRingSpins = 100;
 constexpr int kSocketLook = 16;
 // Shared memory for the rings of one group, all pairs together: at most
 // 32 MiB, each ring 256 KiB to 4 MiB (a group too large for 256 KiB rings
