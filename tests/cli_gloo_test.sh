@@ -152,20 +152,22 @@ grep -q "^distopt: rank(s) 2 lost after step 5; 3 ranks go on from step 5 ([0-9.
   || fail "diloco: $(cat "$tmp/diloco/err.0")"
 [ "$(hash_of "$tmp/diloco/out.0")" = "$want" ] || fail "diloco: not the threads backend's bits"
 
+long=("${base[@]}" --train-size 4096 --epochs 3)  # 258 steps (sections 7 and 10)
 # 4. Two losses in a row: rank 2 killed after step 5, then rank 1 killed
 # from outside (kill -9) once the first change is reported; the last two
-# finish at world 2, both changes recorded.
-long=("${base[@]}" --train-size 4096 --epochs 3)
+# finish at world 2, both changes recorded. (12 epochs, 1032 steps: the
+# kill must land while they train, which 258 steps did not always outlast
+# once messages went through shared memory.)
 ( for i in $(seq 600); do grep -q "lost after" "$tmp/two/err.0" 2>/dev/null && break; sleep 0.05; done
   sleep 0.3; kill -9 "$(cat "$tmp/two/pid.1")" ) &
-gloo_run two 4 DISTOPT_FAULT=kill:2:5 -- "${long[@]}" --on-rank-failure continue --comm-timeout $timeout \
+gloo_run two 4 DISTOPT_FAULT=kill:2:5 -- "${base[@]}" --train-size 4096 --epochs 12 --on-rank-failure continue --comm-timeout $timeout \
   --metrics "$tmp/two/m.jsonl"
 wait
 [ "$(statuses two)" = "0 137 137 0" ] || fail "two losses: exits $(statuses two): $(cat "$tmp/two"/err.*)"
 python3 - "$tmp/two/out.0" "$tmp/two/m.jsonl" <<'PY' || fail "two losses: summary or metrics: $(cat "$tmp/two/err.0")"
 import json, sys
 s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
-assert s["membership_changes"] == 2 and s["world_at_end"] == 2 and s["steps"] == 258, s
+assert s["membership_changes"] == 2 and s["world_at_end"] == 2 and s["steps"] == 1032, s
 m = [r for r in map(json.loads, open(sys.argv[2])) if r["kind"] == "membership"]
 assert [(r["world_before"], r["world"], r["lost"]) for r in m] == [(4, 3, [2]), (3, 2, [1])], m
 PY
@@ -344,6 +346,9 @@ SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 expect_error 2 "--backend threads under sr
 # across machines (MASTER_ADDR and MASTER_PORT; here every "machine" is
 # this one) and under torchrun whose agent holds MASTER_PORT (the port
 # after it): the threads backend's bits.
+# Every message on TCP, as between machines (DISTOPT_GLOO_SHM=0: no
+# shared-memory rings).
+export DISTOPT_GLOO_SHM=0
 rv="tcp://127.0.0.1:$(free_port)" gloo_run tcp 3 -- "${sv[@]}" --max-steps 12
 [ "$(statuses tcp)" = "0 0 0" ] || fail "tcp: exits $(statuses tcp): $(cat "$tmp/tcp"/err.*)"
 [ "$(hash_of "$tmp/tcp/out.0")" = "$want" ] || fail "tcp: not the threads backend's bits"

@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -112,10 +113,18 @@ void collectives_bits(const std::string& rendezvous) {
   }
 }
 
+// Rank 0's TCP store, and every message on TCP (no shared-memory rings):
+// what processes on several machines use.
+class GlooTcp : public ::testing::Test {
+ protected:
+  void SetUp() override { ::setenv("DISTOPT_GLOO_SHM", "0", 1); }
+  void TearDown() override { ::unsetenv("DISTOPT_GLOO_SHM"); }
+};
+
 TEST(Gloo, CollectivesHaveTheThreadsBackendsBits) {
   collectives_bits(fresh_dir("bits"));
 }
-TEST(GlooTcp, CollectivesHaveTheThreadsBackendsBits) {
+TEST_F(GlooTcp, CollectivesHaveTheThreadsBackendsBits) {
   collectives_bits(tcp_rendezvous());
 }
 
@@ -158,7 +167,7 @@ void point_to_point(const std::string& rendezvous) {
 TEST(Gloo, PointToPointSplitAndNonBlockingCollectives) {
   point_to_point(fresh_dir("p2p"));
 }
-TEST(GlooTcp, PointToPointSplitAndNonBlockingCollectives) {
+TEST_F(GlooTcp, PointToPointSplitAndNonBlockingCollectives) {
   point_to_point(tcp_rendezvous());
 }
 
@@ -220,7 +229,7 @@ void survivors_shrink(const std::string& rendezvous) {
 TEST(Gloo, SurvivorsOfALostRankShrinkAndGoOn) {
   survivors_shrink(fresh_dir("shrink"));
 }
-TEST(GlooTcp, SurvivorsOfALostRankShrinkAndGoOn) {
+TEST_F(GlooTcp, SurvivorsOfALostRankShrinkAndGoOn) {
   survivors_shrink(tcp_rendezvous());
 }
 
@@ -372,7 +381,7 @@ TEST(Gloo, AProcessJoinsBetweenTwoCollectives) {
   const std::string dir = fresh_dir("join");
   join_between(dir, dir + "/");
 }
-TEST(GlooTcp, AProcessJoinsBetweenTwoCollectives) {
+TEST_F(GlooTcp, AProcessJoinsBetweenTwoCollectives) {
   const std::string at = tcp_rendezvous();
   join_between(at, at);
 }

@@ -1,9 +1,11 @@
 // distopt bench optim [--json] [--rules a,b] [--cases 16M,1000x16K] [--threads 1,2]
-// distopt bench comm [--backend threads|mpi] [--world N] [--json] [--collectives ...]
+// distopt bench comm [--backend threads|mpi|gloo] [--world N] [--rank R --rendezvous DIR] [--json] [--collectives ...]
 // distopt bench strategies [--backend threads|mpi] [--worlds 2,4] [--models mlp,wide] [--json]
 // distopt bench gossip [--backend threads|mpi] [--worlds 4,8,16] [--bandwidths 100M,1G,none] [--json]
 // distopt bench memory --cap 1G [--world 4] [--strategies ddp,zero1,zero2,zero3] [--dim 256] [--json]
+#include <cstdio>
 #include <memory>
+#include <string>
 
 #include "backends.hpp"
 #include "commands.hpp"
@@ -11,8 +13,42 @@
 #include "distopt/bench/gossip_bench.hpp"
 #include "distopt/bench/optim_bench.hpp"
 #include "distopt/bench/strategies_bench.hpp"
+#include "distopt/core/error.hpp"
+#ifdef DISTOPT_HAVE_GLOO
+#include "distopt/comm/gloo.hpp"
+#endif
 
 namespace distopt::cli {
+
+namespace {
+
+struct GlooBench {
+  int rank = -1;
+  std::string rendezvous;
+};
+
+// bench comm on one process of a gloo world; the peer column is the copy
+// bandwidth, as under threads (gloo's own collectives are not reachable).
+int run_comm_bench_gloo(const bench::CommBenchOptions& c, const GlooBench& g) {
+#ifdef DISTOPT_HAVE_GLOO
+  if (g.rank < 0 || g.rank >= c.world || g.rendezvous.empty())
+    throw InvalidInput("bench comm --backend gloo: give each process --rank (0 .. --world - 1) and --rendezvous");
+  GlooOptions options;
+  options.rendezvous = g.rendezvous;
+  options.rank = g.rank;
+  options.size = c.world;
+  auto world = open_gloo_world(options);
+  const int status = bench::run_comm_bench(world->comm(), nullptr, c);
+  world->finish();
+  return status;
+#else
+  (void)c;
+  (void)g;
+  throw InvalidInput("bench comm --backend gloo: this build has no gloo backend (libgloo-dev)");
+#endif
+}
+
+}  // namespace
 
 Runner add_bench(CLI::App& app) {
   auto o = std::make_shared<bench::OptimBenchOptions>();
@@ -36,9 +72,15 @@ Runner add_bench(CLI::App& app) {
   optim->add_option("--dtype", o->dtype, "with --device cuda: the parameters' type, f32 (default), bf16 or f16");
 
   CLI::App* comm = sub->add_subcommand("comm", "collectives (nccl-tests style) against the backend's raw primitive");
-  comm->add_option("--backend", c->backend, "threads (default) or mpi (start with mpirun)")
-      ->check(CLI::IsMember({"threads", "mpi"}));
-  comm->add_option("--world", c->world, "ranks of the threads backend (default 2)")->check(CLI::Range(1, 64));
+  auto gloo = std::make_shared<GlooBench>();
+  comm->add_option("--backend", c->backend,
+                   "threads (default), mpi (start with mpirun) or gloo (start --world processes, each with its --rank "
+                   "and the same --rendezvous)")
+      ->check(CLI::IsMember({"threads", "mpi", "gloo"}));
+  comm->add_option("--world", c->world, "ranks of the threads backend, or gloo's processes (default 2)")
+      ->check(CLI::Range(1, 64));
+  comm->add_option("--rank", gloo->rank, "gloo: this process's rank")->check(CLI::Range(0, 63));
+  comm->add_option("--rendezvous", gloo->rendezvous, "gloo: a directory every process sees, or tcp://HOST:PORT");
   comm->add_option("--collectives", c->collectives, "all_reduce, reduce_scatter, all_gather, broadcast")
       ->delimiter(',');
   comm->add_option("--min-bytes", c->min_bytes, "smallest size (default 4096)");
@@ -90,13 +132,14 @@ Runner add_bench(CLI::App& app) {
   Runner memory;
   add_bench_memory(*sub, memory);
 
-  return [o, c, st, gb, bandwidths, optim, strat, gossip, memory] {
+  return [o, c, st, gb, bandwidths, optim, strat, gossip, memory, comm, gloo] {
     if (optim->parsed()) return bench::run_optim_bench(*o);
     if (const int status = memory(); status >= 0) return status;
     if (gossip->parsed() && !bandwidths->empty()) {
       gb->bandwidths.clear();
       for (const std::string& b : *bandwidths) gb->bandwidths.push_back(parse_bandwidth("--bandwidths", b));
     }
+    if (comm->parsed() && c->backend == "gloo") return run_comm_bench_gloo(*c, *gloo);
     const bool mpi = gossip->parsed() ? gb->backend == "mpi" : strat->parsed() ? st->backend == "mpi" : c->backend == "mpi";
     if (!mpi) {
       if (gossip->parsed()) return bench::run_gossip_bench_threads(*gb);

@@ -8,8 +8,6 @@
 // it, and then aborts its own waits on the group (Shared::watch_for_leavers).
 #pragma once
 
-#include <gloo/transport/device.h>
-
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -34,7 +32,7 @@ struct Shared {
   Shared(const std::string& rendezvous, milliseconds timeout, Elastic e, int first, bool serve)
       : store(open_store(rendezvous, timeout, serve)), elastic(e), first(first) {}
   std::unique_ptr<KeyStore> store;
-  std::shared_ptr<gloo::transport::Device> device;
+  std::string host;  // the address other processes reach this one at
   Elastic elastic;
   int first;  // this process's rank as first numbered
   std::mutex m;

@@ -17,7 +17,6 @@
 // lost a peer marks the group as left ("leaving/<epoch>"), which aborts
 // the other members' waits on it (Shared::watch_for_leavers, with each
 // heartbeat).
-#include <gloo/transport/tcp/device.h>
 #include <netdb.h>
 #include <signal.h>
 #include <unistd.h>
@@ -100,10 +99,7 @@ std::unique_ptr<Communicator> GlooComm::reform(int joins) {
   // So do this process's other waits on the group (a progress thread's, a
   // split communicator's).
   if (joins == 0) {
-    try {
-      ctx_->closeConnections();
-    } catch (const std::exception&) {
-    }
+    mesh_->close();
     shared_->abort_upto(epoch_, "this process re-forms the group (it lost a peer)");
   }
   Shared& sh = *shared_;
@@ -339,13 +335,14 @@ class World final : public GlooWorld {
   }
 
  private:
+  // The address of this process's connections, if it can listen there.
   static void make_device(Shared& sh, const std::string& host) {
     try {
-      sh.device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr(host.c_str()));
+      Mesh::check_listen(host);
     } catch (const std::exception& e) {
-      throw InvalidInput(str("gloo backend: cannot listen on ", host, " (", e.what(),
-                             "); give this machine's address with --gloo-host"));
+      throw InvalidInput(str("gloo backend: ", e.what(), "; give this machine's address with --gloo-host"));
     }
+    sh.host = host;
   }
 
   // Asks to join ("join/<k>", the first k free) and waits for the answer

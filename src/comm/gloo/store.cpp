@@ -2,7 +2,6 @@
 // and the connection of a group's ranks through it; see store.hpp.
 #include "store.hpp"
 
-#include <gloo/rendezvous/prefix_store.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,7 +14,9 @@
 #include <iterator>
 #include <thread>
 
+#include "distopt/core/error.hpp"
 #include "heartbeat.hpp"
+#include "mesh.hpp"
 
 namespace distopt::gloo_detail {
 
@@ -142,13 +143,8 @@ std::unique_ptr<KeyStore> open_store(const std::string& rendezvous, milliseconds
   return std::make_unique<DirStore>(rendezvous, timeout);
 }
 
-std::shared_ptr<gloo::rendezvous::Context> connect(Shared& sh, const std::string& prefix, int rank, int size,
-                                                   milliseconds timeout) {
-  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
-  ctx->setTimeout(timeout);
-  gloo::rendezvous::PrefixStore store(prefix, *sh.store);
-  ctx->connectFullMesh(store, sh.device);
-  return ctx;
+std::shared_ptr<Mesh> connect(Shared& sh, const std::string& prefix, int rank, int size, milliseconds timeout) {
+  return Mesh::connect(*sh.store, prefix, sh.host, rank, size, timeout);
 }
 
 }  // namespace distopt::gloo_detail

@@ -6,7 +6,6 @@
 // ranks through it (connect).
 #pragma once
 
-#include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 
 #include <chrono>
@@ -107,11 +106,12 @@ std::string read_or_empty(const KeyStore& store, const std::string& key);
 
 struct Shared;
 
-// Connects rank `rank` of a group of `size` to the others, through the
-// rendezvous (their addresses under `prefix` in sh.store) and this
-// process's device (sh.device; Shared is heartbeat.hpp's), with the
+class Mesh;
+
+// Connects rank `rank` of a group of `size` to the others (mesh.hpp),
+// through the rendezvous (their addresses under `prefix` in sh.store) on
+// this process's address (sh.host; Shared is heartbeat.hpp's), with the
 // time-out `timeout`.
-std::shared_ptr<gloo::rendezvous::Context> connect(Shared& sh, const std::string& prefix, int rank, int size,
-                                                   milliseconds timeout);
+std::shared_ptr<Mesh> connect(Shared& sh, const std::string& prefix, int rank, int size, milliseconds timeout);
 
 }  // namespace distopt::gloo_detail

@@ -2,7 +2,7 @@
 // see transport.hpp, include/distopt/comm/gloo.hpp and docs/reliability.md
 // ("Processes").
 //
-// Data: every message is a gloo unbound buffer sent to one peer on a slot;
+// Data: every message goes to one peer on a slot of the group's Mesh;
 // collectives use a slot of their own each (a per-communicator sequence, the
 // same on every rank since ranks issue collectives in the same order),
 // point-to-point messages the slot of their tag. Sums are reduce_ordered's.
@@ -21,8 +21,9 @@ void Shared::abort_upto(int epoch, const std::string& why, bool group_left) {
     if (e <= epoch) live->abort_all(why, group_left);
 }
 
-GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> ctx, bool top, int epoch)
-    : shared_(std::move(shared)), ctx_(std::move(ctx)), top_(top), epoch_(epoch) {
+GlooComm::GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<Mesh> mesh, bool top, int epoch)
+    : shared_(std::move(shared)), mesh_(std::move(mesh)), top_(top), epoch_(epoch) {
+  live_.attach(mesh_.get());
   std::lock_guard lock(shared_->lives_m);
   shared_->lives.emplace_back(epoch, &live_);
 }
@@ -34,10 +35,7 @@ GlooComm::~GlooComm() {
 }
 
 void GlooComm::fail(const std::string& op, int peer, const std::exception& e, Clock::time_point until) {
-  try {
-    ctx_->closeConnections();
-  } catch (const std::exception&) {
-  }
+  mesh_->close();
   // In an elastic world every communicator of this epoch is done: the
   // group re-forms.
   if (shared_->elastic == Elastic::on)
@@ -59,16 +57,13 @@ void GlooComm::fail(const std::string& op, int peer, const std::exception& e, Cl
 }
 
 std::unique_ptr<Request> GlooComm::do_isend(const void* buf, std::size_t bytes, int peer, int tag) {
-  auto ub = ctx_->createUnboundBuffer(const_cast<void*>(buf), bytes);
-  ub->send(peer, p2p_slot(tag), 0, bytes);
+  auto op = mesh_->send(peer, p2p_slot(tag), buf, bytes);
   count_sent(bytes);
-  return std::make_unique<GlooRequest>(*this, live_, std::move(ub), true, peer, tag);
+  return std::make_unique<GlooRequest>(*this, std::move(op), true, peer, tag);
 }
 
 std::unique_ptr<Request> GlooComm::do_irecv(void* buf, std::size_t bytes, int peer, int tag) {
-  auto ub = ctx_->createUnboundBuffer(buf, bytes);
-  ub->recv(peer, p2p_slot(tag), 0, bytes);
-  return std::make_unique<GlooRequest>(*this, live_, std::move(ub), false, peer, tag);
+  return std::make_unique<GlooRequest>(*this, mesh_->recv(peer, p2p_slot(tag), buf, bytes), false, peer, tag);
 }
 
 void GlooComm::do_broadcast(void* buf, std::size_t bytes, int root) {
@@ -128,49 +123,44 @@ std::unique_ptr<Communicator> GlooComm::do_split(int color, int key) {
 void GlooComm::exchange(const char* op, std::span<const Message> sends, std::span<const Message> recvs) {
   const std::uint64_t slot = kCollective + seq_++;
   const auto until = deadline();
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> in(recvs.size()), out(sends.size());
-  Registered registered(live_);  // after the buffers: unregistered before they are freed
+  std::vector<std::shared_ptr<Mesh::Op>> in(recvs.size()), out(sends.size());
   int peer = -1;
   try {
     for (std::size_t i = 0; i < recvs.size(); ++i) {
       if (recvs[i].bytes == 0) continue;
       peer = recvs[i].peer;
-      in[i] = ctx_->createUnboundBuffer(recvs[i].data, recvs[i].bytes);
-      registered.add(in[i].get());
-      in[i]->recv(recvs[i].peer, slot, 0, recvs[i].bytes);
+      in[i] = mesh_->recv(peer, slot, recvs[i].data, recvs[i].bytes);
     }
     for (std::size_t i = 0; i < sends.size(); ++i) {
       if (sends[i].bytes == 0) continue;
       peer = sends[i].peer;
-      out[i] = ctx_->createUnboundBuffer(sends[i].data, sends[i].bytes);
-      registered.add(out[i].get());
-      out[i]->send(sends[i].peer, slot, 0, sends[i].bytes);
+      out[i] = mesh_->send(peer, slot, sends[i].data, sends[i].bytes);
       count_sent(sends[i].bytes);
     }
     for (std::size_t i = 0; i < recvs.size(); ++i) {
       if (!in[i]) continue;
       peer = recvs[i].peer;
-      if (!in[i]->waitRecv(left(until))) live_.aborted();
+      if (!mesh_->wait(*in[i], until)) live_.aborted();
     }
     for (std::size_t i = 0; i < sends.size(); ++i) {
       if (!out[i]) continue;
       peer = sends[i].peer;
-      if (!out[i]->waitSend(left(until))) live_.aborted();
+      if (!mesh_->wait(*out[i], until)) live_.aborted();
     }
   } catch (const std::exception& e) {
     fail(op, std::string_view(op) == "barrier" ? -1 : peer, e, until);
   }
 }
 
-milliseconds GlooComm::left(Clock::time_point until) {
-  return std::max(milliseconds(1), std::chrono::duration_cast<milliseconds>(until - Clock::now()));
+GlooRequest::~GlooRequest() {
+  if (!done_) comm_.mesh_->cancel(*op_);
 }
 
 void GlooRequest::wait() {
   if (done_) return;
   const auto until = Clock::now() + comm_.timeout();
   try {
-    if (!(send_ ? buf_->waitSend(comm_.timeout()) : buf_->waitRecv(comm_.timeout()))) comm_.live_.aborted();
+    if (!comm_.mesh_->wait(*op_, until)) comm_.live_.aborted();
   } catch (const std::exception& e) {
     comm_.fail(str(send_ ? "send" : "recv", " (tag ", tag_, ")"), peer_, e, until);
   }

@@ -5,9 +5,6 @@
 // do_grow, reform, pending_joins) are membership.cpp's.
 #pragma once
 
-#include <gloo/context.h>
-#include <gloo/transport/unbound_buffer.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +19,7 @@
 
 #include "distopt/core/buffer.hpp"
 #include "heartbeat.hpp"
+#include "mesh.hpp"
 
 namespace distopt::gloo_detail {
 
@@ -37,30 +35,21 @@ class WaitAborted : public std::runtime_error {
   bool group_left_;
 };
 
-// The unbound buffers of a communicator with an operation pending: a
-// failure found by one thread aborts another's wait on the same
-// communicator (closing the pairs does not wake it), and a member that
-// left the group aborts them all (Shared::abort_upto).
+// What aborts the waits of a communicator: a failure found by one thread
+// aborts another's wait on the same communicator, and a member that left
+// the group aborts them all (Shared::abort_upto).
 class LiveBuffers {
  public:
-  void add(gloo::transport::UnboundBuffer* b) {
-    std::lock_guard lock(m_);
-    live_.push_back(b);
-  }
-  void remove(gloo::transport::UnboundBuffer* b) {
-    std::lock_guard lock(m_);
-    live_.erase(std::remove(live_.begin(), live_.end(), b), live_.end());
-  }
+  void attach(Mesh* mesh) { mesh_ = mesh; }
   void abort_all(const std::string& why, bool group_left = false) {
-    std::lock_guard lock(m_);
-    if (why_.empty()) {  // the first reason: the communicator is done
-      why_ = why;
-      group_left_ = group_left;
+    {
+      std::lock_guard lock(m_);
+      if (why_.empty()) {  // the first reason: the communicator is done
+        why_ = why;
+        group_left_ = group_left;
+      }
     }
-    for (auto* b : live_) {
-      b->abortWaitRecv();
-      b->abortWaitSend();
-    }
+    if (mesh_) mesh_->abort_pending();
   }
   // A wait that returned false: aborted, for this reason.
   [[noreturn]] void aborted() {
@@ -70,41 +59,19 @@ class LiveBuffers {
 
  private:
   std::mutex m_;
-  std::vector<gloo::transport::UnboundBuffer*> live_;
+  Mesh* mesh_ = nullptr;
   std::string why_;
   bool group_left_ = false;
 };
 
 class GlooComm;
 
-// Registers buffers for the scope of an operation.
-class Registered {
- public:
-  explicit Registered(LiveBuffers& live) : live_(live) {}
-  ~Registered() {
-    for (auto* b : mine_) live_.remove(b);
-  }
-  Registered(const Registered&) = delete;
-  Registered& operator=(const Registered&) = delete;
-  void add(gloo::transport::UnboundBuffer* b) {
-    live_.add(b);
-    mine_.push_back(b);
-  }
-
- private:
-  LiveBuffers& live_;
-  std::vector<gloo::transport::UnboundBuffer*> mine_;
-};
-
 class GlooRequest final : public Request {
  public:
-  GlooRequest(GlooComm& comm, LiveBuffers& live, std::unique_ptr<gloo::transport::UnboundBuffer> buf, bool send,
-              int peer, int tag)
-      : comm_(comm), buf_(std::move(buf)), registered_(live), send_(send), peer_(peer), tag_(tag) {
-    registered_.add(buf_.get());
-  }
-  // gloo has no test that leaves the context usable when it is not done
-  // (a wait that expires fails every pair): test waits.
+  GlooRequest(GlooComm& comm, std::shared_ptr<Mesh::Op> op, bool send, int peer, int tag)
+      : comm_(comm), op_(std::move(op)), send_(send), peer_(peer), tag_(tag) {}
+  ~GlooRequest() override;
+  // Waits (a test would need a wait that can end early without failing).
   bool test() override {
     wait();
     return true;
@@ -113,8 +80,7 @@ class GlooRequest final : public Request {
 
  private:
   GlooComm& comm_;
-  std::unique_ptr<gloo::transport::UnboundBuffer> buf_;
-  Registered registered_;  // after buf_: unregistered before it is freed
+  std::shared_ptr<Mesh::Op> op_;
   bool send_;
   int peer_, tag_;
   bool done_ = false;
@@ -124,11 +90,11 @@ class GlooComm final : public Communicator {
  public:
   // Made in the epoch current when it is made (a re-forming's after it
   // moved to the next).
-  GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<gloo::Context> ctx, bool top, int epoch);
+  GlooComm(std::shared_ptr<Shared> shared, std::shared_ptr<Mesh> mesh, bool top, int epoch);
   ~GlooComm() override;
 
-  int rank() const override { return ctx_->rank; }
-  int size() const override { return ctx_->size; }
+  int rank() const override { return mesh_->rank(); }
+  int size() const override { return mesh_->size(); }
   std::string_view backend() const override { return "gloo"; }
 
   // A failed wait: names the peer; RankLost in an elastic world's top
@@ -159,12 +125,11 @@ class GlooComm final : public Communicator {
   // Broadcast, barrier and (the base's rank-ordered ones, src/comm/ordered.cpp)
   // reduce-scatter and all-gather run on it.
   void exchange(const char* op, std::span<const Message> sends, std::span<const Message> recvs) override;
-  static milliseconds left(Clock::time_point until);
 
   friend class GlooRequest;
-  LiveBuffers live_;  // first: outlives every operation's registration
+  LiveBuffers live_;
   std::shared_ptr<Shared> shared_;
-  std::shared_ptr<gloo::Context> ctx_;
+  std::shared_ptr<Mesh> mesh_;
   bool top_;
   int epoch_;  // the membership epoch it belongs to
   std::uint64_t seq_ = 0;
