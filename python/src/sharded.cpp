@@ -14,6 +14,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "bindings.hpp"
@@ -21,6 +23,7 @@
 #include "distopt/checkpoint/run.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/checkpoint/state.hpp"
+#include "distopt/comm/threads.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/optim/clip.hpp"
 #include "distopt/parallel/strategy.hpp"
@@ -40,6 +43,110 @@ std::string sharded_strategy_list() {
   for (std::size_t k = 0; k < names.size(); ++k)
     out += (k == 0 ? "" : k + 1 == names.size() ? " and " : ", ") + names[k];
   return out;
+}
+
+std::vector<std::string> gossip_strategies() {
+  std::vector<std::string> out;
+  for (const parallel::StrategyInfo* s : parallel::all_strategies())
+    if (s->per_rank_models) out.emplace_back(s->name);
+  return out;
+}
+
+namespace {
+
+// ---- gossip options ---------------------------------------------------------
+
+// A Python keyword of GossipOptions and the member it sets.
+struct GossipKey {
+  const char* name;
+  std::variant<std::string parallel::GossipOptions::*, int parallel::GossipOptions::*,
+               double parallel::GossipOptions::*, bool parallel::GossipOptions::*>
+      member;
+};
+
+using G = parallel::GossipOptions;
+const GossipKey kGossipKeys[] = {
+    {"topology", &G::topology},
+    {"peers_per_iteration", &G::peers_per_iteration},
+    {"synch_freq", &G::synch_freq},
+    {"slowmo_base", &G::slowmo_base},
+    {"localsgd_frequency", &G::localsgd_frequency},
+    {"slowmo_frequency", &G::slowmo_frequency},
+    {"slowmo_momentum", &G::slowmo_momentum},
+    {"slowmo_lr", &G::slowmo_lr},
+    {"sync_every", &G::sync_every},
+    {"outer_optimizer", &G::outer_optimizer},
+    {"outer_lr", &G::outer_lr},
+    {"outer_momentum", &G::outer_momentum},
+    {"fragments", &G::fragments},
+    {"sync_delay", &G::sync_delay},
+    {"fragment_alpha", &G::fragment_alpha},
+    {"fragment_carry", &G::fragment_carry},
+    {"outer_dtype", &G::outer_dtype},
+    {"outer_error_feedback", &G::outer_error_feedback},
+};
+
+// `v` as the member's type: a word, a whole number, a number or a bool
+// (an int is no bool, a bool no number: both are mistakes in Python).
+void set_gossip(G& g, const GossipKey& key, py::handle v) {
+  const std::string name = key.name;
+  std::visit(
+      [&](auto member) {
+        using T = std::remove_reference_t<decltype(g.*member)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (!py::isinstance<py::str>(v)) throw InvalidInput(str(name, " must be a string"));
+          g.*member = v.cast<std::string>();
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (!py::isinstance<py::bool_>(v)) throw InvalidInput(str(name, " must be True or False"));
+          g.*member = v.cast<bool>();
+        } else if constexpr (std::is_same_v<T, int>) {
+          if (py::isinstance<py::bool_>(v) || !py::isinstance<py::int_>(v))
+            throw InvalidInput(str(name, " must be a whole number"));
+          const long long x = v.cast<long long>();
+          if (x < INT32_MIN || x > INT32_MAX) throw InvalidInput(str(name, " is out of range (", x, ")"));
+          g.*member = static_cast<int>(x);
+        } else {
+          if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v)))
+            throw InvalidInput(str(name, " must be a number"));
+          g.*member = v.cast<double>();
+        }
+      },
+      key.member);
+}
+
+}  // namespace
+
+std::vector<std::string> gossip_option_names() {
+  std::vector<std::string> out;
+  for (const GossipKey& k : kGossipKeys) out.emplace_back(k.name);
+  return out;
+}
+
+parallel::GossipOptions gossip_options(const std::string& strategy, const py::dict& options) {
+  const parallel::StrategyInfo& info = parallel::strategy_or_throw(strategy);
+  G g;
+  std::vector<std::string> given;
+  for (auto [k, v] : options) {
+    const std::string name = py::str(k);
+    const GossipKey* key = nullptr;
+    for (const GossipKey& c : kGossipKeys)
+      if (name == c.name) key = &c;
+    if (key == nullptr) {
+      std::string known;
+      for (const GossipKey& c : kGossipKeys) known += (known.empty() ? "" : ", ") + std::string(c.name);
+      throw InvalidInput(str("no gossip option '", name, "' (there are ", known, ")"));
+    }
+    set_gossip(g, *key, v);
+    given.push_back(name);
+  }
+  for (const std::string& name : given) {
+    std::string flag = name;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    const std::string why = info.option_misfit ? info.option_misfit(info, flag, g)
+                                               : str(name, " applies to the gossip strategies, not ", strategy);
+    if (!why.empty()) throw InvalidInput(str(name, ": ", why));
+  }
+  return g;
 }
 
 namespace {
@@ -63,15 +170,59 @@ parallel::FlatLayout layout_of(const std::vector<ParamSpec>& params) {
 
 }  // namespace
 
+std::vector<std::vector<float>> replay_strategy(const std::string& strategy, const std::string& rule,
+                                                const std::vector<ParamSpec>& params, std::span<const float> initial,
+                                                const OptionMap& options, const parallel::GossipOptions& gossip,
+                                                const std::vector<std::vector<std::vector<float>>>& grads) {
+  const parallel::FlatLayout layout = layout_of(params);
+  if (initial.size() != layout.elements)
+    throw InvalidInput(str("initial values: ", initial.size(), " elements for parameters of ", layout.elements));
+  if (grads.empty() || grads[0].empty()) throw InvalidInput("replay_strategy: no steps or no ranks");
+  const int world = static_cast<int>(grads[0].size());
+  for (const auto& step : grads) {
+    if (step.size() != grads[0].size()) throw InvalidInput("replay_strategy: every step needs every rank's gradient");
+    for (const auto& g : step)
+      if (g.size() != layout.elements)
+        throw InvalidInput(str("replay_strategy: a gradient of ", g.size(), " elements for ", layout.elements));
+  }
+  parallel::OptimizerSpec spec{rule, options, std::string(rule_or_throw(rule).companion)};
+  parallel::StrategyOptions so;
+  so.gossip = gossip;
+  std::vector<std::vector<float>> out(world, std::vector<float>(layout.elements));
+  spawn(world, [&](Communicator& comm) {
+    const int r = comm.rank();
+    auto s = parallel::make_strategy(strategy, comm, layout, initial, spec, so);
+    models::UnitAccess& access = s->access();
+    for (const auto& step : grads) {
+      const std::vector<float>& mine = step[r];
+      for (std::size_t u = layout.units.size(); u-- > 0;) {
+        const std::span<float> g = access.grads(u);
+        const float* src = mine.data() + layout.units[u].begin;
+        for (std::size_t k = 0; k < g.size(); ++k) g[k] = world > 1 ? src[k] / static_cast<float>(world) : src[k];
+        access.grads_done(u);
+      }
+      s->step();
+    }
+    for (std::size_t u = 0; u < layout.units.size(); ++u) {
+      const std::span<const float> p = access.acquire(u, models::Pass::forward);
+      std::copy(p.begin(), p.end(), out[r].begin() + static_cast<std::ptrdiff_t>(layout.units[u].begin));
+      access.release(u, models::Pass::forward);
+    }
+  });
+  return out;
+}
+
 PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& strategy, const std::string& rule,
                      const std::vector<ParamSpec>& params,
                      py::array_t<float, py::array::c_style | py::array::forcecast> initial, const py::dict& options,
-                     std::size_t bucket_elements)
+                     std::size_t bucket_elements, const py::dict& gossip)
     : comm_(std::move(comm)), strategy_name_(strategy), layout_(layout_of(params)) {
   const StrategyInfo_& info = parallel::strategy_or_throw(strategy);
-  if (info.per_rank_models)
-    throw InvalidInput(str("strategy ", strategy, ": the sharded optimizer runs ", sharded_strategy_list(),
-                           " (gossip strategies: distopt train)"));
+  per_rank_ = info.per_rank_models;
+  if (per_rank_)
+    options_.gossip = gossip_options(strategy, gossip);
+  else if (!gossip.empty())
+    throw InvalidInput(str("gossip options apply to the gossip strategies, not ", strategy));
   if (info.sharded_params)
     throw InvalidInput(str("strategy ", strategy, " gathers parameters per unit of the model as it runs; the "
                            "sharded optimizer runs ", sharded_strategy_list()));
@@ -81,6 +232,7 @@ PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& stra
   spec_.fallback = std::string(rule_or_throw(rule).companion);
   options_.bucket_elements = bucket_elements;
   direct_grads_ = !info.sharded_grads;
+  if (per_rank_) model_.assign(layout_.elements, 0.0f);
   if (static_cast<std::size_t>(initial.size()) != layout_.elements)
     throw InvalidInput(str("initial values: ", initial.size(), " elements for parameters of ", layout_.elements));
   if (!direct_grads_) grads_.assign(layout_.elements, 0.0f);
@@ -138,6 +290,7 @@ double PySharded::step(double max_norm, double norm_type) {
     });
   else
     strategy_->step();
+  ++steps_;
   wait_for_params();
   return norm;
 }
@@ -202,9 +355,11 @@ std::uint64_t PySharded::load(const std::string& root) {
   const checkpoint::Loaded loaded = checkpoint::load_latest(root);
   const std::vector<float> initial = checkpoint::initial_params(layout_, loaded.wholes);
   std::unique_ptr<parallel::Strategy> s = make(initial);
-  checkpoint::resume(*comm_, *s, loaded, run_info(), {&s->optimizer()},
-                     []() -> Scheduler& { throw InvalidInput("the checkpoint holds an SWA run"); });
+  std::string warning = checkpoint::resume(*comm_, *s, loaded, run_info(), {&s->optimizer()},
+                                          []() -> Scheduler& { throw InvalidInput("the checkpoint holds an SWA run"); });
   adopt(std::move(s));
+  steps_ = loaded.step;
+  load_warning_ = std::move(warning);
   return loaded.step;
 }
 
@@ -228,6 +383,7 @@ checkpoint::RunInfo PySharded::run_info() const {
   r.strategy = strategy_name_;
   r.model = "torch";
   r.optimizer = spec_.name;
+  r.gossip = options_.gossip;
   return r;
 }
 
@@ -241,9 +397,11 @@ void PySharded::adopt(std::unique_ptr<parallel::Strategy> s) {
   values_.assign(layout_.units.size(), nullptr);
   models::UnitAccess& access = strategy_->access();
   for (std::size_t u = 0; u < layout_.units.size(); ++u) {
-    values_[u] = const_cast<float*>(access.acquire(u, models::Pass::forward).data());
-    access.release(u, models::Pass::forward);
+    values_[u] = per_rank_ ? model_.data() + layout_.params[u].offset
+                           : const_cast<float*>(access.acquire(u, models::Pass::forward).data());
+    if (!per_rank_) access.release(u, models::Pass::forward);
   }
+  if (per_rank_) wait_for_params();
   // ddp, zero1: where backward writes unit u's gradient, in every step.
   grad_at_.assign(layout_.units.size(), nullptr);
   if (direct_grads_) {
@@ -258,10 +416,37 @@ void PySharded::adopt(std::unique_ptr<parallel::Strategy> s) {
 void PySharded::wait_for_params() {
   models::UnitAccess& access = strategy_->access();
   for (std::size_t u = 0; u < layout_.units.size(); ++u) {
-    const float* p = access.acquire(u, models::Pass::forward).data();
+    const std::span<const float> p = access.acquire(u, models::Pass::forward);
+    if (per_rank_)
+      std::copy(p.begin(), p.end(), values_[u]);
+    else
+      DISTOPT_CHECK(p.data() == values_[u], "unit ", u, "'s parameters moved");
     access.release(u, models::Pass::forward);
-    DISTOPT_CHECK(p == values_[u], "unit ", u, "'s parameters moved");
   }
+}
+
+double PySharded::consensus_distance() {
+  py::gil_scoped_release release;
+  return strategy_->consensus_distance();
+}
+
+std::vector<py::array> PySharded::averaged() {
+  std::vector<std::vector<float>> values(layout_.params.size());
+  {
+    py::gil_scoped_release release;
+    strategy_->for_each_current_param([&](std::size_t p, std::span<const float> v) {
+      values.at(p).insert(values[p].end(), v.begin(), v.end());  // a tiled parameter comes in pieces
+    });
+  }
+  std::vector<py::array> out;
+  for (std::size_t p = 0; p < values.size(); ++p) {
+    const ParamSlot& s = layout_.params[p];
+    DISTOPT_CHECK(values[p].size() == s.numel(), values[p].size(), " vs ", s.numel());
+    py::array_t<float> a(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()));
+    std::copy(values[p].begin(), values[p].end(), a.mutable_data());
+    out.push_back(std::move(a));
+  }
+  return out;
 }
 
 std::map<std::string, checkpoint::Whole> PySharded::gather_wholes() {

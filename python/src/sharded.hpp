@@ -1,6 +1,7 @@
-// The sharded optimizer of distopt._core, PySharded (python/distopt/torch/
-// distributed.py; docs/python.md, "The sharded optimizer"): the class here,
-// its members in sharded.cpp, its bindings in sharded_bindings.cpp.
+// The sharded and gossip optimizers of distopt._core, PySharded
+// (python/distopt/torch/distributed.py; docs/python.md, "The sharded
+// optimizer" and "Gossip and DiLoCo"): the class here, its members in
+// sharded.cpp, its bindings in sharded_bindings.cpp.
 //
 // The sharded optimizer runs a C++ strategy (ddp, zero1, zero2) over a
 // FlatLayout with one unit per torch parameter. The parameters' values
@@ -14,6 +15,14 @@
 // strategy in backward order (its buckets reduce in distopt's fixed rank
 // order), runs the strategy's step (statistics reduced, matrices gathered,
 // parameters all-gathered into the same buffer) and waits for every unit.
+//
+// A gossip strategy (StrategyInfo::per_rank_models: sgp, osgp, dpsgd,
+// slowmo, diloco) runs the same way with each rank's own model: its values
+// move between the strategy's buffers (x, or the de-biased x / w), so torch's
+// parameters view a flat buffer of this class that each step refills with
+// the model the next forward runs on; gradients view the strategy's own
+// persistent buffer, handed over divided by the world size as the command
+// line's trainer hands them (the strategy steps with the rank's own mean).
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -43,14 +52,35 @@ std::vector<std::string> sharded_strategies();
 // The same as text: "ddp, zero1 and zero2".
 std::string sharded_strategy_list();
 
+// The strategies the gossip optimizer runs (StrategyInfo::per_rank_models).
+std::vector<std::string> gossip_strategies();
+
+// GossipOptions from Python's keyword names (the command line's flags with
+// underscores: topology, synch_freq, sync_every, outer_lr, ...), each checked
+// against `strategy` (StrategyInfo::option_misfit): InvalidInput naming an
+// unknown one or one the strategy does not read.
+parallel::GossipOptions gossip_options(const std::string& strategy, const py::dict& options);
+// Those keyword names, in the command line's order.
+std::vector<std::string> gossip_option_names();
+
 // Parameter i as Python describes it: (name, shape).
 using ParamSpec = std::pair<std::string, std::vector<std::int64_t>>;
+
+// The reference the Python optimizers are tested against: the C++ strategy
+// over the threads backend, one thread per rank, stepped with
+// grads[step][rank] (each rank's flat gradient, the model's layout, as torch
+// computed it) handed over as PySharded::step hands them. Returns each
+// rank's parameters after the last step (the model's layout).
+std::vector<std::vector<float>> replay_strategy(const std::string& strategy, const std::string& rule,
+                                                const std::vector<ParamSpec>& params, std::span<const float> initial,
+                                                const OptionMap& options, const parallel::GossipOptions& gossip,
+                                                const std::vector<std::vector<std::vector<float>>>& grads);
 
 class PySharded {
  public:
   PySharded(std::shared_ptr<Communicator> comm, const std::string& strategy, const std::string& rule,
             const std::vector<ParamSpec>& params, py::array_t<float, py::array::c_style | py::array::forcecast> initial,
-            const py::dict& options, std::size_t bucket_elements);
+            const py::dict& options, std::size_t bucket_elements, const py::dict& gossip = {});
 
   ~PySharded();
 
@@ -100,6 +130,19 @@ class PySharded {
   py::dict memory() const;
   std::uint64_t bytes_sent() const { return strategy_->bytes_sent(); }
 
+  // Gossip strategies: (1/n) sum_i |z_i - z_mean|^2 over the ranks' models
+  // (collective); NaN for the others.
+  double consensus_distance();
+  // Every parameter's values as evaluation sees them, as new arrays: the
+  // mean of the ranks' models under a gossip strategy (collective), the
+  // parameters themselves otherwise.
+  std::vector<py::array> averaged();
+  // Steps taken (the strategy's count, carried by checkpoints).
+  std::uint64_t steps() const { return steps_; }
+  // What the last load() warned of ("" for nothing): a gossip checkpoint
+  // resumed from its consensus.
+  const std::string& load_warning() const { return load_warning_; }
+
  private:
   using StrategyInfo_ = parallel::StrategyInfo;
 
@@ -114,7 +157,8 @@ class PySharded {
   // `s` becomes the strategy; the parameters' and gradients' addresses are its.
   void adopt(std::unique_ptr<parallel::Strategy> s);
 
-  // Waits for the parameters' gathers; they land where torch's views are.
+  // Waits for the parameters' gathers; they land where torch's views are
+  // (a gossip strategy's model is copied there).
   void wait_for_params();
 
   std::map<std::string, checkpoint::Whole> gather_wholes();
@@ -131,6 +175,10 @@ class PySharded {
   bool direct_grads_ = false;    // .grad views the strategy's own gradient buffer (grad_at_)
   std::vector<float*> grad_at_;  // unit u's gradient in the strategy's buffer
   std::vector<float> grads_;     // zero2: the flat buffer .grad views, the model's layout
+  bool per_rank_ = false;        // a gossip strategy: values_ point into model_
+  std::vector<float> model_;     // per_rank_: the model torch's parameters view, the model's layout
+  std::uint64_t steps_ = 0;
+  std::string load_warning_;
 };
 
 }  // namespace distopt::python

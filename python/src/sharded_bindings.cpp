@@ -217,9 +217,10 @@ void bind_sharded(py::module_& m) {
 
   py::class_<PySharded>(m, "Sharded")
       .def(py::init<std::shared_ptr<Communicator>, const std::string&, const std::string&, const std::vector<ParamSpec>&,
-                    py::array_t<float, py::array::c_style | py::array::forcecast>, const py::dict&, std::size_t>(),
+                    py::array_t<float, py::array::c_style | py::array::forcecast>, const py::dict&, std::size_t,
+                    const py::dict&>(),
            py::arg("comm"), py::arg("strategy"), py::arg("rule"), py::arg("params"), py::arg("initial"),
-           py::arg("options"), py::arg("bucket_elements"))
+           py::arg("options"), py::arg("bucket_elements"), py::arg("gossip") = py::dict())
       .def("param", [](py::object self, std::size_t i) { return self.cast<PySharded&>().param(self, i); })
       .def("grad", [](py::object self, std::size_t i) { return self.cast<PySharded&>().grad(self, i); })
       .def("zero_grads", &PySharded::zero_grads)
@@ -231,11 +232,43 @@ void bind_sharded(py::module_& m) {
       .def("save", &PySharded::save, py::arg("root"), py::arg("step"), py::arg("keep") = 3)
       .def("load", &PySharded::load)
       .def("memory", &PySharded::memory)
+      .def("consensus_distance", &PySharded::consensus_distance)
+      .def("averaged", &PySharded::averaged)
+      .def_property_readonly("steps", &PySharded::steps)
+      .def_property_readonly("load_warning", &PySharded::load_warning)
       .def_property_readonly("bytes_sent", &PySharded::bytes_sent)
       .def_property_readonly("rank", &PySharded::rank)
       .def_property_readonly("world", &PySharded::world)
       .def_property_readonly("strategy", &PySharded::strategy)
       .def_property_readonly("num_params", &PySharded::num_params);
+
+  m.def("gossip_strategies", &gossip_strategies, "the strategies GossipOptimizer runs (per_rank_models)");
+  m.def("gossip_option_names", &gossip_option_names,
+        "the gossip strategies' keyword options (the command line's flags with underscores)");
+  m.def(
+      "gossip_options",
+      [](const std::string& strategy, const py::dict& options) {
+        (void)gossip_options(strategy, options);  // the check alone
+      },
+      py::arg("strategy"), py::arg("options"),
+      "checks gossip options for a strategy (ValueError naming an unknown or misfit one)");
+  m.def(
+      "replay_strategy",
+      [](const std::string& strategy, const std::string& rule, const std::vector<ParamSpec>& params,
+         py::array_t<float, py::array::c_style | py::array::forcecast> initial, const py::dict& options,
+         const py::dict& gossip, const std::vector<std::vector<std::vector<float>>>& grads) {
+        const parallel::GossipOptions g = parallel::strategy_or_throw(strategy).per_rank_models
+                                              ? gossip_options(strategy, gossip)
+                                              : parallel::GossipOptions{};
+        const OptionMap o = to_options(options);
+        const std::vector<float> init(initial.data(), initial.data() + initial.size());
+        py::gil_scoped_release release;
+        return replay_strategy(strategy, rule, params, init, o, g, grads);
+      },
+      py::arg("strategy"), py::arg("rule"), py::arg("params"), py::arg("initial"), py::arg("options"),
+      py::arg("gossip"), py::arg("grads"),
+      "the C++ strategy over the threads backend stepped with grads[step][rank] (each rank's flat gradient, "
+      "as torch computed it): each rank's parameters after the last step (the Python optimizers' reference)");
 
   py::class_<PyPushSum>(m, "PushSum")
       .def(py::init<std::shared_ptr<Communicator>, const std::string&, std::size_t, int>(), py::arg("comm"),

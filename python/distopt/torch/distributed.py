@@ -1,5 +1,7 @@
 """The sharded optimizer: ddp, zero1 and zero2 for a torch model, exact for
-every rule (docs/python.md, "The sharded optimizer").
+every rule (docs/python.md, "The sharded optimizer"); and gossip and DiLoCo
+for a torch model: ``GossipOptimizer`` and ``GossipDataParallel``
+(docs/python.md, "Gossip and DiLoCo").
 
 ``ShardedOptimizer(model.parameters(), optimizer="lamb", strategy="zero2")``
 runs distopt's C++ strategy over the model's parameters, one unit per
@@ -42,7 +44,9 @@ reshardable checkpoint, which ``load(dir)`` reads at any world size and
 strategy.
 """
 
+import contextlib
 import math
+import warnings
 
 import torch
 
@@ -51,6 +55,8 @@ from . import comm as _comm
 from ._base import DistoptOptimizer
 
 STRATEGIES = tuple(_core.sharded_strategies())  # from the library's registry: ddp, zero1, zero2
+GOSSIP_STRATEGIES = tuple(_core.gossip_strategies())  # sgp, osgp, dpsgd, adpsgd, slowmo, diloco
+GOSSIP_OPTIONS = tuple(_core.gossip_option_names())  # the command line's gossip flags, with underscores
 
 
 def memory_per_rank(params, strategy, world):
@@ -83,18 +89,22 @@ class ShardedOptimizer(DistoptOptimizer):
     _device_kernels = False  # so this build of distopt needs no CUDA of its own for them
     _stage_cpu = False  # stage CPU parameters too (tests: the staged path on a machine without a GPU)
 
+    _strategies = STRATEGIES
+    _what = "the sharded optimizer"
+
     def __init__(self, params, optimizer="adamw", strategy="zero1", *, comm=None, bucket_elements=1 << 15,
-                 max_grad_norm=None, norm_type=2.0, **options):
+                 max_grad_norm=None, norm_type=2.0, _gossip=None, **options):
+        name = type(self).__name__
         params = list(params)
         if any(isinstance(p, dict) for p in params):
-            raise TypeError("ShardedOptimizer takes one list of parameters (one group)")
-        if strategy not in STRATEGIES:
-            raise ValueError(f"strategy '{strategy}': the sharded optimizer runs {', '.join(STRATEGIES)}")
+            raise TypeError(f"{name} takes one list of parameters (one group)")
+        if strategy not in self._strategies:
+            raise ValueError(f"strategy '{strategy}': {self._what} runs {', '.join(self._strategies)}")
         rule_options = _core.rule_options(optimizer)  # ValueError for an unknown rule
         known = {name: default for name, default, _ in rule_options}
         for k in options:
             if k not in known:
-                raise TypeError(f"ShardedOptimizer: {optimizer} has no option '{k}' (it has {', '.join(sorted(known))})")
+                raise TypeError(f"{name}: {optimizer} has no option '{k}' (it has {', '.join(sorted(known))})")
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a positive number (got {max_grad_norm})")
         defaults = dict(known)
@@ -104,7 +114,7 @@ class ShardedOptimizer(DistoptOptimizer):
         for i, p in enumerate(self._all()):
             self._check_param(p, i)
             if id(p) in seen:
-                raise ValueError(f"ShardedOptimizer: parameter {i} appears twice (pass each tensor once)")
+                raise ValueError(f"{name}: parameter {i} appears twice (pass each tensor once)")
             seen.add(id(p))
         self.comm = comm if comm is not None else _comm.world()
         self.rule = optimizer
@@ -120,7 +130,7 @@ class ShardedOptimizer(DistoptOptimizer):
         self._synced = {k: group[k] for k in known}
         self._core = _core.Sharded(self.comm._c, strategy, optimizer,
                                    [(f"params[{i}]", list(p.shape)) for i, p in enumerate(ps)], initial,
-                                   dict(self._synced), int(bucket_elements))
+                                   dict(self._synced), int(bucket_elements), dict(_gossip or {}))
         self._attach()
 
     # ---- parameters and gradients ----
@@ -186,7 +196,7 @@ class ShardedOptimizer(DistoptOptimizer):
         with torch.no_grad():
             for i, (p, g) in enumerate(zip(self._all(), self._grads)):
                 if p.data_ptr() != self._values[i]:
-                    raise ValueError(f"ShardedOptimizer: parameter {i}'s storage was replaced (model.to(...), "
+                    raise ValueError(f"{type(self).__name__}: parameter {i}'s storage was replaced (model.to(...), "
                                      "p.data = ..., load_state_dict(assign=True)); the optimizer steps its own "
                                      "buffer, so make the optimizer after moving the model and load values with "
                                      "p.copy_(...)")
@@ -198,7 +208,7 @@ class ShardedOptimizer(DistoptOptimizer):
                     g.zero_()
                 else:
                     if p.grad.is_sparse:
-                        raise ValueError(f"ShardedOptimizer: parameter {i} has a sparse gradient")
+                        raise ValueError(f"{type(self).__name__}: parameter {i} has a sparse gradient")
                     g.copy_(p.grad)  # a staged parameter's: from its device
                 if not self._staged(p):
                     p.grad = g
@@ -267,6 +277,8 @@ class ShardedOptimizer(DistoptOptimizer):
         by any of ddp/zero1/zero2 (collective): the parameters take its
         values, the optimizer its state and options. Returns its step."""
         step = self._core.load(str(root))
+        if self._core.load_warning:
+            warnings.warn(self._core.load_warning, stacklevel=2)
         self._attach()
         group = self.param_groups[0]
         for k, v in self._core.group_options().items():
@@ -282,3 +294,123 @@ class ShardedOptimizer(DistoptOptimizer):
     @property
     def bytes_sent(self):
         return self._core.bytes_sent
+
+
+def _gossip_kwargs(options):
+    """Splits keyword options into the gossip strategy's (topology,
+    sync_every, outer_lr, ...: GOSSIP_OPTIONS) and the update rule's."""
+    gossip = {k: options.pop(k) for k in list(options) if k in GOSSIP_OPTIONS}
+    return gossip, options
+
+
+class GossipOptimizer(ShardedOptimizer):
+    """``GossipOptimizer(params, optimizer="sgd", strategy="sgp", *,
+    comm=None, max_grad_norm=None, **options)``
+
+    Decentralised training of a torch model with distopt's C++ gossip
+    strategies (docs/gossip.md): ``sgp`` (push-sum, Assran et al. 2019),
+    ``osgp`` (overlapped), ``dpsgd`` (Lian et al. 2017), ``adpsgd``
+    (asynchronous pairs; MPI only), ``slowmo`` and ``diloco`` (Douillard et
+    al. 2023, streaming fragments and compressed pseudo-gradients included).
+    Each rank keeps its own model and optimizer state and steps with its own
+    gradient (the mean over its own batch: call ``backward`` on the local
+    mean loss, as with DDP), then mixes with its peers.
+
+    ``options`` are the rule's torch-named options (``lr``, ``momentum``,
+    ...) and the strategy's, named as the command line's flags with
+    underscores (``GOSSIP_OPTIONS``): ``topology``, ``peers_per_iteration``,
+    ``synch_freq``, ``slowmo_*``, ``localsgd_frequency``, ``sync_every``,
+    ``outer_optimizer``, ``outer_lr``, ``outer_momentum``, ``fragments``,
+    ``sync_delay``, ``fragment_alpha``, ``fragment_carry``, ``outer_dtype``,
+    ``outer_error_feedback``; one the strategy does not read is a
+    ValueError. The bits are the C++ strategy's on the same gradients
+    (``distopt train --strategy sgp ...``), over MPI and over a
+    torch.distributed gloo group alike.
+
+    The parameters view a buffer of this optimizer that each ``step``
+    refills with the model the next forward runs on (sgp's de-biased
+    ``x / w``): a value written into them between steps is overwritten (load
+    values with ``load``, or make the optimizer after loading them). Call
+    ``zero_grad`` before each backward. ``consensus_distance()``,
+    ``averaged_parameters()`` and ``bytes_sent`` report the run;
+    ``save(dir, step)`` writes every rank's own state, which ``load(dir)``
+    resumes rank by rank (at another world size or strategy: from the
+    ranks' mean, with a warning).
+    """
+
+    _strategies = GOSSIP_STRATEGIES
+    _what = "the gossip optimizer"
+
+    def __init__(self, params, optimizer="sgd", strategy="sgp", *, comm=None, max_grad_norm=None, norm_type=2.0,
+                 **options):
+        gossip, rule = _gossip_kwargs(dict(options))
+        if strategy in GOSSIP_STRATEGIES:
+            _core.gossip_options(strategy, gossip)  # ValueError naming a misfit option, before any communication
+        super().__init__(params, optimizer, strategy, comm=comm, max_grad_norm=max_grad_norm, norm_type=norm_type,
+                         _gossip=gossip, **rule)
+        self.gossip_options = gossip
+
+    def consensus_distance(self):
+        """(1/n) sum_i |z_i - z_mean|^2 over the ranks' models (collective)."""
+        return self._core.consensus_distance()
+
+    def averaged_parameters(self):
+        """The mean of the ranks' models, one new tensor per parameter in
+        the optimizer's order (collective): what to evaluate or export."""
+        return [torch.from_numpy(a) for a in self._core.averaged()]
+
+    @property
+    def steps(self):
+        """Steps taken (carried by ``save`` and ``load``)."""
+        return self._core.steps
+
+
+class GossipDataParallel(torch.nn.Module):
+    """``GossipDataParallel(module, strategy="sgp", optimizer="sgd", *,
+    comm=None, **options)``: the SGP project's wrapper on distopt's
+    strategies. ``module``'s trained parameters go to a ``GossipOptimizer``
+    (``self.optimizer``: step it, schedule its lr, save it) with ``options``
+    (the rule's and the strategy's, as ``GossipOptimizer`` takes them); the
+    wrapper runs the module's forward unchanged. The SGP project's flags
+    map to strategies: ``push_sum=True`` is ``sgp`` (``overlap=True``:
+    ``osgp``), ``push_sum=False`` is ``dpsgd``.
+
+    ``with model.averaged():`` runs the module on the ranks' mean model (for
+    evaluation; collective on entry) and puts each rank's own back on exit.
+    Buffers (BatchNorm's running statistics) stay each rank's own.
+    """
+
+    def __init__(self, module, strategy="sgp", optimizer="sgd", *, comm=None, **options):
+        super().__init__()
+        self.module = module
+        self._trained = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.optimizer = GossipOptimizer([p for _, p in self._trained], optimizer, strategy, comm=comm, **options)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def consensus_distance(self):
+        return self.optimizer.consensus_distance()
+
+    @property
+    def bytes_sent(self):
+        return self.optimizer.bytes_sent
+
+    def average_parameters(self):
+        """The ranks' mean model as {name: tensor} (collective)."""
+        return {n: a for (n, _), a in zip(self._trained, self.optimizer.averaged_parameters())}
+
+    @contextlib.contextmanager
+    def averaged(self):
+        mean = self.optimizer.averaged_parameters()
+        own = []
+        with torch.no_grad():
+            for (_, p), m in zip(self._trained, mean):
+                own.append(p.detach().clone())
+                p.copy_(m)
+        try:
+            yield self
+        finally:
+            with torch.no_grad():
+                for (_, p), o in zip(self._trained, own):
+                    p.copy_(o)
