@@ -219,10 +219,8 @@ PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& stra
     : comm_(std::move(comm)), strategy_name_(strategy), layout_(layout_of(params)) {
   const StrategyInfo_& info = parallel::strategy_or_throw(strategy);
   per_rank_ = info.per_rank_models;
-  if (per_rank_)
-    options_.gossip = gossip_options(strategy, gossip);
-  else if (!gossip.empty())
-    throw InvalidInput(str("gossip options apply to the gossip strategies, not ", strategy));
+  if (per_rank_) options_.gossip = gossip_options(strategy, gossip);
+  else if (!gossip.empty()) throw InvalidInput(str("gossip options apply to the gossip strategies, not ", strategy));
   if (info.sharded_params)
     throw InvalidInput(str("strategy ", strategy, " gathers parameters per unit of the model as it runs; the "
                            "sharded optimizer runs ", sharded_strategy_list()));
@@ -355,8 +353,9 @@ std::uint64_t PySharded::load(const std::string& root) {
   const checkpoint::Loaded loaded = checkpoint::load_latest(root);
   const std::vector<float> initial = checkpoint::initial_params(layout_, loaded.wholes);
   std::unique_ptr<parallel::Strategy> s = make(initial);
-  std::string warning = checkpoint::resume(*comm_, *s, loaded, run_info(), {&s->optimizer()},
-                                          []() -> Scheduler& { throw InvalidInput("the checkpoint holds an SWA run"); });
+  std::string warning = checkpoint::resume(*comm_, *s, loaded, run_info(), {&s->optimizer()}, []() -> Scheduler& {
+    throw InvalidInput("the checkpoint holds an SWA run");
+  });
   adopt(std::move(s));
   steps_ = loaded.step;
   load_warning_ = std::move(warning);
@@ -417,10 +416,8 @@ void PySharded::wait_for_params() {
   models::UnitAccess& access = strategy_->access();
   for (std::size_t u = 0; u < layout_.units.size(); ++u) {
     const std::span<const float> p = access.acquire(u, models::Pass::forward);
-    if (per_rank_)
-      std::copy(p.begin(), p.end(), values_[u]);
-    else
-      DISTOPT_CHECK(p.data() == values_[u], "unit ", u, "'s parameters moved");
+    if (per_rank_) std::copy(p.begin(), p.end(), values_[u]);
+    else DISTOPT_CHECK(p.data() == values_[u], "unit ", u, "'s parameters moved");
     access.release(u, models::Pass::forward);
   }
 }

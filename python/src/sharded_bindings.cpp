@@ -216,9 +216,9 @@ void bind_sharded(py::module_& m) {
       "a communicator over a Python transport (distopt.torch.comm's torch.distributed one)");
 
   py::class_<PySharded>(m, "Sharded")
-      .def(py::init<std::shared_ptr<Communicator>, const std::string&, const std::string&, const std::vector<ParamSpec>&,
-                    py::array_t<float, py::array::c_style | py::array::forcecast>, const py::dict&, std::size_t,
-                    const py::dict&>(),
+      .def(py::init<std::shared_ptr<Communicator>, const std::string&, const std::string&,
+                    const std::vector<ParamSpec>&, py::array_t<float, py::array::c_style | py::array::forcecast>,
+                    const py::dict&, std::size_t, const py::dict&>(),
            py::arg("comm"), py::arg("strategy"), py::arg("rule"), py::arg("params"), py::arg("initial"),
            py::arg("options"), py::arg("bucket_elements"), py::arg("gossip") = py::dict())
       .def("param", [](py::object self, std::size_t i) { return self.cast<PySharded&>().param(self, i); })
