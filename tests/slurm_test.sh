@@ -6,11 +6,14 @@
 # (mpirun inside the allocation) have the threads backend's bits; a job
 # with one task killed and --on-rank-failure continue finishes on the
 # survivors; scancel stops every task at a step boundary with its metrics
-# and checkpoint written. Exits 77 (skipped) with the reason where the
-# daemons are not installed or will not start.
+# and checkpoint written; with the Python front end built (PYTHONDIR, its
+# package's folder), the Python gossip job script trains SGP on 4 tasks
+# and, submitted again, resumes every rank. Exits 77 (skipped) with the
+# reason where the daemons are not installed or will not start.
 set -u
 bin=$1
 root=$2
+pythondir=${3:-}
 source "$(dirname "$0")/check_lib.sh"
 
 cluster="$tmp/cluster"
@@ -136,4 +139,20 @@ echo "cli.slurm: $SECONDS s: the cancelled job done (stopped $took s after scanc
 # The checkpoint is whole: a run resumed from it at world 4 goes on.
 "$bin" train "${common[@]}" --strategy zero2 --epochs 400 --world 4 --checkpoint-dir "$ck" --resume \
   --max-steps $((${step:-0} + 2)) >"$tmp/resumed.out" 2>"$tmp/resumed.err" || fail "scancel: resuming: $(tail -n 3 "$tmp/resumed.err")"
+# 5. Python: the gossip job script (GossipDataParallel, sgp) over 4 tasks,
+# comm.world() forming a gloo group from srun's variables; submitted again
+# with the same OUT, every rank resumes from its own saved state.
+if [ -n "$pythondir" ]; then
+  py_env="ALL,DISTOPT_ROOT=$root,PYTHONPATH=$pythondir,OMP_NUM_THREADS=1,OUT=$tmp/py,EPOCHS=1,EXTRA=--max-steps 40"
+  submit gossip --export "$py_env" "$root/scripts/slurm/python_gossip.sbatch" ||
+    fail "python gossip: job exit $?: $(tail -n 5 "$tmp/gossip.err")"
+  grep -q "epoch 1: test accuracy .* 4 ranks over torch, sgp with sgd" "$tmp/gossip.out" ||
+    fail "python gossip: $(tail -n 3 "$tmp/gossip.out") $(tail -n 5 "$tmp/gossip.err")"
+  ls "$tmp/py/gossip" | grep -q '^step-0*40$' || fail "python gossip: no checkpoint of step 40: $(ls "$tmp/py/gossip")"
+  submit gossip2 --export "$py_env" "$root/scripts/slurm/python_gossip.sbatch" ||
+    fail "python gossip, resubmitted: job exit $?: $(tail -n 5 "$tmp/gossip2.err")"
+  grep -q "resumed from $tmp/py/gossip after epoch 1" "$tmp/gossip2.out" ||
+    fail "python gossip, resubmitted: $(tail -n 3 "$tmp/gossip2.out") $(tail -n 5 "$tmp/gossip2.err")"
+  echo "cli.slurm: $SECONDS s: the Python gossip jobs done"
+fi
 finish cli.slurm

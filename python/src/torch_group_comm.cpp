@@ -9,12 +9,17 @@
 #include "torch_group_comm.hpp"
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distopt/comm/communicator.hpp"
@@ -92,7 +97,7 @@ class TorchComm final : public Communicator {
   // Tags of the collectives' messages, above those point-to-point users may
   // take (below kMaxTag) and those an emulated link adds (tag + kMaxTag).
   static constexpr int kTagRs = 2 * kMaxTag + 1, kTagAg = 2 * kMaxTag + 2, kTagBc = 2 * kMaxTag + 3,
-                       kTagBarrier = 2 * kMaxTag + 4;
+                       kTagBarrier = 2 * kMaxTag + 4, kTagSplit = 2 * kMaxTag + 5;
 
   // The reduce-scatter and all-gather are the base's rank-ordered ones
   // (src/comm/ordered.cpp) on this exchange: every receive posted, then
@@ -149,8 +154,49 @@ class TorchComm final : public Communicator {
     check_tag(tag);
     return post("irecv", buf, bytes, peer, tag, "recv");
   }
-  std::unique_ptr<Communicator> do_split(int, int) override {
-    throw InvalidInput("the torch.distributed transport cannot split (make a process group with torch.distributed.new_group)");
+  // Every rank's (color, key) to every rank; then each color's members,
+  // colors ascending, become a torch.distributed group (new_group is
+  // collective over the default group: every process makes every group,
+  // in the same order -- comm.py's _TorchOps.split).
+  std::unique_ptr<Communicator> do_split(int color, int key) override {
+    std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size_));
+    all[2 * rank_] = color;
+    all[2 * rank_ + 1] = key;
+    std::vector<std::unique_ptr<Request>> reqs;
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_) reqs.push_back(post("irecv", &all[2 * peer], 8, peer, kTagSplit, "split"));
+    for (int peer = 0; peer < size_; ++peer)
+      if (peer != rank_) {
+        reqs.push_back(post("isend", &all[2 * rank_], 8, peer, kTagSplit, "split"));
+        count_sent(8);
+      }
+    for (auto& r : reqs) r->wait();
+    std::map<int, std::vector<std::pair<int, int>>> members;  // color -> (key, rank)
+    for (int r = 0; r < size_; ++r)
+      if (all[2 * r] >= 0) members[all[2 * r]].emplace_back(all[2 * r + 1], r);
+    std::vector<std::vector<int>> groups;
+    int mine = -1, my_rank = -1;
+    for (auto& [c, m] : members) {
+      std::sort(m.begin(), m.end());
+      std::vector<int> ranks;
+      for (const auto& [k, r] : m) {
+        if (r == rank_) {
+          mine = static_cast<int>(groups.size());
+          my_rank = static_cast<int>(ranks.size());
+        }
+        ranks.push_back(r);
+      }
+      groups.push_back(std::move(ranks));
+    }
+    py::gil_scoped_acquire gil;
+    py::object ops;
+    try {
+      ops = ops_.attr("split")(groups, mine);
+    } catch (py::error_already_set& e) {
+      throw CommError(str("split: ", e.what()));
+    }
+    if (mine < 0) return nullptr;
+    return std::make_unique<TorchComm>(my_rank, static_cast<int>(groups[mine].size()), std::move(ops));
   }
 
  private:

@@ -43,6 +43,10 @@ def run_config(name, world):
     if name == "diloco-streaming":
         return "diloco", "adamw", dict(lr=1e-2, sync_every=4, fragments=2, fragment_alpha=0.25, outer_dtype="bf16",
                                        outer_error_feedback=True)
+    if name == "diloco-delayed":  # the averages run a step behind training: a communicator split off
+        return "diloco", "adamw", dict(lr=1e-2, sync_every=4, fragments=2, sync_delay=1, fragment_carry=True)
+    if name == "adpsgd":  # a gossip thread on a communicator split off; its bits depend on timing
+        return "adpsgd", "sgd", sgd
     raise SystemExit(f"unknown run {name}")
 
 

@@ -88,12 +88,20 @@ def test_gossip_gives_the_cpp_strategys_bits(tmp_path, how, world):
         assert torch.allclose(runs[0]["averaged"].double(), mean, atol=1e-6)
 
 
-def test_every_gossip_strategy_and_streaming_diloco(tmp_path):
+@pytest.mark.parametrize("how", ["mpi", "gloo"])
+def test_every_gossip_strategy_and_streaming_diloco(tmp_path, how):
     """osgp, slowmo and streaming DiLoCo (fragments, bf16 pseudo-gradients
-    with error feedback) at world 4 over MPI: the C++ strategy's bits."""
-    ranks = launch(str(tmp_path), "mpi", 4, "--runs", "osgp,slowmo,diloco-streaming", "--steps", "8")
-    for name in ("osgp", "slowmo", "diloco-streaming"):
-        assert_replayed(ranks, name, "mpi world 4")
+    with error feedback; fragments whose averages land a step late) at
+    world 4: the C++ strategy's bits. adpsgd, whose bits depend on timing,
+    trains (its gossip thread, like the late averages, runs on a
+    communicator split off: over torch, a group from new_group)."""
+    names = ("osgp", "slowmo", "diloco-streaming", "diloco-delayed")
+    ranks = launch(str(tmp_path), how, 4, "--runs", ",".join(names + ("adpsgd",)), "--steps", "8")
+    for name in names:
+        assert_replayed(ranks, name, f"{how} world 4")
+    for rk in ranks:
+        run = rk["runs"]["adpsgd"]
+        assert run["steps"] == 8 and torch.isfinite(run["params"]).all() and run["bytes_sent"] > 0
 
 
 @pytest.mark.parametrize("how", ["mpi", "gloo"])

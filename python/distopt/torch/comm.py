@@ -117,6 +117,18 @@ class _TorchOps:
     def wait(work, seconds):
         work[0].wait(datetime.timedelta(seconds=seconds))
 
+    def split(self, groups, mine):
+        """Communicator.split over torch: ``groups`` (lists of this group's
+        ranks, every process the same) become process groups, made in
+        order by every process of the default group (torch's new_group is
+        collective over it); the one at index ``mine`` is this process's
+        (-1: none)."""
+        if self._group is not None and self._dist.get_world_size(self._group) != self._dist.get_world_size():
+            raise ValueError("the torch.distributed transport splits only a communicator of the default group "
+                             "(torch's new_group needs every process)")
+        made = [self._dist.new_group([self._peer(r) for r in g]) for g in groups]
+        return _TorchOps(made[mine]) if mine >= 0 else None
+
 
 _groups = {}
 
