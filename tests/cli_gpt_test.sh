@@ -159,6 +159,14 @@ if [ -d /usr/share/games/fortunes ]; then
   "$bin" train --model gpt --layers 1 --heads 2 --dim 16 --context 32 --batch-size 4 --max-steps 2 --test-size 4 \
     --progress none >"$tmp/f2" 2>&1 || fail "--model gpt without --data exited $?: $(cat "$tmp/f2")"
   grep -q "^gpt on fortunes" "$tmp/f2" || fail "--model gpt without --data: $(cat "$tmp/f2")"
+  # ... and so its checkpoint's: the command that started the run resumes
+  # it with --resume added (and a later --max-steps).
+  small=(train --model gpt --layers 1 --heads 2 --dim 16 --context 32 --batch-size 4 --test-size 4 --progress none
+         --checkpoint-dir "$tmp/ckf" --checkpoint-every 2)
+  "$bin" "${small[@]}" --max-steps 2 >"$tmp/f3" 2>&1 || fail "gpt checkpointed exited $?: $(cat "$tmp/f3")"
+  "$bin" "${small[@]}" --max-steps 3 --resume >"$tmp/f4" 2>&1 || fail "gpt resumed exited $?: $(cat "$tmp/f4")"
+  grep -q "^gpt on fortunes, .* steps 3 " "$tmp/f4" || fail "gpt resumed: $(cat "$tmp/f4")"
+  "$bin" train --model gpt --print-config | grep -q '"data": "fortunes"' || fail "--print-config names no fortunes"
 fi
 DISTOPT_FORTUNES_DIR="$tmp/none" expect_error 2 "$tmp/none: no such folder; --data fortunes reads Debian's fortunes package (apt-get install fortunes)" \
   -- train --model gpt --data fortunes

@@ -148,7 +148,8 @@ if [ -n "$pythondir" ]; then
     fail "python gossip: job exit $?: $(tail -n 5 "$tmp/gossip.err")"
   grep -q "epoch 1: test accuracy .* 4 ranks over torch, sgp with sgd" "$tmp/gossip.out" ||
     fail "python gossip: $(tail -n 3 "$tmp/gossip.out") $(tail -n 5 "$tmp/gossip.err")"
-  ls "$tmp/py/gossip" | grep -q '^step-0*40$' || fail "python gossip: no checkpoint of step 40: $(ls "$tmp/py/gossip")"
+  [ -s "$tmp/py/gossip/$(printf 'step-%012d' 40)/manifest.json" ] ||
+    fail "python gossip: no checkpoint of step 40: $(ls "$tmp/py/gossip")"
   submit gossip2 --export "$py_env" "$root/scripts/slurm/python_gossip.sbatch" ||
     fail "python gossip, resubmitted: job exit $?: $(tail -n 5 "$tmp/gossip2.err")"
   grep -q "resumed from $tmp/py/gossip after epoch 1" "$tmp/gossip2.out" ||

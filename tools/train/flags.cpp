@@ -267,6 +267,14 @@ Runner add_train(CLI::App& app) {
   return [a, sub] {
     if (!a->config_file.empty()) apply_config_file(*sub, a->config_file);
     if (a->resume) load_resume(*sub, *a);
+    // gpt's own data set, fortunes, in place of the default before the run
+    // is recorded: a checkpoint's configuration, resumed, names what the
+    // run read (and --print-config shows it).
+    CLI::Option* data = sub->get_option("--data");
+    if (a->config.model == "gpt" && data->count() == 0 && a->data == "fashion-mnist") {
+      data->default_str("fortunes");
+      a->data = "fortunes";
+    }
     a->config.checkpoint_run = effective_config(*sub);
     if (a->print_config) {
       std::fputs(effective_config(*sub).c_str(), stdout);

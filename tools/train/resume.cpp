@@ -41,6 +41,9 @@ void load_resume(CLI::App& command, TrainArgs& a) {
   // Resumed under another strategy: the saved gossip flags that do not
   // apply to it are left behind (the run starts from the ranks' mean).
   nlohmann::json carried = saved;
+  // Checkpoints of gpt runs up to 0.3.0 recorded the default --data
+  // (fashion-mnist) for the fortunes they read: gpt's own default again.
+  if (saved.value("model", "") == "gpt" && saved.value("data", "") == "fashion-mnist") carried.erase("data");
   const CLI::Option* strategy = command.get_option_no_throw("--strategy");
   if (strategy != nullptr && strategy->count() > 0) {
     parallel::GossipOptions options;
