@@ -61,7 +61,7 @@ def main():
         options["topology"] = args.topology
     if args.sync_every:
         options["sync_every"] = args.sync_every
-    model = GossipDataParallel(model, args.strategy, args.optimizer, comm=c, **options)
+    model = GossipDataParallel(model, args.strategy, optimizer=args.optimizer, comm=c, **options)
     opt = model.optimizer
     steps_per_epoch = len(x) // (args.batch_size * world)  # each rank sees 1/world of an epoch's samples
     if args.max_steps:
@@ -91,6 +91,7 @@ def main():
             print(f"epoch {epoch + 1}: test accuracy {acc:.4f} of the ranks' average, consensus distance "
                   f"{consensus:.3g} ({time.perf_counter() - t0:.1f} s, {world} ranks over {c.backend}, "
                   f"{args.strategy} with {args.optimizer}; {model.bytes_sent / 1e6:.1f} MB sent by rank 0)")
+    del model, opt  # rounds still in flight end over the group, before it goes
     if args.gloo:
         torch.distributed.destroy_process_group()  # before exit, as torch asks
 

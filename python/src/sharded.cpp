@@ -100,15 +100,27 @@ void set_gossip(G& g, const GossipKey& key, py::handle v) {
           if (!py::isinstance<py::bool_>(v)) throw InvalidInput(str(name, " must be True or False"));
           g.*member = v.cast<bool>();
         } else if constexpr (std::is_same_v<T, int>) {
-          if (py::isinstance<py::bool_>(v) || !py::isinstance<py::int_>(v))
+          // Python's int and numpy's integers (anything with __index__).
+          PyObject* i = py::isinstance<py::bool_>(v) ? nullptr : PyNumber_Index(v.ptr());
+          if (i == nullptr) {
+            PyErr_Clear();
             throw InvalidInput(str(name, " must be a whole number"));
-          const long long x = v.cast<long long>();
-          if (x < INT32_MIN || x > INT32_MAX) throw InvalidInput(str(name, " is out of range (", x, ")"));
+          }
+          int overflow = 0;
+          const long long x = PyLong_AsLongLongAndOverflow(i, &overflow);
+          Py_DECREF(i);
+          if (overflow != 0 || x < INT32_MIN || x > INT32_MAX) throw InvalidInput(str(name, " is out of range"));
           g.*member = static_cast<int>(x);
         } else {
-          if (py::isinstance<py::bool_>(v) || !(py::isinstance<py::int_>(v) || py::isinstance<py::float_>(v)))
+          // Python's numbers and numpy's (not bools, not strings).
+          if (py::isinstance<py::bool_>(v) || py::isinstance<py::str>(v) || !PyNumber_Check(v.ptr()))
             throw InvalidInput(str(name, " must be a number"));
-          g.*member = v.cast<double>();
+          const double x = PyFloat_AsDouble(v.ptr());
+          if (x == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            throw InvalidInput(str(name, " must be a number"));
+          }
+          g.*member = x;
         }
       },
       key.member);
@@ -170,10 +182,10 @@ parallel::FlatLayout layout_of(const std::vector<ParamSpec>& params) {
 
 }  // namespace
 
-std::vector<std::vector<float>> replay_strategy(const std::string& strategy, const std::string& rule,
-                                                const std::vector<ParamSpec>& params, std::span<const float> initial,
-                                                const OptionMap& options, const parallel::GossipOptions& gossip,
-                                                const std::vector<std::vector<std::vector<float>>>& grads) {
+std::vector<std::vector<std::vector<float>>> replay_strategy(
+    const std::string& strategy, const std::string& rule, const std::vector<ParamSpec>& params,
+    std::span<const float> initial, const OptionMap& options, const parallel::GossipOptions& gossip,
+    const std::vector<std::vector<std::vector<float>>>& grads) {
   const parallel::FlatLayout layout = layout_of(params);
   if (initial.size() != layout.elements)
     throw InvalidInput(str("initial values: ", initial.size(), " elements for parameters of ", layout.elements));
@@ -188,7 +200,7 @@ std::vector<std::vector<float>> replay_strategy(const std::string& strategy, con
   parallel::OptimizerSpec spec{rule, options, std::string(rule_or_throw(rule).companion)};
   parallel::StrategyOptions so;
   so.gossip = gossip;
-  std::vector<std::vector<float>> out(world, std::vector<float>(layout.elements));
+  std::vector<std::vector<std::vector<float>>> out(world);
   spawn(world, [&](Communicator& comm) {
     const int r = comm.rank();
     auto s = parallel::make_strategy(strategy, comm, layout, initial, spec, so);
@@ -202,11 +214,12 @@ std::vector<std::vector<float>> replay_strategy(const std::string& strategy, con
         access.grads_done(u);
       }
       s->step();
-    }
-    for (std::size_t u = 0; u < layout.units.size(); ++u) {
-      const std::span<const float> p = access.acquire(u, models::Pass::forward);
-      std::copy(p.begin(), p.end(), out[r].begin() + static_cast<std::ptrdiff_t>(layout.units[u].begin));
-      access.release(u, models::Pass::forward);
+      std::vector<float>& model = out[r].emplace_back(layout.elements);
+      for (std::size_t u = 0; u < layout.units.size(); ++u) {
+        const std::span<const float> p = access.acquire(u, models::Pass::forward);
+        std::copy(p.begin(), p.end(), model.begin() + static_cast<std::ptrdiff_t>(layout.units[u].begin));
+        access.release(u, models::Pass::forward);
+      }
     }
   });
   return out;
@@ -267,6 +280,7 @@ void PySharded::zero_grads() {
 double PySharded::step(double max_norm, double norm_type) {
   py::gil_scoped_release release;
   models::UnitAccess& access = strategy_->access();
+  if (per_rank_) check_model_unchanged();
   const float world = static_cast<float>(comm_->size());
   for (std::size_t u = layout_.units.size(); u-- > 0;) {
     const auto& unit = layout_.units[u];
@@ -365,7 +379,7 @@ std::uint64_t PySharded::load(const std::string& root) {
 py::dict PySharded::memory() const {
   const parallel::MemoryUse m = strategy_->memory();
   py::dict d;
-  d["params"] = m.params;
+  d["params"] = m.params + model_.size() * sizeof(float);  // a gossip model's copy torch views
   d["grads"] = m.grads + grads_.size() * sizeof(float);  // the flat buffer .grad views, where it is ours
   d["master_params"] = m.master_params;
   d["optimizer_state"] = m.optimizer_state;
@@ -419,6 +433,19 @@ void PySharded::wait_for_params() {
     if (per_rank_) std::copy(p.begin(), p.end(), values_[u]);
     else DISTOPT_CHECK(p.data() == values_[u], "unit ", u, "'s parameters moved");
     access.release(u, models::Pass::forward);
+  }
+}
+
+void PySharded::check_model_unchanged() {
+  models::UnitAccess& access = strategy_->access();
+  for (std::size_t u = 0; u < layout_.units.size(); ++u) {
+    const std::span<const float> p = access.acquire(u, models::Pass::forward);
+    const bool same = std::memcmp(p.data(), values_[u], p.size_bytes()) == 0;
+    access.release(u, models::Pass::forward);
+    if (!same)
+      throw InvalidInput(str(layout_.params[u].name, " was written since the last step (in place, or inside `with "
+                             "model.averaged()`): a gossip rank's model is the strategy's, which the step would "
+                             "overwrite it with; load values with load(), or make the optimizer after loading them"));
   }
 }
 

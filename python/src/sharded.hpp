@@ -69,12 +69,13 @@ using ParamSpec = std::pair<std::string, std::vector<std::int64_t>>;
 // The reference the Python optimizers are tested against: the C++ strategy
 // over the threads backend, one thread per rank, stepped with
 // grads[step][rank] (each rank's flat gradient, the model's layout, as torch
-// computed it) handed over as PySharded::step hands them. Returns each
-// rank's parameters after the last step (the model's layout).
-std::vector<std::vector<float>> replay_strategy(const std::string& strategy, const std::string& rule,
-                                                const std::vector<ParamSpec>& params, std::span<const float> initial,
-                                                const OptionMap& options, const parallel::GossipOptions& gossip,
-                                                const std::vector<std::vector<std::vector<float>>>& grads);
+// computed it) handed over as PySharded::step hands them. Returns, for
+// each rank, the model the next forward would run on after each step (the
+// model's layout): out[rank][step].
+std::vector<std::vector<std::vector<float>>> replay_strategy(
+    const std::string& strategy, const std::string& rule, const std::vector<ParamSpec>& params,
+    std::span<const float> initial, const OptionMap& options, const parallel::GossipOptions& gossip,
+    const std::vector<std::vector<std::vector<float>>>& grads);
 
 class PySharded {
  public:
@@ -156,6 +157,10 @@ class PySharded {
 
   // `s` becomes the strategy; the parameters' and gradients' addresses are its.
   void adopt(std::unique_ptr<parallel::Strategy> s);
+
+  // A gossip strategy: InvalidInput naming a parameter torch's view of
+  // which no longer holds the strategy's model (written between steps).
+  void check_model_unchanged();
 
   // Waits for the parameters' gathers; they land where torch's views are
   // (a gossip strategy's model is copied there).

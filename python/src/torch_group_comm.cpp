@@ -159,6 +159,11 @@ class TorchComm final : public Communicator {
   // collective over the default group: every process makes every group,
   // in the same order -- comm.py's _TorchOps.split).
   std::unique_ptr<Communicator> do_split(int color, int key) override {
+    {
+      py::gil_scoped_acquire gil;
+      const std::string why = ops_.attr("cannot_split")().cast<std::string>();
+      if (!why.empty()) throw InvalidInput(why);  // before any message: the communicator stays whole
+    }
     std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size_));
     all[2 * rank_] = color;
     all[2 * rank_ + 1] = key;
@@ -193,7 +198,8 @@ class TorchComm final : public Communicator {
     try {
       ops = ops_.attr("split")(groups, mine);
     } catch (py::error_already_set& e) {
-      throw CommError(str("split: ", e.what()));
+      const std::string why = e.what();
+      throw CommError(str("split: torch.distributed.new_group: ", why.substr(0, why.find('\n'))));
     }
     if (mine < 0) return nullptr;
     return std::make_unique<TorchComm>(my_rank, static_cast<int>(groups[mine].size()), std::move(ops));

@@ -7,7 +7,7 @@ For every strategy of ``--runs`` it trains the same model, each rank on
 batches of its own, with ``GossipOptimizer``, and each rank writes
 (torch.save to OUT.r<rank>) what the test compares: the flat gradient
 torch computed at every step (what the C++ reference steps with), the
-parameters after the last step, the consensus distance and the bytes sent.
+parameters every forward ran on and those after the last step, the consensus distance and the bytes sent.
 ``--save DIR`` writes a checkpoint after step ``--save-at`` and stops there;
 ``--load DIR`` resumes from it and runs to ``--steps``.
 """
@@ -82,16 +82,17 @@ def main():
         if a.load:
             first = opt.load(os.path.join(a.load, name))
         last = a.save_at if a.save else a.steps
-        grads = []
+        grads, seen = [], []
         for x, y in data[first:last]:
             opt.zero_grad()
+            seen.append(torch.cat([p.detach().reshape(-1).clone() for p in params]))  # what this forward runs on
             loss_of(model, x, y).backward()
             grads.append(flat_grads(params))
             opt.step()
         if a.save:
             opt.save(os.path.join(a.save, name), opt.steps)
         results["runs"][name] = {
-            "strategy": strategy, "rule": rule, "options": options, "initial": initial, "grads": grads,
+            "strategy": strategy, "rule": rule, "options": options, "initial": initial, "grads": grads, "seen": seen,
             "first": first, "steps": opt.steps,
             "params": torch.cat([p.detach().reshape(-1).clone() for p in params]),
             "shapes": [list(p.shape) for p in params],

@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+import distopt.torch.comm as dcomm
 import distopt.torch.optim as dopt
 from distopt import _core
 from distopt.torch.distributed import GOSSIP_STRATEGIES, GossipDataParallel, GossipOptimizer
@@ -46,7 +47,8 @@ def launch(tmp, how, n, *args):
 
 
 def replay(ranks, name):
-    """Every rank's parameters from the C++ strategy on the ranks' recorded gradients."""
+    """Every rank's model after every step (out[rank][step]) from the C++
+    strategy on the ranks' recorded gradients."""
     runs = [rk["runs"][name] for rk in ranks]
     first = runs[0]
     options = dict(first["options"])
@@ -55,15 +57,20 @@ def replay(ranks, name):
     grads = [[run["grads"][s].numpy() for run in runs] for s in range(len(first["grads"]))]
     out = _core.replay_strategy(first["strategy"], first["rule"], specs, first["initial"].numpy(), options, gossip,
                                 grads)
-    return [torch.tensor(o) for o in out]
+    return [[torch.tensor(m) for m in steps] for steps in out]
 
 
 def assert_replayed(ranks, name, what):
+    """Every forward ran on the C++ strategy's model of that step, and the
+    last step left its parameters (so a gradient taken at the wrong model,
+    which the replay would take over, still fails)."""
     expected = replay(ranks, name)
-    for r, (rk, e) in enumerate(zip(ranks, expected)):
-        got = rk["runs"][name]["params"]
-        assert same_bits(got, e), f"{what} {name}: rank {r} differs from the C++ strategy " \
-                                  f"(max |diff| {(got - e).abs().max().item():.3g})"
+    for r, (rk, models) in enumerate(zip(ranks, expected)):
+        run = rk["runs"][name]
+        assert same_bits(run["seen"][0], run["initial"]), f"{what} {name}: rank {r}'s first forward"
+        for s, (got, e) in enumerate(zip(run["seen"][1:] + [run["params"]], models)):
+            assert same_bits(got, e), f"{what} {name}: rank {r} after step {s + 1} differs from the C++ strategy " \
+                                      f"(max |diff| {(got - e).abs().max().item():.3g})"
 
 
 @pytest.mark.parametrize("how", ["mpi", "gloo"])
@@ -143,7 +150,7 @@ def test_wrapper_trains_one_rank_like_the_drop_in_sgd():
     """At one rank there is nobody to mix with: sgp is distopt's SGD drop-in."""
     torch.manual_seed(0)
     ours, ref = mlp(seed=0), mlp(seed=0)
-    wrapped = GossipDataParallel(ours, "sgp", "sgd", lr=0.1, momentum=0.9)
+    wrapped = GossipDataParallel(ours, "sgp", optimizer="sgd", comm=dcomm.single(), lr=0.1, momentum=0.9)
     ref_opt = dopt.SGD(ref.parameters(), lr=0.1, momentum=0.9)
     g = torch.Generator().manual_seed(3)
     for _ in range(4):
@@ -162,3 +169,44 @@ def test_wrapper_trains_one_rank_like_the_drop_in_sgd():
     for n, p in ours.named_parameters():
         assert same_bits(mean[n], p.detach())
     assert set(wrapped.average_parameters()) == {n for n, _ in ours.named_parameters()}
+
+
+def _one_step(model, opt, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    opt.zero_grad()
+    loss_of(model, torch.randn(8, 12, generator=g), torch.randint(0, 3, (8,), generator=g)).backward()
+    opt.step()
+
+
+def test_parameters_written_between_steps_are_refused():
+    """The strategy's model is what a gossip rank steps: a value written
+    into the parameters (or a step inside averaged()) is one line, not lost."""
+    model = mlp(seed=0)
+    wrapped = GossipDataParallel(model, "sgp", optimizer="sgd", comm=dcomm.single(), lr=0.1)
+    _one_step(wrapped, wrapped.optimizer)
+    kept = model[0].bias.detach().clone()
+    with torch.no_grad():
+        model[0].bias.add_(1.0)
+    with pytest.raises(ValueError, match=r"params\[1\] was written since the last step .* load\(\)"):
+        _one_step(wrapped, wrapped.optimizer)
+    with torch.no_grad():
+        model[0].bias.copy_(kept)  # back to the strategy's values: steps again
+    _one_step(wrapped, wrapped.optimizer)
+    with pytest.raises(ValueError, match="was written since the last step"), wrapped.averaged():
+        model[0].weight.data.mul_(2)
+        _one_step(wrapped, wrapped.optimizer)
+
+
+def test_a_checkpoint_of_another_strategy_resumes_from_the_mean_with_a_warning(tmp_path):
+    a = mlp(seed=0)
+    oa = GossipOptimizer(a.parameters(), "sgd", "sgp", comm=dcomm.single(), lr=0.1, momentum=0.9)
+    for k in range(3):
+        _one_step(a, oa, seed=k)
+    oa.save(str(tmp_path), oa.steps)
+    b = mlp(seed=1)
+    ob = GossipOptimizer(b.parameters(), "sgd", "osgp", comm=dcomm.single(), lr=0.1, momentum=0.9)
+    with pytest.warns(UserWarning, match="resuming the sgp checkpoint of 1 ranks as osgp at 1"):
+        assert ob.load(str(tmp_path)) == 3
+    for p, q in zip(a.parameters(), b.parameters()):
+        assert same_bits(p.detach(), q.detach())
+    assert ob.steps == 3

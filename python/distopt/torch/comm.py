@@ -90,13 +90,13 @@ class _TorchOps:
     """What distopt's C++ communicator calls to move bytes over a
     torch.distributed process group (with the GIL taken)."""
 
-    def __init__(self, group):
+    def __init__(self, group, ranks=None):
         import torch.distributed as dist
 
         self._dist = dist
         self._group = group
-        self._ranks = None
-        if group is not None:
+        self._ranks = ranks  # each rank of this communicator's global rank (None: the default group's own)
+        if group is not None and ranks is None:
             from torch.distributed import distributed_c10d as c10d
 
             global_rank = getattr(dist, "get_global_rank", None) or c10d._get_global_rank  # public from torch 2.0
@@ -117,17 +117,29 @@ class _TorchOps:
     def wait(work, seconds):
         work[0].wait(datetime.timedelta(seconds=seconds))
 
-    def split(self, groups, mine):
-        """Communicator.split over torch: ``groups`` (lists of this group's
-        ranks, every process the same) become process groups, made in
-        order by every process of the default group (torch's new_group is
-        collective over it); the one at index ``mine`` is this process's
-        (-1: none)."""
+    def cannot_split(self):
+        """Why Communicator.split cannot run here ("" when it can): torch's
+        new_group is collective over the default group, so only a
+        communicator of every process splits."""
         if self._group is not None and self._dist.get_world_size(self._group) != self._dist.get_world_size():
-            raise ValueError("the torch.distributed transport splits only a communicator of the default group "
-                             "(torch's new_group needs every process)")
-        made = [self._dist.new_group([self._peer(r) for r in g]) for g in groups]
-        return _TorchOps(made[mine]) if mine >= 0 else None
+            return ("the torch.distributed transport splits only a communicator of every process "
+                    "(torch's new_group needs them all); this one has "
+                    f"{self._dist.get_world_size(self._group)} of {self._dist.get_world_size()}")
+        return ""
+
+    def split(self, groups, mine):
+        """Communicator.split over torch: ``groups`` (lists of this
+        communicator's ranks in their new order, every process the same)
+        become process groups of this one's backend, made in order by every
+        process (torch's new_group is collective over the default group);
+        the one at index ``mine`` is this process's (-1: none). The new
+        communicator's ranks are the list's order, not torch's (new_group
+        sorts its ranks)."""
+        backend = self._dist.get_backend(self._group)
+        made = [self._dist.new_group([self._peer(r) for r in g], backend=backend) for g in groups]
+        if mine < 0:
+            return None
+        return _TorchOps(made[mine], [self._peer(r) for r in groups[mine]])
 
 
 _groups = {}

@@ -91,6 +91,7 @@ class ShardedOptimizer(DistoptOptimizer):
 
     _strategies = STRATEGIES
     _what = "the sharded optimizer"
+    _load_hint = "load values with p.copy_(...)"
 
     def __init__(self, params, optimizer="adamw", strategy="zero1", *, comm=None, bucket_elements=1 << 15,
                  max_grad_norm=None, norm_type=2.0, _gossip=None, **options):
@@ -99,7 +100,9 @@ class ShardedOptimizer(DistoptOptimizer):
         if any(isinstance(p, dict) for p in params):
             raise TypeError(f"{name} takes one list of parameters (one group)")
         if strategy not in self._strategies:
-            raise ValueError(f"strategy '{strategy}': {self._what} runs {', '.join(self._strategies)}")
+            hint = " (gossip strategies: GossipOptimizer)" if strategy in GOSSIP_STRATEGIES and \
+                self._strategies is STRATEGIES else ""
+            raise ValueError(f"strategy '{strategy}': {self._what} runs {', '.join(self._strategies)}{hint}")
         rule_options = _core.rule_options(optimizer)  # ValueError for an unknown rule
         known = {name: default for name, default, _ in rule_options}
         for k in options:
@@ -198,8 +201,7 @@ class ShardedOptimizer(DistoptOptimizer):
                 if p.data_ptr() != self._values[i]:
                     raise ValueError(f"{type(self).__name__}: parameter {i}'s storage was replaced (model.to(...), "
                                      "p.data = ..., load_state_dict(assign=True)); the optimizer steps its own "
-                                     "buffer, so make the optimizer after moving the model and load values with "
-                                     "p.copy_(...)")
+                                     f"buffer, so make the optimizer after moving the model and {self._load_hint}")
                 if self._staged(p):  # its values, which the user may have changed, are the step's start
                     torch.from_numpy(self._core.param(i)).copy_(p.detach())
                 if p.grad is g:
@@ -310,8 +312,8 @@ class GossipOptimizer(ShardedOptimizer):
     Decentralised training of a torch model with distopt's C++ gossip
     strategies (docs/gossip.md): ``sgp`` (push-sum, Assran et al. 2019),
     ``osgp`` (overlapped), ``dpsgd`` (Lian et al. 2017), ``adpsgd``
-    (asynchronous pairs; MPI only), ``slowmo`` and ``diloco`` (Douillard et
-    al. 2023, streaming fragments and compressed pseudo-gradients included).
+    (asynchronous pairs), ``slowmo`` and ``diloco`` (Douillard et al. 2023,
+    streaming fragments and compressed pseudo-gradients included).
     Each rank keeps its own model and optimizer state and steps with its own
     gradient (the mean over its own batch: call ``backward`` on the local
     mean loss, as with DDP), then mixes with its peers.
@@ -335,17 +337,21 @@ class GossipOptimizer(ShardedOptimizer):
     ``averaged_parameters()`` and ``bytes_sent`` report the run;
     ``save(dir, step)`` writes every rank's own state, which ``load(dir)``
     resumes rank by rank (at another world size or strategy: from the
-    ranks' mean, with a warning).
+    ranks' mean, with a warning). ``state_dict()`` is the ranks' mean
+    optimizer state in torch's format (collective; every rank's whole state
+    is gathered on every rank), for torch's optimizer of the same rule;
+    ``load_state_dict`` gives every rank that one state.
     """
 
     _strategies = GOSSIP_STRATEGIES
     _what = "the gossip optimizer"
+    _load_hint = "load values with load(), or make the optimizer after loading them"
 
     def __init__(self, params, optimizer="sgd", strategy="sgp", *, comm=None, max_grad_norm=None, norm_type=2.0,
                  **options):
         gossip, rule = _gossip_kwargs(dict(options))
         if strategy in GOSSIP_STRATEGIES:
-            _core.gossip_options(strategy, gossip)  # ValueError naming a misfit option, before any communication
+            _core.gossip_options(strategy, gossip)  # an unknown or misfit option, before the parameters' broadcast
         super().__init__(params, optimizer, strategy, comm=comm, max_grad_norm=max_grad_norm, norm_type=norm_type,
                          _gossip=gossip, **rule)
         self.gossip_options = gossip
@@ -366,21 +372,23 @@ class GossipOptimizer(ShardedOptimizer):
 
 
 class GossipDataParallel(torch.nn.Module):
-    """``GossipDataParallel(module, strategy="sgp", optimizer="sgd", *,
+    """``GossipDataParallel(module, strategy="sgp", *, optimizer="sgd",
     comm=None, **options)``: the SGP project's wrapper on distopt's
     strategies. ``module``'s trained parameters go to a ``GossipOptimizer``
     (``self.optimizer``: step it, schedule its lr, save it) with ``options``
     (the rule's and the strategy's, as ``GossipOptimizer`` takes them); the
-    wrapper runs the module's forward unchanged. The SGP project's flags
-    map to strategies: ``push_sum=True`` is ``sgp`` (``overlap=True``:
-    ``osgp``), ``push_sum=False`` is ``dpsgd``.
+    wrapper runs the module's forward unchanged. Where the SGP project's
+    wrapper takes flags, this one takes a strategy: its ``push_sum=True``
+    is ``strategy="sgp"`` (with ``overlap=True``: ``"osgp"``),
+    ``push_sum=False`` is ``"dpsgd"``.
 
     ``with model.averaged():`` runs the module on the ranks' mean model (for
-    evaluation; collective on entry) and puts each rank's own back on exit.
-    Buffers (BatchNorm's running statistics) stay each rank's own.
+    evaluation; collective on entry) and puts each rank's own back on exit;
+    do not step inside it (the step refuses parameters written since the
+    last one). Buffers (BatchNorm's running statistics) stay each rank's own.
     """
 
-    def __init__(self, module, strategy="sgp", optimizer="sgd", *, comm=None, **options):
+    def __init__(self, module, strategy="sgp", *, optimizer="sgd", comm=None, **options):
         super().__init__()
         self.module = module
         self._trained = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
