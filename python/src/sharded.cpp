@@ -443,7 +443,8 @@ void PySharded::check_model_unchanged() {
     const bool same = std::memcmp(p.data(), values_[u], p.size_bytes()) == 0;
     access.release(u, models::Pass::forward);
     if (!same)
-      throw InvalidInput(str(layout_.params[u].name, " was written since the last step (in place, or inside `with "
+      throw InvalidInput(str(layout_.params[u].name,
+                             " was written since the last step (in place, or inside `with "
                              "model.averaged()`): a gossip rank's model is the strategy's, which the step would "
                              "overwrite it with; load values with load(), or make the optimizer after loading them"));
   }

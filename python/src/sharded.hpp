@@ -72,10 +72,11 @@ using ParamSpec = std::pair<std::string, std::vector<std::int64_t>>;
 // computed it) handed over as PySharded::step hands them. Returns, for
 // each rank, the model the next forward would run on after each step (the
 // model's layout): out[rank][step].
-std::vector<std::vector<std::vector<float>>> replay_strategy(
-    const std::string& strategy, const std::string& rule, const std::vector<ParamSpec>& params,
-    std::span<const float> initial, const OptionMap& options, const parallel::GossipOptions& gossip,
-    const std::vector<std::vector<std::vector<float>>>& grads);
+std::vector<std::vector<std::vector<float>>> replay_strategy(const std::string& strategy, const std::string& rule,
+                                                             const std::vector<ParamSpec>& params,
+                                                             std::span<const float> initial, const OptionMap& options,
+                                                             const parallel::GossipOptions& gossip,
+                                                             const std::vector<std::vector<std::vector<float>>>& grads);
 
 class PySharded {
  public:
