@@ -243,10 +243,12 @@ PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& stra
   spec_.fallback = std::string(rule_or_throw(rule).companion);
   options_.bucket_elements = bucket_elements;
   direct_grads_ = !info.sharded_grads;
+  hooked_ = info.sharded_grads;
+  pending_ = layout_.units.size();
   if (per_rank_) model_.assign(layout_.elements, 0.0f);
   if (static_cast<std::size_t>(initial.size()) != layout_.elements)
     throw InvalidInput(str("initial values: ", initial.size(), " elements for parameters of ", layout_.elements));
-  if (!direct_grads_) grads_.assign(layout_.elements, 0.0f);
+  if (!direct_grads_ && !hooked_) grads_.assign(layout_.elements, 0.0f);
   // Every rank starts from rank 0's parameters, as torch's DDP does (in
   // the caller's array: no copy of the model in flight).
   const std::span<float> init(initial.mutable_data(), layout_.elements);
@@ -270,10 +272,12 @@ py::array PySharded::param(py::object self, std::size_t i) {
 
 py::array PySharded::grad(py::object self, std::size_t i) {
   const ParamSlot& s = slot(i);
+  if (hooked_) throw InvalidInput(str("strategy ", strategy_name_, " has no gradient buffer (deliver each unit)"));
   return py::array_t<float>(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()), grad_of(i), self);
 }
 
 void PySharded::zero_grads() {
+  if (hooked_) return;  // nothing of ours: torch's .grad tensors
   for (std::size_t i = 0; i < layout_.params.size(); ++i) std::fill_n(grad_of(i), layout_.params[i].numel(), 0.0f);
 }
 
@@ -281,8 +285,10 @@ double PySharded::step(double max_norm, double norm_type) {
   py::gil_scoped_release release;
   models::UnitAccess& access = strategy_->access();
   if (per_rank_) check_model_unchanged();
+  if (hooked_ && pending_ != 0)
+    throw InvalidInput(str("step: ", pending_, " of ", layout_.units.size(), " gradients not delivered"));
   const float world = static_cast<float>(comm_->size());
-  for (std::size_t u = layout_.units.size(); u-- > 0;) {
+  for (std::size_t u = hooked_ ? 0 : layout_.units.size(); u-- > 0;) {
     const auto& unit = layout_.units[u];
     const std::span<float> g = access.grads(u);
     DISTOPT_CHECK(g.size() == unit.end - unit.begin, g.size(), " vs ", unit.end - unit.begin);
@@ -303,8 +309,30 @@ double PySharded::step(double max_norm, double norm_type) {
   else
     strategy_->step();
   ++steps_;
+  pending_ = layout_.units.size();
   wait_for_params();
   return norm;
+}
+
+void PySharded::deliver(std::size_t u, py::array_t<float, py::array::c_style | py::array::forcecast> g) {
+  if (!hooked_) throw InvalidInput(str("strategy ", strategy_name_, " takes its gradients at the step"));
+  if (pending_ == 0 || u + 1 != pending_)
+    throw InvalidInput(str("deliver: unit ", u, " out of order (next: ", next_unit(), ")"));
+  const auto& unit = layout_.units[u];
+  if (static_cast<std::size_t>(g.size()) != unit.end - unit.begin)
+    throw InvalidInput(str("deliver: unit ", u, " has ", unit.end - unit.begin, " elements, the gradient ", g.size()));
+  const float* src = g.data();  // (g stays alive in this frame)
+  py::gil_scoped_release release;
+  models::UnitAccess& access = strategy_->access();
+  const std::span<float> dst = access.grads(u);
+  DISTOPT_CHECK(dst.size() == unit.end - unit.begin, dst.size(), " vs ", unit.end - unit.begin);
+  const float world = static_cast<float>(comm_->size());
+  if (comm_->size() > 1)
+    for (std::size_t k = 0; k < dst.size(); ++k) dst[k] = src[k] / world;  // torch's DDP divides by the world
+  else
+    std::memcpy(dst.data(), src, dst.size_bytes());
+  --pending_;  // (before the bucket's reduction, which may fail: the step then refuses)
+  access.grads_done(u);
 }
 
 void PySharded::set_option(const std::string& key, py::handle value) {
@@ -371,6 +399,7 @@ std::uint64_t PySharded::load(const std::string& root) {
     throw InvalidInput("the checkpoint holds an SWA run");
   });
   adopt(std::move(s));
+  pending_ = layout_.units.size();
   steps_ = loaded.step;
   load_warning_ = std::move(warning);
   return loaded.step;

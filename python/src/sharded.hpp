@@ -97,10 +97,22 @@ class PySharded {
   py::array grad(py::object self, std::size_t i);
   void zero_grads();
 
-  // One step from the gradients in the flat buffer; clips to max_norm
-  // first when it is positive. Returns the gradients' total norm (NaN
-  // without clipping).
+  // One step from the gradients in the flat buffer (or, where hooked(),
+  // those delivered); clips to max_norm first when it is positive. Returns
+  // the gradients' total norm (NaN without clipping).
   double step(double max_norm, double norm_type);
+
+  // Where the strategy keeps only its gradient shard (zero2:
+  // StrategyInfo::sharded_grads), gradients are delivered as backward
+  // produces them, in backward order (unit n-1 first): deliver(u, g) hands
+  // unit u's gradient (g: its values as torch computed them, the unit's
+  // shape or flat) to the strategy, whose bucket reduce-scatters once its
+  // last unit is in; a step needs every unit delivered. There is no flat
+  // gradient buffer then.
+  bool hooked() const { return hooked_; }
+  // The unit deliver() takes next (-1: all are in).
+  long next_unit() const { return static_cast<long>(pending_) - 1; }
+  void deliver(std::size_t u, py::array_t<float, py::array::c_style | py::array::forcecast> g);
 
   // Sets an option of the group torch sees (param_groups[0]). A learning
   // rate scales every group alike (Muon's AdamW group for its 1-D
@@ -180,7 +192,9 @@ class PySharded {
   std::vector<float*> values_;   // unit u's parameters in the strategy's buffer
   bool direct_grads_ = false;    // .grad views the strategy's own gradient buffer (grad_at_)
   std::vector<float*> grad_at_;  // unit u's gradient in the strategy's buffer
-  std::vector<float> grads_;     // zero2: the flat buffer .grad views, the model's layout
+  std::vector<float> grads_;     // (unused while hooked_)
+  bool hooked_ = false;          // gradients delivered unit by unit (deliver)
+  std::size_t pending_ = 0;      // hooked_: units not yet delivered in this step
   bool per_rank_ = false;        // a gossip strategy: values_ point into model_
   std::vector<float> model_;     // per_rank_: the model torch's parameters view, the model's layout
   std::uint64_t steps_ = 0;

@@ -66,11 +66,15 @@ def main():
                 run["loaded_step"] = opt.load(a.load)
                 run["loaded_state"] = opt.state_dict()
                 run["loaded_params"] = [p.detach().to("cpu", copy=True) for p in model.parameters()]
+            in_backward = []  # zero2: were the gradients handed over during backward?
             for x, y in data:
                 n = x.shape[0] // world
                 opt.zero_grad()
                 backward(model, x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n], a.device)
+                in_backward.append(opt._core.hooked and opt._core.next_unit == -1 and
+                                   all(p.grad is None for p in model.parameters()))
                 opt.step()
+            run["reduced_in_backward"] = all(in_backward)
             state = opt.state_dict()
             mine = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
             every = torch.empty(world * mine.numel())

@@ -113,6 +113,16 @@ def test_zero1_and_zero2_give_ddps_bits_for_every_rule(runs, world):
             assert_same_run(r["runs"][f"{rule}/{s}"], r["runs"][f"{rule}/ddp"], f"world {world} {rule} {s} vs ddp")
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_zero2_reduces_during_backward(runs, world):
+    """Every zero2 gradient went to its reduce-scatter as backward produced
+    it (nothing left for the step; .grad freed), ddp's and zero1's did not."""
+    for rule in RULES:
+        run = runs[("mpi", world)]["runs"]
+        assert run[f"{rule}/zero2"]["reduced_in_backward"], rule
+        assert not run[f"{rule}/zero1"]["reduced_in_backward"] and not run[f"{rule}/ddp"]["reduced_in_backward"]
+
+
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_every_rank_holds_the_same_parameters(runs, world):
     for key, run in runs[("mpi", world)]["runs"].items():
@@ -322,8 +332,10 @@ def test_staged_parameters_keep_their_storage_and_step_the_same_bits(strategy):
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         assert same_bits(a.detach(), b.detach())
     grads = [p.grad for p in models[1].parameters()]
+    if strategy == "zero2":  # each gradient went to its reduce-scatter during backward, and .grad with it
+        assert all(g is None for g in grads)
     opts[1].zero_grad()
-    assert all(g is p.grad and not g.any() for g, p in zip(grads, models[1].parameters()))
+    assert all(g is p.grad and (g is None or not g.any()) for g, p in zip(grads, models[1].parameters()))
     opts[1].zero_grad(set_to_none=True)
     assert all(p.grad is None for p in models[1].parameters())
     opts[1].step()  # no gradients: zeros (LAMB still decays)
@@ -508,3 +520,31 @@ def test_a_malformed_slurm_environment_is_one_line_and_the_port_is_the_steps():
     assert slurm_port("4242.0") == 15000 + 42420 % 20000
     assert slurm_port("4242.1") != slurm_port("4242.0")
     assert 15000 <= slurm_port("987654321.12") < 35000
+
+
+def test_zero2_accumulates_under_no_sync_and_refuses_a_second_backward():
+    """Three backwards, the first two under no_sync(): zero1's bits (which
+    accumulate into .grad); a second backward without it is one line."""
+    data = batches(6, seed=9)
+    models = [mlp(seed=3), mlp(seed=3)]
+    opts = [ShardedOptimizer(m.parameters(), "adamw", s, comm=dcomm.single(), lr=1e-2)
+            for m, s in zip(models, ("zero1", "zero2"))]
+    for k in range(2):
+        for model, opt in zip(models, opts):
+            opt.zero_grad()
+            for j, (x, y) in enumerate(data[3 * k:3 * k + 3]):
+                if j < 2:
+                    with opt.no_sync():
+                        loss_of(model, x, y).backward()
+                else:
+                    loss_of(model, x, y).backward()
+            opt.step()
+    for a, b in zip(*(m.parameters() for m in models)):
+        assert same_bits(a.detach(), b.detach())
+    x, y = data[0]
+    opts[1].zero_grad()
+    loss_of(models[1], x, y).backward()
+    loss_of(models[1], x, y).backward()
+    with pytest.raises(RuntimeError, match="gradient came twice in one step: zero2 reduces each gradient as "
+                                           "backward produces it, so accumulate over several backwards under"):
+        opts[1].step()

@@ -9,13 +9,19 @@ parameter:
 
 - the parameters' values move into the strategy's buffer (each parameter
   becomes a view of it) and every rank starts from rank 0's values;
-- their gradients live in one flat buffer that each ``.grad`` views (as
-  DDP's ``gradient_as_bucket_view``): under ddp and zero1 the strategy's own
-  gradient buffer, under zero2 (whose strategy keeps only its shard) one of
-  this class that ``step`` reads; ``zero_grad`` zeroes it in place. After a
-  step ``.grad`` holds what the reduction left there (ddp: the averaged
-  gradient; zero1: only this rank's shard is the reduced one), so call
-  ``zero_grad`` before each backward;
+- under ddp and zero1 their gradients live in the strategy's own gradient
+  buffer, which each ``.grad`` views (as DDP's ``gradient_as_bucket_view``);
+  ``zero_grad`` zeroes it in place. After a step ``.grad`` holds what the
+  reduction left there (ddp: the averaged gradient; zero1: only this rank's
+  shard is the reduced one), so call ``zero_grad`` before each backward;
+- under zero2 (whose strategy keeps only its shard) a hook on each
+  parameter's gradient accumulator hands the gradient over as backward
+  produces it, in backward order, and frees ``.grad``: each bucket is
+  reduce-scattered during backward, and a rank holds its gradient shard
+  and the buckets in flight, not the whole gradient. ``.grad`` is None
+  after backward (clip with ``max_grad_norm``, not torch's
+  ``clip_grad_norm_``); accumulate several backwards under ``with
+  opt.no_sync():`` and step after the last;
 - ``step()`` hands the gradients, divided by the world size as DDP divides
   them, to the strategy: they are reduced in distopt's fixed rank order,
   each rank steps its shard with the exact rule (LAMB/LARS/Adafactor's
@@ -35,8 +41,8 @@ communicator (MPI, or a gloo group -- under an NCCL default group
 back into the parameters. The same bits as the CPU run on the same
 gradients; the collectives are the host's, not NCCL's. Use it in place of both
 DistributedDataParallel and the optimizer: the model is not wrapped, and
-the backward pass is not overlapped with communication (the reductions run
-in ``step``).
+under ddp and zero1 the backward pass is not overlapped with communication
+(the reductions run in ``step``).
 
 ``state_dict()`` is consolidated (collective: every rank calls it) and
 loads into torch's optimizer of the same rule; ``save(dir)`` writes distopt's
@@ -135,6 +141,9 @@ class ShardedOptimizer(DistoptOptimizer):
                                    [(f"params[{i}]", list(p.shape)) for i, p in enumerate(ps)], initial,
                                    dict(self._synced), int(bucket_elements), dict(_gossip or {}))
         self._attach()
+        self._sync = True  # no_sync() turns the hooks' deliveries off
+        self._twice = None  # a parameter whose gradient came again after it was handed over
+        self._hooks = self._hook_grads() if self._core.hooked else []
 
     # ---- parameters and gradients ----
     def _all(self):
@@ -159,14 +168,71 @@ class ShardedOptimizer(DistoptOptimizer):
         self._grads, self._values = [], []
         with torch.no_grad():
             for i, p in enumerate(self._all()):
-                g = torch.from_numpy(self._core.grad(i))
+                g = None if self._core.hooked else torch.from_numpy(self._core.grad(i))
                 if self._staged(p):
                     p.copy_(torch.from_numpy(self._core.param(i)))
                 else:
                     p.data = torch.from_numpy(self._core.param(i))
-                    p.grad = g
+                    if g is not None:
+                        p.grad = g
                 self._grads.append(g)
                 self._values.append(p.data_ptr())
+
+    # ---- zero2: gradients reduced as backward produces them ----
+    def _hook_grads(self):
+        """A hook on each parameter's gradient accumulator (it runs once the
+        gradient is accumulated into ``.grad``, as DDP's do): the gradient
+        goes to the strategy, in backward order (one that comes early waits
+        for those before it), and ``.grad`` is freed."""
+        handles = []
+        with torch.enable_grad():
+            for i, p in enumerate(self._all()):
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]  # the parameter's AccumulateGrad
+                handles.append((acc, acc.register_hook(lambda *_, i=i: self._on_grad(i))))
+        self._ready = [False] * len(self._all())
+        return handles
+
+    def _on_grad(self, i):
+        if not self._sync:
+            return
+        if i > self._core.next_unit:
+            # Raised by the step: an exception inside backward's hook leaves
+            # torch 1.13's autograd holding the graph until the process ends
+            # (whose exit then waits for the GIL forever).
+            self._twice = self._twice if self._twice is not None else i
+            return
+        self._ready[i] = True
+        while self._core.next_unit >= 0 and self._ready[self._core.next_unit]:
+            self._deliver(self._core.next_unit)
+
+    def _deliver(self, u):
+        p = self._all()[u]
+        with torch.no_grad():
+            g = p.grad
+            if g is None:
+                g = torch.zeros(p.shape)
+            elif g.is_sparse:
+                raise ValueError(f"{type(self).__name__}: parameter {u} has a sparse gradient")
+            self._core.deliver(u, g.detach().to("cpu", torch.float32).contiguous().numpy())
+        p.grad = None  # its reduce-scatter has it: each rank keeps its shard only
+        self._ready[u] = False
+
+    def no_sync(self):
+        """``with opt.no_sync():`` backwards inside accumulate into ``.grad``
+        and are not reduced; the first backward after it reduces the sum
+        (zero2; under ddp and zero1, which reduce in ``step``, it changes
+        nothing)."""
+        outer = self
+
+        class _NoSync:
+            def __enter__(self):
+                self.was = outer._sync
+                outer._sync = False
+
+            def __exit__(self, *exc):
+                outer._sync = self.was
+
+        return _NoSync()
 
     def _put_back(self):
         """The stepped values into the staged parameters."""
@@ -186,7 +252,7 @@ class ShardedOptimizer(DistoptOptimizer):
         zeroed in place, or set to None with ``set_to_none=True``."""
         self._core.zero_grads()
         for p, g in zip(self._all(), self._grads):
-            if self._staged(p):
+            if self._staged(p) or g is None:  # (zero2: torch's own .grad, usually freed already)
                 if set_to_none:
                     p.grad = None
                 elif p.grad is not None:
@@ -204,6 +270,8 @@ class ShardedOptimizer(DistoptOptimizer):
                                      f"buffer, so make the optimizer after moving the model and {self._load_hint}")
                 if self._staged(p):  # its values, which the user may have changed, are the step's start
                     torch.from_numpy(self._core.param(i)).copy_(p.detach())
+                if g is None:  # zero2: delivered by the hooks, or below
+                    continue
                 if p.grad is g:
                     continue
                 if p.grad is None:
@@ -223,6 +291,14 @@ class ShardedOptimizer(DistoptOptimizer):
         loss = self._run_closure(closure)
         self._sync_options()
         self._gather_grads()
+        if self._twice is not None:
+            i, self._twice = self._twice, None
+            raise RuntimeError(f"{type(self).__name__}: parameter {i}'s gradient came twice in one step: "
+                               f"{self.strategy} reduces each gradient as backward produces it, so accumulate "
+                               "over several backwards under `with opt.no_sync():` and step after the last")
+        if self._core.hooked:  # the gradients backward did not produce (unused parameters, .grad set by hand)
+            while self._core.next_unit >= 0:
+                self._deliver(self._core.next_unit)
         norm = self._core.step(self.max_grad_norm or 0.0, self.norm_type)
         self._put_back()
         self.last_grad_norm = None if math.isnan(norm) else norm
@@ -279,6 +355,8 @@ class ShardedOptimizer(DistoptOptimizer):
         by any of ddp/zero1/zero2 (collective): the parameters take its
         values, the optimizer its state and options. Returns its step."""
         step = self._core.load(str(root))
+        if self._core.hooked:
+            self._ready = [False] * len(self._all())
         if self._core.load_warning:
             warnings.warn(self._core.load_warning, stacklevel=2)
         self._attach()
