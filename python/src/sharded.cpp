@@ -30,11 +30,29 @@
 
 namespace distopt::python {
 
-std::vector<std::string> sharded_strategies() {
+namespace {
+
+// The registry's strategies that `keep` admits, in its order.
+std::vector<std::string> strategies_where(bool (*keep)(const parallel::StrategyInfo&)) {
   std::vector<std::string> out;
   for (const parallel::StrategyInfo* s : parallel::all_strategies())
-    if (!s->per_rank_models && !s->sharded_params) out.emplace_back(s->name);
+    if (keep(*s)) out.emplace_back(s->name);
   return out;
+}
+
+// A unit's gradient as torch computed it (`src`) into the strategy's
+// buffer (`dst`, which may be the same memory): divided by the world size,
+// as torch's DDP divides it. Every path into a strategy here hands it so.
+void hand_over(std::span<float> dst, const float* src, int world) {
+  if (world > 1)
+    for (std::size_t k = 0; k < dst.size(); ++k) dst[k] = src[k] / static_cast<float>(world);
+  else if (src != dst.data()) std::memcpy(dst.data(), src, dst.size_bytes());
+}
+
+}  // namespace
+
+std::vector<std::string> sharded_strategies() {
+  return strategies_where([](const parallel::StrategyInfo& s) { return !s.per_rank_models && !s.sharded_params; });
 }
 
 std::string sharded_strategy_list() {
@@ -46,10 +64,7 @@ std::string sharded_strategy_list() {
 }
 
 std::vector<std::string> gossip_strategies() {
-  std::vector<std::string> out;
-  for (const parallel::StrategyInfo* s : parallel::all_strategies())
-    if (s->per_rank_models) out.emplace_back(s->name);
-  return out;
+  return strategies_where([](const parallel::StrategyInfo& s) { return s.per_rank_models; });
 }
 
 namespace {
@@ -145,7 +160,7 @@ parallel::GossipOptions gossip_options(const std::string& strategy, const py::di
       if (name == c.name) key = &c;
     if (key == nullptr) {
       std::string known;
-      for (const GossipKey& c : kGossipKeys) known += (known.empty() ? "" : ", ") + std::string(c.name);
+      for (const std::string& n : gossip_option_names()) known += (known.empty() ? "" : ", ") + n;
       throw InvalidInput(str("no gossip option '", name, "' (there are ", known, ")"));
     }
     set_gossip(g, *key, v);
@@ -208,9 +223,7 @@ std::vector<std::vector<std::vector<float>>> replay_strategy(
     for (const auto& step : grads) {
       const std::vector<float>& mine = step[r];
       for (std::size_t u = layout.units.size(); u-- > 0;) {
-        const std::span<float> g = access.grads(u);
-        const float* src = mine.data() + layout.units[u].begin;
-        for (std::size_t k = 0; k < g.size(); ++k) g[k] = world > 1 ? src[k] / static_cast<float>(world) : src[k];
+        hand_over(access.grads(u), mine.data() + layout.units[u].begin, world);
         access.grads_done(u);
       }
       s->step();
@@ -242,13 +255,11 @@ PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& stra
   spec_.options = to_options(options);
   spec_.fallback = std::string(rule_or_throw(rule).companion);
   options_.bucket_elements = bucket_elements;
-  direct_grads_ = !info.sharded_grads;
   hooked_ = info.sharded_grads;
   pending_ = layout_.units.size();
   if (per_rank_) model_.assign(layout_.elements, 0.0f);
   if (static_cast<std::size_t>(initial.size()) != layout_.elements)
     throw InvalidInput(str("initial values: ", initial.size(), " elements for parameters of ", layout_.elements));
-  if (!direct_grads_ && !hooked_) grads_.assign(layout_.elements, 0.0f);
   // Every rank starts from rank 0's parameters, as torch's DDP does (in
   // the caller's array: no copy of the model in flight).
   const std::span<float> init(initial.mutable_data(), layout_.elements);
@@ -273,12 +284,12 @@ py::array PySharded::param(py::object self, std::size_t i) {
 py::array PySharded::grad(py::object self, std::size_t i) {
   const ParamSlot& s = slot(i);
   if (hooked_) throw InvalidInput(str("strategy ", strategy_name_, " has no gradient buffer (deliver each unit)"));
-  return py::array_t<float>(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()), grad_of(i), self);
+  return py::array_t<float>(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()), grad_at_[i], self);
 }
 
 void PySharded::zero_grads() {
   if (hooked_) return;  // nothing of ours: torch's .grad tensors
-  for (std::size_t i = 0; i < layout_.params.size(); ++i) std::fill_n(grad_of(i), layout_.params[i].numel(), 0.0f);
+  for (std::size_t i = 0; i < layout_.params.size(); ++i) std::fill_n(grad_at_[i], layout_.params[i].numel(), 0.0f);
 }
 
 double PySharded::step(double max_norm, double norm_type) {
@@ -287,17 +298,14 @@ double PySharded::step(double max_norm, double norm_type) {
   if (per_rank_) check_model_unchanged();
   if (hooked_ && pending_ != 0)
     throw InvalidInput(str("step: ", pending_, " of ", layout_.units.size(), " gradients not delivered"));
-  const float world = static_cast<float>(comm_->size());
+  // ddp, zero1, gossip: backward wrote each gradient into the strategy's
+  // own buffer (zero2's were delivered during backward).
   for (std::size_t u = hooked_ ? 0 : layout_.units.size(); u-- > 0;) {
     const auto& unit = layout_.units[u];
     const std::span<float> g = access.grads(u);
     DISTOPT_CHECK(g.size() == unit.end - unit.begin, g.size(), " vs ", unit.end - unit.begin);
-    const float* src = grad_of(u);
-    DISTOPT_CHECK(!direct_grads_ || src == g.data(), "unit ", u, "'s gradient moved");
-    if (comm_->size() > 1)
-      for (std::size_t k = 0; k < g.size(); ++k) g[k] = src[k] / world;  // torch's DDP divides by the world
-    else if (src != g.data())
-      std::memcpy(g.data(), src, g.size_bytes());
+    DISTOPT_CHECK(grad_at_[u] == g.data(), "unit ", u, "'s gradient moved");
+    hand_over(g, g.data(), comm_->size());
     access.grads_done(u);
   }
   double norm = std::nan("");
@@ -326,11 +334,7 @@ void PySharded::deliver(std::size_t u, py::array_t<float, py::array::c_style | p
   models::UnitAccess& access = strategy_->access();
   const std::span<float> dst = access.grads(u);
   DISTOPT_CHECK(dst.size() == unit.end - unit.begin, dst.size(), " vs ", unit.end - unit.begin);
-  const float world = static_cast<float>(comm_->size());
-  if (comm_->size() > 1)
-    for (std::size_t k = 0; k < dst.size(); ++k) dst[k] = src[k] / world;  // torch's DDP divides by the world
-  else
-    std::memcpy(dst.data(), src, dst.size_bytes());
+  hand_over(dst, src, comm_->size());
   --pending_;  // (before the bucket's reduction, which may fail: the step then refuses)
   access.grads_done(u);
 }
@@ -409,7 +413,7 @@ py::dict PySharded::memory() const {
   const parallel::MemoryUse m = strategy_->memory();
   py::dict d;
   d["params"] = m.params + model_.size() * sizeof(float);  // a gossip model's copy torch views
-  d["grads"] = m.grads + grads_.size() * sizeof(float);  // the flat buffer .grad views, where it is ours
+  d["grads"] = m.grads;
   d["master_params"] = m.master_params;
   d["optimizer_state"] = m.optimizer_state;
   return d;
@@ -446,7 +450,7 @@ void PySharded::adopt(std::unique_ptr<parallel::Strategy> s) {
   if (per_rank_) wait_for_params();
   // ddp, zero1: where backward writes unit u's gradient, in every step.
   grad_at_.assign(layout_.units.size(), nullptr);
-  if (direct_grads_) {
+  if (!hooked_) {
     for (std::size_t u = 0; u < layout_.units.size(); ++u) {
       const std::span<float> g = access.grads(u);
       std::fill(g.begin(), g.end(), 0.0f);

@@ -9,11 +9,11 @@
 // it). Their gradients: where the strategy keeps the whole gradient in one
 // persistent buffer (ddp, zero1: !StrategyInfo::sharded_grads) torch's
 // `.grad` views that buffer, as DDP's gradient_as_bucket_view does; zero2
-// writes each bucket into a transient buffer, so there `.grad` views a flat
-// buffer of this class that a step copies from. A step divides each unit's
-// gradient by the world size (as torch's DDP does) and hands it to the
-// strategy in backward order (its buckets reduce in distopt's fixed rank
-// order), runs the strategy's step (statistics reduced, matrices gathered,
+// writes each bucket into a transient buffer, so there each unit's gradient
+// is delivered as backward produces it (deliver(), below). Each unit's
+// gradient is divided by the world size (as torch's DDP does) and handed to
+// the strategy in backward order (its buckets reduce in distopt's fixed
+// rank order); a step runs the strategy's step (statistics reduced, matrices gathered,
 // parameters all-gathered into the same buffer) and waits for every unit.
 //
 // A gossip strategy (StrategyInfo::per_rank_models: sgp, osgp, dpsgd,
@@ -160,8 +160,6 @@ class PySharded {
  private:
   using StrategyInfo_ = parallel::StrategyInfo;
 
-  float* grad_of(std::size_t i) { return direct_grads_ ? grad_at_[i] : grads_.data() + layout_.params[i].offset; }
-
   const ParamSlot& slot(std::size_t i) const;
 
   checkpoint::RunInfo run_info() const;
@@ -190,9 +188,7 @@ class PySharded {
   std::vector<std::unique_ptr<parallel::Strategy>> retired_;  // replaced by load(), still viewed perhaps
   std::vector<double> base_lr_;                               // each group's lr as made
   std::vector<float*> values_;   // unit u's parameters in the strategy's buffer
-  bool direct_grads_ = false;    // .grad views the strategy's own gradient buffer (grad_at_)
-  std::vector<float*> grad_at_;  // unit u's gradient in the strategy's buffer
-  std::vector<float> grads_;     // (unused while hooked_)
+  std::vector<float*> grad_at_;  // !hooked_: unit u's gradient in the strategy's buffer
   bool hooked_ = false;          // gradients delivered unit by unit (deliver)
   std::size_t pending_ = 0;      // hooked_: units not yet delivered in this step
   bool per_rank_ = false;        // a gossip strategy: values_ point into model_

@@ -20,7 +20,7 @@ import torch
 import distopt.torch.comm as dcomm
 import distopt.torch.optim as dopt
 from distopt import _core
-from distopt.torch.distributed import GOSSIP_STRATEGIES, GossipDataParallel, GossipOptimizer
+from distopt.torch.distributed import GOSSIP_STRATEGIES, GossipDataParallel, GossipOptimizer, _gossip_kwargs
 
 from conftest import loss_of, mlp
 from test_sharded import TORCHRUN_FIX, _env, _free_port, _mpirun, same_bits
@@ -51,8 +51,7 @@ def replay(ranks, name):
     strategy on the ranks' recorded gradients."""
     runs = [rk["runs"][name] for rk in ranks]
     first = runs[0]
-    options = dict(first["options"])
-    gossip = {k: options.pop(k) for k in list(options) if k in _core.gossip_option_names()}
+    gossip, options = _gossip_kwargs(dict(first["options"]))
     specs = [(f"params[{i}]", shape) for i, shape in enumerate(first["shapes"])]
     grads = [[run["grads"][s].numpy() for run in runs] for s in range(len(first["grads"]))]
     out = _core.replay_strategy(first["strategy"], first["rule"], specs, first["initial"].numpy(), options, gossip,

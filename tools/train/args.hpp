@@ -53,7 +53,7 @@ struct TrainArgs {
   std::string link_bandwidth = "none";
   double link_latency = 0;
   std::set<std::string> given_outputs;  // output flags given on the command line, even as ''
-  bool world_given = false, backend_given = false, data_given = false;
+  bool world_given = false, backend_given = false;
 
   double bucket_cap_mb = 0.125;
   GradScalerOptions scaler;  // --init-scale, --growth-factor, ... (torch's names)

@@ -43,8 +43,7 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--data", a->data,
                   "fashion-mnist (default), synthetic, synthetic-regression; text for --model gpt: fortunes "
                   "(Debian's fortunes package; gpt's default), text (--data-file)")
-      ->capture_default_str()
-      ->each([a](const std::string&) { a->data_given = true; });
+      ->capture_default_str();
   sub->add_option("--data-dir", a->data_dir,
                   "Fashion-MNIST folder (default: Debian's dataset-fashion-mnist), or the fortunes folder "
                   "(default /usr/share/games/fortunes)");

@@ -93,7 +93,7 @@ void check_gossip_flags(const TrainArgs& a) {
 // --data text: one line before anything is read.
 void check_data_and_model(TrainArgs& a) {
   const bool gpt = a.config.model == "gpt";
-  if (gpt && !a.data_given && a.data == "fashion-mnist") a.data = "fortunes";  // gpt's own default (also flags.cpp)
+  // (gpt's own default, fortunes, is set before the run is recorded: flags.cpp.)
   if (gpt && !is_text(a.data))
     throw InvalidInput(
         str("--model gpt reads text: use --data fortunes or --data text --data-file PATH (not --data ", a.data, ")"));

@@ -217,22 +217,17 @@ class ShardedOptimizer(DistoptOptimizer):
         p.grad = None  # its reduce-scatter has it: each rank keeps its shard only
         self._ready[u] = False
 
+    @contextlib.contextmanager
     def no_sync(self):
         """``with opt.no_sync():`` backwards inside accumulate into ``.grad``
         and are not reduced; the first backward after it reduces the sum
         (zero2; under ddp and zero1, which reduce in ``step``, it changes
         nothing)."""
-        outer = self
-
-        class _NoSync:
-            def __enter__(self):
-                self.was = outer._sync
-                outer._sync = False
-
-            def __exit__(self, *exc):
-                outer._sync = self.was
-
-        return _NoSync()
+        was, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = was
 
     def _put_back(self):
         """The stepped values into the staged parameters."""
