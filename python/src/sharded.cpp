@@ -55,12 +55,8 @@ std::vector<std::string> sharded_strategies() {
   return strategies_where([](const parallel::StrategyInfo& s) { return !s.per_rank_models && !s.sharded_params; });
 }
 
-std::string sharded_strategy_list() {
-  const std::vector<std::string> names = sharded_strategies();
-  std::string out;
-  for (std::size_t k = 0; k < names.size(); ++k)
-    out += (k == 0 ? "" : k + 1 == names.size() ? " and " : ", ") + names[k];
-  return out;
+std::vector<std::string> gathering_strategies() {
+  return strategies_where([](const parallel::StrategyInfo& s) { return !s.per_rank_models && s.sharded_params; });
 }
 
 std::vector<std::string> gossip_strategies() {
@@ -180,19 +176,47 @@ namespace {
 
 // ---- the sharded optimizer -------------------------------------------------
 
-
-parallel::FlatLayout layout_of(const std::vector<ParamSpec>& params) {
+parallel::FlatLayout layout_of(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units = {}) {
   parallel::FlatLayout flat;
   for (const auto& [name, shape] : params) {
     ParamSlot s{name, flat.elements, Shape(shape.begin(), shape.end())};
     const std::size_t n = s.numel();
     if (n == 0) throw InvalidInput(str(name, " has no elements"));
-    flat.units.push_back({name, flat.elements, flat.elements + n});
+    if (units.empty()) flat.units.push_back({name, flat.elements, flat.elements + n});
     flat.elements += n;
     flat.params.push_back(std::move(s));
   }
   if (flat.params.empty()) throw InvalidInput("the optimizer got an empty parameter list");
+  std::size_t first = 0;
+  for (const auto& [name, count] : units) {
+    if (count == 0 || count > flat.params.size() - first)
+      throw InvalidInput(
+          str("unit ", name, ": ", count, " parameters from parameter ", first, " of ", flat.params.size()));
+    const std::size_t end = first + count;
+    flat.units.push_back(
+        {name, flat.params[first].offset, end < flat.params.size() ? flat.params[end].offset : flat.elements});
+    first = end;
+  }
+  if (!units.empty() && first != flat.params.size())
+    throw InvalidInput(str("the units hold ", first, " of the ", flat.params.size(), " parameters"));
   return flat;
+}
+
+// StrategyOptions' live limits from Python's keyword names.
+void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
+  for (const auto& [k, v] : given) {
+    const std::string key = py::str(k);
+    const long long n = v.cast<long long>();
+    if (key == "prefetch_units" && n >= 0) o.prefetch_units = static_cast<int>(n);
+    else if (key == "max_live_params" && n >= 0) o.max_live_params = static_cast<std::size_t>(n);
+    else if (key == "max_buckets_in_flight" && n >= 1) o.max_buckets_in_flight = static_cast<int>(n);
+    else if (key == "prefetch_units" || key == "max_live_params" || key == "max_buckets_in_flight")
+      throw InvalidInput(str(key, " must be at least ", key == "max_buckets_in_flight" ? 1 : 0, " (got ", n, ")"));
+    else
+      throw InvalidInput(str("unknown strategy option ", key,
+                             " (prefetch_units, max_live_params, "
+                             "max_buckets_in_flight)"));
+  }
 }
 
 }  // namespace
@@ -241,16 +265,20 @@ std::vector<std::vector<std::vector<float>>> replay_strategy(
 PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& strategy, const std::string& rule,
                      const std::vector<ParamSpec>& params,
                      py::array_t<float, py::array::c_style | py::array::forcecast> initial, const py::dict& options,
-                     std::size_t bucket_elements, const py::dict& gossip)
-    : comm_(std::move(comm)), strategy_name_(strategy), layout_(layout_of(params)) {
+                     std::size_t bucket_elements, const py::dict& gossip, const std::vector<UnitSpec>& units,
+                     const py::dict& strategy_options)
+    : comm_(std::move(comm)), strategy_name_(strategy), layout_(layout_of(params, units)) {
   const StrategyInfo_& info = parallel::strategy_or_throw(strategy);
   per_rank_ = info.per_rank_models;
+  gathers_ = info.sharded_params;
   if (per_rank_) options_.gossip = gossip_options(strategy, gossip);
   else if (!gossip.empty()) throw InvalidInput(str("gossip options apply to the gossip strategies, not ", strategy));
-  if (info.sharded_params)
-    throw InvalidInput(str("strategy ", strategy, " gathers parameters per unit of the model as it runs; the "
-                           "sharded optimizer runs ", sharded_strategy_list()));
+  set_strategy_options(options_, strategy_options);
   if (bucket_elements == 0) throw InvalidInput("bucket_elements must be at least 1");
+  for (std::size_t u = 0; u < layout_.units.size(); ++u)
+    for (std::size_t i = unit_of_.size(); i < layout_.params.size() && layout_.params[i].offset < layout_.units[u].end;
+         ++i)
+      unit_of_.push_back(u);
   spec_.name = rule;
   spec_.options = to_options(options);
   spec_.fallback = std::string(rule_or_throw(rule).companion);
@@ -278,18 +306,35 @@ PySharded::~PySharded() {
 
 py::array PySharded::param(py::object self, std::size_t i) {
   const ParamSlot& s = slot(i);
-  return py::array_t<float>(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()), values_[i], self);
+  if (gathers_) throw InvalidInput(str("strategy ", strategy_name_, " holds parameter shards (gather each unit)"));
+  const std::size_t u = unit_of_[i];
+  return py::array_t<float>(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()),
+                            values_[u] + (s.offset - layout_.units[u].begin), self);
 }
 
 py::array PySharded::grad(py::object self, std::size_t i) {
   const ParamSlot& s = slot(i);
   if (hooked_) throw InvalidInput(str("strategy ", strategy_name_, " has no gradient buffer (deliver each unit)"));
-  return py::array_t<float>(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()), grad_at_[i], self);
+  const std::size_t u = unit_of_[i];
+  return py::array_t<float>(std::vector<py::ssize_t>(s.shape.begin(), s.shape.end()),
+                            grad_at_[u] + (s.offset - layout_.units[u].begin), self);
 }
 
 void PySharded::zero_grads() {
   if (hooked_) return;  // nothing of ours: torch's .grad tensors
-  for (std::size_t i = 0; i < layout_.params.size(); ++i) std::fill_n(grad_at_[i], layout_.params[i].numel(), 0.0f);
+  for (std::size_t u = 0; u < layout_.units.size(); ++u)
+    std::fill_n(grad_at_[u], layout_.units[u].end - layout_.units[u].begin, 0.0f);
+}
+
+void PySharded::gather_into(std::size_t u, bool backward, std::uintptr_t address) {
+  if (u >= layout_.units.size()) throw InvalidInput(str("no unit ", u));
+  if (address == 0) throw InvalidInput(str("gather_into: unit ", u, " into a null address"));
+  const models::Pass pass = backward ? models::Pass::backward : models::Pass::forward;
+  py::gil_scoped_release release;
+  models::UnitAccess& access = strategy_->access();
+  const std::span<const float> p = access.acquire(u, pass);
+  std::memcpy(reinterpret_cast<float*>(address), p.data(), p.size_bytes());
+  access.release(u, pass);
 }
 
 double PySharded::step(double max_norm, double norm_type) {
@@ -442,8 +487,8 @@ void PySharded::adopt(std::unique_ptr<parallel::Strategy> s) {
   strategy_ = std::move(s);
   values_.assign(layout_.units.size(), nullptr);
   models::UnitAccess& access = strategy_->access();
-  for (std::size_t u = 0; u < layout_.units.size(); ++u) {
-    values_[u] = per_rank_ ? model_.data() + layout_.params[u].offset
+  for (std::size_t u = 0; u < layout_.units.size() && !gathers_; ++u) {
+    values_[u] = per_rank_ ? model_.data() + layout_.units[u].begin
                            : const_cast<float*>(access.acquire(u, models::Pass::forward).data());
     if (!per_rank_) access.release(u, models::Pass::forward);
   }
@@ -460,6 +505,7 @@ void PySharded::adopt(std::unique_ptr<parallel::Strategy> s) {
 }
 
 void PySharded::wait_for_params() {
+  if (gathers_) return;  // each unit gathered when the model runs it (gather_into)
   models::UnitAccess& access = strategy_->access();
   for (std::size_t u = 0; u < layout_.units.size(); ++u) {
     const std::span<const float> p = access.acquire(u, models::Pass::forward);
@@ -476,7 +522,7 @@ void PySharded::check_model_unchanged() {
     const bool same = std::memcmp(p.data(), values_[u], p.size_bytes()) == 0;
     access.release(u, models::Pass::forward);
     if (!same)
-      throw InvalidInput(str(layout_.params[u].name,
+      throw InvalidInput(str(layout_.units[u].name,
                              " was written since the last step (in place, or inside `with "
                              "model.averaged()`): a gossip rank's model is the strategy's, which the step would "
                              "overwrite it with; load values with load(), or make the optimizer after loading them"));

@@ -49,8 +49,10 @@ namespace distopt::python {
 // (StrategyInfo: not per_rank_models, not sharded_params). Nothing here
 // names one.
 std::vector<std::string> sharded_strategies();
-// The same as text: "ddp, zero1 and zero2".
-std::string sharded_strategy_list();
+// Those that keep only a shard of the parameters and gather each unit as
+// the model runs it (sharded_params: zero3), which FullyShardedDataParallel
+// runs.
+std::vector<std::string> gathering_strategies();
 
 // The strategies the gossip optimizer runs (StrategyInfo::per_rank_models).
 std::vector<std::string> gossip_strategies();
@@ -65,6 +67,9 @@ std::vector<std::string> gossip_option_names();
 
 // Parameter i as Python describes it: (name, shape).
 using ParamSpec = std::pair<std::string, std::vector<std::int64_t>>;
+// A unit of the layout as Python describes it: (name, how many of the
+// parameters, in order, it holds). None given: one unit per parameter.
+using UnitSpec = std::pair<std::string, std::size_t>;
 
 // The reference the Python optimizers are tested against: the C++ strategy
 // over the threads backend, one thread per rank, stepped with
@@ -82,11 +87,13 @@ class PySharded {
  public:
   PySharded(std::shared_ptr<Communicator> comm, const std::string& strategy, const std::string& rule,
             const std::vector<ParamSpec>& params, py::array_t<float, py::array::c_style | py::array::forcecast> initial,
-            const py::dict& options, std::size_t bucket_elements, const py::dict& gossip = {});
+            const py::dict& options, std::size_t bucket_elements, const py::dict& gossip = {},
+            const std::vector<UnitSpec>& units = {}, const py::dict& strategy_options = {});
 
   ~PySharded();
 
   std::size_t num_params() const { return layout_.params.size(); }
+  std::size_t num_units() const { return layout_.units.size(); }
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->size(); }
   const std::string& strategy() const { return strategy_name_; }
@@ -96,6 +103,15 @@ class PySharded {
   py::array param(py::object self, std::size_t i);
   py::array grad(py::object self, std::size_t i);
   void zero_grads();
+
+  // A strategy that keeps only its shard of the parameters (zero3:
+  // StrategyInfo::sharded_params) has no whole values for param(): the
+  // model gathers unit u when it runs it, into torch's storage at
+  // `address` (the unit's elements, the layout's order), the next units
+  // of the pass prefetched (StrategyOptions::prefetch_units,
+  // max_live_params).
+  bool gathers() const { return gathers_; }
+  void gather_into(std::size_t u, bool backward, std::uintptr_t address);
 
   // One step from the gradients in the flat buffer (or, where hooked(),
   // those delivered); clips to max_norm first when it is positive. Returns
@@ -187,7 +203,9 @@ class PySharded {
   std::unique_ptr<parallel::Strategy> strategy_;
   std::vector<std::unique_ptr<parallel::Strategy>> retired_;  // replaced by load(), still viewed perhaps
   std::vector<double> base_lr_;                               // each group's lr as made
-  std::vector<float*> values_;   // unit u's parameters in the strategy's buffer
+  std::vector<std::size_t> unit_of_;                          // parameter i's unit
+  bool gathers_ = false;                                      // zero3: parameters gathered per unit (gather_into)
+  std::vector<float*> values_;   // unit u's parameters in the strategy's buffer (null where gathers_)
   std::vector<float*> grad_at_;  // !hooked_: unit u's gradient in the strategy's buffer
   bool hooked_ = false;          // gradients delivered unit by unit (deliver)
   std::size_t pending_ = 0;      // hooked_: units not yet delivered in this step

@@ -111,6 +111,8 @@ class PyPushSum {
 void bind_sharded(py::module_& m) {
   m.def("sharded_strategies", &sharded_strategies,
         "the strategies ShardedOptimizer runs, as the library's registry says (StrategyInfo)");
+  m.def("gathering_strategies", &gathering_strategies,
+        "the strategies FullyShardedDataParallel runs (StrategyInfo::sharded_params)");
   m.def(
       "strategy_memory",
       [](const std::string& name, int world) {
@@ -218,9 +220,13 @@ void bind_sharded(py::module_& m) {
   py::class_<PySharded>(m, "Sharded")
       .def(py::init<std::shared_ptr<Communicator>, const std::string&, const std::string&,
                     const std::vector<ParamSpec>&, py::array_t<float, py::array::c_style | py::array::forcecast>,
-                    const py::dict&, std::size_t, const py::dict&>(),
+                    const py::dict&, std::size_t, const py::dict&, const std::vector<UnitSpec>&, const py::dict&>(),
            py::arg("comm"), py::arg("strategy"), py::arg("rule"), py::arg("params"), py::arg("initial"),
-           py::arg("options"), py::arg("bucket_elements"), py::arg("gossip") = py::dict())
+           py::arg("options"), py::arg("bucket_elements"), py::arg("gossip") = py::dict(),
+           py::arg("units") = std::vector<UnitSpec>{}, py::arg("strategy_options") = py::dict())
+      .def("gather_into", &PySharded::gather_into, py::arg("unit"), py::arg("backward"), py::arg("address"))
+      .def_property_readonly("gathers", &PySharded::gathers)
+      .def_property_readonly("num_units", [](const PySharded& s) { return s.num_units(); })
       .def("param", [](py::object self, std::size_t i) { return self.cast<PySharded&>().param(self, i); })
       .def("grad", [](py::object self, std::size_t i) { return self.cast<PySharded&>().grad(self, i); })
       .def("zero_grads", &PySharded::zero_grads)

@@ -100,7 +100,8 @@ class ShardedOptimizer(DistoptOptimizer):
     _load_hint = "load values with p.copy_(...)"
 
     def __init__(self, params, optimizer="adamw", strategy="zero1", *, comm=None, bucket_elements=1 << 15,
-                 max_grad_norm=None, norm_type=2.0, _gossip=None, **options):
+                 max_grad_norm=None, norm_type=2.0, _gossip=None, _units=(), _strategy_options=None,
+                 _param_names=None, **options):
         name = type(self).__name__
         params = list(params)
         if any(isinstance(p, dict) for p in params):
@@ -137,9 +138,11 @@ class ShardedOptimizer(DistoptOptimizer):
             initial = torch.cat([p.detach().reshape(-1).cpu() for p in ps]).numpy()
         group = self.param_groups[0]
         self._synced = {k: group[k] for k in known}
+        names = _param_names or [f"params[{i}]" for i in range(len(ps))]
         self._core = _core.Sharded(self.comm._c, strategy, optimizer,
-                                   [(f"params[{i}]", list(p.shape)) for i, p in enumerate(ps)], initial,
-                                   dict(self._synced), int(bucket_elements), dict(_gossip or {}))
+                                   [(n, list(p.shape)) for n, p in zip(names, ps)], initial,
+                                   dict(self._synced), int(bucket_elements), dict(_gossip or {}), list(_units),
+                                   dict(_strategy_options or {}))
         self._attach()
         self._sync = True  # no_sync() turns the hooks' deliveries off
         self._twice = None  # a parameter whose gradient came again after it was handed over
@@ -495,3 +498,7 @@ class GossipDataParallel(torch.nn.Module):
             with torch.no_grad():
                 for (_, p), o in zip(self._trained, own):
                     p.copy_(o)
+
+
+from ._fsdp import GATHERING_STRATEGIES, FullyShardedDataParallel  # noqa: E402,F401 (it builds on ShardedOptimizer)
+

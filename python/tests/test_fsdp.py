@@ -1,0 +1,124 @@
+"""distopt.torch.distributed.FullyShardedDataParallel: ZeRO-3 for a
+torch.nn.Module (docs/python.md, "ZeRO-3 for a module").
+
+Each launch (fsdp_worker.py) trains one small transformer-shaped model with
+``ShardedOptimizer(strategy="ddp")`` and the same model wrapped in
+``FullyShardedDataParallel``, each rank on batches of its own: after every
+step the wrapper's full state_dict must have ddp's bits, for adamw, lamb,
+muon and adafactor, under mpirun and under torchrun with a gloo group, at
+worlds 2 to 4; with the blocks under torch.utils.checkpoint; across a save
+and a load into a fresh wrapper.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distopt.torch.distributed import GATHERING_STRATEGIES, FullyShardedDataParallel
+
+from test_sharded import TORCHRUN_FIX, _env, _free_port, _mpirun, same_bits
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "fsdp_worker.py")
+sys.path.insert(0, HERE)
+from fsdp_worker import Block, Net, batches  # noqa: E402
+
+
+def launch(tmp, how, n, *args):
+    out = os.path.join(tmp, f"{how}{n}-{len(os.listdir(tmp))}")
+    if how == "mpi":
+        cmd = [_mpirun(), "-n", str(n), sys.executable, WORKER, out, *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--log_dir", out + ".logs", "--nnodes",
+               "1", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+               WORKER, out, "--gloo", *args]
+    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+    return [torch.load(f"{out}.r{r}") for r in range(n)]
+
+
+def assert_ddp_bits(ranks, what):
+    for rk in ranks:
+        for rule, run in rk["runs"].items():
+            assert len(run["got"]) == len(run["expected"])
+            for s, (got, exp) in enumerate(zip(run["got"], run["expected"])):
+                assert got.keys() == exp.keys()
+                for k in exp:
+                    assert same_bits(got[k], exp[k]), \
+                        f"{what} {rule}: rank {rk['rank']} {k} after step {s + 1} differs from ddp " \
+                        f"(max |diff| {(got[k] - exp[k]).abs().max().item():.3g})"
+
+
+@pytest.mark.parametrize("how,world", [("mpi", 2), ("gloo", 2), ("mpi", 3), ("gloo", 4)])
+def test_zero3_gives_ddps_bits_for_every_rule(tmp_path, how, world):
+    ranks = launch(str(tmp_path), how, world)
+    assert_ddp_bits(ranks, f"{how} world {world}")
+    run = ranks[0]["runs"]["adamw"]
+    assert run["units"] == ["root", "blocks.0", "blocks.1", "blocks.2"]
+    # The plain module took the full state_dict and runs.
+    assert torch.isfinite(run["plain_out"]).all()
+
+
+@pytest.mark.parametrize("how", ["mpi", "gloo"])
+def test_checkpointed_activations_other_policies_and_resume(tmp_path, how):
+    ranks = launch(str(tmp_path), how, 2, "--rules", "adamw,muon", "--checkpointing", "--prefetch", "2",
+                   "--save", str(tmp_path / "ck"))
+    assert_ddp_bits(ranks, f"{how} checkpointing, save and load")
+    ranks = launch(str(tmp_path), how, 2, "--rules", "lamb", "--policy", "size")
+    assert_ddp_bits(ranks, f"{how} size policy")
+    assert ranks[0]["runs"]["lamb"]["units"] == ["root", "blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_one_rank_units_state_dict_and_bad_input():
+    net = Net()
+    model = FullyShardedDataParallel(net, wrap=[net.blocks[0], net.blocks[2]], lr=1e-2)
+    assert model.units == ["root", "blocks.0", "blocks.2"]
+    assert GATHERING_STRATEGIES == ("zero3",)
+    # Between steps the parameters hold no storage; summon_full_params gathers them.
+    assert all(p.storage().size() == 0 for p in net.parameters())
+    with model.summon_full_params():
+        assert same_bits(net.embed.weight, Net().embed.weight)
+    (x, y), = batches(1, seed=3)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert all(p.grad is None for p in net.parameters())  # handed to the strategy during backward
+    model.optimizer.step()
+    with torch.no_grad():
+        model(x)  # evaluation gathers and frees again
+    assert all(p.storage().size() == 0 for p in net.parameters())
+    plain = Net(seed=4)
+    plain.load_state_dict(model.state_dict())
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    with pytest.raises(RuntimeError, match="came twice in one step"):
+        model.optimizer.step()
+    with pytest.raises(ValueError, match="give wrap or min_num_params, not both"):
+        FullyShardedDataParallel(Net(), wrap=Block, min_num_params=10)
+    with pytest.raises(ValueError, match="not a submodule"):
+        FullyShardedDataParallel(Net(), wrap=[Block(4)])
+    tied = Net()
+    tied.blocks[1].up.weight = tied.blocks[0].up.weight
+    with pytest.raises(ValueError, match="blocks.1.up.weight is shared with blocks.0's"):
+        FullyShardedDataParallel(tied, wrap=Block)
+    with pytest.raises(ValueError, match="prefetch_units must be at least 0"):
+        FullyShardedDataParallel(Net(), wrap=Block, prefetch_units=-1)
+    with pytest.raises(ValueError, match="max live parameters 10 is below"):
+        FullyShardedDataParallel(Net(), wrap=Block, max_live_params=10)
+
+
+def test_no_sync_accumulates_like_one_bigger_batch():
+    (x, y), = batches(1, seed=3)
+    a, b = Net(), Net()
+    ma = FullyShardedDataParallel(a, wrap=Block, optimizer="lamb", lr=1e-2)
+    mb = FullyShardedDataParallel(b, wrap=Block, optimizer="lamb", lr=1e-2)
+    torch.nn.functional.cross_entropy(ma(x), y, reduction="sum").backward()
+    ma.optimizer.step()
+    with mb.no_sync():
+        torch.nn.functional.cross_entropy(mb(x[:4]), y[:4], reduction="sum").backward()
+    torch.nn.functional.cross_entropy(mb(x[4:]), y[4:], reduction="sum").backward()
+    mb.optimizer.step()
+    sa, sb = ma.state_dict(), mb.state_dict()
+    for k in sa:
+        torch.testing.assert_close(sa[k], sb[k], rtol=1e-5, atol=1e-6)
