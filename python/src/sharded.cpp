@@ -12,6 +12,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -262,6 +263,13 @@ std::vector<std::vector<std::vector<float>>> replay_strategy(
   return out;
 }
 
+namespace {
+std::set<PySharded*>& live_sharded() {  // the Python thread's only (under the GIL)
+  static std::set<PySharded*> live;
+  return live;
+}
+}  // namespace
+
 PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& strategy, const std::string& rule,
                      const std::vector<ParamSpec>& params,
                      py::array_t<float, py::array::c_style | py::array::forcecast> initial, const py::dict& options,
@@ -296,12 +304,23 @@ PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& stra
   adopt(make(init));
   const Optimizer& opt = strategy_->optimizer();
   for (std::size_t g = 0; g < opt.num_groups(); ++g) base_lr_.push_back(opt.lr(g));
+  py::gil_scoped_acquire gil;
+  live_sharded().insert(this);
 }
 
-PySharded::~PySharded() {
+void retire_all_sharded() {
+  for (PySharded* s : live_sharded()) s->retire();
+}
+
+void PySharded::retire() {
   py::gil_scoped_release release;  // a torch transport's requests take it
   strategy_.reset();
   retired_.clear();
+}
+
+PySharded::~PySharded() {
+  live_sharded().erase(this);
+  retire();
 }
 
 py::array PySharded::param(py::object self, std::size_t i) {

@@ -83,6 +83,11 @@ std::vector<std::vector<std::vector<float>>> replay_strategy(const std::string& 
                                                              const parallel::GossipOptions& gossip,
                                                              const std::vector<std::vector<std::vector<float>>>& grads);
 
+// Retires every PySharded alive (Python's exit: before MPI is finalized or
+// torch's process group destroyed, with which a request still in flight
+// could not complete).
+void retire_all_sharded();
+
 class PySharded {
  public:
   PySharded(std::shared_ptr<Communicator> comm, const std::string& strategy, const std::string& rule,
@@ -91,6 +96,11 @@ class PySharded {
             const std::vector<UnitSpec>& units = {}, const py::dict& strategy_options = {});
 
   ~PySharded();
+
+  // Ends the strategy: what it has in flight (zero3's prefetch) completes,
+  // its buffers go. At exit, before the communicator ends
+  // (retire_all_sharded); nothing else may be called after.
+  void retire();
 
   std::size_t num_params() const { return layout_.params.size(); }
   std::size_t num_units() const { return layout_.units.size(); }

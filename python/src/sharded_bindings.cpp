@@ -111,6 +111,8 @@ class PyPushSum {
 void bind_sharded(py::module_& m) {
   m.def("sharded_strategies", &sharded_strategies,
         "the strategies ShardedOptimizer runs, as the library's registry says (StrategyInfo)");
+  m.def("retire_sharded", &retire_all_sharded,
+        "ends every sharded optimizer's strategy (at exit, before the communicators end)");
   m.def("gathering_strategies", &gathering_strategies,
         "the strategies FullyShardedDataParallel runs (StrategyInfo::sharded_params)");
   m.def(

@@ -9,7 +9,9 @@ with ``FullyShardedDataParallel`` (zero3), and writes (torch.save to
 OUT.r<rank>) both full state_dicts after every step. ``--checkpointing``
 runs the blocks under torch.utils.checkpoint in the zero3 model;
 ``--save DIR`` saves the zero3 run after step ``--save-at``, and a fresh
-wrapper loads it and runs on to ``--steps``.
+wrapper loads it and runs on to ``--steps``; ``--save-only`` and
+``--load-from DIR`` record the state saved and loaded, to compare across
+world sizes.
 """
 
 import argparse
@@ -86,6 +88,8 @@ def main():
     ap.add_argument("--prefetch", type=int, default=1)
     ap.add_argument("--save")
     ap.add_argument("--save-at", type=int, default=2)
+    ap.add_argument("--save-only", action="store_true", help="save after --save-at steps and record the state")
+    ap.add_argument("--load-from", help="record the state a fresh wrapper (and a ddp optimizer) loads from here")
     a = ap.parse_args()
     if a.gloo:
         import torch.distributed as dist
@@ -95,6 +99,9 @@ def main():
     data = batches(a.steps, seed=11 + comm.rank)
     results = {"world": comm.size, "rank": comm.rank, "runs": {}}
     for rule in a.rules.split(","):
+        if a.save_only or a.load_from:
+            results["runs"][rule] = reshard(a, rule, comm, data)
+            continue
         ref = Net()
         opt = ShardedOptimizer(ref.parameters(), rule, "ddp", comm=comm, **OPTIONS[rule])
 
@@ -127,6 +134,30 @@ def main():
         results["runs"][rule] = {"expected": expected, "got": got, "units": model.units,
                                  "memory": model.memory(), "plain_out": plain(data[0][0]).detach()}
     torch.save(results, f"{a.out}.r{comm.rank}")
+    if a.save_only or a.load_from:
+        return
+    # Exit with zero3's prefetch of the first unit in flight: the strategies
+    # end before the communicators do.
+    torch.nn.functional.cross_entropy(model(data[0][0]), data[0][1]).backward()
+    model.optimizer.step()
+
+
+def reshard(a, rule, comm, data):
+    """The state saved (--save-only) or loaded (--load-from), to compare
+    across world sizes."""
+    model = FullyShardedDataParallel(Net(seed=5 if a.load_from else 0), optimizer=rule, comm=comm, wrap=Block,
+                                     **OPTIONS[rule])
+    if a.save_only:
+        train(model, lambda: (model.optimizer.step(), model.optimizer.zero_grad()), data[:a.save_at])
+        model.optimizer.save(a.save + "/" + rule, a.save_at)
+        return {"model": full(model.state_dict()), "optimizer": model.optimizer.state_dict()}
+    assert model.optimizer.load(a.load_from + "/" + rule) == a.save_at
+    ref = Net(seed=6)
+    named = dict(ref.named_parameters())  # in the checkpoint's order: its optimizer state follows it
+    opt = ShardedOptimizer([(n, named[n]) for n in model.parameter_names], rule, "ddp", comm=comm, **OPTIONS[rule])
+    opt.load(a.load_from + "/" + rule)
+    return {"model": full(model.state_dict()), "optimizer": model.optimizer.state_dict(),
+            "ddp_model": full(ref.state_dict())}
 
 
 if __name__ == "__main__":

@@ -72,6 +72,24 @@ def test_checkpointed_activations_other_policies_and_resume(tmp_path, how):
     assert ranks[0]["runs"]["lamb"]["units"] == ["root", "blocks.0", "blocks.1", "blocks.2"]
 
 
+@pytest.mark.parametrize("how,saved,loaded", [("mpi", 2, 3), ("gloo", 3, 2)])
+def test_a_checkpoint_reshards_to_another_world(tmp_path, how, saved, loaded):
+    """Saved at one world size, loaded at another: the same full model and
+    optimizer state; ddp loads it too."""
+    ck = str(tmp_path / "ck")
+    before = launch(str(tmp_path), how, saved, "--rules", "adamw,muon", "--save-only", "--save", ck)[0]["runs"]
+    for rk in launch(str(tmp_path), how, loaded, "--rules", "adamw,muon", "--load-from", ck):
+        for rule, run in rk["runs"].items():
+            for k, v in before[rule]["model"].items():
+                assert same_bits(run["model"][k], v), f"{rule}: {k} after the load at world {loaded}"
+                assert same_bits(run["ddp_model"][k], v), f"{rule}: ddp's {k} after the load"
+            b, g = before[rule]["optimizer"], run["optimizer"]
+            assert b["state"].keys() == g["state"].keys() and b["state"]
+            for i in b["state"]:
+                for key, v in b["state"][i].items():
+                    assert same_bits(torch.as_tensor(g["state"][i][key]), torch.as_tensor(v)), f"{rule} state {i}.{key}"
+
+
 def test_one_rank_units_state_dict_and_bad_input():
     net = Net()
     model = FullyShardedDataParallel(net, wrap=[net.blocks[0], net.blocks[2]], lr=1e-2)

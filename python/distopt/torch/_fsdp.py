@@ -148,22 +148,36 @@ class _UnitOptimizer(ShardedOptimizer):
                          _units=[(name or "root", len(ps)) for name, _, ps in units],
                          _strategy_options=strategy_options, _param_names=self._names, **options)
 
-    def _attach(self):
-        """Each unit's parameters become views of one flat tensor (freed
-        until the unit runs, once the hooks are on)."""
-        self._grads = [None] * len(self._all())
+    @torch.no_grad()
+    def _initial_values(self, ps):
+        """The values, one flat array, while each unit's parameters move
+        to views of its flat tensor, freed at once: the model's own storage
+        goes unit by unit, so a rank never holds two copies of it besides
+        the array (which the strategy leaves once it has its shard)."""
+        self._unit_hooks = ShardedOptimizer._hook_grads(self)  # (before the storages go: they read them)
+        initial = torch.empty(sum(p.numel() for p in ps))
         self._flats, self._live, self._unit_of, self._left = [], [], [], []
-        with torch.no_grad():
-            for u, (_, _, ps) in enumerate(self._unit_list):
-                flat = torch.empty(sum(p.numel() for _, p in ps))
-                at = 0
-                for _, p in ps:
-                    p.data = flat[at:at + p.numel()].view(p.shape)
-                    at += p.numel()
-                    self._unit_of.append(u)
-                self._flats.append(flat)
-                self._live.append(True)
-                self._left.append(len(ps))
+        at = 0
+        for u, (_, _, unit) in enumerate(self._unit_list):
+            flat = torch.empty(sum(p.numel() for _, p in unit))
+            off = 0
+            for _, p in unit:
+                n = p.numel()
+                initial[at:at + n].copy_(p.detach().reshape(-1))
+                p.data = flat[off:off + n].view(p.shape)
+                at += n
+                off += n
+                self._unit_of.append(u)
+            _free(flat)
+            self._flats.append(flat)
+            self._live.append(False)
+            self._left.append(len(unit))
+        return initial.numpy()
+
+    def _attach(self):
+        """The parameters view the units' flat tensors already (made by
+        _initial_values, kept across load)."""
+        self._grads = [None] * len(self._all())
         self._values = [None] * len(self._all())
 
     def _gather(self, u, backward):
@@ -184,11 +198,9 @@ class _UnitOptimizer(ShardedOptimizer):
             self._release(u)
 
     def _hook_grads(self):
-        handles = super()._hook_grads()
         self._ready = [False] * len(self._flats)  # per unit
         self._got = [False] * len(self._all())
-        self._release_all()
-        return handles
+        return self._unit_hooks
 
     def _on_grad(self, i):
         if self._got[i]:
@@ -264,10 +276,10 @@ class _UnitOptimizer(ShardedOptimizer):
         self._release(u)
 
     def load(self, root):
-        step = super().load(root)  # (_attach makes the units' flat tensors anew)
+        self._release_all()  # gathered from the strategy being replaced
+        step = super().load(root)
         self._ready = [False] * len(self._flats)
         self._got = [False] * len(self._all())
-        self._release_all()
         return step
 
 
@@ -336,6 +348,13 @@ class FullyShardedDataParallel(torch.nn.Module):
     def units(self):
         """The units' names in the layout's order (the root's is "root")."""
         return list(self._unit_names)
+
+    @property
+    def parameter_names(self):
+        """The trained parameters' names in the layout's order: the order of
+        the optimizer's state in its checkpoints and state_dict (a
+        ShardedOptimizer loading them lists its parameters in it)."""
+        return list(self._opt._names)
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)

@@ -50,6 +50,7 @@ reshardable checkpoint, which ``load(dir)`` reads at any world size and
 strategy.
 """
 
+import atexit
 import contextlib
 import math
 import warnings
@@ -77,11 +78,26 @@ def memory_per_rank(params, strategy, world):
     return int(4 * (sum(numels) * m["floats_per_param"] + max(numels, default=0) * m["largest_units"]))
 
 
+_exit_registered = []
+
+
+def _retire_at_exit():
+    """At exit, the strategies end before the communicators do (atexit runs
+    this before the handlers registered earlier: MPI's finalize, a process
+    group's destroy): what they have in flight completes while it can."""
+    if not _exit_registered:
+        atexit.register(_core.retire_sharded)
+        _exit_registered.append(True)
+
+
 class ShardedOptimizer(DistoptOptimizer):
     """``ShardedOptimizer(params, optimizer="adamw", strategy="zero1", *
     comm=None, bucket_elements=32768, max_grad_norm=None, **options)``
 
-    ``optimizer`` is a distopt rule (``distopt._core.rules()``: adamw, lamb,
+    ``params`` may be ``model.named_parameters()``: distopt's checkpoints
+    (``save``) then name each parameter as the model does, so that
+    ``FullyShardedDataParallel`` and the command line's ``checkpoint
+    export`` see the same names. ``optimizer`` is a distopt rule (``distopt._core.rules()``: adamw, lamb,
     lars, adafactor, muon, ...) and ``options`` its torch-named options (lr,
     betas, weight_decay, ...); the rule's defaults fill the rest. ``comm``:
     a ``distopt.torch.comm.Communicator`` (default ``comm.world()``).
@@ -106,6 +122,9 @@ class ShardedOptimizer(DistoptOptimizer):
         params = list(params)
         if any(isinstance(p, dict) for p in params):
             raise TypeError(f"{name} takes one list of parameters (one group)")
+        if params and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) for p in params):
+            _param_names = [n for n, _ in params]  # model.named_parameters(): the checkpoints' names
+            params = [p for _, p in params]
         if strategy not in self._strategies:
             hint = " (gossip strategies: GossipOptimizer)" if strategy in GOSSIP_STRATEGIES and \
                 self._strategies is STRATEGIES else ""
@@ -134,8 +153,7 @@ class ShardedOptimizer(DistoptOptimizer):
         self.last_grad_norm = None
         self._known = known
         ps = self._all()
-        with torch.no_grad():
-            initial = torch.cat([p.detach().reshape(-1).cpu() for p in ps]).numpy()
+        initial = self._initial_values(ps)
         group = self.param_groups[0]
         self._synced = {k: group[k] for k in known}
         names = _param_names or [f"params[{i}]" for i in range(len(ps))]
@@ -143,6 +161,7 @@ class ShardedOptimizer(DistoptOptimizer):
                                    [(n, list(p.shape)) for n, p in zip(names, ps)], initial,
                                    dict(self._synced), int(bucket_elements), dict(_gossip or {}), list(_units),
                                    dict(_strategy_options or {}))
+        _retire_at_exit()
         self._attach()
         self._sync = True  # no_sync() turns the hooks' deliveries off
         self._twice = None  # a parameter whose gradient came again after it was handed over
@@ -151,6 +170,12 @@ class ShardedOptimizer(DistoptOptimizer):
     # ---- parameters and gradients ----
     def _all(self):
         return self.param_groups[0]["params"]
+
+    @torch.no_grad()
+    def _initial_values(self, ps):
+        """The parameters' values, one flat float32 array (rank 0's go to
+        every rank)."""
+        return torch.cat([p.detach().reshape(-1).cpu() for p in ps]).numpy()
 
     def _check_param(self, p, i):
         super()._check_param(p, i)  # dense float32 on the CPU or a CUDA device
