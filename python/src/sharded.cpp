@@ -282,6 +282,7 @@ PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& stra
   if (per_rank_) options_.gossip = gossip_options(strategy, gossip);
   else if (!gossip.empty()) throw InvalidInput(str("gossip options apply to the gossip strategies, not ", strategy));
   set_strategy_options(options_, strategy_options);
+  if (gathers_) options_.prefetch_units = 0;  // Python prefetches (gather_start), into torch's storage
   if (bucket_elements == 0) throw InvalidInput("bucket_elements must be at least 1");
   for (std::size_t u = 0; u < layout_.units.size(); ++u)
     for (std::size_t i = unit_of_.size(); i < layout_.params.size() && layout_.params[i].offset < layout_.units[u].end;
@@ -314,6 +315,9 @@ void retire_all_sharded() {
 
 void PySharded::retire() {
   py::gil_scoped_release release;  // a torch transport's requests take it
+  for (auto& [u, r] : gathers_in_flight_)
+    if (r) r->wait();
+  gathers_in_flight_.clear();
   strategy_.reset();
   retired_.clear();
 }
@@ -345,23 +349,15 @@ void PySharded::zero_grads() {
     std::fill_n(grad_at_[u], layout_.units[u].end - layout_.units[u].begin, 0.0f);
 }
 
-void PySharded::gather_into(std::size_t u, bool backward, std::uintptr_t address) {
-  if (u >= layout_.units.size()) throw InvalidInput(str("no unit ", u));
-  if (address == 0) throw InvalidInput(str("gather_into: unit ", u, " into a null address"));
-  const models::Pass pass = backward ? models::Pass::backward : models::Pass::forward;
-  py::gil_scoped_release release;
-  models::UnitAccess& access = strategy_->access();
-  const std::span<const float> p = access.acquire(u, pass);
-  std::memcpy(reinterpret_cast<float*>(address), p.data(), p.size_bytes());
-  access.release(u, pass);
-}
-
 double PySharded::step(double max_norm, double norm_type) {
   py::gil_scoped_release release;
   models::UnitAccess& access = strategy_->access();
   if (per_rank_) check_model_unchanged();
   if (hooked_ && pending_ != 0)
     throw InvalidInput(str("step: ", pending_, " of ", layout_.units.size(), " gradients not delivered"));
+  for (auto& [u, r] : gathers_in_flight_)  // they read the shards the update writes
+    if (r) r->wait();
+  gathers_in_flight_.clear();
   // ddp, zero1, gossip: backward wrote each gradient into the strategy's
   // own buffer (zero2's were delivered during backward).
   for (std::size_t u = hooked_ ? 0 : layout_.units.size(); u-- > 0;) {
@@ -384,6 +380,60 @@ double PySharded::step(double max_norm, double norm_type) {
   pending_ = layout_.units.size();
   wait_for_params();
   return norm;
+}
+
+std::size_t PySharded::unit_padded(std::size_t u) const {
+  if (u >= layout_.units.size()) throw InvalidInput(str("no unit ", u));
+  return strategy_->layout().units()[u].padded;
+}
+
+void PySharded::gather_start(std::size_t u, std::uintptr_t address) {
+  if (!gathers_) throw InvalidInput(str("strategy ", strategy_name_, " holds whole parameters"));
+  if (u >= layout_.units.size()) throw InvalidInput(str("no unit ", u));
+  if (address == 0) throw InvalidInput(str("gather_start: unit ", u, " into a null address"));
+  if (gathers_in_flight_.contains(u)) throw InvalidInput(str("gather_start: unit ", u, " is being gathered"));
+  const std::span<const float> own = strategy_->own_params();  // zero3, f32: the shard buffer itself
+  const auto& unit = strategy_->layout().units()[u];
+  py::gil_scoped_release release;
+  gathers_in_flight_[u] =
+      comm_->iall_gather(own.data() + unit.shard_offset, reinterpret_cast<void*>(address), unit.shard, ElemType::f32);
+}
+
+void PySharded::gather_wait(std::size_t u) {
+  const auto it = gathers_in_flight_.find(u);
+  if (it == gathers_in_flight_.end()) return;  // complete already (a step waited for it)
+  std::unique_ptr<Request> r = std::move(it->second);
+  gathers_in_flight_.erase(it);
+  py::gil_scoped_release release;
+  if (r) r->wait();
+}
+
+void PySharded::deliver_parts(std::size_t u, const py::list& grads) {
+  if (!hooked_) throw InvalidInput(str("strategy ", strategy_name_, " takes its gradients at the step"));
+  if (pending_ == 0 || u + 1 != pending_)
+    throw InvalidInput(str("deliver: unit ", u, " out of order (next: ", next_unit(), ")"));
+  const auto& unit = layout_.units[u];
+  std::vector<py::array_t<float, py::array::c_style | py::array::forcecast>> parts;
+  std::size_t n = 0;
+  for (const auto& g : grads) {
+    parts.push_back(py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(g));
+    if (!parts.back()) throw InvalidInput(str("deliver: unit ", u, ": a gradient is not a float array"));
+    n += static_cast<std::size_t>(parts.back().size());
+  }
+  if (n != unit.end - unit.begin)
+    throw InvalidInput(str("deliver: unit ", u, " has ", unit.end - unit.begin, " elements, the gradients ", n));
+  py::gil_scoped_release release;
+  models::UnitAccess& access = strategy_->access();
+  const std::span<float> dst = access.grads(u);
+  DISTOPT_CHECK(dst.size() == n, dst.size(), " vs ", n);
+  std::size_t at = 0;
+  for (const auto& part : parts) {
+    const auto k = static_cast<std::size_t>(part.size());
+    hand_over(dst.subspan(at, k), part.data(), comm_->size());
+    at += k;
+  }
+  --pending_;
+  access.grads_done(u);
 }
 
 void PySharded::deliver(std::size_t u, py::array_t<float, py::array::c_style | py::array::forcecast> g) {
@@ -524,7 +574,7 @@ void PySharded::adopt(std::unique_ptr<parallel::Strategy> s) {
 }
 
 void PySharded::wait_for_params() {
-  if (gathers_) return;  // each unit gathered when the model runs it (gather_into)
+  if (gathers_) return;  // each unit gathered when the model runs it (gather_start)
   models::UnitAccess& access = strategy_->access();
   for (std::size_t u = 0; u < layout_.units.size(); ++u) {
     const std::span<const float> p = access.acquire(u, models::Pass::forward);

@@ -116,12 +116,22 @@ class PySharded {
 
   // A strategy that keeps only its shard of the parameters (zero3:
   // StrategyInfo::sharded_params) has no whole values for param(): the
-  // model gathers unit u when it runs it, into torch's storage at
-  // `address` (the unit's elements, the layout's order), the next units
-  // of the pass prefetched (StrategyOptions::prefetch_units,
-  // max_live_params).
+  // model gathers unit u when it runs it, straight into torch's storage,
+  // without a buffer of the strategy's between: gather_start(u, address)
+  // starts the all-gather of unit u's shards into `address`
+  // (unit_padded(u) elements: the unit's values, then padding),
+  // gather_wait(u) waits for it (if a step has not: it waits for every
+  // gather still reading the shards it updates, so a gather started before
+  // a step has the old values). Python prefetches with these (the
+  // strategy's own prefetch is off).
   bool gathers() const { return gathers_; }
-  void gather_into(std::size_t u, bool backward, std::uintptr_t address);
+  std::size_t unit_padded(std::size_t u) const;
+  void gather_start(std::size_t u, std::uintptr_t address);
+  void gather_wait(std::size_t u);
+
+  // deliver() from the unit's parameters' gradients, each given apart (in
+  // order, each flat or shaped): no concatenated copy.
+  void deliver_parts(std::size_t u, const py::list& grads);
 
   // One step from the gradients in the flat buffer (or, where hooked(),
   // those delivered); clips to max_norm first when it is positive. Returns
@@ -214,7 +224,8 @@ class PySharded {
   std::vector<std::unique_ptr<parallel::Strategy>> retired_;  // replaced by load(), still viewed perhaps
   std::vector<double> base_lr_;                               // each group's lr as made
   std::vector<std::size_t> unit_of_;                          // parameter i's unit
-  bool gathers_ = false;                                      // zero3: parameters gathered per unit (gather_into)
+  bool gathers_ = false;                                      // zero3: parameters gathered per unit (gather_start)
+  std::map<std::size_t, std::unique_ptr<Request>> gathers_in_flight_;  // gather_start's, by unit
   std::vector<float*> values_;   // unit u's parameters in the strategy's buffer (null where gathers_)
   std::vector<float*> grad_at_;  // !hooked_: unit u's gradient in the strategy's buffer
   bool hooked_ = false;          // gradients delivered unit by unit (deliver)

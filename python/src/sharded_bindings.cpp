@@ -226,8 +226,11 @@ void bind_sharded(py::module_& m) {
            py::arg("comm"), py::arg("strategy"), py::arg("rule"), py::arg("params"), py::arg("initial"),
            py::arg("options"), py::arg("bucket_elements"), py::arg("gossip") = py::dict(),
            py::arg("units") = std::vector<UnitSpec>{}, py::arg("strategy_options") = py::dict())
-      .def("gather_into", &PySharded::gather_into, py::arg("unit"), py::arg("backward"), py::arg("address"))
       .def_property_readonly("gathers", &PySharded::gathers)
+      .def("unit_padded", &PySharded::unit_padded, py::arg("unit"))
+      .def("gather_start", &PySharded::gather_start, py::arg("unit"), py::arg("address"))
+      .def("gather_wait", &PySharded::gather_wait, py::arg("unit"))
+      .def("deliver_parts", &PySharded::deliver_parts, py::arg("unit"), py::arg("grads"))
       .def_property_readonly("num_units", [](const PySharded& s) { return s.num_units(); })
       .def("param", [](py::object self, std::size_t i) { return self.cast<PySharded&>().param(self, i); })
       .def("grad", [](py::object self, std::size_t i) { return self.cast<PySharded&>().grad(self, i); })

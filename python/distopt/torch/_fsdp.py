@@ -9,9 +9,10 @@ which keeps each rank's shard of every unit (and of the optimizer state).
 Each unit's parameters view one flat torch tensor whose storage exists
 only while the unit runs:
 
-- a forward-pre hook on the unit's module gathers it (``gather_into``: the
-  strategy's all-gather, the next units prefetched as its
-  ``prefetch_units``/``max_live_params`` allow) and a forward hook frees it;
+- a forward-pre hook on the unit's module gathers it (``gather_start``:
+  the all-gather of the strategy's shards straight into the storage; the
+  next units of the pass started as ``prefetch_units``/``max_live_params``
+  allow) and a forward hook frees it;
 - a hook on the unit's outputs gathers it again when backward reaches them;
   under activation checkpointing, the recomputed forward gathers it and
   keeps it for the backward that follows;
@@ -41,10 +42,10 @@ def _free(flat):
     flat.storage().resize_(0)
 
 
-def _alloc(flat):
+def _alloc(flat, n):
     storage = flat.storage()
-    if storage.size() != flat.numel():
-        storage.resize_(flat.numel())
+    if storage.size() != n:
+        storage.resize_(n)
 
 
 def _tensors(value):
@@ -141,6 +142,8 @@ class _UnitOptimizer(ShardedOptimizer):
     def __init__(self, units, optimizer, strategy, *, comm, bucket_elements, max_grad_norm, norm_type,
                  strategy_options, **options):
         self._unit_list = units
+        self._prefetch_units = strategy_options["prefetch_units"]
+        self._max_live = strategy_options["max_live_params"]
         params = [p for _, _, ps in units for _, p in ps]
         self._names = [n for _, _, ps in units for n, _ in ps]
         super().__init__(params, optimizer, strategy, comm=comm, bucket_elements=bucket_elements,
@@ -170,7 +173,7 @@ class _UnitOptimizer(ShardedOptimizer):
                 self._unit_of.append(u)
             _free(flat)
             self._flats.append(flat)
-            self._live.append(False)
+            self._live.append(0)
             self._left.append(len(unit))
         return initial.numpy()
 
@@ -180,18 +183,40 @@ class _UnitOptimizer(ShardedOptimizer):
         self._grads = [None] * len(self._all())
         self._values = [None] * len(self._all())
 
+    # A unit's storage: 0 freed, 1 being gathered into, 2 holding the values.
+    def _start(self, u):
+        _alloc(self._flats[u], self._padded[u])
+        # Straight into torch's storage, without a version bump: the views
+        # autograd saved stay valid.
+        self._core.gather_start(u, self._flats[u].data_ptr())
+        self._live[u] = 1
+
     def _gather(self, u, backward):
-        if self._live[u]:
-            return
-        flat = self._flats[u]
-        _alloc(flat)
-        self._core.gather_into(u, backward, flat.data_ptr())  # (no version bump: autograd's saved views stay valid)
-        self._live[u] = True
+        """Unit u's values in its storage; the next units of the pass
+        (backward: the ones before it) prefetched as the options allow."""
+        if self._live[u] == 0:
+            self._start(u)
+        if self._live[u] == 1:
+            self._core.gather_wait(u)
+            self._live[u] = 2
+        v = u
+        for _ in range(self._prefetch_units):
+            v = v - 1 if backward else v + 1
+            if not 0 <= v < len(self._flats):
+                break
+            if self._live[v]:
+                continue
+            if self._max_live and self._padded[v] + sum(n for n, live in zip(self._padded, self._live) if live) > \
+                    self._max_live:
+                break
+            self._start(v)
 
     def _release(self, u):
+        if self._live[u] == 1:
+            self._core.gather_wait(u)  # (its buffer is being written)
         if self._live[u]:
             _free(self._flats[u])
-            self._live[u] = False
+            self._live[u] = 0
 
     def _release_all(self):
         for u in range(len(self._flats)):
@@ -200,6 +225,7 @@ class _UnitOptimizer(ShardedOptimizer):
     def _hook_grads(self):
         self._ready = [False] * len(self._flats)  # per unit
         self._got = [False] * len(self._all())
+        self._padded = [self._core.unit_padded(u) for u in range(len(self._flats))]
         return self._unit_hooks
 
     def _on_grad(self, i):
@@ -231,9 +257,8 @@ class _UnitOptimizer(ShardedOptimizer):
     def _deliver(self, u):
         ps = [p for _, p in self._unit_list[u][2]]
         with torch.no_grad():
-            flat = torch.cat([torch.zeros(p.numel()) if p.grad is None else
-                              p.grad.detach().to("cpu", torch.float32).reshape(-1) for p in ps])
-            self._core.deliver(u, flat.numpy())
+            self._core.deliver_parts(u, [torch.zeros(p.numel()).numpy() if p.grad is None else
+                                         p.grad.detach().to("cpu", torch.float32).reshape(-1).numpy() for p in ps])
         for p in ps:
             p.grad = None
         self._ready[u] = False
@@ -269,6 +294,8 @@ class _UnitOptimizer(ShardedOptimizer):
             self._got[i] = False
         norm = self._core.step(self.max_grad_norm or 0.0, self.norm_type)
         self.last_grad_norm = None if math.isnan(norm) else norm
+        if self._prefetch_units > 0:
+            self._start(0)  # the next forward's first unit, gathered while the caller goes on
         return loss
 
     def _unit_done_quietly(self, u):
@@ -318,8 +345,8 @@ class FullyShardedDataParallel(torch.nn.Module):
     """
 
     def __init__(self, module, *, optimizer="adamw", strategy="zero3", comm=None, wrap=None, min_num_params=None,
-                 prefetch_units=1, max_live_params=0, bucket_elements=1 << 15, max_grad_norm=None, norm_type=2.0,
-                 **options):
+                 prefetch_units=1, max_live_params=0, max_buckets_in_flight=2, bucket_elements=1 << 15,
+                 max_grad_norm=None, norm_type=2.0, **options):
         super().__init__()
         self.module = module
         units = _units(module, _wrapped(module, wrap, min_num_params))
@@ -329,7 +356,9 @@ class FullyShardedDataParallel(torch.nn.Module):
         self.optimizer = _UnitOptimizer(units, optimizer, strategy, comm=comm, bucket_elements=bucket_elements,
                                         max_grad_norm=max_grad_norm, norm_type=norm_type,
                                         strategy_options={"prefetch_units": int(prefetch_units),
-                                                          "max_live_params": int(max_live_params)}, **options)
+                                                          "max_live_params": int(max_live_params),
+                                                          "max_buckets_in_flight": int(max_buckets_in_flight)},
+                                        **options)
         self._in_backward = False
         self._handles = []
         opt = self.optimizer
