@@ -126,6 +126,26 @@ def test_one_rank_units_state_dict_and_bad_input():
         FullyShardedDataParallel(Net(), wrap=Block, max_live_params=10)
 
 
+@pytest.mark.parametrize("blocks_live", [1, 2])
+def test_prefetch_keeps_under_the_live_limit(blocks_live):
+    """Every unit's storage counted while each block runs: never past
+    max_live_params; with room for two blocks, the next one is prefetched."""
+    net = Net()
+    unit = sum(p.numel() for p in net.blocks[0].parameters())
+    root = sum(p.numel() for n, p in net.named_parameters() if not n.startswith("blocks"))
+    limit = root + blocks_live * unit + 64  # (each unit padded to 16 elements)
+    model = FullyShardedDataParallel(net, wrap=Block, max_live_params=limit, lr=1e-2)
+    storages = [net.embed.weight] + [b.norm.weight for b in net.blocks]  # a parameter of each unit
+    seen = []
+    for b in net.blocks:  # registered after the wrapper's hooks: they run once the block is gathered
+        b.register_forward_pre_hook(lambda m, args: seen.append(sum(p.storage().size() for p in storages)))
+    (x, y), = batches(1, seed=3)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    model.optimizer.step()
+    assert len(seen) == 3 and max(seen) <= limit
+    assert max(seen) > root + unit + 64 if blocks_live == 2 else max(seen) <= root + unit + 64
+
+
 def test_no_sync_accumulates_like_one_bigger_batch():
     (x, y), = batches(1, seed=3)
     a, b = Net(), Net()
