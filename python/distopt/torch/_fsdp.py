@@ -159,9 +159,10 @@ class _UnitOptimizer(ShardedOptimizer):
         the array (which the strategy leaves once it has its shard)."""
         self._unit_hooks = ShardedOptimizer._hook_grads(self)  # (before the storages go: they read them)
         initial = torch.empty(sum(p.numel() for p in ps))
-        self._flats, self._live, self._unit_of, self._left = [], [], [], []
+        self._flats, self._live, self._unit_of, self._left, self._first = [], [], [], [], []
         at = 0
         for u, (_, _, unit) in enumerate(self._unit_list):
+            self._first.append(len(self._unit_of))  # the unit's parameters: [first, first + len(unit))
             flat = torch.empty(sum(p.numel() for _, p in unit))
             off = 0
             for _, p in unit:
@@ -240,9 +241,8 @@ class _UnitOptimizer(ShardedOptimizer):
 
     def _unit_done(self, u):
         """Every gradient of unit u is in: free it, hand it over in turn."""
-        for i, k in enumerate(self._unit_of):
-            if k == u:
-                self._got[i] = False
+        first = self._first[u]
+        self._got[first:first + len(self._unit_list[u][2])] = [False] * len(self._unit_list[u][2])
         self._left[u] = len(self._unit_list[u][2])
         self._release(u)
         if not self._sync:
