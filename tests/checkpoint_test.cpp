@@ -16,6 +16,7 @@
 #include "distopt/checkpoint/survival.hpp"
 #include "distopt/checkpoint/run_state.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/checkpoint/source.hpp"
 #include "distopt/checkpoint/store.hpp"
 #include "distopt/core/error.hpp"
 
@@ -317,6 +318,20 @@ NamedTensors file_of(const std::vector<checkpoint::Piece>& pieces) {
   return parse_safetensors(pieces_bytes(set), "rank.safetensors");
 }
 
+// Files of pieces in `dir`, one per list: their paths.
+std::vector<std::string> files_of(const fs::path& dir, const std::vector<std::vector<checkpoint::Piece>>& files) {
+  std::vector<std::string> paths;
+  for (const auto& pieces : files) {
+    checkpoint::PieceSet set;
+    for (const checkpoint::Piece& p : pieces) set.view(p.name, p.shape, p.begin, p.values);
+    paths.push_back((dir / str("rank", paths.size(), ".safetensors")).string());
+    const std::vector<std::byte> bytes = pieces_bytes(set);
+    std::ofstream out(paths.back(), std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  return paths;
+}
+
 }  // namespace
 
 TEST(CheckpointStore, AFileWrittenPieceByPieceIsTheFileWrittenAtOnce) {
@@ -407,6 +422,78 @@ TEST(Pieces, GapsDisagreementsAndBadPlacesAreOneLineNamingTheTensor) {
     EXPECT_NE(place_error(bad).find("rank3.safetensors: tensor t has a malformed place"), std::string::npos) << bad;
   EXPECT_NE(place_error("5:6").find("does not fit its shape [6]"), std::string::npos);
   EXPECT_NE(place_error("0:4294967296,4294967296,4294967296").find("does not fit its shape"), std::string::npos);
+}
+
+TEST(PieceFiles, EveryRangeReadFromTheFilesIsTheWholeTensorsBits) {
+  // A 5 x 7 tensor cut at world sizes 1-8 into contiguous pieces (empty
+  // ones included) plus a replicated copy, and a scalar every rank holds:
+  // every range [b, e) read from the files is the tensor's, and reading
+  // the scalar compares its copies.
+  TempDir t;
+  std::vector<float> w(35);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.1f * float(i) - 1.0f;
+  for (int world = 1; world <= 8; ++world) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    std::vector<std::vector<checkpoint::Piece>> files;
+    for (int r = 0; r < world; ++r) {
+      const std::size_t begin = w.size() * r / world, end = w.size() * (r + 1) / world;
+      files.push_back({{"fc.weight", {5, 7}, begin, {w.begin() + begin, w.begin() + end}}, {"step", {}, 0, {3.0f}}});
+    }
+    if (world == 3) files.push_back({{"fc.weight", {5, 7}, 0, w}});  // ddp's replica
+    const fs::path dir = t.path / std::to_string(world);
+    fs::create_directories(dir);
+    const PieceFiles source(files_of(dir, files));
+    EXPECT_EQ(source.names(), (std::vector<std::string>{"fc.weight", "step"}));
+    ASSERT_NE(source.shape("fc.weight"), nullptr);
+    EXPECT_EQ(*source.shape("fc.weight"), (Shape{5, 7}));
+    EXPECT_EQ(source.shape("fc.bias"), nullptr);
+    EXPECT_EQ(source.whole("step"), std::vector<float>{3.0f});
+    for (std::size_t b = 0; b <= w.size(); ++b)
+      for (std::size_t e = b; e <= w.size(); ++e) {
+        std::vector<float> got(e - b, -7.0f);
+        source.read("fc.weight", b, got);
+        ASSERT_EQ(got, std::vector<float>(w.begin() + b, w.begin() + e)) << b << " " << e;
+      }
+    std::vector<float> past(6);
+    EXPECT_THROW(source.read("fc.weight", 30, past), PreconditionError);
+  }
+}
+
+TEST(PieceFiles, GapsDisagreementsAndShapesAreOneLineNamingTheTensor) {
+  TempDir t;
+  const std::vector<float> v = {1, 2, 3, 4, 5, 6};
+  auto made = [&](const std::vector<std::vector<checkpoint::Piece>>& files) {
+    static int n = 0;
+    const fs::path dir = t.path / std::to_string(n++);
+    fs::create_directories(dir);
+    return files_of(dir, files);
+  };
+  auto error_making = [&](const std::vector<std::vector<checkpoint::Piece>>& files) {
+    const auto paths = made(files);
+    return one_line_error([&] { PieceFiles source(paths); });
+  };
+  // Found from the headers, before any value is read.
+  EXPECT_NE(error_making({{{"t", {6}, 0, {1, 2}}}, {{"t", {6}, 4, {5, 6}}}})
+                .find("tensor t: elements [2, 4) are in no file (a missing rank?)"),
+            std::string::npos);
+  EXPECT_NE(error_making({{{"t", {6}, 0, {1, 2, 3}}}, {{"t", {6}, 3, {4, 5}}}})
+                .find("tensor t: elements [5, 6) are in no file"),
+            std::string::npos);
+  EXPECT_NE(error_making({{{"t", {6}, 0, v}}, {{"t", {2, 3}, 0, v}}}).find("the files disagree on its shape ([6] and [2, 3])"),
+            std::string::npos);
+  // Two copies that differ: an error for a read that sees both, none for one that does not.
+  const PieceFiles source(made({{{"t", {6}, 0, v}}, {{"t", {6}, 2, {3, 9}}}}));
+  std::vector<float> two(2);
+  EXPECT_NE(one_line_error([&] { source.read("t", 2, two); }).find("tensor t: two files hold different values for element 3"),
+            std::string::npos);
+  source.read("t", 0, two);
+  EXPECT_EQ(two, (std::vector<float>{1, 2}));
+  // A file that is not one.
+  const fs::path junk = t.path / "junk.safetensors";
+  std::ofstream(junk) << "not a safetensors file";
+  EXPECT_NE(one_line_error([&] { PieceFiles f({junk.string()}); }).find("junk.safetensors: not a safetensors file"),
+            std::string::npos);
+  EXPECT_THROW(PieceFiles({(t.path / "absent.safetensors").string()}), IoError);
 }
 
 // Regression (found by safetensors_fuzz): a file entry that lacks a key

@@ -5,15 +5,18 @@
 // with the same bits under each; and saving right after a load gives back
 // every tensor bit for bit.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -63,10 +66,18 @@ struct RunResult {
   std::vector<checkpoint::Piece> pieces;  // every rank's, at the end
 };
 
+// The unsharded parameters of a checkpoint's tensors.
+std::vector<float> initial_of(const parallel::FlatLayout& flat, const TensorSource& saved) {
+  const parallel::InitialParams initial = initial_params(flat, saved);
+  std::vector<float> out(initial.size());
+  initial.read(0, out);
+  return out;
+}
+
 // `steps` steps from global step `from` at `world` ranks, from a
-// checkpoint's whole tensors or from the model's initialization.
-RunResult run(int world, const std::string& strategy, const parallel::OptimizerSpec& spec, std::size_t from,
-        std::size_t steps, const std::map<std::string, Whole>* resume, DType dtype = DType::f32) {
+// checkpoint's tensors or from the model's initialization.
+RunResult run_from(int world, const std::string& strategy, const parallel::OptimizerSpec& spec, std::size_t from,
+                   std::size_t steps, const TensorSource* resume, DType dtype = DType::f32) {
   const data::Split& d = data_set();
   RunResult out;
   std::mutex m;
@@ -74,12 +85,13 @@ RunResult run(int world, const std::string& strategy, const parallel::OptimizerS
     auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 40, 8});
     const parallel::FlatLayout flat = parallel::flat_layout(*model);
     std::vector<float> initial(flat.elements);
-    if (resume != nullptr) initial = initial_params(flat, *resume);
-    else model->init(initial, 5);
+    if (resume == nullptr) model->init(initial, 5);
     parallel::StrategyOptions options;
     options.bucket_elements = 300;
     options.param_dtype = dtype;
-    auto s = parallel::make_strategy(strategy, comm, flat, initial, spec, options);
+    auto s = resume != nullptr
+                 ? parallel::make_strategy(strategy, comm, flat, initial_params(flat, *resume), spec, options)
+                 : parallel::make_strategy(strategy, comm, flat, initial, spec, options);
     if (resume != nullptr) load_optimizer_state(*s, *resume);
     train_steps(comm, *model, *s, from, steps);
     std::vector<float> params = s->gather_params();
@@ -89,6 +101,13 @@ RunResult run(int world, const std::string& strategy, const parallel::OptimizerS
     out.pieces.insert(out.pieces.end(), mine.begin(), mine.end());
   });
   return out;
+}
+
+RunResult run(int world, const std::string& strategy, const parallel::OptimizerSpec& spec, std::size_t from,
+              std::size_t steps, const std::map<std::string, Whole>* resume, DType dtype = DType::f32) {
+  if (resume == nullptr) return run_from(world, strategy, spec, from, steps, nullptr, dtype);
+  const WholeTensors saved(*resume);
+  return run_from(world, strategy, spec, from, steps, &saved, dtype);
 }
 
 parallel::OptimizerSpec spec_of(const std::string& rule) {
@@ -153,6 +172,53 @@ TEST(Resume, OneCheckpointAtAnotherWorldGivesTheSameBitsUnderEveryStrategy) {
                 rule.c_str(), diff / scale);
     EXPECT_LT(diff / scale, 1e-3);
   }
+}
+
+TEST(Resume, FromFilesEachRankReadsItsRangesWithTheSameBits) {
+  // The pieces of a zero2@4 run written as rank files (a tensor's small
+  // state in every file that holds a piece of it, as save() writes them)
+  // and read a range at a time (PieceFiles): the same bits as from the
+  // assembled tensors, at the same world and at others.
+  std::string tmp = (std::filesystem::temp_directory_path() / "distopt-resume-XXXXXX").string();
+  ASSERT_NE(::mkdtemp(tmp.data()), nullptr);
+  for (const std::string rule : {"adam", "adafactor", "shampoo"}) {
+    SCOPED_TRACE(rule);
+    const RunResult first = run(4, "zero2", spec_of(rule), 0, 8, nullptr);
+    const auto saved = assemble(first.pieces);
+    // Each piece into the first file that has none of its tensor.
+    std::vector<PieceSet> sets;
+    std::vector<std::set<std::string>> held;
+    for (const checkpoint::Piece& p : first.pieces) {
+      std::size_t f = 0;
+      while (f < sets.size() && held[f].count(p.name)) ++f;
+      if (f == sets.size()) sets.emplace_back(), held.emplace_back();
+      sets[f].view(p.name, p.shape, p.begin, p.values);
+      held[f].insert(p.name);
+    }
+    ASSERT_GT(sets.size(), 1u);
+    std::vector<std::string> paths;
+    for (const PieceSet& set : sets) {
+      paths.push_back(str(tmp, "/", rule, paths.size(), ".safetensors"));
+      const std::vector<std::byte> bytes = pieces_bytes(set);
+      std::FILE* f = std::fopen(paths.back().c_str(), "wb");
+      ASSERT_NE(f, nullptr);
+      ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
+      std::fclose(f);
+    }
+    const PieceFiles files(paths);
+    EXPECT_TRUE(same_bits(run_from(4, "zero2", spec_of(rule), 8, 6, &files).params,
+                          run(4, "zero2", spec_of(rule), 0, 14, nullptr).params));
+    for (const auto& [world, strategy] : std::vector<std::pair<int, std::string>>{{3, "zero3"}, {1, "ddp"}, {2, "zero1"}}) {
+      EXPECT_TRUE(same_bits(run_from(world, strategy, spec_of(rule), 8, 4, &files).params,
+                            run(world, strategy, spec_of(rule), 8, 4, &saved).params))
+          << strategy << "@" << world;
+      const auto again = assemble(run_from(world, strategy, spec_of(rule), 8, 0, &files).pieces);
+      ASSERT_EQ(again.size(), saved.size()) << strategy << "@" << world;
+      for (const auto& [name, whole] : saved)
+        EXPECT_TRUE(same_bits(again.at(name).values, whole.values)) << name << " after " << strategy << "@" << world;
+    }
+  }
+  std::filesystem::remove_all(tmp);
 }
 
 TEST(Resume, Bf16ParametersResumeWithTheirFp32MasterWeights) {
@@ -230,17 +296,17 @@ GossipRun gossip_run(int world, const std::string& strategy, const parallel::Gos
     auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 40, 8});
     const parallel::FlatLayout flat = parallel::flat_layout(*model);
     std::vector<float> initial(flat.elements);
-    if (resume != nullptr) initial = initial_params(flat, resume->wholes);
+    if (resume != nullptr) initial = initial_of(flat, WholeTensors(resume->wholes));
     else model->init(initial, 5);
     parallel::StrategyOptions options;
     options.gossip = g;
     auto s = parallel::make_strategy(strategy, comm, flat, initial, spec, options);
     if (resume != nullptr) {
       const std::string prefix = exact ? local_prefix(comm.rank()) : "";
-      load_optimizer_state(*s, resume->wholes, prefix);
+      load_optimizer_state(*s, WholeTensors(resume->wholes), prefix);
       if (exact) {
         const parallel::LocalState local =
-            checkpoint::local_state(resume->wholes, comm.rank(), resume->steps, resume->numbers.at(comm.rank()));
+            checkpoint::local_state(WholeTensors(resume->wholes), comm.rank(), resume->steps, resume->numbers.at(comm.rank()));
         s->resume(local.steps, &local);
       } else {
         s->resume(from, nullptr);
@@ -483,9 +549,10 @@ GossipRun survivors_run(int world, const std::string& strategy, const parallel::
     const auto r = static_cast<std::size_t>(comm.rank());
     auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 40, 8});
     const parallel::FlatLayout flat = parallel::flat_layout(*model);
-    auto s = parallel::make_strategy(strategy, comm, flat, initial_params(flat, wholes[r]), spec_of("adam"), options);
-    load_optimizer_state(*s, wholes[r], local_prefix(comm.rank()));
-    parallel::LocalState local = checkpoint::local_state(wholes[r], comm.rank(), at, numbers[r]);
+    const WholeTensors saved(wholes[r]);
+    auto s = parallel::make_strategy(strategy, comm, flat, initial_params(flat, saved), spec_of("adam"), options);
+    load_optimizer_state(*s, saved, local_prefix(comm.rank()));
+    parallel::LocalState local = checkpoint::local_state(saved, comm.rank(), at, numbers[r]);
     local.survivor = true;
     s->resume(at, &local);
     train_steps(comm, *model, *s, at, steps);

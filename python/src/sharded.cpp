@@ -302,7 +302,7 @@ PySharded::PySharded(std::shared_ptr<Communicator> comm, const std::string& stra
   const std::span<float> init(initial.mutable_data(), layout_.elements);
   py::gil_scoped_release release;
   comm_->broadcast(init.data(), init.size(), ElemType::f32, 0);
-  adopt(make(init));
+  adopt(make(std::span<const float>(init)));
   const Optimizer& opt = strategy_->optimizer();
   for (std::size_t g = 0; g < opt.num_groups(); ++g) base_lr_.push_back(opt.lr(g));
   py::gil_scoped_acquire gil;
@@ -497,7 +497,7 @@ void PySharded::load_consolidated(const py::dict& tensors) {
     wholes[k.cast<std::string>()] = std::move(w);
   }
   py::gil_scoped_release release;
-  checkpoint::load_optimizer_state(*strategy_, wholes);
+  checkpoint::load_optimizer_state(*strategy_, checkpoint::WholeTensors(wholes));
 }
 
 std::uint64_t PySharded::save(const std::string& root, std::uint64_t step, std::size_t keep) {
@@ -511,8 +511,8 @@ std::uint64_t PySharded::save(const std::string& root, std::uint64_t step, std::
 std::uint64_t PySharded::load(const std::string& root) {
   py::gil_scoped_release release;
   const checkpoint::Loaded loaded = checkpoint::load_latest(root);
-  const std::vector<float> initial = checkpoint::initial_params(layout_, loaded.wholes);
-  std::unique_ptr<parallel::Strategy> s = make(initial);
+  const checkpoint::LoadedTensors saved(loaded);
+  std::unique_ptr<parallel::Strategy> s = make(checkpoint::initial_params(layout_, saved));
   std::string warning = checkpoint::resume(*comm_, *s, loaded, run_info(), {&s->optimizer()}, []() -> Scheduler& {
     throw InvalidInput("the checkpoint holds an SWA run");
   });
@@ -547,7 +547,7 @@ checkpoint::RunInfo PySharded::run_info() const {
   return r;
 }
 
-std::unique_ptr<parallel::Strategy> PySharded::make(std::span<const float> initial) const {
+std::unique_ptr<parallel::Strategy> PySharded::make(const parallel::InitialParams& initial) const {
   return parallel::make_strategy(strategy_name_, *comm_, layout_, initial, spec_, options_);
 }
 

@@ -200,7 +200,7 @@ class PySharded {
 
   checkpoint::RunInfo run_info() const;
 
-  std::unique_ptr<parallel::Strategy> make(std::span<const float> initial) const;
+  std::unique_ptr<parallel::Strategy> make(const parallel::InitialParams& initial) const;
 
   // `s` becomes the strategy; the parameters' and gradients' addresses are its.
   void adopt(std::unique_ptr<parallel::Strategy> s);

@@ -11,21 +11,6 @@ namespace distopt::checkpoint {
 namespace {
 
 constexpr const char* kPieceKey = "distopt-piece:";
-// The most elements a tensor of a checkpoint may have (2^40: 4 TiB of
-// floats), so that no product of dimensions overflows.
-constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 40;
-
-// numel(shape), or kMaxElements + 1 when it is above the limit.
-std::uint64_t elements_of(const Shape& shape) {
-  std::uint64_t n = 1;
-  for (std::int64_t d : shape) {
-    if (d < 0) return kMaxElements + 1;
-    const auto u = static_cast<std::uint64_t>(d);
-    if (u != 0 && n > kMaxElements / u) return kMaxElements + 1;
-    n *= u;
-  }
-  return n;
-}
 
 std::string place_text(std::uint64_t begin, const Shape& shape) {
   std::string s = std::to_string(begin);
@@ -38,6 +23,17 @@ std::string place_text(std::uint64_t begin, const Shape& shape) {
 }
 
 }  // namespace
+
+std::uint64_t elements_of(const Shape& shape) {
+  std::uint64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0) return kMaxElements + 1;
+    const auto u = static_cast<std::uint64_t>(d);
+    if (u != 0 && n > kMaxElements / u) return kMaxElements + 1;
+    n *= u;
+  }
+  return n;
+}
 
 std::map<std::string, Whole> assemble(std::span<const Piece> pieces) {
   std::map<std::string, std::vector<const Piece*>> by_name;
@@ -133,36 +129,40 @@ std::vector<std::byte> pieces_bytes(const PieceSet& set) {
   return bytes;
 }
 
+Place place_of(const std::map<std::string, std::string>& metadata, const ParamSlot& s, const std::string& path) {
+  const auto it = metadata.find(kPieceKey + s.name);
+  if (it == metadata.end())
+    throw InvalidInput(str(path, ": tensor ", s.name, " has no place (no ", kPieceKey, s.name, " metadata)"));
+  const std::string& text = it->second;
+  Place p;
+  const char* c = text.data();
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(c, end, p.begin);
+  bool ok = ec == std::errc() && ptr != end && *ptr == ':';
+  c = ptr + 1;
+  while (ok && c < end) {
+    std::int64_t d = 0;
+    auto [q, e] = std::from_chars(c, end, d);
+    ok = e == std::errc() && d >= 0 && (q == end || *q == ',');
+    p.shape.push_back(d);
+    c = q == end ? end : q + 1;
+    ok = ok && !(q != end && c == end);  // no trailing comma
+  }
+  if (!ok) throw InvalidInput(str(path, ": tensor ", s.name, " has a malformed place '", text, "'"));
+  const std::uint64_t n = elements_of(p.shape);
+  if (s.shape.size() != 1 || n > kMaxElements || p.begin > n || s.numel() > n - p.begin)
+    throw InvalidInput(str(path, ": tensor ", s.name, "'s piece (", s.numel(), " elements at ", p.begin,
+                           ") does not fit its shape ", to_string(p.shape)));
+  return p;
+}
+
 std::vector<Piece> pieces_of(const NamedTensors& file, const std::string& path) {
   std::vector<Piece> out;
   for (const ParamSlot& s : file.slots) {
-    const auto it = file.metadata.find(kPieceKey + s.name);
-    if (it == file.metadata.end())
-      throw InvalidInput(str(path, ": tensor ", s.name, " has no place (no ", kPieceKey, s.name, " metadata)"));
-    const std::string& text = it->second;
-    Piece p;
-    p.name = s.name;
-    const char* c = text.data();
-    const char* end = text.data() + text.size();
-    auto [ptr, ec] = std::from_chars(c, end, p.begin);
-    bool ok = ec == std::errc() && ptr != end && *ptr == ':';
-    c = ptr + 1;
-    while (ok && c < end) {
-      std::int64_t d = 0;
-      auto [q, e] = std::from_chars(c, end, d);
-      ok = e == std::errc() && d >= 0 && (q == end || *q == ',');
-      p.shape.push_back(d);
-      c = q == end ? end : q + 1;
-      ok = ok && !(q != end && c == end);  // no trailing comma
-    }
-    if (!ok) throw InvalidInput(str(path, ": tensor ", s.name, " has a malformed place '", text, "'"));
-    const std::uint64_t n = elements_of(p.shape);
-    if (s.shape.size() != 1 || n > kMaxElements || p.begin > n || s.numel() > n - p.begin)
-      throw InvalidInput(str(path, ": tensor ", s.name, "'s piece (", s.numel(), " elements at ", p.begin,
-                             ") does not fit its shape ", to_string(p.shape)));
-    p.values.assign(file.data.begin() + static_cast<std::ptrdiff_t>(s.offset),
-                    file.data.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()));
-    out.push_back(std::move(p));
+    Place place = place_of(file.metadata, s, path);
+    out.push_back({s.name, std::move(place.shape), place.begin,
+                   std::vector<float>(file.data.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                                      file.data.begin() + static_cast<std::ptrdiff_t>(s.offset + s.numel()))});
   }
   return out;
 }

@@ -184,7 +184,7 @@ Loaded load_latest(const std::filesystem::path& root) {
   if (body.contains("state")) l.state = detail::member(body, "state").dump();
   if (is_survivors_state(l))  // (kept in memory only)
     throw InvalidInput(str("checkpoint ", latest->string(), ": its manifest holds a survivor's state in memory"));
-  l.wholes = read_wholes(*latest, m);
+  l.files = std::make_shared<const PieceFiles>(*latest, m);
   return l;
 }
 
@@ -203,12 +203,13 @@ std::string resume(Communicator& comm, parallel::Strategy& strategy, const Loade
                     " at ", comm.size(),
                     " (or with other gossip options): every rank starts from the ranks' mean model and optimizer state");
   }
-  load_optimizer_state(strategy, from.wholes, prefix);
+  const LoadedTensors tensors(from);
+  load_optimizer_state(strategy, tensors, prefix);
   if (!prefix.empty()) {
     const auto me = static_cast<std::size_t>(comm.rank());
     if (me >= st.gossip->ranks.size()) throw InvalidInput(str("checkpoint manifest: no gossip state for rank ", comm.rank()));
     const RunState::Gossip::Rank& r = st.gossip->ranks[me];
-    parallel::LocalState local = local_state(from.wholes, comm.rank(), r.steps, r.numbers);
+    parallel::LocalState local = local_state(tensors, comm.rank(), r.steps, r.numbers);
     local.survivor = st.gossip->survivors;
     strategy.resume(local.steps, &local);
   } else {
@@ -232,7 +233,7 @@ std::string resume(Communicator& comm, parallel::Strategy& strategy, const Loade
     if (parts.averaged == nullptr)
       throw InvalidInput("--resume: the checkpoint's run averaged its parameters; resume it with its --swa-start or "
                          "--ema-decay");
-    parts.averaged->load_state_dict({*st.n_averaged, own_values(strategy, comm.rank(), from.wholes, prefix + "avg.")});
+    parts.averaged->load_state_dict({*st.n_averaged, own_values(strategy, comm.rank(), tensors, prefix + "avg.")});
   }
   if (st.swa_scheduler) start_swa().load_state_dict(*st.swa_scheduler);
   if (st.groups && parts.optimizer != nullptr) load_groups(*parts.optimizer, *st.groups);

@@ -154,23 +154,49 @@ NamedTensors parse_safetensors(std::span<const std::byte> file, const std::strin
   return t;
 }
 
-NamedTensors read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(str(path, ": cannot open"));
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) throw IoError(str(path, ": cannot stat: ", ec.message()));
+namespace {
+
+// The header of the file `in` reads (positioned at its start), checked
+// against its `size` bytes; `data_start` is set to where its data begins.
+NamedTensors header_of(std::ifstream& in, std::uint64_t size, const std::string& path, std::uint64_t& data_start) {
   std::byte first8[8] = {};
   if (size >= 8 && !in.read(reinterpret_cast<char*>(first8), 8)) throw IoError(str(path, ": read failed"));
   const std::uint64_t n = header_length(first8, size, path);
   std::string text(static_cast<std::size_t>(n), '\0');
   if (!in.read(text.data(), static_cast<std::streamsize>(n))) throw IoError(str(path, ": read failed"));
-  const std::uint64_t data_bytes = size - 8 - n;
-  NamedTensors t = parse_header(text, data_bytes, path);  // checked before the data is allocated
-  t.data.resize(static_cast<std::size_t>(data_bytes / 4));
+  data_start = 8 + n;
+  return parse_header(text, size - data_start, path);
+}
+
+std::uint64_t size_of(const std::string& path) {
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) throw IoError(str(path, ": cannot stat: ", ec.message()));
+  return size;
+}
+
+}  // namespace
+
+NamedTensors read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(str(path, ": cannot open"));
+  const std::uint64_t size = size_of(path);
+  std::uint64_t data_start = 0;
+  NamedTensors t = header_of(in, size, path, data_start);  // checked before the data is allocated
+  t.data.resize(static_cast<std::size_t>((size - data_start) / 4));
   if (!in.read(reinterpret_cast<char*>(t.data.data()), static_cast<std::streamsize>(t.data.size() * 4)))
     throw IoError(str(path, ": read failed"));
   return t;
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError(str(path, ": cannot open"));
+  SafetensorsHeader h;
+  NamedTensors t = header_of(in, size_of(path), path, h.data_start);
+  h.slots = std::move(t.slots);
+  h.metadata = std::move(t.metadata);
+  return h;
 }
 
 }  // namespace distopt::checkpoint

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "distopt/checkpoint/safetensors.hpp"
+#include "distopt/core/device.hpp"
 #include "distopt/core/error.hpp"
 
 namespace distopt::checkpoint {
@@ -124,32 +125,29 @@ PieceSet own_pieces(parallel::Strategy& s, int rank, std::span<const float> own,
   return out;
 }
 
-std::vector<float> own_values(parallel::Strategy& s, int rank, const std::map<std::string, Whole>& wholes,
-                              const std::string& prefix) {
+std::vector<float> own_values(parallel::Strategy& s, int rank, const TensorSource& source, const std::string& prefix) {
   const parallel::ShardLayout& layout = s.layout();
   std::vector<float> own(s.own_elements(), 0.0f);
-  // Replicated values (ddp, gossip) hold every parameter whole; a shard its pieces.
   for (std::size_t p = 0; p < layout.params().size(); ++p) {
     const ParamSlot& slot = layout.params()[p];
-    const auto it = wholes.find(prefix + slot.name);
-    if (it == wholes.end()) throw InvalidInput(str("the checkpoint has no tensor ", prefix, slot.name));
-    if (it->second.shape != slot.shape)
-      throw InvalidInput(str(prefix, slot.name, " is ", to_string(it->second.shape), " in the checkpoint, ",
-                             to_string(slot.shape), " in the model"));
+    const Shape* shape = source.shape(prefix + slot.name);
+    if (shape == nullptr) throw InvalidInput(str("the checkpoint has no tensor ", prefix, slot.name));
+    if (*shape != slot.shape)
+      throw InvalidInput(str(prefix, slot.name, " is ", to_string(*shape), " in the checkpoint, ", to_string(slot.shape),
+                             " in the model"));
   }
+  const std::span<float> to(own);
+  // Replicated values (ddp, gossip) hold every parameter whole; a shard its pieces.
   if (replicated(s)) {
     for (std::size_t p = 0; p < layout.params().size(); ++p) {
-      const auto& w = wholes.at(prefix + layout.params()[p].name).values;
-      std::copy(w.begin(), w.end(), own.begin() + static_cast<std::ptrdiff_t>(layout.padded_offset(p)));
+      const ParamSlot& slot = layout.params()[p];
+      source.read(prefix + slot.name, 0, to.subspan(layout.padded_offset(p), slot.numel()));
     }
     return own;
   }
-  for (const auto& pc : layout.pieces(rank)) {
-    if (pc.count == 0) continue;
-    const auto& w = wholes.at(prefix + layout.params()[pc.param].name).values;
-    std::copy_n(w.begin() + static_cast<std::ptrdiff_t>(pc.param_begin), pc.count,
-                own.begin() + static_cast<std::ptrdiff_t>(pc.shard_offset));
-  }
+  for (const auto& pc : layout.pieces(rank))
+    if (pc.count > 0)
+      source.read(prefix + layout.params()[pc.param].name, pc.param_begin, to.subspan(pc.shard_offset, pc.count));
   return own;
 }
 
@@ -212,18 +210,14 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
 }
 
 std::map<std::string, Whole> read_wholes(const std::filesystem::path& dir, const Manifest& manifest) {
-  std::vector<Piece> pieces;
-  for (const FileEntry& f : manifest.files) {
-    const std::string path = (dir / f.name).string();
-    auto mine = pieces_of(read_safetensors(path), path);
-    pieces.insert(pieces.end(), std::make_move_iterator(mine.begin()), std::make_move_iterator(mine.end()));
-  }
-  return assemble(pieces);
+  const PieceFiles files(dir, manifest);
+  std::map<std::string, Whole> out;
+  for (const std::string& name : files.names()) out.emplace(name, Whole{*files.shape(name), files.whole(name)});
+  return out;
 }
 
-std::vector<float> initial_params(const parallel::FlatLayout& layout, const std::map<std::string, Whole>& wholes) {
-  for (const auto& entry : wholes) {
-    const std::string& name = entry.first;  // not a structured binding: clang 14 cannot capture one
+parallel::InitialParams initial_params(const parallel::FlatLayout& layout, const TensorSource& source) {
+  for (const std::string& name : source.names()) {
     if (name.rfind("param.", 0) == 0) {
       const bool known = std::any_of(layout.params.begin(), layout.params.end(),
                                      [&](const ParamSlot& s) { return "param." + s.name == name; });
@@ -233,22 +227,28 @@ std::vector<float> initial_params(const parallel::FlatLayout& layout, const std:
                              " that is no parameter, optimizer state, average or gossip rank's state"));
     }
   }
-  std::vector<float> initial(layout.elements, 0.0f);
   for (const ParamSlot& s : layout.params) {
-    const auto it = wholes.find("param." + s.name);
-    if (it == wholes.end()) throw InvalidInput(str("the checkpoint has no parameter ", s.name));
-    if (it->second.shape != s.shape)
-      throw InvalidInput(str("parameter ", s.name, " is ", to_string(it->second.shape), " in the checkpoint, ",
-                             to_string(s.shape), " in the model"));
-    std::copy(it->second.values.begin(), it->second.values.end(), initial.begin() + static_cast<std::ptrdiff_t>(s.offset));
+    const Shape* shape = source.shape("param." + s.name);
+    if (shape == nullptr) throw InvalidInput(str("the checkpoint has no parameter ", s.name));
+    if (*shape != s.shape)
+      throw InvalidInput(str("parameter ", s.name, " is ", to_string(*shape), " in the checkpoint, ", to_string(s.shape),
+                             " in the model"));
   }
-  return initial;
+  // Each range read as a strategy asks for it (a shard, a unit, or all).
+  return parallel::InitialParams(layout.elements, [&layout, &source](std::size_t begin, std::span<float> out) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    const std::size_t end = begin + out.size();
+    for (const ParamSlot& s : layout.params) {
+      const std::size_t lo = std::max(begin, s.offset), hi = std::min(end, s.offset + s.numel());
+      if (lo < hi) source.read("param." + s.name, lo - s.offset, out.subspan(lo - begin, hi - lo));
+    }
+  });
 }
 
-void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Whole>& wholes, const std::string& from) {
+void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, const std::string& from) {
   Optimizer& opt = s.optimizer();
-  StateDict dict = opt.state_dict();  // the groups as they are; the state from the checkpoint
-  dict.state.clear();
+  StateDict none = opt.state_dict();  // the groups as they are; the state from the checkpoint
+  none.state.clear();
   const auto index = slot_index(s.layout());
   // Every state tensor of the checkpoint must be one this run's rules keep.
   std::set<std::string> known;
@@ -261,37 +261,73 @@ void load_optimizer_state(parallel::Strategy& s, const std::map<std::string, Who
     for (const std::string& key : aux_names(opt, i)) known.insert(prefix + key);
     known.insert(prefix + "master_param");
   }
-  for (const auto& [name, whole] : wholes)
-    if (name.rfind(from + "state.", 0) == 0 && !known.count(name))
+  const std::vector<std::string> saved = source.names_under(from + "state.");
+  for (const std::string& name : saved)
+    if (!known.count(name))
       throw InvalidInput(str("the checkpoint's ", name, " is not a state this run's optimizer keeps (",
                              opt.rule().name, "; another optimizer's checkpoint, or another model's?)"));
-  for (std::size_t i = 0; i < opt.num_params(); ++i) {
-    const Param& p = opt.param(i);
-    const std::size_t slot = index.at(p.name);
-    const std::string prefix = from + state_name(slot, "");
-    const std::size_t n = static_cast<std::size_t>(p.value.numel());
-    const std::vector<std::string> aux = aux_names(opt, i);
-    std::map<std::string, StateValue> entries;
-    for (auto it = wholes.lower_bound(prefix); it != wholes.end() && it->first.rfind(prefix, 0) == 0; ++it) {
-      const std::string key = it->first.substr(prefix.size());
-      const Whole& w = it->second;
-      if (w.shape.empty()) {
-        entries[key] = static_cast<double>(w.values.at(0));
-      } else if (std::find(aux.begin(), aux.end(), key) != aux.end()) {
-        entries[key] = StateTensor{w.shape, w.values};
-      } else {
-        // Cut like the parameter: its piece here (the whole under ddp).
-        const std::size_t begin = p.tensor_offset;
-        if (w.values.size() < begin + n)
-          throw InvalidInput(str("optimizer state ", it->first, " has ", w.values.size(), " elements, parameter ",
-                                 p.name, " needs ", begin + n));
-        entries[key] = StateTensor{p.value.shape, std::vector<float>(w.values.begin() + static_cast<std::ptrdiff_t>(begin),
-                                                                     w.values.begin() + static_cast<std::ptrdiff_t>(begin + n))};
+  // Each parameter with saved state gets its state made, as its first step
+  // would make it, and every tensor of it is checked against the saved one;
+  // then the values are read into place. No copy of the state is held
+  // besides the optimizer's own.
+  struct Fill {
+    std::string name;
+    std::uint64_t begin;
+    Optimizer::StateView view;
+    std::size_t count;
+  };
+  std::vector<Fill> fills;
+  opt.load_state_dict(none);
+  try {
+    for (std::size_t i = 0; i < opt.num_params(); ++i) {
+      const Param& p = opt.param(i);
+      const std::string prefix = from + state_name(index.at(p.name), "");
+      const auto first = std::lower_bound(saved.begin(), saved.end(), prefix);
+      if (first == saved.end() || first->rfind(prefix, 0) != 0) continue;  // none: its next step starts it
+      opt.init_state(i);
+      const std::vector<std::string> aux = aux_names(opt, i);
+      const bool empty = p.value.numel() == 0;  // a rank's piece of no elements: its tensors hold nothing
+      for (Optimizer::StateView& v : opt.state_views(i)) {
+        const std::string name = prefix + v.key;
+        const bool aux_part = std::find(aux.begin(), aux.end(), v.key) != aux.end();
+        if (empty && !v.shape.empty() && !aux_part) continue;
+        const Shape* shape = source.shape(name);
+        if (shape == nullptr) throw InvalidInput(str("the checkpoint's state of parameter ", p.name, " lacks ", name));
+        const std::uint64_t held = elements_of(*shape);
+        const bool scalar = v.shape.empty();
+        if (scalar != shape->empty())
+          throw InvalidInput(str("the checkpoint's ", name, " must be a ", scalar ? "number" : "tensor"));
+        if (aux_part) {
+          const auto count = static_cast<std::size_t>(numel(v.shape));
+          if (held != count)
+            throw InvalidInput(str("the checkpoint's ", name, " has ", held, " elements, parameter ", p.name, " needs ", count));
+          fills.push_back({name, 0, std::move(v), count});
+        } else {
+          // Cut like the parameter: its piece here (the whole under ddp).
+          const std::uint64_t begin = scalar ? 0 : p.tensor_offset;
+          const std::size_t count = scalar ? 1 : static_cast<std::size_t>(p.value.numel());
+          if (held < begin + count)
+            throw InvalidInput(str("optimizer state ", name, " has ", held, " elements, parameter ", p.name, " needs ",
+                                   begin + count));
+          fills.push_back({name, begin, std::move(v), count});
+        }
       }
     }
-    if (!entries.empty()) dict.state[i] = std::move(entries);
+    std::vector<float> staged;  // for state on a device
+    for (const Fill& f : fills) {
+      if (f.view.device == Device::cpu) {
+        source.read(f.name, f.begin, {f.view.data, f.count});
+        continue;
+      }
+      staged.resize(f.count);
+      source.read(f.name, f.begin, staged);
+      copy_bytes(f.view.data, f.view.device, staged.data(), Device::cpu, f.count * sizeof(float));
+    }
+  } catch (...) {
+    opt.load_state_dict(none);  // nothing half-loaded: no state
+    throw;
   }
-  opt.load_state_dict(dict);
+  opt.state_written();
 }
 
 }  // namespace distopt::checkpoint
@@ -305,16 +341,15 @@ PieceSet local_pieces(const parallel::LocalState& state, int rank) {
   return out;
 }
 
-parallel::LocalState local_state(const std::map<std::string, Whole>& wholes, int rank, std::uint64_t steps,
-                                 std::vector<double> scalars) {
+parallel::LocalState local_state(const TensorSource& source, int rank, std::uint64_t steps, std::vector<double> scalars) {
   parallel::LocalState st;
   st.steps = steps;
   st.scalars = std::move(scalars);
   const std::string prefix = local_prefix(rank);
-  for (auto it = wholes.lower_bound(prefix); it != wholes.end() && it->first.rfind(prefix, 0) == 0; ++it) {
-    const std::string name = it->first.substr(prefix.size());
+  for (const std::string& full : source.names_under(prefix)) {
+    const std::string name = full.substr(prefix.size());
     if (name.rfind("state.", 0) == 0 || name.rfind("avg.", 0) == 0) continue;
-    st.tensors.emplace_back(name, it->second.values);
+    st.tensors.emplace_back(name, source.whole(full));
   }
   if (st.tensors.empty()) throw InvalidInput(str("the checkpoint has no gossip state of rank ", rank));
   return st;

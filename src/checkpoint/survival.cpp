@@ -252,14 +252,18 @@ std::vector<char> to_bytes(const Loaded& state) {
   put_u64(out, state.step);
   put_text(out, state.config);
   put_text(out, state.state);
-  put_u64(out, state.wholes.size());
-  for (const auto& [name, w] : state.wholes) {
+  const LoadedTensors tensors(state);  // (a checkpoint on disk is read whole here)
+  const std::vector<std::string> names = tensors.names();
+  put_u64(out, names.size());
+  for (const std::string& name : names) {
+    const Shape& shape = *tensors.shape(name);
     put_text(out, name);
-    put_u64(out, w.shape.size());
-    for (std::int64_t d : w.shape) put_u64(out, static_cast<std::uint64_t>(d));
-    put_u64(out, w.values.size());
-    const char* v = reinterpret_cast<const char*>(w.values.data());
-    out.insert(out.end(), v, v + w.values.size() * sizeof(float));
+    put_u64(out, shape.size());
+    for (std::int64_t d : shape) put_u64(out, static_cast<std::uint64_t>(d));
+    const std::vector<float> values = tensors.whole(name);
+    put_u64(out, values.size());
+    const char* v = reinterpret_cast<const char*>(values.data());
+    out.insert(out.end(), v, v + values.size() * sizeof(float));
   }
   return out;
 }

@@ -166,7 +166,7 @@ Resumption reform(World& world, Interruption lost, const TrainConfig& config, co
   change.reason = lost.what;
   // A fresh start (a loss before any step of a new run) has nothing to load.
   Resumption out;
-  if (!(from == 0 && lost.state->wholes.empty()))
+  if (!(from == 0 && !lost.state->has_tensors()))
     out.resume = std::make_shared<const checkpoint::Loaded>(std::move(*lost.state));
   change.seconds = seconds_since(lost.since);
   out.change = std::move(change);

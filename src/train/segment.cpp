@@ -77,8 +77,9 @@ Segment::Segment(Communicator& comm, const data::Split& data, const TrainConfig&
   // A fresh run's strategy reads the model's initial values a unit (or its
   // shard of one) at a time: no rank holds a whole model to start from.
   if (config.resume) {
-    std::vector<float> initial = checkpoint::initial_params(layout_, config.resume->wholes);
-    strategy_ = parallel::make_strategy(config.strategy, comm, layout_, initial, config.optimizer, config.parallel);
+    const checkpoint::LoadedTensors saved(*config.resume);
+    strategy_ = parallel::make_strategy(config.strategy, comm, layout_, checkpoint::initial_params(layout_, saved),
+                                        config.optimizer, config.parallel);
   } else {
     const parallel::InitialParams initial(layout_.elements, [&](std::size_t begin, std::span<float> out) {
       model_->init_range(begin, out, config.seed);

@@ -75,6 +75,20 @@ class PieceSet {
 // whole is made. A file of pieces holds at most one piece per tensor.
 void write_pieces(const PieceSet& pieces, const std::function<void(std::span<const std::byte>)>& out);
 std::vector<std::byte> pieces_bytes(const PieceSet& pieces);
+// Where a file's tensor `slot` lies in the whole tensor it is a piece of
+// (its "distopt-piece:" metadata): the whole's shape and the piece's first
+// element. InvalidInput names the file (`path`) and the tensor whose place
+// is missing, malformed or does not fit its shape.
+struct Place {
+  Shape shape;
+  std::uint64_t begin = 0;
+};
+Place place_of(const std::map<std::string, std::string>& metadata, const ParamSlot& slot, const std::string& path);
+// The most elements a tensor of a checkpoint may have (2^40: 4 TiB of
+// floats), so that no product of dimensions overflows; and numel(shape),
+// or kMaxElements + 1 when it is above that.
+inline constexpr std::uint64_t kMaxElements = std::uint64_t{1} << 40;
+std::uint64_t elements_of(const Shape& shape);
 // And back: the pieces of a file read whole.
 // InvalidInput names the file (`path`) and the tensor whose place is
 // missing or does not fit its shape.

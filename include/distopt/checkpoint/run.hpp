@@ -15,12 +15,14 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "distopt/checkpoint/pieces.hpp"
+#include "distopt/checkpoint/source.hpp"
 #include "distopt/comm/communicator.hpp"
 #include "distopt/optim/averaging.hpp"
 #include "distopt/optim/grad_scaler.hpp"
@@ -63,20 +65,40 @@ struct SaveOptions {
 std::uint64_t save(Communicator& comm, parallel::Strategy& strategy, const RunInfo& run, const RunParts& parts,
                    const SaveOptions& options, std::uint64_t step, int epoch);
 
-// A checkpoint read back, verified and assembled.
+// A checkpoint to go on from: one on disk, verified, its tensors read as
+// they are needed; or one kept in memory (survival.hpp), whole.
 struct Loaded {
   std::filesystem::path dir;
   std::uint64_t step = 0;
   std::string config = "{}";  // the saved run's configuration (a JSON object)
   std::string state = "{}";   // its state between two steps (run_state.hpp)
-  std::map<std::string, Whole> wholes;
+  std::shared_ptr<const PieceFiles> files;  // on disk
+  std::map<std::string, Whole> wholes;      // in memory
+  bool has_tensors() const { return files != nullptr || !wholes.empty(); }
 };
 
-// The latest complete checkpoint under `root`; InvalidInput when there is
-// none, or a manifest that carries no run configuration.
+// A Loaded's tensors, wherever they are (`from` must outlive it).
+class LoadedTensors final : public TensorSource {
+ public:
+  explicit LoadedTensors(const Loaded& from) : files_(from.files.get()), memory_(from.wholes) {}
+  std::vector<std::string> names() const override { return in().names(); }
+  const Shape* shape(const std::string& name) const override { return in().shape(name); }
+  void read(const std::string& name, std::uint64_t begin, std::span<float> out) const override {
+    in().read(name, begin, out);
+  }
+
+ private:
+  const TensorSource& in() const { return files_ != nullptr ? *files_ : static_cast<const TensorSource&>(memory_); }
+  const PieceFiles* files_;
+  WholeTensors memory_;
+};
+
+// The latest complete checkpoint under `root`, its files verified (sizes
+// and checksums) and their headers read; InvalidInput when there is none,
+// or a manifest that carries no run configuration.
 Loaded load_latest(const std::filesystem::path& root);
 
-// Brings a strategy made from initial_params(layout, from.wholes) and the
+// Brings a strategy made from initial_params(layout, LoadedTensors(from)) and the
 // run's parts to the saved state: the optimizer state (a gossip rank's own
 // where the run matches the saved one, see RunInfo::gossip), the strategy's
 // step count and gossip state, the schedulers', the loss scaler's, the

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <span>
 #include <string>
@@ -34,6 +35,15 @@ std::vector<std::byte> safetensors_head(std::span<const ParamSlot> slots,
 // Reads a file of F32 tensors; InvalidInput names what is malformed. Sizes
 // in the header are checked against the file before anything is allocated.
 NamedTensors read_safetensors(const std::string& path);
+// Only its header, checked the same way: the slots index the data region
+// as floats, and the data region starts at byte `data_start` of the file
+// (a reader then reads the ranges it needs).
+struct SafetensorsHeader {
+  std::vector<ParamSlot> slots;
+  std::map<std::string, std::string> metadata;
+  std::uint64_t data_start = 0;
+};
+SafetensorsHeader read_safetensors_header(const std::string& path);
 // The same for a file's bytes (`path` names it in errors).
 NamedTensors parse_safetensors(std::span<const std::byte> file, const std::string& path);
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "distopt/checkpoint/pieces.hpp"
+#include "distopt/checkpoint/source.hpp"
 #include "distopt/checkpoint/store.hpp"
 #include "distopt/parallel/strategy.hpp"
 
@@ -39,8 +40,7 @@ std::string local_prefix(int rank);
 // back (with the numbers the manifest keeps); InvalidInput when the
 // checkpoint has none for `rank`.
 PieceSet local_pieces(const parallel::LocalState& state, int rank);
-parallel::LocalState local_state(const std::map<std::string, Whole>& wholes, int rank, std::uint64_t steps,
-                                 std::vector<double> scalars);
+parallel::LocalState local_state(const TensorSource& source, int rank, std::uint64_t steps, std::vector<double> scalars);
 // A survivor's own state, without communication (Strategy::survivor_state):
 // its model (the tensor "x") whole as the parameters, and under
 // local_prefix(rank) its optimizer state, `averaged` (SWA/EMA; none when
@@ -51,27 +51,31 @@ PieceSet survivor_pieces(parallel::Strategy& strategy, int rank, const parallel:
 // Values shaped like the strategy's own_params() (SWA/EMA averages) as
 // pieces named PREFIX<param name>, cut like the parameters (gossip: their
 // ranks' mean, and this rank's whole under local_prefix(rank) + PREFIX;
-// collective), and back from whole tensors (padding zero). InvalidInput
-// names a missing tensor.
+// collective), and back, reading the rank's values only (padding zero).
+// InvalidInput names a missing or misshapen tensor.
 PieceSet own_pieces(parallel::Strategy& strategy, int rank, std::span<const float> own, const std::string& prefix);
-std::vector<float> own_values(parallel::Strategy& strategy, int rank, const std::map<std::string, Whole>& wholes,
+std::vector<float> own_values(parallel::Strategy& strategy, int rank, const TensorSource& source,
                               const std::string& prefix);
 
 // The whole tensors of the rank files that a manifest of `dir` lists
-// (verify it first): each file's pieces, assembled.
+// (verify it first): each file's pieces, assembled (checkpoint inspection;
+// a resume reads PieceFiles a range at a time).
 std::map<std::string, Whole> read_wholes(const std::filesystem::path& dir, const Manifest& manifest);
 
-// The unsharded parameters in slot order (make_strategy's `initial`) from
-// whole tensors; InvalidInput names a missing parameter or a shape that is
-// not the model's.
-std::vector<float> initial_params(const parallel::FlatLayout& layout, const std::map<std::string, Whole>& wholes);
+// The unsharded parameters in slot order (make_strategy's `initial`), read
+// from `source` range by range as the strategy asks for them (a shard, a
+// unit); layout and source must outlive it. InvalidInput names a missing
+// parameter, a shape that is not the model's, or a tensor that is none of
+// a checkpoint's.
+parallel::InitialParams initial_params(const parallel::FlatLayout& layout, const TensorSource& source);
 
-// Loads the optimizer state of whole tensors into a strategy made from
-// initial_params(...), each rank taking its pieces: after it, the strategy
-// steps as the saved one would have. The groups keep their current
-// options. InvalidInput names a missing or misshapen state tensor. `from`
-// prefixes the names: a gossip rank's own state (local_prefix(rank)).
-void load_optimizer_state(parallel::Strategy& strategy, const std::map<std::string, Whole>& wholes,
-                          const std::string& from = "");
+// Loads the optimizer state of `source` into a strategy made from
+// initial_params(...), each rank reading its pieces straight into the
+// optimizer's state (no other copy): after it, the strategy steps as the
+// saved one would have. The groups keep their current options.
+// InvalidInput names a missing or misshapen state tensor, and leaves no
+// state loaded. `from` prefixes the names: a gossip rank's own state
+// (local_prefix(rank)).
+void load_optimizer_state(parallel::Strategy& strategy, const TensorSource& source, const std::string& from = "");
 
 }  // namespace distopt::checkpoint
