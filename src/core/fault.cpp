@@ -21,7 +21,8 @@ Fault fault_from_env() {
     f.step = static_cast<std::size_t>(step);
     return f;
   }
-  for (const auto& [name, kind] : {std::pair{"fail", Fault::Kind::fail}, std::pair{"kill", Fault::Kind::kill}}) {
+  for (const auto& [name, kind] : {std::pair{"fail", Fault::Kind::fail}, std::pair{"kill", Fault::Kind::kill},
+                                   std::pair{"term", Fault::Kind::term}}) {
     used = 0;
     if (std::sscanf(env, (std::string(name) + ":%d:%llu%n").c_str(), &f.rank, &step, &used) == 2 &&
         env[used] == '\0' && f.rank >= 0) {
@@ -48,8 +49,8 @@ Fault fault_from_env() {
     return f;
   }
   throw InvalidInput(str("DISTOPT_FAULT: '", env,
-                         "' is not stall:RANK:STEP, stall:RANK:init|end|finalize, fail:RANK:STEP, kill:RANK:STEP or "
-                         "exit:RANK:STEP:file|manifest"));
+                         "' is not stall:RANK:STEP, stall:RANK:init|end|finalize, fail:RANK:STEP, kill:RANK:STEP, "
+                         "term:RANK:STEP or exit:RANK:STEP:file|manifest"));
 }
 
 }  // namespace distopt

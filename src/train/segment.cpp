@@ -378,8 +378,12 @@ void Segment::checkpoint_if_due(int epoch, std::size_t k, bool stopping) {
 void Segment::inject_fault() const {
   const bool fault_here = first_ && fault_.rank == comm_.rank() && fault_.step == result_.steps &&
                           (fault_.kind == Fault::Kind::fail || fault_.kind == Fault::Kind::kill ||
-                           fault_.stalls(comm_.rank(), Fault::At::step));
+                           fault_.kind == Fault::Kind::term || fault_.stalls(comm_.rank(), Fault::At::step));
   if (!fault_here) return;
+  if (fault_.kind == Fault::Kind::term) {
+    std::raise(SIGTERM);  // (the tool's handler asks the ranks to stop)
+    return;
+  }
   if (fault_.kind == Fault::Kind::fail)
     throw Error(str("rank ", comm_.rank(), " failed after step ", result_.steps, " (DISTOPT_FAULT)"));
   if (config_.process_per_rank) std::raise(fault_.kind == Fault::Kind::kill ? SIGKILL : SIGSTOP);

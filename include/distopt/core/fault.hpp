@@ -24,12 +24,15 @@ namespace distopt {
 //  * fail:RANK:STEP -- that rank fails (throws) after that step, as a
 //    crashed process would; kill:RANK:STEP -- its process is killed
 //    (SIGKILL) after that step (TrainConfig::process_per_rank only);
+//  * term:RANK:STEP -- that rank's process gets SIGTERM after that step, as
+//    a preempted job's does: the run stops after the next step, writing a
+//    checkpoint where it writes them;
 //  * exit:RANK:STEP:file|manifest -- the process ends at once (_exit(137),
 //    as a kill would) while that rank writes the checkpoint of that step:
 //    half of its rank file written, or its file complete and no manifest.
 // Any other value throws InvalidInput naming the variable.
 struct Fault {
-  enum class Kind { none, stall, fail, kill, exit };
+  enum class Kind { none, stall, fail, kill, term, exit };
   enum class At { step, init, end, finalize };
   Kind kind = Kind::none;
   At at = At::step;
