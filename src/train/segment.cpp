@@ -76,6 +76,7 @@ Segment::Segment(Communicator& comm, const data::Split& data, const TrainConfig&
       reporting_(reporting_of(comm, observer, config)) {
   // A fresh run's strategy reads the model's initial values a unit (or its
   // shard of one) at a time: no rank holds a whole model to start from.
+  const auto set_up = Clock::now();
   if (config.resume) {
     const checkpoint::LoadedTensors saved(*config.resume);
     strategy_ = parallel::make_strategy(config.strategy, comm, layout_, checkpoint::initial_params(layout_, saved),
@@ -102,7 +103,10 @@ Segment::Segment(Communicator& comm, const data::Split& data, const TrainConfig&
   const std::size_t own_elements = strategy_->own_elements();
   if (config.swa_start > 0) averaged_.emplace(own_elements, AveragingOptions{AveragingKind::swa, 0.0, {}});
   if (config.ema_decay) averaged_.emplace(own_elements, AveragingOptions{AveragingKind::ema, *config.ema_decay, {}});
-  if (config.resume) resume();
+  if (config.resume) {
+    resume();
+    result_.resume_seconds = seconds_since(set_up);
+  }
   build_chain();
 
   sampler_.emplace(data.train.size(), config.batch_size, config.seed, config.drop_last);

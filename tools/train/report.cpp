@@ -81,7 +81,7 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
     out += str(", \"checkpoints\": {\"written\": ", r.checkpoints_written,
                a.config.memory_checkpoint ? str(", \"in_memory\": ", r.checkpoints_in_memory) : std::string(),
                ", \"seconds\": ", jnum(r.checkpoint_seconds), ", \"last_bytes\": ", r.checkpoint_bytes,
-               ", \"resume_load_s\": ", jnum(a.resume_load_seconds), "}");
+               ", \"resume_load_s\": ", jnum(a.resume_load_seconds + r.resume_seconds), "}");
   if (r.averaged) {
     char m[320];
     std::snprintf(m, sizeof m,

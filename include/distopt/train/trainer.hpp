@@ -253,6 +253,9 @@ struct TrainResult {
   std::size_t checkpoints_in_memory = 0;  // memory_checkpoint's (their seconds in checkpoint_seconds)
   double checkpoint_seconds = 0;
   std::uint64_t checkpoint_bytes = 0;
+  // With TrainConfig::resume: the seconds this rank took to make its
+  // strategy from the checkpoint and load the state (reading its ranges).
+  double resume_seconds = 0;
   // The run's changes of world (OnRankFailure::go_on), in order.
   std::vector<MembershipChange> membership;
   // This rank's rank at the end: after changes of world, not the one train()
