@@ -144,7 +144,7 @@ grep -q "timed out after 1.5 s waiting for rank(s) 1" "$tmp/err" || fail "DISTOP
 expect_error 2 "--comm-timeout: '0' is not a number of seconds in (0, one year\]" -- train --data synthetic --comm-timeout 0
 expect_error 2 "--comm-timeout: 'soon' is not a number of seconds" -- train --data synthetic --comm-timeout soon
 DISTOPT_COMM_TIMEOUT=-3 expect_error 2 "DISTOPT_COMM_TIMEOUT: '-3' is not a number of seconds" -- train --data synthetic
-DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP, stall:RANK:init|end|finalize, fail:RANK:STEP, kill:RANK:STEP or exit:RANK:STEP:file|manifest" \
+DISTOPT_FAULT=crash expect_error 2 "DISTOPT_FAULT: 'crash' is not stall:RANK:STEP, stall:RANK:init|end|finalize, fail:RANK:STEP, kill:RANK:STEP, term:RANK:STEP or exit:RANK:STEP:file|manifest" \
   -- train --data synthetic
 # A rank that stalls at the run's end, after its last collective: the
 # others have the time-out plus 2 s to end too, then the job ends naming it.
