@@ -66,115 +66,6 @@ std::vector<std::string> gossip_strategies() {
 
 namespace {
 
-// ---- gossip options ---------------------------------------------------------
-
-// A Python keyword of GossipOptions and the member it sets.
-struct GossipKey {
-  const char* name;
-  std::variant<std::string parallel::GossipOptions::*, int parallel::GossipOptions::*,
-               double parallel::GossipOptions::*, bool parallel::GossipOptions::*>
-      member;
-};
-
-using G = parallel::GossipOptions;
-const GossipKey kGossipKeys[] = {
-    {"topology", &G::topology},
-    {"peers_per_iteration", &G::peers_per_iteration},
-    {"synch_freq", &G::synch_freq},
-    {"slowmo_base", &G::slowmo_base},
-    {"localsgd_frequency", &G::localsgd_frequency},
-    {"slowmo_frequency", &G::slowmo_frequency},
-    {"slowmo_momentum", &G::slowmo_momentum},
-    {"slowmo_lr", &G::slowmo_lr},
-    {"sync_every", &G::sync_every},
-    {"outer_optimizer", &G::outer_optimizer},
-    {"outer_lr", &G::outer_lr},
-    {"outer_momentum", &G::outer_momentum},
-    {"fragments", &G::fragments},
-    {"sync_delay", &G::sync_delay},
-    {"fragment_alpha", &G::fragment_alpha},
-    {"fragment_carry", &G::fragment_carry},
-    {"outer_dtype", &G::outer_dtype},
-    {"outer_error_feedback", &G::outer_error_feedback},
-};
-
-// `v` as the member's type: a word, a whole number, a number or a bool
-// (an int is no bool, a bool no number: both are mistakes in Python).
-void set_gossip(G& g, const GossipKey& key, py::handle v) {
-  const std::string name = key.name;
-  std::visit(
-      [&](auto member) {
-        using T = std::remove_reference_t<decltype(g.*member)>;
-        if constexpr (std::is_same_v<T, std::string>) {
-          if (!py::isinstance<py::str>(v)) throw InvalidInput(str(name, " must be a string"));
-          g.*member = v.cast<std::string>();
-        } else if constexpr (std::is_same_v<T, bool>) {
-          if (!py::isinstance<py::bool_>(v)) throw InvalidInput(str(name, " must be True or False"));
-          g.*member = v.cast<bool>();
-        } else if constexpr (std::is_same_v<T, int>) {
-          // Python's int and numpy's integers (anything with __index__).
-          PyObject* i = py::isinstance<py::bool_>(v) ? nullptr : PyNumber_Index(v.ptr());
-          if (i == nullptr) {
-            PyErr_Clear();
-            throw InvalidInput(str(name, " must be a whole number"));
-          }
-          int overflow = 0;
-          const long long x = PyLong_AsLongLongAndOverflow(i, &overflow);
-          Py_DECREF(i);
-          if (overflow != 0 || x < INT32_MIN || x > INT32_MAX) throw InvalidInput(str(name, " is out of range"));
-          g.*member = static_cast<int>(x);
-        } else {
-          // Python's numbers and numpy's (not bools, not strings).
-          if (py::isinstance<py::bool_>(v) || py::isinstance<py::str>(v) || !PyNumber_Check(v.ptr()))
-            throw InvalidInput(str(name, " must be a number"));
-          const double x = PyFloat_AsDouble(v.ptr());
-          if (x == -1.0 && PyErr_Occurred()) {
-            PyErr_Clear();
-            throw InvalidInput(str(name, " must be a number"));
-          }
-          g.*member = x;
-        }
-      },
-      key.member);
-}
-
-}  // namespace
-
-std::vector<std::string> gossip_option_names() {
-  std::vector<std::string> out;
-  for (const GossipKey& k : kGossipKeys) out.emplace_back(k.name);
-  return out;
-}
-
-parallel::GossipOptions gossip_options(const std::string& strategy, const py::dict& options) {
-  const parallel::StrategyInfo& info = parallel::strategy_or_throw(strategy);
-  G g;
-  std::vector<std::string> given;
-  for (auto [k, v] : options) {
-    const std::string name = py::str(k);
-    const GossipKey* key = nullptr;
-    for (const GossipKey& c : kGossipKeys)
-      if (name == c.name) key = &c;
-    if (key == nullptr) {
-      std::string known;
-      for (const std::string& n : gossip_option_names()) known += (known.empty() ? "" : ", ") + n;
-      throw InvalidInput(str("no gossip option '", name, "' (there are ", known, ")"));
-    }
-    set_gossip(g, *key, v);
-    given.push_back(name);
-  }
-  for (const std::string& name : given) {
-    std::string flag = name;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    const std::string why = info.option_misfit ? info.option_misfit(info, flag, g)
-                                               : str(name, " applies to the gossip strategies, not ", strategy);
-    if (!why.empty()) throw InvalidInput(str(name, ": ", why));
-  }
-  return g;
-}
-
-namespace {
-
 // ---- the sharded optimizer -------------------------------------------------
 
 parallel::FlatLayout layout_of(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units = {}) {
@@ -436,21 +327,10 @@ void PySharded::deliver_parts(std::size_t u, const py::list& grads) {
   access.grads_done(u);
 }
 
-void PySharded::deliver(std::size_t u, py::array_t<float, py::array::c_style | py::array::forcecast> g) {
-  if (!hooked_) throw InvalidInput(str("strategy ", strategy_name_, " takes its gradients at the step"));
-  if (pending_ == 0 || u + 1 != pending_)
-    throw InvalidInput(str("deliver: unit ", u, " out of order (next: ", next_unit(), ")"));
-  const auto& unit = layout_.units[u];
-  if (static_cast<std::size_t>(g.size()) != unit.end - unit.begin)
-    throw InvalidInput(str("deliver: unit ", u, " has ", unit.end - unit.begin, " elements, the gradient ", g.size()));
-  const float* src = g.data();  // (g stays alive in this frame)
-  py::gil_scoped_release release;
-  models::UnitAccess& access = strategy_->access();
-  const std::span<float> dst = access.grads(u);
-  DISTOPT_CHECK(dst.size() == unit.end - unit.begin, dst.size(), " vs ", unit.end - unit.begin);
-  hand_over(dst, src, comm_->size());
-  --pending_;  // (before the bucket's reduction, which may fail: the step then refuses)
-  access.grads_done(u);
+void PySharded::deliver(std::size_t u, py::handle g) {
+  py::list one;
+  one.append(g);
+  deliver_parts(u, one);
 }
 
 void PySharded::set_option(const std::string& key, py::handle value) {

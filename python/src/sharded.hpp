@@ -148,7 +148,7 @@ class PySharded {
   bool hooked() const { return hooked_; }
   // The unit deliver() takes next (-1: all are in).
   long next_unit() const { return static_cast<long>(pending_) - 1; }
-  void deliver(std::size_t u, py::array_t<float, py::array::c_style | py::array::forcecast> g);
+  void deliver(std::size_t u, py::handle g);  // deliver_parts of one
 
   // Sets an option of the group torch sees (param_groups[0]). A learning
   // rate scales every group alike (Muon's AdamW group for its 1-D

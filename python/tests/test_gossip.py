@@ -11,8 +11,6 @@ worlds 2, 3 and 4.
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -23,7 +21,7 @@ from distopt import _core
 from distopt.torch.distributed import GOSSIP_STRATEGIES, GossipDataParallel, GossipOptimizer, _gossip_kwargs
 
 from conftest import loss_of, mlp
-from test_sharded import TORCHRUN_FIX, _env, _free_port, _mpirun, same_bits
+from test_sharded import run_worker, same_bits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "gossip_worker.py")
@@ -34,15 +32,7 @@ def _read(out, n):
 
 
 def launch(tmp, how, n, *args):
-    out = os.path.join(tmp, f"{how}{n}-{len(os.listdir(tmp))}")
-    if how == "mpi":
-        cmd = [_mpirun(), "-n", str(n), sys.executable, WORKER, out, *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--log_dir", out + ".logs", "--nnodes",
-               "1", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-               WORKER, out, "--gloo", *args]
-    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
+    out = run_worker(WORKER, tmp, how, n, *args)
     return _read(out, n)
 
 

@@ -51,29 +51,35 @@ def _mpirun():
     return path
 
 
-def launch_mpi(tmp, n, *args):
-    out = os.path.join(tmp, f"mpi{n}-{len(os.listdir(tmp))}.pt")
-    cmd = [_mpirun(), "-n", str(n), sys.executable, WORKER, out, *args]
-    r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
-    return torch.load(out)
-
-
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def launch_gloo(tmp, n, *args):
-    out = os.path.join(tmp, f"gloo{n}-{len(os.listdir(tmp))}.pt")
-    # --log_dir: torchrun's logs go under tmp, not into a directory of its own in /tmp.
-    cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--log_dir", out + ".logs", "--nnodes", "1",
-           "--nproc_per_node", str(n), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), WORKER, out,
-           "--gloo", *args]
+def run_worker(worker, tmp, how, n, *args):
+    """Runs `worker OUT ARGS...` on n processes, as users start them: under
+    mpirun (how "mpi") or under torchrun with a gloo group (how "gloo",
+    the worker given --gloo). Returns OUT, the worker's output path."""
+    out = os.path.join(tmp, f"{how}{n}-{len(os.listdir(tmp))}")
+    if how == "mpi":
+        cmd = [_mpirun(), "-n", str(n), sys.executable, worker, out, *args]
+    else:
+        # --log_dir: torchrun's logs go under tmp, not into a directory of its own in /tmp.
+        cmd = [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_FIX, "--log_dir", out + ".logs", "--nnodes",
+               "1", "--nproc_per_node", str(n), "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+               worker, out, "--gloo", *args]
     r = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stdout}\n{r.stderr}"
-    return torch.load(out)
+    return out
+
+
+def launch_mpi(tmp, n, *args):
+    return torch.load(run_worker(WORKER, tmp, "mpi", n, *args))
+
+
+def launch_gloo(tmp, n, *args):
+    return torch.load(run_worker(WORKER, tmp, "gloo", n, *args))
 
 
 def same_bits(a, b):

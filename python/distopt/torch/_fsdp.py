@@ -239,12 +239,16 @@ class _UnitOptimizer(ShardedOptimizer):
             return
         self._unit_done(u)
 
+    def _reset_unit(self, u):
+        """Unit u's gradient marks back to none come, its storage freed."""
+        n = len(self._unit_list[u][2])
+        self._got[self._first[u]:self._first[u] + n] = [False] * n
+        self._left[u] = n
+        self._release(u)
+
     def _unit_done(self, u):
         """Every gradient of unit u is in: free it, hand it over in turn."""
-        first = self._first[u]
-        self._got[first:first + len(self._unit_list[u][2])] = [False] * len(self._unit_list[u][2])
-        self._left[u] = len(self._unit_list[u][2])
-        self._release(u)
+        self._reset_unit(u)
         if not self._sync:
             return
         if u > self._core.next_unit:
@@ -286,21 +290,15 @@ class _UnitOptimizer(ShardedOptimizer):
         # not use), in backward order; the strategy then steps the shards.
         for u in range(len(self._flats)):
             if self._left[u] != len(self._unit_list[u][2]):
-                self._unit_done_quietly(u)
+                self._reset_unit(u)
         while self._core.next_unit >= 0:
             self._deliver(self._core.next_unit)
         self._release_all()
-        for i in range(len(self._got)):
-            self._got[i] = False
         norm = self._core.step(self.max_grad_norm or 0.0, self.norm_type)
         self.last_grad_norm = None if math.isnan(norm) else norm
         if self._prefetch_units > 0:
             self._start(0)  # the next forward's first unit, gathered while the caller goes on
         return loss
-
-    def _unit_done_quietly(self, u):
-        self._left[u] = len(self._unit_list[u][2])
-        self._release(u)
 
     def load(self, root):
         self._release_all()  # gathered from the strategy being replaced
