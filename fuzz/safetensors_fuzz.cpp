@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <map>
-#include <cstdint>
 #include <span>
 #include <string>
 

@@ -13,11 +13,11 @@
 
 #include "distopt/checkpoint/pieces.hpp"
 #include "distopt/checkpoint/run.hpp"
-#include "distopt/checkpoint/survival.hpp"
 #include "distopt/checkpoint/run_state.hpp"
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/checkpoint/source.hpp"
 #include "distopt/checkpoint/store.hpp"
+#include "distopt/checkpoint/survival.hpp"
 #include "distopt/core/error.hpp"
 
 using namespace distopt;
@@ -479,13 +479,15 @@ TEST(PieceFiles, GapsDisagreementsAndShapesAreOneLineNamingTheTensor) {
   EXPECT_NE(error_making({{{"t", {6}, 0, {1, 2, 3}}}, {{"t", {6}, 3, {4, 5}}}})
                 .find("tensor t: elements [5, 6) are in no file"),
             std::string::npos);
-  EXPECT_NE(error_making({{{"t", {6}, 0, v}}, {{"t", {2, 3}, 0, v}}}).find("the files disagree on its shape ([6] and [2, 3])"),
+  EXPECT_NE(error_making({{{"t", {6}, 0, v}}, {{"t", {2, 3}, 0, v}}})
+                .find("the files disagree on its shape ([6] and [2, 3])"),
             std::string::npos);
   // Two copies that differ: an error for a read that sees both, none for one that does not.
   const PieceFiles source(made({{{"t", {6}, 0, v}}, {{"t", {6}, 2, {3, 9}}}}));
   std::vector<float> two(2);
-  EXPECT_NE(one_line_error([&] { source.read("t", 2, two); }).find("tensor t: two files hold different values for element 3"),
-            std::string::npos);
+  EXPECT_NE(
+      one_line_error([&] { source.read("t", 2, two); }).find("tensor t: two files hold different values for element 3"),
+      std::string::npos);
   source.read("t", 0, two);
   EXPECT_EQ(two, (std::vector<float>{1, 2}));
   // A file that is not one.

@@ -23,8 +23,8 @@
 
 #include "distopt/checkpoint/pieces.hpp"
 #include "distopt/checkpoint/run.hpp"
-#include "distopt/checkpoint/survival.hpp"
 #include "distopt/checkpoint/state.hpp"
+#include "distopt/checkpoint/survival.hpp"
 #include "distopt/comm/threads.hpp"
 #include "distopt/data/dataset.hpp"
 #include "distopt/data/sampler.hpp"
@@ -208,7 +208,8 @@ TEST(Resume, FromFilesEachRankReadsItsRangesWithTheSameBits) {
     const PieceFiles files(paths);
     EXPECT_TRUE(same_bits(run_from(4, "zero2", spec_of(rule), 8, 6, &files).params,
                           run(4, "zero2", spec_of(rule), 0, 14, nullptr).params));
-    for (const auto& [world, strategy] : std::vector<std::pair<int, std::string>>{{3, "zero3"}, {1, "ddp"}, {2, "zero1"}}) {
+    for (const auto& [world, strategy] :
+         std::vector<std::pair<int, std::string>>{{3, "zero3"}, {1, "ddp"}, {2, "zero1"}}) {
       EXPECT_TRUE(same_bits(run_from(world, strategy, spec_of(rule), 8, 4, &files).params,
                             run(world, strategy, spec_of(rule), 8, 4, &saved).params))
           << strategy << "@" << world;
@@ -305,8 +306,8 @@ GossipRun gossip_run(int world, const std::string& strategy, const parallel::Gos
       const std::string prefix = exact ? local_prefix(comm.rank()) : "";
       load_optimizer_state(*s, WholeTensors(resume->wholes), prefix);
       if (exact) {
-        const parallel::LocalState local =
-            checkpoint::local_state(WholeTensors(resume->wholes), comm.rank(), resume->steps, resume->numbers.at(comm.rank()));
+        const parallel::LocalState local = checkpoint::local_state(WholeTensors(resume->wholes), comm.rank(),
+                                                                   resume->steps, resume->numbers.at(comm.rank()));
         s->resume(local.steps, &local);
       } else {
         s->resume(from, nullptr);

@@ -77,7 +77,8 @@ PieceFiles::PieceFiles(std::vector<std::string> paths) : paths_(std::move(paths)
     for (const Ref& r : t.pieces) {
       if (r.count == 0) continue;
       if (r.begin > covered)
-        throw InvalidInput(str("tensor ", name, ": elements [", covered, ", ", r.begin, ") are in no file (a missing rank?)"));
+        throw InvalidInput(
+            str("tensor ", name, ": elements [", covered, ", ", r.begin, ") are in no file (a missing rank?)"));
       covered = std::max(covered, r.begin + r.count);
     }
     const std::uint64_t n = elements_of(t.shape);
@@ -118,7 +119,8 @@ void PieceFiles::read_piece(const Ref& ref, std::uint64_t begin, std::span<float
     const ssize_t n = ::pread(fds_[ref.file], at, left, offset);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      throw IoError(str(paths_[ref.file], ": read failed", n < 0 ? str(": ", std::strerror(errno)) : " (the file shrank)"));
+      throw IoError(
+          str(paths_[ref.file], ": read failed", n < 0 ? str(": ", std::strerror(errno)) : " (the file shrank)"));
     at += n;
     left -= static_cast<std::size_t>(n);
     offset += n;
@@ -152,7 +154,8 @@ void PieceFiles::read(const std::string& name, std::uint64_t begin, std::span<fl
       }
     }
     if (hi > covered) {
-      read_piece(r, covered, out.subspan(static_cast<std::size_t>(covered - begin), static_cast<std::size_t>(hi - covered)));
+      read_piece(r, covered,
+                 out.subspan(static_cast<std::size_t>(covered - begin), static_cast<std::size_t>(hi - covered)));
       covered = hi;
     }
   }

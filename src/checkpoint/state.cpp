@@ -133,8 +133,8 @@ std::vector<float> own_values(parallel::Strategy& s, int rank, const TensorSourc
     const Shape* shape = source.shape(prefix + slot.name);
     if (shape == nullptr) throw InvalidInput(str("the checkpoint has no tensor ", prefix, slot.name));
     if (*shape != slot.shape)
-      throw InvalidInput(str(prefix, slot.name, " is ", to_string(*shape), " in the checkpoint, ", to_string(slot.shape),
-                             " in the model"));
+      throw InvalidInput(str(prefix, slot.name, " is ", to_string(*shape), " in the checkpoint, ",
+                             to_string(slot.shape), " in the model"));
   }
   const std::span<float> to(own);
   // Replicated values (ddp, gossip) hold every parameter whole; a shard its pieces.
@@ -231,8 +231,8 @@ parallel::InitialParams initial_params(const parallel::FlatLayout& layout, const
     const Shape* shape = source.shape("param." + s.name);
     if (shape == nullptr) throw InvalidInput(str("the checkpoint has no parameter ", s.name));
     if (*shape != s.shape)
-      throw InvalidInput(str("parameter ", s.name, " is ", to_string(*shape), " in the checkpoint, ", to_string(s.shape),
-                             " in the model"));
+      throw InvalidInput(str("parameter ", s.name, " is ", to_string(*shape), " in the checkpoint, ",
+                             to_string(s.shape), " in the model"));
   }
   // Each range read as a strategy asks for it (a shard, a unit, or all).
   return parallel::InitialParams(layout.elements, [&layout, &source](std::size_t begin, std::span<float> out) {
@@ -300,7 +300,8 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
         if (aux_part) {
           const auto count = static_cast<std::size_t>(numel(v.shape));
           if (held != count)
-            throw InvalidInput(str("the checkpoint's ", name, " has ", held, " elements, parameter ", p.name, " needs ", count));
+            throw InvalidInput(
+                str("the checkpoint's ", name, " has ", held, " elements, parameter ", p.name, " needs ", count));
           fills.push_back({name, 0, std::move(v), count});
         } else {
           // Cut like the parameter: its piece here (the whole under ddp).
@@ -341,7 +342,8 @@ PieceSet local_pieces(const parallel::LocalState& state, int rank) {
   return out;
 }
 
-parallel::LocalState local_state(const TensorSource& source, int rank, std::uint64_t steps, std::vector<double> scalars) {
+parallel::LocalState local_state(const TensorSource& source, int rank, std::uint64_t steps,
+                                 std::vector<double> scalars) {
   parallel::LocalState st;
   st.steps = steps;
   st.scalars = std::move(scalars);

@@ -26,8 +26,8 @@ struct TrainArgs {
   std::size_t train_size = 8192, test_size = 2048;
   int world = 1;
   bool json = false, print_config = false, resume = false;
-  double resume_load_seconds = 0;                  // --resume: verifying the checkpoint, reading its headers (the
-                                                   // values are read as the ranks set up: TrainResult::resume_seconds)
+  double resume_load_seconds = 0;  // --resume: verifying the checkpoint, reading its headers (the
+                                   // values are read as the ranks set up: TrainResult::resume_seconds)
   // The process's memory besides the ranks' (the summary's memory_process):
   // resident bytes before the data is loaded (code, libraries, the
   // runtime), the data set's bytes, and the ranks this process runs.

@@ -40,7 +40,8 @@ std::string local_prefix(int rank);
 // back (with the numbers the manifest keeps); InvalidInput when the
 // checkpoint has none for `rank`.
 PieceSet local_pieces(const parallel::LocalState& state, int rank);
-parallel::LocalState local_state(const TensorSource& source, int rank, std::uint64_t steps, std::vector<double> scalars);
+parallel::LocalState local_state(const TensorSource& source, int rank, std::uint64_t steps,
+                                 std::vector<double> scalars);
 // A survivor's own state, without communication (Strategy::survivor_state):
 // its model (the tensor "x") whole as the parameters, and under
 // local_prefix(rank) its optimizer state, `averaged` (SWA/EMA; none when
