@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -254,6 +255,17 @@ TEST(StateBytes, RoundTripEmptyTensorsAndMalformedBytes) {
   std::vector<char> more = bytes;
   more.push_back(0);
   EXPECT_NE(message(more).find("bytes after its last tensor"), std::string::npos);
+  // Regression (found by state_bytes_fuzz): a dimension of 2^63 beside a 0
+  // left the element count 0 and came back as a negative extent, which
+  // to_bytes then tried to allocate for.
+  checkpoint::Loaded c;
+  c.wholes["t"] = checkpoint::Whole{{0, 5}, {}};
+  std::vector<char> huge = checkpoint::to_bytes(c);
+  const char five[8] = {5, 0, 0, 0, 0, 0, 0, 0};
+  const auto at = std::search(huge.begin(), huge.end(), five, five + 8);
+  ASSERT_NE(at, huge.end());
+  at[7] = static_cast<char>(0x80);  // 2^63 + 5
+  EXPECT_NE(message(huge).find("tensor t has a dimension of 9223372036854775813"), std::string::npos) << message(huge);
 }
 
 TEST(Safetensors, RoundTripAndEveryMalformedHeaderIsOneLine) {

@@ -17,7 +17,9 @@ namespace distopt::checkpoint {
 std::vector<float> TensorSource::whole(const std::string& name) const {
   const Shape* s = shape(name);
   DISTOPT_CHECK(s != nullptr, "no tensor ", name);
-  std::vector<float> out(static_cast<std::size_t>(elements_of(*s)));
+  const std::uint64_t n = elements_of(*s);
+  if (n > kMaxElements) throw InvalidInput(str("tensor ", name, ": shape ", to_string(*s), " is too large"));
+  std::vector<float> out(static_cast<std::size_t>(n));
   read(name, 0, out);
   return out;
 }

@@ -283,7 +283,9 @@ Loaded from_bytes(std::span<const char> bytes) {
     std::uint64_t numel = 1;
     for (std::uint64_t d = 0; d < dims; ++d) {
       const std::uint64_t extent = in.u64("shape");
-      if (extent != 0 && numel > (std::uint64_t{1} << 40) / extent)
+      if (extent > kMaxElements)  // (a dimension beside a 0 would leave numel 0)
+        throw InvalidInput(str("a run's state in memory: tensor ", name, " has a dimension of ", extent));
+      if (extent != 0 && numel > kMaxElements / extent)
         throw InvalidInput(str("a run's state in memory: tensor ", name, " is too large"));
       numel *= extent;
       w.shape.push_back(static_cast<std::int64_t>(extent));
