@@ -97,15 +97,13 @@ def cut(args, ckpt):
     """The documented arguments without the flags this test sets, then its own."""
     kept = []
     skip_value = False
-    for i, a in enumerate(args):
+    for a in args:
         if skip_value:
             skip_value = False
-            continue
-        if a in CUT:
-            takes_value = a not in ("--json",)
-            skip_value = takes_value
-            continue
-        kept.append(a)
+        elif a in CUT:
+            skip_value = a != "--json"  # the others take a value
+        else:
+            kept.append(a)
     return kept + ["--checkpoint-dir", ckpt, "--progress", "none", "--json"]
 
 

@@ -13,6 +13,17 @@
 #include "distopt/core/error.hpp"
 
 namespace distopt::checkpoint {
+namespace {
+
+// A map's keys, in its (sorted) order: a source's names().
+template <class Map>
+std::vector<std::string> keys_of(const Map& map) {
+  std::vector<std::string> out;
+  for (const auto& entry : map) out.push_back(entry.first);
+  return out;
+}
+
+}  // namespace
 
 std::vector<float> TensorSource::whole(const std::string& name) const {
   const Shape* s = shape(name);
@@ -32,9 +43,7 @@ std::vector<std::string> TensorSource::names_under(const std::string& prefix) co
 }
 
 std::vector<std::string> WholeTensors::names() const {
-  std::vector<std::string> out;
-  for (const auto& entry : wholes_) out.push_back(entry.first);
-  return out;
+  return keys_of(wholes_);
 }
 
 const Shape* WholeTensors::shape(const std::string& name) const {
@@ -103,9 +112,7 @@ PieceFiles::~PieceFiles() {
 }
 
 std::vector<std::string> PieceFiles::names() const {
-  std::vector<std::string> out;
-  for (const auto& entry : tensors_) out.push_back(entry.first);
-  return out;
+  return keys_of(tensors_);
 }
 
 const Shape* PieceFiles::shape(const std::string& name) const {
