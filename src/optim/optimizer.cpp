@@ -122,6 +122,9 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
       throw InvalidInput(str(param_label(p, params_.size() + k), " is on ", name_of(p.value.device),
                              ", the optimizer's parameters are on ", name_of(device), " (one device per optimizer)"));
   }
+  if (device == Device::cuda && state_dtype_of(options) != quant::StateDType::f32)
+    throw InvalidInput(str(kStateDTypeOption, " ", quant::name_of(state_dtype_of(options)),
+                           " runs on the CPU only for now; the parameters are on cuda"));
   if (device == Device::cuda) {
     require_device(device, "optimizer on cuda");
     if (std::string why = why_rule_cannot_run(rule.name, device); !why.empty()) throw InvalidInput(why);
@@ -156,6 +159,13 @@ void Optimizer::set_option(std::size_t g, std::string_view option, OptionValue v
   DISTOPT_CHECK(g < groups_.size(), "group ", g, " of ", groups_.size());
   const RuleInfo& rule = *group_rules_[g];
   refuse_optimizer_level(rule, option);
+  if (option == kStateDTypeOption) {
+    (void)resolve_options(rule, OptionMap{{std::string(option), value}});  // a known word, for this rule
+    if (quant::parse_state_dtype(value.word()) != state_dtype_of(groups_[g].options))
+      throw InvalidInput(str(kStateDTypeOption, " of group ", g, " is ",
+                             quant::name_of(state_dtype_of(groups_[g].options)),
+                             ": a group's state storage is chosen when the group is added"));
+  }
   OptionMap options = groups_[g].options;
   (void)resolve_options(rule, OptionMap{{std::string(option), value}});  // name and kind
   options[std::string(option)] = value;
@@ -217,22 +227,46 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
   const RuleInfo& rule = *group_rules_[g];
   rule.init(groups_[g].options, fill, scalars);
   bool created = false;
+  const quant::StateDType sd = state_dtype_of(groups_[g].options);
   // Keep tensors that exist under the new layout, create the missing ones.
   std::vector<Buffer> tensors;
+  std::vector<QuantizedTensor> quantized;
   for (std::size_t k = 0; k < gl.layout.tensors.size(); ++k) {
     auto it = std::find(st.tensor_names.begin(), st.tensor_names.end(), gl.layout.tensors[k]);
     if (it != st.tensor_names.end()) {
-      tensors.push_back(std::move(st.tensors[it - st.tensor_names.begin()]));
+      const auto at = static_cast<std::size_t>(it - st.tensor_names.begin());
+      tensors.push_back(std::move(st.tensors[at]));
+      quantized.push_back(at < st.quantized.size() ? std::move(st.quantized[at]) : QuantizedTensor{});
       if (!st.initialized && !tensors.back().empty())  // kept through reset_state: starts afresh
         fill_floats(tensors.back().as<float>(), n, fill[k], device_);
+      if (QuantizedTensor& q = quantized.back(); !st.initialized && q.on())
+        quant::fill_zero(q.dtype, q.is_signed, q.codes.as<std::uint8_t>(), q.absmax.as<float>(), n);
       continue;
     }
     const bool needed = rule.tensor_needed == nullptr || rule.tensor_needed(groups_[g].options, k, tensor_shape_of(i));
-    Buffer b(needed ? n * sizeof(float) : 0, kFirstStateSlot + static_cast<int>(k), device_,
-             str("state '", gl.layout.tensors[k], "' of ", param_label(p, i)));
+    const std::string what = str("state '", gl.layout.tensors[k], "' of ", param_label(p, i));
+    quantized.emplace_back();
+    created = true;
+    if (needed && quantizes(rule, sd, k, tensor_shape_of(i))) {
+      // Blocks count from the whole tensor's first element (quant.hpp).
+      const std::size_t block = quant::block_of(sd);
+      if (p.tensor_offset % block != 0)
+        throw InvalidInput(str(param_label(p, i), " is a piece starting at element ", p.tensor_offset,
+                               " of its tensor: ", kStateDTypeOption, " ", quant::name_of(sd),
+                               " needs pieces that start on a block of ", block, " elements"));
+      DISTOPT_CHECK(fill[k] == 0.0f && device_ == Device::cpu, "quantized ", what);
+      QuantizedTensor& q = quantized.back();
+      q.dtype = sd;
+      q.is_signed = rule.quantized[k] == QuantSign::is_signed;
+      q.codes = Buffer(quant::code_bytes(sd, n), kFirstStateSlot + static_cast<int>(k), device_, what);
+      q.absmax = Buffer(quant::num_blocks(sd, n) * sizeof(float), 0, device_, what);
+      quant::fill_zero(sd, q.is_signed, q.codes.as<std::uint8_t>(), q.absmax.as<float>(), n);
+      tensors.emplace_back();
+      continue;
+    }
+    Buffer b(needed ? n * sizeof(float) : 0, kFirstStateSlot + static_cast<int>(k), device_, what);
     if (needed && fill[k] != 0.0f) fill_floats(b.as<float>(), n, fill[k], device_);
     tensors.push_back(std::move(b));
-    created = true;
   }
   if (rule.aux_size != nullptr) {
     const std::size_t a = rule.aux_size(groups_[g].options, tensor_shape_of(i));
@@ -251,6 +285,7 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
   }
   std::copy_n(kept, gl.layout.scalars.size(), st.scalars);
   st.tensors = std::move(tensors);
+  st.quantized = std::move(quantized);
   st.tensor_names = gl.layout.tensors;
   st.scalar_names = gl.layout.scalars;
   if (!st.initialized && p.value.dtype != DType::f32) {
@@ -288,8 +323,8 @@ Slice Optimizer::slice_of(std::size_t i, std::size_t begin, std::size_t end) con
   s.param = static_cast<char*>(p.value.data) + begin * es;
   s.grad = static_cast<const char*>(p.grad.data) + begin * es;
   s.master = st.master.empty() ? nullptr : const_cast<float*>(st.master.as<float>()) + begin;
-  for (std::size_t k = 0; k < st.tensors.size(); ++k)
-    s.state[k] = const_cast<float*>(st.tensors[k].as<float>()) + begin;
+  for (std::size_t k = 0; k < st.tensors.size(); ++k)  // quantized: apply_quantized sets them
+    s.state[k] = st.tensors[k].empty() ? nullptr : const_cast<float*>(st.tensors[k].as<float>()) + begin;
   s.work = st.work.empty() ? nullptr : const_cast<float*>(st.work.as<float>()) + begin;
   s.aux = st.aux.empty() ? nullptr : const_cast<float*>(st.aux.as<float>());
   s.shape = &tensor_shape_of(i);
@@ -460,7 +495,11 @@ void Optimizer::step() {
       active_.push_back(i);
       if (device_ != Device::cpu) continue;  // the device steps whole tensors (step_on_device)
       const auto n = static_cast<std::size_t>(params_[i].value.numel());
-      for (std::size_t b = 0; b < n; b += std::min(chunk, n - b)) work_.push_back({i, b, b + std::min(chunk, n - b)});
+      // Quantized state is updated a block at a time: chunks hold whole blocks.
+      const std::size_t c = state_[i]->any_quantized() && chunk != SIZE_MAX
+                                ? (chunk + quant::kMaxBlock - 1) / quant::kMaxBlock * quant::kMaxBlock
+                                : chunk;
+      for (std::size_t b = 0; b < n; b += std::min(c, n - b)) work_.push_back({i, b, b + std::min(c, n - b)});
     }
   }
   if (device_ == Device::cuda) {
@@ -474,11 +513,41 @@ void Optimizer::step() {
   run_stat_passes(threaded);
   auto run = [&](std::size_t k) {
     const WorkItem& w = work_[k];
-    group_rules_[group_of_[w.param]]->apply(coeffs_[w.param], slice_of(w.param, w.begin, w.end));
+    if (state_[w.param]->any_quantized()) apply_quantized(w.param, w.begin, w.end);
+    else group_rules_[group_of_[w.param]]->apply(coeffs_[w.param], slice_of(w.param, w.begin, w.end));
   };
   if (threaded) config_.pool->parallel_for(work_.size(), run);
   else
     for (std::size_t k = 0; k < work_.size(); ++k) run(k);
+}
+
+void Optimizer::apply_quantized(std::size_t i, std::size_t begin, std::size_t end) {
+  ParamState& st = *state_[i];
+  const RuleInfo& rule = *group_rules_[group_of_[i]];
+  std::size_t block = quant::kMaxBlock;  // every quantized tensor of a group has the group's dtype
+  for (const QuantizedTensor& q : st.quantized)
+    if (q.on()) block = quant::block_of(q.dtype);
+  DISTOPT_CHECK(begin % block == 0, "a quantized slice starts at ", begin);
+  alignas(64) float values[kMaxStateTensors][quant::kMaxBlock];
+  for (std::size_t b = begin; b < end; b += block) {
+    const std::size_t e = std::min(end, b + block);
+    Slice s = slice_of(i, b, e);
+    for (std::size_t k = 0; k < st.quantized.size(); ++k) {
+      const QuantizedTensor& q = st.quantized[k];
+      if (!q.on()) continue;
+      quant::dequantize_block(q.dtype, q.is_signed, q.codes.as<std::uint8_t>() + quant::code_bytes(q.dtype, b),
+                              q.absmax.as<float>()[b / block], e - b, values[k]);
+      s.state[k] = values[k];
+    }
+    rule.apply(coeffs_[i], s);  // from the step's fp32 values; then they are quantized
+    for (std::size_t k = 0; k < st.quantized.size(); ++k) {
+      QuantizedTensor& q = st.quantized[k];
+      if (q.on())
+        quant::quantize_block(q.dtype, q.is_signed, values[k], e - b,
+                              q.codes.as<std::uint8_t>() + quant::code_bytes(q.dtype, b),
+                              q.absmax.as<float>() + b / block);
+    }
+  }
 }
 
 void Optimizer::zero_grad(bool set_to_none) {

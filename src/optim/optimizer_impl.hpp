@@ -15,9 +15,22 @@
 #include "distopt/core/buffer.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/optim/optimizer.hpp"
+#include "distopt/optim/quant.hpp"
 #include "distopt/optim/rule.hpp"
 
 namespace distopt {
+
+// A state tensor kept quantized (quant.hpp): its codes and block scales
+// (ParamState::tensors[k] is then empty); dtype f32: kept in tensors[k].
+struct QuantizedTensor {
+  quant::StateDType dtype = quant::StateDType::f32;
+  bool is_signed = false;
+  Buffer codes, absmax;
+  bool on() const { return dtype != quant::StateDType::f32; }
+};
+
+// The suffix of a quantized state tensor's scales in state_dict ("exp_avg.absmax").
+inline constexpr std::string_view kAbsmaxSuffix = ".absmax";
 
 struct Optimizer::ParamState {
   bool initialized = false;
@@ -29,6 +42,10 @@ struct Optimizer::ParamState {
   Buffer master;  // fp32 copy of a bf16/f16 parameter
   Buffer work;    // fp32 scratch of tensor_stats rules (RuleInfo::workspace)
   Buffer aux;     // small per-tensor state (RuleInfo::aux_size), whole
+  std::vector<QuantizedTensor> quantized;  // matches tensors
+  bool any_quantized() const {
+    return std::any_of(quantized.begin(), quantized.end(), [](const QuantizedTensor& q) { return q.on(); });
+  }
   mutable std::vector<float> host_copy;  // state_tensor() of device state
 };
 
@@ -37,6 +54,21 @@ struct Optimizer::ParamState {
 // scratch and the small state.
 constexpr int kMasterSlot = 2;
 constexpr int kFirstStateSlot = 3;
+
+// A group's state storage (its state_dtype option; f32 when absent).
+inline quant::StateDType state_dtype_of(const OptionMap& options) {
+  const auto it = options.find(kStateDTypeOption);
+  if (it == options.end()) return quant::StateDType::f32;
+  return quant::parse_state_dtype(it->second.word()).value_or(quant::StateDType::f32);
+}
+
+// Whether state tensor k of a tensor of this shape is kept quantized under
+// storage sd: a tensor the rule may quantize, of at least kMinElements
+// elements in all (whatever piece of it a rank holds).
+inline bool quantizes(const RuleInfo& rule, quant::StateDType sd, std::size_t k, const Shape& tensor) {
+  return sd != quant::StateDType::f32 && rule.quantized[k] != QuantSign::none &&
+         static_cast<std::size_t>(numel(tensor)) >= quant::kMinElements;
+}
 
 // "parameter 3 ('fc.weight')" in messages.
 inline std::string param_label(const Param& p, std::size_t i) {

@@ -18,6 +18,35 @@
 
 namespace distopt {
 
+namespace {
+
+// A quantized state tensor's values (n elements), a block at a time.
+void dequantize(const QuantizedTensor& q, std::size_t n, float* out) {
+  const std::size_t block = quant::block_of(q.dtype);
+  for (std::size_t b = 0; b < n; b += block)
+    quant::dequantize_block(q.dtype, q.is_signed, q.codes.as<std::uint8_t>() + quant::code_bytes(q.dtype, b),
+                            q.absmax.as<float>()[b / block], std::min(block, n - b), out + b);
+}
+
+// Saved values into quantized state: with their saved scales (validated:
+// exact), else quantized afresh (an fp32 state loaded into quantized storage).
+void load_quantized(QuantizedTensor& q, const std::vector<float>& values, const float* absmax) {
+  const std::size_t block = quant::block_of(q.dtype), n = values.size();
+  for (std::size_t b = 0; b < n; b += block) {
+    std::uint8_t* codes = q.codes.as<std::uint8_t>() + quant::code_bytes(q.dtype, b);
+    const std::size_t m = std::min(block, n - b);
+    if (absmax == nullptr) {
+      quant::quantize_block(q.dtype, q.is_signed, values.data() + b, m, codes, q.absmax.as<float>() + b / block);
+      continue;
+    }
+    DISTOPT_CHECK(quant::requantize_block(q.dtype, q.is_signed, values.data() + b, m, absmax[b / block], codes),
+                  "validated state");
+    q.absmax.as<float>()[b / block] = absmax[b / block];
+  }
+}
+
+}  // namespace
+
 bool Optimizer::has_state(std::size_t i) const {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
   return state_[i]->initialized;
@@ -36,8 +65,18 @@ std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view k
     return st.host_copy;
   };
   if (key == "master_param" && !st.master.empty()) return readable(st.master);
-  for (std::size_t k = 0; k < st.tensor_names.size(); ++k)
-    if (st.tensor_names[k] == key && (!st.tensors[k].empty() || n == 0)) return readable(st.tensors[k]);
+  for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
+    if (st.tensor_names[k] != key) continue;
+    if (k < st.quantized.size() && st.quantized[k].on()) {  // its values, read back from the codes
+      st.host_copy.resize(n);
+      dequantize(st.quantized[k], n, st.host_copy.data());
+      return st.host_copy;
+    }
+    if (!st.tensors[k].empty() || n == 0) return readable(st.tensors[k]);
+  }
+  for (std::size_t k = 0; k < st.quantized.size(); ++k)
+    if (st.quantized[k].on() && key == str(st.tensor_names[k], kAbsmaxSuffix))
+      return {st.quantized[k].absmax.as<float>(), quant::num_blocks(st.quantized[k].dtype, n)};
   const RuleInfo& rule = *group_rules_[group_of_[i]];
   if (rule.aux_parts != nullptr && st.initialized)
     for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
@@ -59,6 +98,9 @@ std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
   ParamState& st = *state_[i];
   std::vector<StateView> views;
   if (!st.initialized) return views;
+  if (st.any_quantized())
+    throw InvalidInput(str(param_label(params_[i], i), " keeps its state quantized (", kStateDTypeOption,
+                           "): its state cannot be viewed in place; use state_dict()"));
   const Shape& shape = params_[i].value.shape;
   for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
     views.push_back({std::string(st.scalar_names[k]), &st.scalars[k], {}});
@@ -101,9 +143,15 @@ StateDict Optimizer::state_dict() const {
     for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
       entry[std::string(st.scalar_names[k])] = double{st.scalars[k]};
     for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
-      if (st.tensors[k].empty() && params_[i].value.numel() > 0) continue;  // not kept for this shape
+      const bool quantized = k < st.quantized.size() && st.quantized[k].on();
+      if (!quantized && st.tensors[k].empty() && params_[i].value.numel() > 0) continue;  // not kept for this shape
       auto span = state_tensor(i, st.tensor_names[k]);
       entry[std::string(st.tensor_names[k])] = StateTensor{shape, {span.begin(), span.end()}};
+      if (!quantized) continue;
+      // The values read back, and each block's scale: a load quantizes them to the same codes.
+      const std::string key = str(st.tensor_names[k], kAbsmaxSuffix);
+      span = state_tensor(i, key);
+      entry[key] = StateTensor{{static_cast<std::int64_t>(span.size())}, {span.begin(), span.end()}};
     }
     const RuleInfo& rule = *group_rules_[group_of_[i]];
     if (rule.aux_parts != nullptr)
@@ -169,6 +217,26 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     for (std::size_t k = 0; k < l.tensors.size(); ++k)
       if (rule.tensor_needed == nullptr || rule.tensor_needed(group_options, k, tensor_shape_of(i)))
         need(l.tensors[k], true, n);
+    // Saved scales of state that is kept quantized here: the values must be
+    // exactly codes times these scales (what state_dict() gives).
+    const quant::StateDType sd = state_dtype_of(group_options);
+    for (std::size_t k = 0; k < l.tensors.size(); ++k) {
+      const auto e = entry.find(str(l.tensors[k], kAbsmaxSuffix));
+      if (e == entry.end() || !quantizes(rule, sd, k, tensor_shape_of(i))) continue;
+      const std::size_t blocks = quant::num_blocks(sd, n);
+      need(e->first, true, blocks);
+      const auto& values = std::get<StateTensor>(entry.at(std::string(l.tensors[k]))).data;
+      const auto& absmax = std::get<StateTensor>(e->second).data;
+      std::vector<std::uint8_t> codes(quant::code_bytes(sd, quant::block_of(sd)));
+      const bool is_signed = rule.quantized[k] == QuantSign::is_signed;
+      for (std::size_t b = 0; b < blocks; ++b) {
+        const std::size_t at = b * quant::block_of(sd);
+        if (!quant::requantize_block(sd, is_signed, values.data() + at, std::min(quant::block_of(sd), n - at),
+                                     absmax[b], codes.data()))
+          throw InvalidInput(str("loaded state '", l.tensors[k], "' of parameter ", id, " is not ", quant::name_of(sd),
+                                 " codes times '", e->first, "' (block ", b, ")"));
+      }
+    }
     for (auto key : l.scalars) need(key, false, 0);
     if (rule.aux_parts != nullptr)
       for (const AuxPart& part : rule.aux_parts(group_options, tensor_shape_of(i)))
@@ -190,8 +258,15 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     ensure_state(i, g);
     ParamState& st = *state_[i];
     for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
-      if (st.tensors[k].empty()) continue;  // not kept for this shape
+      const bool quantized = k < st.quantized.size() && st.quantized[k].on();
+      if (!quantized && st.tensors[k].empty()) continue;  // not kept for this shape
       const auto& t = std::get<StateTensor>(entry.at(std::string(st.tensor_names[k])));
+      if (quantized) {
+        const auto scales = entry.find(str(st.tensor_names[k], kAbsmaxSuffix));
+        load_quantized(st.quantized[k], t.data,
+                       scales == entry.end() ? nullptr : std::get<StateTensor>(scales->second).data.data());
+        continue;
+      }
       copy_bytes(st.tensors[k].data(), device_, t.data.data(), Device::cpu, t.data.size() * sizeof(float));
     }
     if (group_rules_[g]->aux_parts != nullptr)
@@ -227,6 +302,7 @@ std::size_t Optimizer::state_bytes() const {
   std::size_t bytes = 0;
   for (const auto& st : state_) {
     for (const Buffer& b : st->tensors) bytes += b.size_bytes();
+    for (const QuantizedTensor& q : st->quantized) bytes += q.codes.size_bytes() + q.absmax.size_bytes();
     bytes += st->master.size_bytes() + st->work.size_bytes() + st->aux.size_bytes();
   }
   return bytes;

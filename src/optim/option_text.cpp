@@ -52,6 +52,11 @@ OptionMap parse_option_values(const RuleInfo& rule, const std::map<std::string, 
   OptionMap out;
   for (const auto& [name, text] : given) {
     const std::string flag = dashed(name);
+    if (name == kStateDTypeOption) {  // every rule's (resolve_options checks the word)
+      if (!OptionValue::word_fits(text)) throw InvalidInput(str("--", flag, ": '", text, "' is too long"));
+      out[name] = OptionValue(std::string_view(text));
+      continue;
+    }
     const OptionSpec* spec = nullptr;
     for (const OptionSpec& s : rule.options)
       if (s.name == name) spec = &s;

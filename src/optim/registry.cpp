@@ -2,6 +2,7 @@
 #include <array>
 #include <string>
 
+#include "distopt/optim/quant.hpp"
 #include "rule_impl.hpp"
 
 namespace distopt {
@@ -47,10 +48,34 @@ const OptionSpec& option_spec(const RuleInfo& rule, std::string_view option) {
   throw InvalidInput(str("unknown option '", option, "' for optimizer ", rule.name, " (known: ", known, ")"));
 }
 
+// The state_dtype option: a known word, and a quantized one only for a rule
+// with state that may be quantized.
+void check_state_dtype(const RuleInfo& rule, const OptionValue& value) {
+  if (value.kind() != OptionValue::Kind::word)
+    throw InvalidInput(str("option '", kStateDTypeOption, "' of optimizer ", rule.name, " must be one of ",
+                           quant::state_dtype_names(), ", got ", value.to_string()));
+  const auto d = quant::parse_state_dtype(value.word());
+  if (!d)
+    throw InvalidInput(
+        str("unknown ", kStateDTypeOption, " '", value.word(), "' (known: ", quant::state_dtype_names(), ")"));
+  if (*d != quant::StateDType::f32 && !rule.quantizable()) {
+    std::string which;
+    for (const RuleInfo* r : all_rules())
+      if (r->quantizable()) which += (which.empty() ? "" : ", ") + std::string(r->name);
+    throw InvalidInput(str(rule.name, " keeps no state that can be quantized (", kStateDTypeOption, " ", value.word(),
+                           " is for ", which, ")"));
+  }
+}
+
 OptionMap resolve_options(const RuleInfo& rule, const OptionMap& given) {
   OptionMap out;
   for (const OptionSpec& s : rule.options) out.emplace(std::string(s.name), s.default_value);
   for (const auto& [name, value] : given) {
+    if (name == kStateDTypeOption) {  // every rule's, absent unless given
+      check_state_dtype(rule, value);
+      out[name] = value;
+      continue;
+    }
     const OptionSpec& spec = option_spec(rule, name);
     if (value.kind() != spec.default_value.kind())
       throw InvalidInput(str("option '", name, "' of optimizer ", rule.name, " must be ",

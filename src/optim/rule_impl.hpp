@@ -289,6 +289,8 @@ RuleInfo make_rule_info() {
   info.locality = R::kLocality;
   info.options = std::span<const OptionSpec>(kSpecsOf<R>);
   if constexpr (requires { R::kEagerState; }) info.eager_state = R::kEagerState;
+  if constexpr (requires { R::kQuantized; })
+    std::copy(std::begin(R::kQuantized), std::end(R::kQuantized), info.quantized.begin());
   info.validate = [](const OptionMap& m) { R::validate(parse_of<R>(m)); };
   info.layout = [](const OptionMap& m) { return R::layout(parse_of<R>(m)); };
   info.init = [](const OptionMap& m, float* fill, float* scalars) {

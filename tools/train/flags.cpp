@@ -240,6 +240,10 @@ Runner add_train(CLI::App& app) {
           names, [a, name](const std::string& v) { a->option_text[name] = v; },
           std::string("optimizer option ") + name);
     }
+  sub->add_option_function<std::string>(
+      "--state-dtype,--state_dtype", [a](const std::string& v) { a->option_text[std::string(kStateDTypeOption)] = v; },
+      "the optimizer state's storage: f32 (default), int8 or int4 (blocks of 256 / 128 with an fp32 scale each; "
+      "adam, adamw, sgd with momentum, lion; tensors under 4096 elements keep f32)");
   sub->add_option("--checkpoint-dir", c.checkpoint_dir,
                   "write checkpoints under DIR (DIR/step-N/: a file per rank and a manifest; docs/formats.md)");
   sub->add_option("--checkpoint-every", c.checkpoint_every,
@@ -274,6 +278,12 @@ Runner add_train(CLI::App& app) {
       data->default_str("fortunes");
       a->data = "fortunes";
     }
+    // Quantized state is not written to checkpoints yet: refused before any training.
+    if (auto it = a->option_text.find(std::string(kStateDTypeOption));
+        it != a->option_text.end() && it->second != "f32" && !a->config.checkpoint_dir.empty())
+      throw InvalidInput(str("--state-dtype ", it->second,
+                             " cannot be checkpointed yet (quantized state in checkpoints is not built): drop "
+                             "--checkpoint-dir or use --state-dtype f32"));
     a->config.checkpoint_run = effective_config(*sub);
     if (a->print_config) {
       std::fputs(effective_config(*sub).c_str(), stdout);

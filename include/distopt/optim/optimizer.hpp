@@ -255,6 +255,9 @@ class Optimizer {
   void forget_state(std::size_t i);
   void check_grad(std::size_t i) const;
   Slice slice_of(std::size_t i, std::size_t begin, std::size_t end) const;
+  // The rule on elements [begin, end) of parameter i whose state is kept
+  // quantized: a block at a time, dequantized, updated, quantized again.
+  void apply_quantized(std::size_t i, std::size_t begin, std::size_t end);
   // The tensor_stats passes of a step over active_ (work_ holds their chunks).
   void run_stat_passes(bool threaded);
   void run_stat_passes(const RuleInfo& rule, bool threaded);

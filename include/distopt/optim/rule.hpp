@@ -24,7 +24,9 @@
 // sharding engine drive a rule. Rules are looked up by their torch name.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -39,6 +41,11 @@ enum class Locality { pointwise, tensor_stats, whole_tensor };
 std::string_view name_of(Locality l);
 
 inline constexpr int kMaxStateTensors = 4;
+
+// How a state tensor may be quantized (RuleInfo::quantized): not at all,
+// with the signed code book (a moment of either sign), or the unsigned one
+// (a non-negative second moment).
+enum class QuantSign : std::uint8_t { none, is_signed, non_negative };
 inline constexpr int kMaxStateScalars = 4;
 
 struct OptionSpec {
@@ -155,7 +162,20 @@ struct RuleInfo {
   // Options read from the optimizer's defaults only (apex reads LAMB's
   // max_grad_norm from self.defaults): a group may not set them.
   std::span<const std::string_view> optimizer_level;
+  // Which state tensors (StateLayout::tensors order) may be kept quantized
+  // under the group option state_dtype (include/distopt/optim/quant.hpp),
+  // and with which code book; all none: the rule keeps fp32 state only.
+  std::array<QuantSign, kMaxStateTensors> quantized{};
+  bool quantizable() const {
+    for (QuantSign q : quantized)
+      if (q != QuantSign::none) return true;
+    return false;
+  }
 };
+
+// The group option that chooses the state's storage: a word of
+// quant::state_dtype_names(), "f32" when absent.
+inline constexpr std::string_view kStateDTypeOption = "state_dtype";
 
 // Every rule, in a stable order; the registry feeds the property tests.
 std::span<const RuleInfo* const> all_rules();

@@ -19,6 +19,7 @@ template <bool kAdamW>
 struct AdamRule : AdamMath {
   static constexpr std::string_view kName = kAdamW ? "adamw" : "adam";
   static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr QuantSign kQuantized[] = {QuantSign::is_signed, QuantSign::non_negative, QuantSign::non_negative};
   struct Options {
     double lr, beta1, beta2, eps, weight_decay;
     bool amsgrad, maximize, decoupled;

@@ -16,6 +16,7 @@ namespace {
 struct LionRule : LionMath {
   static constexpr std::string_view kName = "lion";
   static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr QuantSign kQuantized[] = {QuantSign::is_signed};
   struct Options {
     double lr, beta1, beta2, weight_decay;
     bool maximize;

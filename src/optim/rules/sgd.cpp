@@ -14,6 +14,7 @@ namespace {
 struct SgdRule : SgdMath {
   static constexpr std::string_view kName = "sgd";
   static constexpr Locality kLocality = Locality::pointwise;
+  static constexpr QuantSign kQuantized[] = {QuantSign::is_signed};
   struct Options {
     double lr, momentum, dampening, weight_decay;
     bool nesterov, maximize;

@@ -1,0 +1,63 @@
+// Quantized optimizer state (docs/optimizers.md, "Quantized state"): a
+// state tensor kept as one code per element and one fp32 scale (the
+// absolute maximum) per block of consecutive elements, as bitsandbytes'
+// 8-bit and torchao's 4-bit optimizers keep it.
+//
+//   int8: 256 codes, blocks of 256; int4: 16 codes, two per byte (element
+//   2j in the low nibble of byte j), blocks of 128.
+//   signed state (Adam's exp_avg, SGD's momentum, Lion's exp_avg): the
+//   dynamic map (bitsandbytes' create_dynamic_map: 7 exponent bits for int8,
+//   3 for int4), 0 and +1 exact, -1 not.
+//   unsigned state (Adam's exp_avg_sq): int8 the unsigned dynamic map, where
+//   a positive value never takes the code 0 (its smallest positive code
+//   instead); int4 k/16 for k = 1..16 (torchao's), which has no zero. So a
+//   second moment never reads back as 0 where it was positive: sqrt(v)
+//   cannot vanish under a first moment with mass.
+//
+// A block's scale is max |x| over its elements; element x takes the code
+// nearest to x / scale (fp32 division), ties to the lower code. A block
+// whose scale is not finite reads back as NaN. Blocks are counted from the
+// first element of the whole tensor, so a piece of a tensor that starts on a
+// block boundary quantizes exactly as the whole tensor does.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+namespace distopt::quant {
+
+enum class StateDType : std::uint8_t { f32, int8, int4 };
+std::string_view name_of(StateDType d);
+std::optional<StateDType> parse_state_dtype(std::string_view name);
+// "f32, int8, int4"
+std::string_view state_dtype_names();
+
+// Tensors with fewer elements (of the whole tensor, whatever piece a rank
+// holds) keep fp32 state, as bitsandbytes' min_8bit_size.
+inline constexpr std::size_t kMinElements = 4096;
+// The largest block: sharded layouts place pieces on multiples of it.
+inline constexpr std::size_t kMaxBlock = 256;
+
+std::size_t block_of(StateDType d);
+// Bytes of codes and number of scales for n elements.
+std::size_t code_bytes(StateDType d, std::size_t n);
+std::size_t num_blocks(StateDType d, std::size_t n);
+
+// The sorted code values of a book (256 or 16 of them).
+std::span<const float> code_book(StateDType d, bool is_signed);
+
+// n elements of value 0: the zero code and scales of 0.
+void fill_zero(StateDType d, bool is_signed, std::uint8_t* codes, float* absmax, std::size_t n);
+// The codes of one block of n <= block_of(d) elements, written from element
+// 0 of `codes` (which must be a block boundary), and its scale.
+void quantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax);
+// The block's values back: code * absmax, in fp32.
+void dequantize_block(StateDType d, bool is_signed, const std::uint8_t* codes, float absmax, std::size_t n, float* out);
+// quantize_block with a given scale (a load of saved values): false when a
+// value is not exactly code * absmax for some code of the book.
+bool requantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, float absmax, std::uint8_t* codes);
+
+}  // namespace distopt::quant
