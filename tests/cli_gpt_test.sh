@@ -25,6 +25,16 @@ for s in zero1 zero2 zero3; do
   [ -n "$(hash_of "$tmp/ddp")" ] && [ "$(hash_of "$tmp/$s")" = "$(hash_of "$tmp/ddp")" ] \
     || fail "gpt $s@4 $(hash_of "$tmp/$s") vs ddp@4 $(hash_of "$tmp/ddp")"
 done
+# Quantized optimizer state (int4: blocks of 128) under every strategy gives
+# ddp's bits: gpt places its large tensors on the state's blocks.
+"$bin" "${tiny[@]}" --max-steps 12 --world 4 --strategy ddp --state-dtype int4 >"$tmp/q_ddp" 2>"$tmp/err" \
+  || fail "gpt int4 ddp@4 exited $?: $(cat "$tmp/err")"
+[ "$(hash_of "$tmp/q_ddp")" != "$(hash_of "$tmp/ddp")" ] || fail "gpt --state-dtype int4 gave fp32 state's bits"
+for s in zero1 zero2 zero3; do
+  "$bin" "${tiny[@]}" --max-steps 12 --world 4 --strategy $s --state-dtype int4 >"$tmp/q_$s" 2>"$tmp/err" \
+    || fail "gpt int4 $s@4 exited $?: $(cat "$tmp/err")"
+  [ "$(hash_of "$tmp/q_$s")" = "$(hash_of "$tmp/q_ddp")" ] || fail "gpt int4 $s@4 $(hash_of "$tmp/q_$s") vs ddp@4"
+done
 # Threads within a rank give the same bits at any count. bfloat16 products
 # give bits of their own, the same under ddp and zero3 and at any count.
 "$bin" "${tiny[@]}" --max-steps 12 --world 4 --strategy zero3 --threads 3 >"$tmp/t3" 2>"$tmp/err" \

@@ -350,6 +350,39 @@ assert i["tensors"]["param.fc3.bias"] == [10] and i["config"]["optimizer"] == "a
 # ck3's latest checkpoint is the end of the zero3@3 resumed run: its parameters are that run's.
 assert h["__metadata__"]["param_hash"] == run["param_hash"], (h["__metadata__"], run["param_hash"])
 PY
+# Quantized optimizer state in checkpoints: saved under zero2@2 with int4
+# state, resumed at zero3@3 and ddp@3 with the same bits; inspect names the
+# block scales, export --dequantize leaves them out; gossip refuses.
+qk=(train --data synthetic --train-size 512 --test-size 128 --epochs 1 --batch-size 64 --strategy zero2 --world 2
+    --progress none --json --optimizer adamw --state-dtype int4)
+"$bin" "${qk[@]}" --max-steps 5 --checkpoint-dir "$tmp/qk" >/dev/null 2>"$tmp/err" || fail "int4 checkpointed run: $(cat "$tmp/err")"
+cp -r "$tmp/qk" "$tmp/qkd"
+"$bin" train --resume --checkpoint-dir "$tmp/qk" --max-steps 0 --world 3 --strategy zero3 >"$tmp/q3" 2>"$tmp/err" \
+  || fail "int4 --resume at zero3@3 exited $?: $(cat "$tmp/err")"
+"$bin" train --resume --checkpoint-dir "$tmp/qkd" --max-steps 0 --world 3 --strategy ddp >"$tmp/qd" 2>"$tmp/err" \
+  || fail "int4 --resume at ddp@3 exited $?: $(cat "$tmp/err")"
+[ -n "$(hash_of "$tmp/q3")" ] && [ "$(hash_of "$tmp/q3")" = "$(hash_of "$tmp/qd")" ] \
+  || fail "int4 from one checkpoint: zero3@3 $(hash_of "$tmp/q3") vs ddp@3 $(hash_of "$tmp/qd")"
+"$bin" checkpoint inspect "$tmp/qk" >"$tmp/qinspect" 2>"$tmp/err" || fail "inspect int4: $(cat "$tmp/err")"
+grep -q "state.0.exp_avg.absmax *\[1568\]  (block scales of quantized state)" "$tmp/qinspect" \
+  || fail "inspect int4: $(cat "$tmp/qinspect")"
+"$bin" checkpoint export "$tmp/qk" -o "$tmp/q.safetensors" --optimizer-state --dequantize >/dev/null 2>"$tmp/err" \
+  || fail "export --dequantize exited $?: $(cat "$tmp/err")"
+"$bin" checkpoint export "$tmp/qk" -o "$tmp/qs.safetensors" --optimizer-state >/dev/null 2>"$tmp/err" \
+  || fail "export exited $?: $(cat "$tmp/err")"
+python3 - "$tmp/q.safetensors" "$tmp/qs.safetensors" <<'PY' || fail "export of quantized state"
+import json, struct, sys
+def header(path):
+    raw = open(path, "rb").read()
+    return json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+d, s = header(sys.argv[1]), header(sys.argv[2])
+assert d["state.0.exp_avg"]["shape"] == [256, 784] and d["state.0.exp_avg"]["dtype"] == "F32", d.keys()
+assert not any(k.endswith(".absmax") for k in d), [k for k in d if k.endswith(".absmax")]
+assert s["state.0.exp_avg_sq.absmax"]["shape"] == [1568], s.keys()
+PY
+expect_error 2 "--dequantize applies to --optimizer-state" -- checkpoint export "$tmp/qk" -o "$tmp/x.safetensors" --dequantize
+expect_error 2 "checkpoints each rank's optimizer state in fp32" -- train --data synthetic --strategy sgp --world 2 \
+  --state-dtype int8 --checkpoint-dir "$tmp/qg" --max-steps 1
 expect_error 2 "$tmp/nothing: no such checkpoint directory" -- checkpoint inspect "$tmp/nothing"
 expect_error 2 "no complete checkpoint in it" -- checkpoint export "$tmp/empty_ck" -o "$tmp/x.safetensors"
 # Schedulers (per step with loss scaling, per epoch, on the test loss), the

@@ -376,7 +376,21 @@ TEST(Lowbit, BadOptionsAreOneLine) {
   EXPECT_THROW(opt.set_option(0, "state_dtype", "int4"), InvalidInput);
   opt.set_option(0, "state_dtype", "int8");
   opt.step();
-  EXPECT_THROW(opt.state_views(0), InvalidInput);
+  // In place: the step count through state_views, the moments as codes and scales.
+  std::vector<std::string> keys;
+  for (const auto& v : opt.state_views(0)) keys.push_back(v.key);
+  EXPECT_EQ(keys, std::vector<std::string>{"step"});
+  const auto q = opt.quantized_views(0);
+  ASSERT_EQ(q.size(), 2u);
+  EXPECT_EQ(q[0].key, "exp_avg");
+  EXPECT_TRUE(q[0].is_signed);
+  EXPECT_EQ(q[1].key, "exp_avg_sq");
+  EXPECT_FALSE(q[1].is_signed);
+  EXPECT_EQ(q[1].elements, 5000u);
+  // The views are the state: a scale written through them is what state_dict reads.
+  q[1].absmax[0] *= 2;
+  const auto dict = opt.state_dict();
+  EXPECT_EQ(std::get<StateTensor>(dict.state.at(0).at("exp_avg_sq.absmax")).data[0], q[1].absmax[0]);
 }
 
 }  // namespace

@@ -53,4 +53,24 @@ timeout "$(scaled 120)" "$mpiexec" -n 2 --oversubscribe "$bin" train --resume --
   >"$tmp/d_mpi" 2>"$tmp/err" || fail "mpi dpsgd --resume exited $?: $(tail -n 3 "$tmp/err")"
 [ -n "$(hash_of "$tmp/d_mpi")" ] && [ "$(hash_of "$tmp/d_mpi")" = "$(hash_of "$tmp/d_straight")" ] ||
   fail "dpsgd threads checkpoint resumed under mpirun np 2: $(hash_of "$tmp/d_mpi") vs $(hash_of "$tmp/d_straight")"
+# Quantized optimizer state (int8) under mpirun: zero3 at np 3 gives the
+# threads ddp run's bits at 3; its checkpoint (codes as values and scales),
+# saved at np 3 under zero3 and resumed at np 2 under zero1 and at 2 threads
+# under ddp, gives the same bits both ways.
+q=(train --data synthetic --train-size 1024 --test-size 256 --epochs 1 --batch-size 96 --optimizer adamw
+   --state-dtype int8 --seed 3 --progress none --json)
+"$bin" "${q[@]}" --world 3 --strategy ddp >"$tmp/q_t3" 2>"$tmp/err" || fail "int8 threads ddp: $(cat "$tmp/err")"
+timeout "$(scaled 120)" "$mpiexec" -n 3 --oversubscribe "$bin" "${q[@]}" --backend mpi --strategy zero3 >"$tmp/q_m3" \
+  2>"$tmp/err" || fail "mpi int8 zero3 exited $?: $(tail -n 3 "$tmp/err")"
+[ -n "$(hash_of "$tmp/q_m3")" ] && [ "$(hash_of "$tmp/q_m3")" = "$(hash_of "$tmp/q_t3")" ] ||
+  fail "int8: mpi zero3 np 3 $(hash_of "$tmp/q_m3") vs threads ddp 3 $(hash_of "$tmp/q_t3")"
+timeout "$(scaled 120)" "$mpiexec" -n 3 --oversubscribe "$bin" "${q[@]}" --backend mpi --strategy zero3 --max-steps 5 \
+  --checkpoint-dir "$tmp/qck" >/dev/null 2>"$tmp/err" || fail "mpi int8 checkpointed run exited $?: $(tail -n 3 "$tmp/err")"
+cp -r "$tmp/qck" "$tmp/qckt"
+timeout "$(scaled 120)" "$mpiexec" -n 2 --oversubscribe "$bin" train --resume --checkpoint-dir "$tmp/qck" --max-steps 0 \
+  --backend mpi --world 2 --strategy zero1 >"$tmp/q_m2" 2>"$tmp/err" || fail "mpi int8 --resume np 2 exited $?: $(tail -n 3 "$tmp/err")"
+"$bin" train --resume --checkpoint-dir "$tmp/qckt" --max-steps 0 --world 2 --strategy ddp --backend threads \
+  >"$tmp/q_t2" 2>"$tmp/err" || fail "threads int8 --resume at 2 exited $?: $(cat "$tmp/err")"
+[ -n "$(hash_of "$tmp/q_m2")" ] && [ "$(hash_of "$tmp/q_m2")" = "$(hash_of "$tmp/q_t2")" ] ||
+  fail "int8 checkpoint: mpi zero1 np 2 $(hash_of "$tmp/q_m2") vs threads ddp 2 $(hash_of "$tmp/q_t2")"
 finish "mpi checkpoint"

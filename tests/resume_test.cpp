@@ -77,12 +77,13 @@ std::vector<float> initial_of(const parallel::FlatLayout& flat, const TensorSour
 // `steps` steps from global step `from` at `world` ranks, from a
 // checkpoint's tensors or from the model's initialization.
 RunResult run_from(int world, const std::string& strategy, const parallel::OptimizerSpec& spec, std::size_t from,
-                   std::size_t steps, const TensorSource* resume, DType dtype = DType::f32) {
+                   std::size_t steps, const TensorSource* resume, DType dtype = DType::f32,
+                   const std::vector<std::size_t>& hidden = {24, 40, 8}) {
   const data::Split& d = data_set();
   RunResult out;
   std::mutex m;
   spawn(world, [&](Communicator& comm) {
-    auto model = models::make_model("mlp", d.train.features, d.train.classes, {24, 40, 8});
+    auto model = models::make_model("mlp", d.train.features, d.train.classes, hidden);
     const parallel::FlatLayout flat = parallel::flat_layout(*model);
     std::vector<float> initial(flat.elements);
     if (resume == nullptr) model->init(initial, 5);
@@ -104,10 +105,11 @@ RunResult run_from(int world, const std::string& strategy, const parallel::Optim
 }
 
 RunResult run(int world, const std::string& strategy, const parallel::OptimizerSpec& spec, std::size_t from,
-              std::size_t steps, const std::map<std::string, Whole>* resume, DType dtype = DType::f32) {
-  if (resume == nullptr) return run_from(world, strategy, spec, from, steps, nullptr, dtype);
+              std::size_t steps, const std::map<std::string, Whole>* resume, DType dtype = DType::f32,
+              const std::vector<std::size_t>& hidden = {24, 40, 8}) {
+  if (resume == nullptr) return run_from(world, strategy, spec, from, steps, nullptr, dtype, hidden);
   const WholeTensors saved(*resume);
-  return run_from(world, strategy, spec, from, steps, &saved, dtype);
+  return run_from(world, strategy, spec, from, steps, &saved, dtype, hidden);
 }
 
 parallel::OptimizerSpec spec_of(const std::string& rule) {
@@ -229,6 +231,65 @@ TEST(Resume, Bf16ParametersResumeWithTheirFp32MasterWeights) {
   EXPECT_TRUE(same_bits(run(2, "zero2", spec_of("adam"), 5, 7, &saved, DType::bf16).params, straight.params));
   EXPECT_TRUE(same_bits(run(3, "ddp", spec_of("adam"), 5, 7, &saved, DType::bf16).params,
                         run(3, "zero3", spec_of("adam"), 5, 7, &saved, DType::bf16).params));
+}
+
+// Quantized state (docs/optimizers.md, "Quantized state") is checkpointed
+// as state_dict() gives it, the values its codes stand for and the block
+// scales: a resume rebuilds the same codes at any world and strategy.
+TEST(Resume, QuantizedStateReshardsWithItsCodesAndScales) {
+  const std::vector<std::size_t> hidden = {256, 64};  // fc1.weight 5120, fc2.weight 16384 elements: quantized
+  for (const char* dtype : {"int8", "int4"}) {
+    for (const std::string rule : {"adamw", "sgd"}) {
+      SCOPED_TRACE(rule + " " + dtype);
+      parallel::OptimizerSpec spec = spec_of(rule);
+      spec.options[std::string(kStateDTypeOption)] = dtype;
+      const RunResult straight = run(4, "zero2", spec, 0, 14, nullptr, DType::f32, hidden);
+      const RunResult first = run(4, "zero2", spec, 0, 8, nullptr, DType::f32, hidden);
+      const auto saved = assemble(first.pieces);
+      const std::string key = rule == "sgd" ? "momentum_buffer" : "exp_avg";
+      ASSERT_TRUE(saved.count("state.0." + key + ".absmax"));
+      EXPECT_EQ(saved.at("state.0." + key + ".absmax").values.size(), 5120u / (std::string(dtype) == "int8" ? 256 : 128));
+      EXPECT_FALSE(saved.count("state.1." + key + ".absmax")) << "fc1.bias (256 elements) keeps fp32 state";
+      EXPECT_TRUE(same_bits(run(4, "zero2", spec, 8, 6, &saved, DType::f32, hidden).params, straight.params));
+      for (const auto& [world, strategy] :
+           std::vector<std::pair<int, std::string>>{{3, "zero3"}, {1, "ddp"}, {5, "zero1"}, {8, "zero3"}, {2, "ddp"}}) {
+        const auto again = assemble(run(world, strategy, spec, 8, 0, &saved, DType::f32, hidden).pieces);
+        ASSERT_EQ(again.size(), saved.size()) << strategy << "@" << world;
+        for (const auto& [name, whole] : saved)
+          EXPECT_TRUE(same_bits(again.at(name).values, whole.values)) << name << " after " << strategy << "@" << world;
+      }
+      EXPECT_TRUE(same_bits(run(3, "zero3", spec, 8, 6, &saved, DType::f32, hidden).params,
+                            run(3, "ddp", spec, 8, 6, &saved, DType::f32, hidden).params));
+      // Into fp32 state: the values as they were, the scales left behind.
+      parallel::OptimizerSpec f32 = spec_of(rule);
+      const auto plain = assemble(run(2, "zero1", f32, 8, 0, &saved, DType::f32, hidden).pieces);
+      EXPECT_FALSE(plain.count("state.0." + key + ".absmax"));
+      EXPECT_TRUE(same_bits(plain.at("state.0." + key).values, saved.at("state.0." + key).values));
+      // An fp32 checkpoint into quantized state: quantized afresh (each block
+      // scaled by its largest value, which may be a code below 1: not the
+      // saved codes, but within half a code's step of the values).
+      const auto requantized = assemble(run(2, "zero1", spec, 8, 0, &plain, DType::f32, hidden).pieces);
+      ASSERT_TRUE(requantized.count("state.0." + key + ".absmax"));
+      const auto& was = saved.at("state.0." + key).values;
+      const auto& now = requantized.at("state.0." + key).values;
+      const auto& scales = saved.at("state.0." + key + ".absmax").values;
+      const std::size_t block = std::string(dtype) == "int8" ? 256 : 128;
+      for (std::size_t k = 0; k < was.size(); ++k)
+        ASSERT_LE(std::abs(now[k] - was[k]), 0.125f * scales[k / block]) << "element " << k;
+      // A value that is no code times its block's scale: one line, nothing loaded.
+      auto bad = saved;
+      bad.at("state.0." + key).values[300] = std::nextafter(bad.at("state.0." + key).values[300], 1.0f);
+      try {
+        run(2, "zero3", spec, 8, 0, &bad, DType::f32, hidden);
+        ADD_FAILURE() << "a value off the codes was loaded";
+      } catch (const Error& e) {  // the first failing rank's error, as spawn reports it
+        EXPECT_NE(std::string(e.what()).find("state.0." + key + " is not " + dtype + " codes times state.0." + key +
+                                             ".absmax (block "),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
 }
 
 TEST(Resume, AForeignTensorIsOneLineAndNothingIsLoaded) {

@@ -13,6 +13,7 @@
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/checkpoint/state.hpp"
 #include "distopt/checkpoint/store.hpp"
+#include "distopt/optim/quant.hpp"
 #include "distopt/train/trainer.hpp"
 
 namespace distopt::cli {
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 
 struct CheckpointArgs {
   std::string dir, output;
-  bool optimizer_state = false, json = false;
+  bool optimizer_state = false, dequantize = false, json = false;
 };
 
 // DIR itself when it holds a manifest, else the latest complete
@@ -58,13 +59,23 @@ std::string text_of(const nlohmann::json& body, const char* key) {
   return body[key].is_string() ? body[key].get<std::string>() : body[key].dump();
 }
 
+// The block scales of quantized optimizer state ("state.3.exp_avg.absmax",
+// beside "state.3.exp_avg": docs/optimizers.md, "Quantized state").
+bool is_scales(const std::string& name) {
+  const std::string_view suffix = quant::kAbsmaxSuffix;
+  return name.rfind("state.", 0) == 0 && name.size() > suffix.size() &&
+         name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 int run_export(const CheckpointArgs& a) {
+  if (a.dequantize && !a.optimizer_state) throw InvalidInput("--dequantize applies to --optimizer-state");
   const Loaded l = load(a.dir);
   checkpoint::NamedTensors out;
   std::vector<float> params;  // slot order, as param_hash takes them
   for (const auto& [name, whole] : l.wholes) {
     const bool param = name.rfind("param.", 0) == 0;
     if (!param && !(a.optimizer_state && name.rfind("state.", 0) == 0)) continue;
+    if (a.dequantize && is_scales(name)) continue;  // the values are the dequantized state already
     out.slots.push_back({param ? name.substr(6) : name, out.data.size(), whole.shape});
     out.data.insert(out.data.end(), whole.values.begin(), whole.values.end());
   }
@@ -119,7 +130,8 @@ int run_inspect(const CheckpointArgs& a) {
   std::printf("%zu files, %llu bytes, checksums verified\n", l.manifest.files.size(),
               static_cast<unsigned long long>(bytes));
   for (const auto& [name, whole] : l.wholes)
-    std::printf("  %-32s %s\n", name.c_str(), to_string(whole.shape).c_str());
+    std::printf("  %-32s %s%s\n", name.c_str(), to_string(whole.shape).c_str(),
+                is_scales(name) ? "  (block scales of quantized state)" : "");
   return 0;
 }
 
@@ -135,6 +147,9 @@ Runner add_checkpoint(CLI::App& app) {
   exp->add_option("-o,--output", a->output, "the safetensors file to write")->required()->check(non_empty());
   exp->add_flag("--optimizer-state", a->optimizer_state,
                 "add the optimizer state in torch's state_dict layout (state.<index>.<key>)");
+  exp->add_flag("--dequantize", a->dequantize,
+                "with --optimizer-state: quantized state (--state-dtype int8|int4) as torch's fp32 state only, "
+                "without its block scales (<key>.absmax)");
   CLI::App* ins = sub->add_subcommand("inspect", "print what a checkpoint holds (verifying its checksums)");
   ins->add_option("dir", a->dir, "a checkpoint directory, or a --checkpoint-dir (its latest complete checkpoint)")
       ->required();

@@ -141,6 +141,10 @@ class PyOptimizer {
   // torch as a __cuda_array_interface__ holding the optimizer.
   py::dict state(py::object self, std::size_t i) {
     if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
+    if (!opt_.quantized_views(i).empty())  // torch's state[p] views float memory; codes have none to view
+      throw InvalidInput(str("params[", i, "] keeps ", kStateDTypeOption,
+                             " int8/int4 state, which the drop-ins cannot show as torch tensors yet; use ",
+                             kStateDTypeOption, "='f32' (quantized state runs from the C++ API and distopt train)"));
     py::dict d;
     for (const auto& v : opt_.state_views(i)) {
       std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());

@@ -7,6 +7,7 @@
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/core/device.hpp"
 #include "distopt/core/error.hpp"
+#include "distopt/optim/quant.hpp"
 
 namespace distopt::checkpoint {
 namespace {
@@ -177,6 +178,10 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
   };
   auto here = [&](std::size_t i) { return pieces[index.at(opt.param(i).name)].count > 0; };
   if (gossip) {
+    for (std::size_t i = 0; i < opt.num_params(); ++i)
+      if (!opt.quantized_views(i).empty())
+        throw InvalidInput(str(s.info().name, " checkpoints keep each rank's optimizer state in fp32: ", kStateDTypeOption,
+                               " int8/int4 is checkpointed under ddp and zero1-3 only"));
     // The ranks' mean of their states (collective: every rank takes part).
     StateDict dict = opt.state_dict();
     PieceSet mine;
@@ -196,6 +201,34 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
     }
     return out;
   }
+  // Quantized state as state_dict() gives it: the values its codes stand for,
+  // cut like the parameter, and its block scales under KEY.absmax, each
+  // block's scale written by the rank whose piece holds the block's first
+  // element (the sharded layouts start pieces on blocks: quant.hpp).
+  auto add_quantized = [&](std::size_t i, const Optimizer::QuantizedView& q) {
+    const std::size_t slot = index.at(opt.param(i).name);
+    const auto& pc = pieces[slot];
+    const std::size_t block = quant::block_of(q.dtype);
+    const std::size_t held_from = whole ? 0 : pc.param_begin;  // the optimizer's first element, in the tensor
+    DISTOPT_CHECK(held_from % block == 0 && pc.param_begin + pc.count <= held_from + q.elements, state_name(slot, q.key));
+    std::vector<float> values(pc.count), one(block);
+    for (std::size_t b = (pc.param_begin - held_from) / block * block; b < pc.param_begin - held_from + pc.count;
+         b += block) {  // b: the optimizer's elements
+      const std::size_t n = std::min(block, q.elements - b);
+      quant::dequantize_block(q.dtype, q.is_signed, q.codes + quant::code_bytes(q.dtype, b), q.absmax[b / block], n,
+                              one.data());
+      const std::size_t lo = std::max(b, pc.param_begin - held_from), hi = std::min(b + n, pc.param_begin - held_from + pc.count);
+      std::copy(one.begin() + static_cast<std::ptrdiff_t>(lo - b), one.begin() + static_cast<std::ptrdiff_t>(hi - b),
+                values.begin() + static_cast<std::ptrdiff_t>(lo - (pc.param_begin - held_from)));
+    }
+    const ParamSlot& p = layout.params()[slot];
+    out.view(state_name(slot, q.key), p.shape, pc.param_begin, out.keep(std::move(values)));
+    const std::size_t first = (pc.param_begin + block - 1) / block, last = (pc.param_begin + pc.count + block - 1) / block;
+    if (first < last)
+      out.view(state_name(slot, q.key + std::string(quant::kAbsmaxSuffix)),
+               {static_cast<std::int64_t>(quant::num_blocks(q.dtype, p.numel()))}, first,
+               std::span<const float>(q.absmax + (first - held_from / block), last - first));
+  };
   // The state where the optimizer keeps it, in state_dict()'s order (by key).
   for (std::size_t i = 0; i < opt.num_params(); ++i) {
     if (!here(i)) continue;
@@ -205,6 +238,7 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
       const bool scalar = v.shape.empty();
       add_state(i, v.key, v.shape, {v.data, scalar ? 1 : static_cast<std::size_t>(numel(v.shape))}, scalar);
     }
+    for (const Optimizer::QuantizedView& q : opt.quantized_views(i)) add_quantized(i, q);
   }
   return out;
 }
@@ -256,7 +290,10 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
     const std::size_t g = group_index(opt, i);
     const std::string prefix = from + state_name(index.at(opt.param(i).name), "");
     const StateLayout l = opt.rule_of_group(g).layout(opt.group(g).options);
-    for (auto key : l.tensors) known.insert(prefix + std::string(key));
+    for (auto key : l.tensors) {  // and the scales of a quantized one (kept or not here: quantized_views)
+      known.insert(prefix + std::string(key));
+      known.insert(prefix + std::string(key) + std::string(quant::kAbsmaxSuffix));
+    }
     for (auto key : l.scalars) known.insert(prefix + std::string(key));
     for (const std::string& key : aux_names(opt, i)) known.insert(prefix + key);
     known.insert(prefix + "master_param");
@@ -277,6 +314,15 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
     std::size_t count;
   };
   std::vector<Fill> fills;
+  // A quantized tensor: its values, and its scales where the checkpoint
+  // has them for this storage (else the values are quantized afresh: a
+  // checkpoint of fp32 state, or of another state_dtype).
+  struct QuantizedFill {
+    std::string name, scales;
+    std::uint64_t begin;
+    Optimizer::QuantizedView view;
+  };
+  std::vector<QuantizedFill> quantized;
   opt.load_state_dict(none);
   try {
     for (std::size_t i = 0; i < opt.num_params(); ++i) {
@@ -313,6 +359,20 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
           fills.push_back({name, begin, std::move(v), count});
         }
       }
+      for (Optimizer::QuantizedView& q : opt.quantized_views(i)) {
+        const std::string name = prefix + q.key;
+        const Shape* shape = source.shape(name);
+        if (shape == nullptr) throw InvalidInput(str("the checkpoint's state of parameter ", p.name, " lacks ", name));
+        const std::uint64_t held = elements_of(*shape), begin = p.tensor_offset;
+        if (shape->empty() || held < begin + q.elements)
+          throw InvalidInput(str("optimizer state ", name, " has ", held, " elements, parameter ", p.name, " needs ",
+                                 begin + q.elements));
+        std::string scales = name + std::string(quant::kAbsmaxSuffix);
+        const Shape* s_shape = source.shape(scales);
+        const Shape want{static_cast<std::int64_t>(quant::num_blocks(q.dtype, held))};
+        if (s_shape == nullptr || *s_shape != want) scales.clear();  // another storage's scales, or none
+        quantized.push_back({name, std::move(scales), begin, std::move(q)});
+      }
     }
     std::vector<float> staged;  // for state on a device
     for (const Fill& f : fills) {
@@ -323,6 +383,30 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
       staged.resize(f.count);
       source.read(f.name, f.begin, staged);
       copy_bytes(f.view.data, f.view.device, staged.data(), Device::cpu, f.count * sizeof(float));
+    }
+    std::vector<float> scales;
+    for (const QuantizedFill& f : quantized) {
+      const Optimizer::QuantizedView& q = f.view;
+      const std::size_t block = quant::block_of(q.dtype), blocks = quant::num_blocks(q.dtype, q.elements);
+      DISTOPT_CHECK(f.begin % block == 0, f.name, " from element ", f.begin);
+      staged.resize(q.elements);
+      source.read(f.name, f.begin, staged);
+      if (!f.scales.empty()) {
+        scales.resize(blocks);
+        source.read(f.scales, f.begin / block, scales);
+      }
+      for (std::size_t b = 0; b < blocks; ++b) {
+        const std::size_t at = b * block, n = std::min(block, q.elements - at);
+        std::uint8_t* codes = q.codes + quant::code_bytes(q.dtype, at);
+        if (f.scales.empty()) {
+          quant::quantize_block(q.dtype, q.is_signed, staged.data() + at, n, codes, q.absmax + b);
+          continue;
+        }
+        if (!quant::requantize_block(q.dtype, q.is_signed, staged.data() + at, n, scales[b], codes))
+          throw InvalidInput(str("the checkpoint's ", f.name, " is not ", quant::name_of(q.dtype), " codes times ",
+                                 f.scales, " (block ", f.begin / block + b, ")"));
+        q.absmax[b] = scales[b];
+      }
     }
   } catch (...) {
     opt.load_state_dict(none);  // nothing half-loaded: no state

@@ -70,6 +70,7 @@ class Gpt final : public Model {
       std::size_t n = 1;
       for (auto e : shape) n *= static_cast<std::size_t>(e);
       unit.params.push_back(params_.size());
+      offset = unit.begin + place_in_unit(offset - unit.begin, n);
       params_.push_back({name, offset, std::move(shape)});
       const std::size_t at = offset - unit.begin;
       offset += round_up(n);

@@ -30,7 +30,7 @@ struct QuantizedTensor {
 };
 
 // The suffix of a quantized state tensor's scales in state_dict ("exp_avg.absmax").
-inline constexpr std::string_view kAbsmaxSuffix = ".absmax";
+inline constexpr std::string_view kAbsmaxSuffix = quant::kAbsmaxSuffix;
 
 struct Optimizer::ParamState {
   bool initialized = false;

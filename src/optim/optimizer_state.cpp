@@ -98,13 +98,11 @@ std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
   ParamState& st = *state_[i];
   std::vector<StateView> views;
   if (!st.initialized) return views;
-  if (st.any_quantized())
-    throw InvalidInput(str(param_label(params_[i], i), " keeps its state quantized (", kStateDTypeOption,
-                           "): its state cannot be viewed in place; use state_dict()"));
   const Shape& shape = params_[i].value.shape;
   for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
     views.push_back({std::string(st.scalar_names[k]), &st.scalars[k], {}});
   for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
+    if (k < st.quantized.size() && st.quantized[k].on()) continue;  // quantized_views
     if (st.tensors[k].empty() && params_[i].value.numel() > 0) continue;  // not kept for this shape
     views.push_back({std::string(st.tensor_names[k]), st.tensors[k].as<float>(), shape, device_});
   }
@@ -113,6 +111,20 @@ std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
     for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
       views.push_back({std::string(part.name), st.aux.as<float>() + part.offset, part.shape});
   if (!st.master.empty()) views.push_back({"master_param", st.master.as<float>(), shape, device_});
+  return views;
+}
+
+std::vector<Optimizer::QuantizedView> Optimizer::quantized_views(std::size_t i) {
+  DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  ParamState& st = *state_[i];
+  std::vector<QuantizedView> views;
+  if (!st.initialized) return views;
+  for (std::size_t k = 0; k < st.quantized.size(); ++k) {
+    QuantizedTensor& q = st.quantized[k];
+    if (q.on())
+      views.push_back({std::string(st.tensor_names[k]), q.dtype, q.is_signed, q.codes.as<std::uint8_t>(),
+                       q.absmax.as<float>(), static_cast<std::size_t>(params_[i].value.numel())});
+  }
   return views;
 }
 

@@ -199,11 +199,15 @@ void dequantize_block(StateDType d, bool is_signed, const std::uint8_t* codes, f
 bool requantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, float absmax, std::uint8_t* codes) {
   const std::span<const float> code = code_book(d, is_signed);
   const bool floor_positive = floors(d, is_signed);
+  auto same = [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); };
   for (std::size_t i = 0; i < n; ++i) {
     std::uint8_t c = zero_code(code);
     if (absmax != 0.0f && std::isfinite(absmax)) c = nearest(code, x[i] / absmax, floor_positive);
-    const float back = code[c] * absmax;
-    if (!(back == x[i] || (std::isnan(back) && std::isnan(x[i])))) return false;
+    if (!same(code[c] * absmax, x[i])) {  // a scale so small that x / absmax misses: any exact code
+      const auto it = std::find_if(code.begin(), code.end(), [&](float v) { return same(v * absmax, x[i]); });
+      if (it == code.end()) return false;
+      c = static_cast<std::uint8_t>(it - code.begin());
+    }
     put(d, codes, i, c);
   }
   return true;

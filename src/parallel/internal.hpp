@@ -64,6 +64,14 @@ class ValuesAccess final : public models::UnitAccess {
   std::map<std::size_t, Buffer> held_;
 };
 
+// The layout's shard alignment for a strategy: where the optimizer keeps
+// quantized state (include/distopt/optim/quant.hpp), its largest block, and a
+// strategy that shards the state then requires every parameter of
+// quant::kMinElements or more to start on a block of its unit (InvalidInput
+// naming it otherwise; the models place them so: core/flat.hpp); else
+// ShardLayout::kAlign.
+std::size_t layout_align(const StrategyArgs& a);
+
 // What every strategy holds and answers alike: its registry entry, its
 // communicator, the layout, the optimizer and the time it spent waiting on
 // communication. The engine core (engine.hpp) and the gossip core
@@ -81,7 +89,8 @@ class StrategyCore : public Strategy, public models::UnitAccess {
   explicit StrategyCore(const StrategyArgs& a)
       : info_(a.info),
         comm_(a.comm),
-        layout_(a.layout.params, a.layout.elements, a.layout.units, a.comm.size(), a.options.bucket_elements) {}
+        layout_(a.layout.params, a.layout.elements, a.layout.units, a.comm.size(), a.options.bucket_elements,
+                layout_align(a)) {}
   // Runs fn, counting its time as communication the rank waited for.
   template <class F>
   void blocked(F&& fn) {

@@ -7,13 +7,14 @@
 namespace distopt::parallel {
 
 ShardLayout::ShardLayout(const std::vector<ParamSlot>& params, std::size_t elements, std::vector<UnitRange> units,
-                         int world, std::size_t bucket_elements)
+                         int world, std::size_t bucket_elements, std::size_t align)
     : params_(params), model_elements_(elements), world_(world) {
   DISTOPT_CHECK(world >= 1, "world ", world);
+  DISTOPT_CHECK(align >= kAlign && align % kAlign == 0, "alignment ", align);
   if (bucket_elements == 0) throw InvalidInput("the bucket size must be at least 1 element");
   if (units.empty()) units.push_back({"all", 0, elements});
   const std::size_t w = static_cast<std::size_t>(world);
-  const std::size_t quantum = w * kAlign;
+  const std::size_t quantum = w * align;
   std::size_t expect = 0, padded = 0, shard = 0;
   for (const UnitRange& u : units) {
     DISTOPT_CHECK(u.begin == expect && u.end >= u.begin, "unit '", u.name, "' [", u.begin, ", ", u.end,

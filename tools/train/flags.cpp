@@ -278,12 +278,6 @@ Runner add_train(CLI::App& app) {
       data->default_str("fortunes");
       a->data = "fortunes";
     }
-    // Quantized state is not written to checkpoints yet: refused before any training.
-    if (auto it = a->option_text.find(std::string(kStateDTypeOption));
-        it != a->option_text.end() && it->second != "f32" && !a->config.checkpoint_dir.empty())
-      throw InvalidInput(str("--state-dtype ", it->second,
-                             " cannot be checkpointed yet (quantized state in checkpoints is not built): drop "
-                             "--checkpoint-dir or use --state-dtype f32"));
     a->config.checkpoint_run = effective_config(*sub);
     if (a->print_config) {
       std::fputs(effective_config(*sub).c_str(), stdout);

@@ -316,6 +316,12 @@ void prepare(TrainArgs& a) {
     throw InvalidInput(
         "--init-scale, --growth-factor, --backoff-factor and --growth-interval need --loss-scale dynamic");
   }
+  if (const auto sd = a.option_text.find(std::string(kStateDTypeOption));
+      sd != a.option_text.end() && sd->second != "f32" && !a.config.checkpoint_dir.empty() &&
+      parallel::strategy_or_throw(a.config.strategy).per_rank_models)
+    throw InvalidInput(str("--state-dtype ", sd->second, " with --checkpoint-dir: --strategy ", a.config.strategy,
+                           " checkpoints each rank's optimizer state in fp32; ddp and zero1-3 checkpoint quantized "
+                           "state (or use --state-dtype f32)"));
   if (a.config.memory_checkpoint) {
     const parallel::StrategyInfo& s = parallel::strategy_or_throw(a.config.strategy);
     if (a.on_rank_failure != "continue")

@@ -36,6 +36,7 @@
 #include "distopt/core/tensor.hpp"
 #include "distopt/core/thread_pool.hpp"
 #include "distopt/optim/options.hpp"
+#include "distopt/optim/quant.hpp"
 #include "distopt/optim/rule.hpp"
 
 namespace distopt {
@@ -208,6 +209,22 @@ class Optimizer {
     Device device = Device::cpu;
   };
   std::vector<StateView> state_views(std::size_t i);
+  // The state tensors of parameter i kept quantized (state_dtype int8 or
+  // int4: include/distopt/optim/quant.hpp), in place: `elements` values as
+  // codes (quant.hpp's packing) and one fp32 scale per block. state_views
+  // gives the rest of the parameter's state and leaves these out; a
+  // checkpoint writes them as state_dict() does (the values, and the scales
+  // under KEY.absmax) and a load sets codes and scales through these views.
+  // Empty before the parameter's first step; valid as state_views' are.
+  struct QuantizedView {
+    std::string key;
+    quant::StateDType dtype = quant::StateDType::int8;
+    bool is_signed = false;
+    std::uint8_t* codes = nullptr;
+    float* absmax = nullptr;
+    std::size_t elements = 0;
+  };
+  std::vector<QuantizedView> quantized_views(std::size_t i);
   // Creates parameter i's state now, as its first step would (what torch's
   // load_state_dict needs before it copies saved values in).
   void init_state(std::size_t i);

@@ -27,6 +27,8 @@
 #include <span>
 #include <string_view>
 
+#include "distopt/core/flat.hpp"
+
 namespace distopt::quant {
 
 enum class StateDType : std::uint8_t { f32, int8, int4 };
@@ -37,9 +39,15 @@ std::string_view state_dtype_names();
 
 // Tensors with fewer elements (of the whole tensor, whatever piece a rank
 // holds) keep fp32 state, as bitsandbytes' min_8bit_size.
-inline constexpr std::size_t kMinElements = 4096;
-// The largest block: sharded layouts place pieces on multiples of it.
-inline constexpr std::size_t kMaxBlock = 256;
+inline constexpr std::size_t kMinElements = kLargeParamElements;
+// The largest block: sharded layouts place pieces on multiples of it, and
+// models place their tensors of kMinElements or more on it
+// (include/distopt/core/flat.hpp).
+inline constexpr std::size_t kMaxBlock = kLargeParamAlign;
+
+// A quantized state tensor's block scales sit beside its values under its
+// key with this suffix, in state_dict() and in checkpoints ("exp_avg.absmax").
+inline constexpr std::string_view kAbsmaxSuffix = ".absmax";
 
 std::size_t block_of(StateDType d);
 // Bytes of codes and number of scales for n elements.
@@ -56,8 +64,9 @@ void fill_zero(StateDType d, bool is_signed, std::uint8_t* codes, float* absmax,
 void quantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax);
 // The block's values back: code * absmax, in fp32.
 void dequantize_block(StateDType d, bool is_signed, const std::uint8_t* codes, float absmax, std::size_t n, float* out);
-// quantize_block with a given scale (a load of saved values): false when a
-// value is not exactly code * absmax for some code of the book.
+// The codes of values saved as code * absmax (a load of state_dict's
+// values and scales): false when a value is not exactly code * absmax for
+// any code of the book.
 bool requantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, float absmax, std::uint8_t* codes);
 
 }  // namespace distopt::quant

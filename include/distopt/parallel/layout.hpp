@@ -67,9 +67,12 @@ class ShardLayout {
   // `units` must cover [0, elements) in order (empty: one unit holding the
   // whole buffer); every parameter must lie inside one unit. A bucket closes
   // once it holds at least bucket_elements padded elements; a tiled unit is
-  // a bucket of its own (its gradient is reduced a range at a time).
+  // a bucket of its own (its gradient is reduced a range at a time). Shards
+  // are multiples of `align` elements (kAlign; quantized optimizer state
+  // asks for its largest block, so that a parameter placed on a block
+  // boundary of its unit is cut only on block boundaries).
   ShardLayout(const std::vector<ParamSlot>& params, std::size_t elements, std::vector<UnitRange> units, int world,
-              std::size_t bucket_elements);
+              std::size_t bucket_elements, std::size_t align = kAlign);
 
   int world() const { return world_; }
   const std::vector<ParamSlot>& params() const { return params_; }
