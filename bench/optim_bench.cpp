@@ -61,6 +61,19 @@ const std::vector<RuleCase>& rule_cases() {
   return cases;
 }
 
+// Rules with quantized state (docs/optimizers.md, "Quantized state"), by
+// name only: their GB/s count the fp32 state's bytes (what an fp32 step
+// moves), so against the f32 rule of the same run the ratio is the speed-up.
+const std::vector<RuleCase>& quantized_cases() {
+  static const std::vector<RuleCase> cases = {
+      {"adamw-int8", "adamw", {{"state_dtype", "int8"}}},
+      {"adamw-int4", "adamw", {{"state_dtype", "int4"}}},
+      {"sgd-momentum-int8", "sgd", {{"lr", 0.01}, {"momentum", 0.9}, {"state_dtype", "int8"}}},
+      {"lion-int8", "lion", {{"state_dtype", "int8"}}},
+  };
+  return cases;
+}
+
 struct Shape2 {
   std::string label;
   std::size_t tensors, elements;
@@ -120,6 +133,7 @@ struct Measurement {
   std::string rule, kase;
   int threads;
   double gbps, roofline_gbps;
+  double step_s = 0;  // the rule's median step
 };
 
 Measurement measure(const RuleCase& rc, const Shape2& shape, int threads, int repeats) {
@@ -182,7 +196,7 @@ Measurement measure(const RuleCase& rc, const Shape2& shape, int threads, int re
     t_roof.push_back(std::chrono::duration<double>(t1 - t0).count());
     t_rule.push_back(std::chrono::duration<double>(t2 - t1).count());
   }
-  return {rc.label, shape.label, threads, bytes / median(t_rule) / 1e9, bytes / median(t_roof) / 1e9};
+  return {rc.label, shape.label, threads, bytes / median(t_rule) / 1e9, bytes / median(t_roof) / 1e9, median(t_rule)};
 }
 
 // One rule on the device against a device-to-device copy of the same
@@ -292,12 +306,14 @@ void placement_study(int repeats) {
 int run_optim_bench(const OptimBenchOptions& o) {
   std::vector<RuleCase> selected;
   if (o.rules.empty()) selected = rule_cases();
+  std::vector<RuleCase> known = rule_cases();
+  known.insert(known.end(), quantized_cases().begin(), quantized_cases().end());
   for (const std::string& name : o.rules) {
-    auto it = std::find_if(rule_cases().begin(), rule_cases().end(), [&](const RuleCase& r) { return r.label == name; });
-    if (it == rule_cases().end()) {
-      std::string known;
-      for (const auto& r : rule_cases()) known += (known.empty() ? "" : ", ") + r.label;
-      throw InvalidInput(str("unknown benchmark rule '", name, "' (known: ", known, ")"));
+    auto it = std::find_if(known.begin(), known.end(), [&](const RuleCase& r) { return r.label == name; });
+    if (it == known.end()) {
+      std::string names;
+      for (const auto& r : known) names += (names.empty() ? "" : ", ") + r.label;
+      throw InvalidInput(str("unknown benchmark rule '", name, "' (known: ", names, ")"));
     }
     selected.push_back(*it);
   }
@@ -339,13 +355,14 @@ int run_optim_bench(const OptimBenchOptions& o) {
   }
 
   std::vector<Measurement> results;
-  std::fprintf(stderr, "%-14s %-9s %7s %10s %12s %9s\n", "rule", "case", "threads", "GB/s", "roofline", "fraction");
+  std::fprintf(stderr, "%-18s %-9s %7s %10s %12s %9s %9s\n", "rule", "case", "threads", "GB/s", "roofline", "fraction",
+               "step ms");
   for (const Shape2& shape : shapes)
     for (int threads : o.threads)
       for (const RuleCase& rc : selected) {
         Measurement m = measure(rc, shape, threads, o.repeats);
-        std::fprintf(stderr, "%-14s %-9s %7d %10.2f %12.2f %9.3f\n", m.rule.c_str(), m.kase.c_str(), m.threads, m.gbps,
-                     m.roofline_gbps, m.gbps / m.roofline_gbps);
+        std::fprintf(stderr, "%-18s %-9s %7d %10.2f %12.2f %9.3f %9.3f\n", m.rule.c_str(), m.kase.c_str(), m.threads,
+                     m.gbps, m.roofline_gbps, m.gbps / m.roofline_gbps, m.step_s * 1e3);
         results.push_back(std::move(m));
       }
   if (o.json) {
@@ -355,9 +372,9 @@ int run_optim_bench(const OptimBenchOptions& o) {
       char buf[256];
       std::snprintf(buf, sizeof(buf),
                     "%s{\"rule\": \"%s\", \"case\": \"%s\", \"threads\": %d, \"gbps\": %.3f, \"roofline_gbps\": %.3f, "
-                    "\"fraction\": %.4f}",
+                    "\"fraction\": %.4f, \"step_s\": %.6g}",
                     i ? ", " : "", m.rule.c_str(), m.kase.c_str(), m.threads, m.gbps, m.roofline_gbps,
-                    m.gbps / m.roofline_gbps);
+                    m.gbps / m.roofline_gbps, m.step_s);
       out += buf;
     }
     out += "]}";

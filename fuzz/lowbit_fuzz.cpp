@@ -59,13 +59,15 @@ void load(StateDType d, const std::vector<float>& x) {
   try {
     opt.load_state_dict(dict);
   } catch (const distopt::InvalidInput&) {
-    const auto& now = std::get<distopt::StateTensor>(opt.state_dict().state.at(0).at("exp_avg")).data;
+    const distopt::StateDict after = opt.state_dict();
+    const auto& now = std::get<distopt::StateTensor>(after.state.at(0).at("exp_avg")).data;
     const auto& was = std::get<distopt::StateTensor>(before.state.at(0).at("exp_avg")).data;
     for (std::size_t i = 0; i < now.size(); ++i)
       if (!same(now[i], was[i])) std::abort();  // a refused load changed the state
     return;
   }
-  const auto& got = std::get<distopt::StateTensor>(opt.state_dict().state.at(0).at("exp_avg")).data;
+  const distopt::StateDict loaded = opt.state_dict();
+  const auto& got = std::get<distopt::StateTensor>(loaded.state.at(0).at("exp_avg")).data;
   for (std::size_t i = 0; i < got.size(); ++i)
     if (!same(got[i], values[i])) std::abort();
 }

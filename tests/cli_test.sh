@@ -64,8 +64,11 @@ expect_error 2 "unknown option 'lrr' for optimizer adam" -- replay "$tmp/option.
 
 # bench optim --json: a small run prints the contract's fields.
 "$bin" bench optim --rules adam --cases 1000x16K --threads 1 --repeats 1 --json >"$tmp/out" 2>/dev/null || fail "bench optim exited $?"
-tail -n 1 "$tmp/out" | grep -q '^{"results": \[{"rule": "adam", "case": "1000x16K", "threads": 1, "gbps": [0-9.]*, "roofline_gbps": [0-9.]*, "fraction": [0-9.]*}\]}$' \
+tail -n 1 "$tmp/out" | grep -q '^{"results": \[{"rule": "adam", "case": "1000x16K", "threads": 1, "gbps": [0-9.]*, "roofline_gbps": [0-9.]*, "fraction": [0-9.]*, "step_s": [0-9.e-]*}\]}$' \
   || fail "bench optim --json: $(tail -n 1 "$tmp/out")"
+"$bin" bench optim --rules adamw,adamw-int8 --cases 1000x16K --threads 1 --repeats 1 --json >"$tmp/out" 2>/dev/null \
+  || fail "bench optim adamw-int8 exited $?"
+tail -n 1 "$tmp/out" | grep -q '"rule": "adamw-int8", "case": "1000x16K"' || fail "bench optim adamw-int8: $(tail -n 1 "$tmp/out")"
 
 # bench comm --json (threads backend): the contract's fields, no wrong results.
 "$bin" bench comm --world 3 --min-bytes 4096 --max-bytes 65536 --json >"$tmp/out" 2>/dev/null || fail "bench comm exited $?"

@@ -323,8 +323,8 @@ TEST(Lowbit, StateDictRoundTripsBitwise) {
       a.step();
     }
     q = p;
-    Optimizer b("adam", param(q), {});
-    b.load_state_dict(a.state_dict());  // the dict's groups say state_dtype
+    Optimizer b("adam", param(q), o);
+    b.load_state_dict(a.state_dict());
     for (int s = 3; s < 6; ++s) {
       assign(g, values(n, 10 + static_cast<std::uint64_t>(s)));
       a.step();
@@ -348,11 +348,46 @@ TEST(Lowbit, StateDictRoundTripsBitwise) {
     std::vector<float> r = values(n, 1);
     Optimizer f("adam", param(r), {{"amsgrad", true}});
     f.step();
-    StateDict fd = f.state_dict();
-    fd.param_groups[0].options[std::string(kStateDTypeOption)] = quant::name_of(d);
-    b.load_state_dict(fd);
+    b.load_state_dict(f.state_dict());
     EXPECT_EQ(b.state_dict().state.at(0).count("exp_avg.absmax"), 1u);
   }
+}
+
+// A group's storage is what it was made with: a state_dict of another
+// storage (or of fp32 state) loads into it, quantized afresh, and a dict's
+// state_dtype does not change it.
+TEST(Lowbit, LoadingAnotherStoragesStateKeepsTheGroupsOwn) {
+  const std::size_t n = 6000;
+  std::vector<float> p = values(n, 1), g = values(n, 2), q = p;
+  auto param = [&](std::vector<float>& w) {
+    return std::vector<Param>{{"w", {w.data(), DType::f32, {static_cast<std::int64_t>(n)}},
+                               {g.data(), DType::f32, {static_cast<std::int64_t>(n)}}, true}};
+  };
+  Optimizer a("adamw", param(p), {{std::string(kStateDTypeOption), "int8"}});
+  a.step();
+  const StateDict int8 = a.state_dict();
+  for (const char* into : {"int4", "f32"}) {
+    Optimizer b("adamw", param(q), {{std::string(kStateDTypeOption), into}});
+    b.load_state_dict(int8);
+    EXPECT_EQ(b.group(0).options.at(std::string(kStateDTypeOption)).word(), into);
+    const StateDict back = b.state_dict();
+    EXPECT_EQ(back.state.at(0).count("exp_avg.absmax"), std::string(into) == "int4" ? 1u : 0u) << into;
+    const auto& was = std::get<StateTensor>(int8.state.at(0).at("exp_avg")).data;
+    const auto& now = std::get<StateTensor>(back.state.at(0).at("exp_avg")).data;
+    if (std::string(into) == "f32") EXPECT_EQ(now, was);  // the values as they were
+    else EXPECT_NE(now, was);                             // int4's codes: quantized afresh
+  }
+  StateDict bad = int8;
+  std::get<StateTensor>(bad.state.at(0).at("exp_avg.absmax")).data.resize(3);
+  Optimizer c("adamw", param(q), {{std::string(kStateDTypeOption), "int8"}});
+  try {
+    c.load_state_dict(bad);
+    ADD_FAILURE() << "scales of no storage's size were loaded";
+  } catch (const InvalidInput& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "loaded state 'exp_avg.absmax' of parameter 0 must be a tensor of 24 block scales (got 3 elements)");
+  }
+  EXPECT_FALSE(c.has_state(0));
 }
 
 TEST(Lowbit, BadOptionsAreOneLine) {

@@ -292,6 +292,57 @@ TEST(Resume, QuantizedStateReshardsWithItsCodesAndScales) {
   }
 }
 
+// A quantized tensor off the blocks of its unit (fc1.bias: 5000 elements
+// after a weight of 100000): ddp holds it whole and runs it, its ranks'
+// checkpoint pieces start mid-block, and every world reads back the same
+// state; zero1-3 refuse it in one line. Scales that fit no storage, or of
+// a tensor no rule quantizes, are refused.
+TEST(Resume, QuantizedStateOffTheBlocksUnderDdpAndScalesThatDoNotFit) {
+  const std::vector<std::size_t> hidden = {5000};
+  parallel::OptimizerSpec spec = spec_of("adamw");
+  spec.options[std::string(kStateDTypeOption)] = "int4";
+  const RunResult straight = run(3, "ddp", spec, 0, 7, nullptr, DType::f32, hidden);
+  const auto saved = assemble(run(3, "ddp", spec, 0, 4, nullptr, DType::f32, hidden).pieces);
+  ASSERT_EQ(saved.at("state.1.exp_avg.absmax").values.size(), 40u);  // fc1.bias: 5000 / 128, rounded up
+  EXPECT_TRUE(same_bits(run(3, "ddp", spec, 4, 3, &saved, DType::f32, hidden).params, straight.params));
+  for (int world : {1, 2, 4}) {
+    const auto again = assemble(run(world, "ddp", spec, 4, 0, &saved, DType::f32, hidden).pieces);
+    for (const auto& [name, whole] : saved)
+      EXPECT_TRUE(same_bits(again.at(name).values, whole.values)) << name << " at ddp@" << world;
+  }
+  try {
+    run(2, "zero1", spec, 0, 1, nullptr, DType::f32, hidden);
+    ADD_FAILURE() << "zero1 took a quantized tensor off its blocks";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter fc1.bias starts at element 100000 of its unit: zero1 with "
+                                         "state_dtype int4 needs every tensor of 4096 or more elements"),
+              std::string::npos)
+        << e.what();
+  }
+  auto error_of = [&](const std::map<std::string, Whole>& wholes, const parallel::OptimizerSpec& s) -> std::string {
+    try {
+      (void)run(2, "zero1", s, 4, 0, &wholes, DType::f32, {256, 64});
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  parallel::OptimizerSpec aligned = spec_of("adamw");
+  aligned.options[std::string(kStateDTypeOption)] = "int8";
+  auto ok = assemble(run(2, "zero1", aligned, 0, 2, nullptr, DType::f32, {256, 64}).pieces);
+  auto bad = ok;
+  bad.at("state.0.exp_avg.absmax") = Whole{{7}, std::vector<float>(7, 1.0f)};
+  EXPECT_NE(error_of(bad, aligned).find("the checkpoint's state.0.exp_avg.absmax is [7]; 5120 elements have 20 blocks "
+                                        "of 256 (int8)"),
+            std::string::npos)
+      << error_of(bad, aligned);
+  bad = ok;
+  bad["state.0.step.absmax"] = Whole{{20}, std::vector<float>(20, 1.0f)};
+  EXPECT_NE(error_of(bad, aligned).find("state.0.step.absmax is not a state this run's optimizer keeps"),
+            std::string::npos)
+      << error_of(bad, aligned);
+}
+
 TEST(Resume, AForeignTensorIsOneLineAndNothingIsLoaded) {
   const auto saved = assemble(run(2, "zero1", spec_of("adam"), 0, 3, nullptr).pieces);
   auto error_of = [&](const std::map<std::string, Whole>& wholes, const std::string& strategy,

@@ -259,8 +259,8 @@ int run_memory_bench(const MemoryBenchOptions& o) {
   for (const Search& r : results)
     if (r.strategy == "ddp") ddp_params = params_of(*r.best);
 
-  std::printf("%-7s %7s %12s %10s %10s %10s %10s %10s %12s %8s\n", "", "layers", "parameters", "peak RSS",
-              "params", "grads", "opt.state", "act.+ws", "tokens/s", "vs ddp");
+  std::printf("%-7s %7s %12s %10s %10s %10s %10s %8s %10s %12s %8s\n", "", "layers", "parameters", "peak RSS",
+              "params", "grads", "opt.state", "B/param", "act.+ws", "tokens/s", "vs ddp");
   nlohmann::json out = nlohmann::json::array();
   for (const Search& r : results) {
     const Trial& t = *r.best;
@@ -270,9 +270,12 @@ int run_memory_bench(const MemoryBenchOptions& o) {
     const double vs = ddp_params > 0 ? params / ddp_params : 0;
     char ratio[32] = "-";  // without ddp in the run
     if (vs > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", vs);
-    std::printf("%-7s %7zu %12.0f %10s %10s %10s %10s %10s %12.0f %8s\n", r.strategy.c_str(), t.layers, params,
+    // Optimizer state bytes per parameter over every rank (Adam: 8 in fp32; --state-dtype int8 about 2).
+    const double state_per_param = params > 0 ? all("optimizer_state") / params : 0;
+    std::printf("%-7s %7zu %12.0f %10s %10s %10s %10s %8.2f %10s %12.0f %8s\n", r.strategy.c_str(), t.layers, params,
                 mb(double(t.peak)).c_str(), mb(all("params") + all("master_params")).c_str(), mb(all("grads")).c_str(),
-                mb(all("optimizer_state")).c_str(), mb(all("activations") + all("workspaces")).c_str(), tokens, ratio);
+                mb(all("optimizer_state")).c_str(), state_per_param, mb(all("activations") + all("workspaces")).c_str(),
+                tokens, ratio);
     out.push_back({{"strategy", r.strategy},
                    {"layers", t.layers},
                    {"dim", o.dim},
@@ -284,6 +287,7 @@ int run_memory_bench(const MemoryBenchOptions& o) {
                                {"optimizer_state", all("optimizer_state")},
                                {"activations", all("activations")},
                                {"workspaces", all("workspaces")}}},
+                   {"state_bytes_per_param", state_per_param},
                    {"tokens_per_s", tokens},
                    {"vs_ddp", vs},
                    {"trials", r.trials.size()}});

@@ -10,6 +10,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "distopt/data/dataset.hpp"
 #include "distopt/core/thread_pool.hpp"
 #include "distopt/optim/optimizer.hpp"
+#include "distopt/optim/quant.hpp"
 #include "distopt/version.hpp"
 #include "bindings.hpp"
 
@@ -141,17 +143,50 @@ class PyOptimizer {
   // torch as a __cuda_array_interface__ holding the optimizer.
   py::dict state(py::object self, std::size_t i) {
     if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
-    if (!opt_.quantized_views(i).empty())  // torch's state[p] views float memory; codes have none to view
-      throw InvalidInput(str("params[", i, "] keeps ", kStateDTypeOption,
-                             " int8/int4 state, which the drop-ins cannot show as torch tensors yet; use ",
-                             kStateDTypeOption, "='f32' (quantized state runs from the C++ API and distopt train)"));
     py::dict d;
     for (const auto& v : opt_.state_views(i)) {
       std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
       if (v.device == Device::cpu) d[py::str(v.key)] = py::array_t<float>(shape, v.data, self);
       else d[py::str(v.key)] = py::make_tuple(reinterpret_cast<std::uintptr_t>(v.data), py::tuple(py::cast(shape)));
     }
+    // Quantized state (host memory only): its codes, as bytes, and its block scales.
+    for (const auto& q : opt_.quantized_views(i)) {
+      const auto bytes = static_cast<py::ssize_t>(quant::code_bytes(q.dtype, q.elements));
+      const auto blocks = static_cast<py::ssize_t>(quant::num_blocks(q.dtype, q.elements));
+      d[py::str(q.key + ".codes")] = py::array_t<std::uint8_t>({bytes}, q.codes, self);
+      d[py::str(q.key + std::string(quant::kAbsmaxSuffix))] = py::array_t<float>({blocks}, q.absmax, self);
+    }
     return d;
+  }
+  // Quantized state tensor `key` of parameter i from fp32 values: with
+  // their scales (a distopt state_dict: the values must be exactly codes
+  // times them), or quantized afresh (torch's fp32 state; scales = None).
+  void quantize_state(std::size_t i, const std::string& key, py::array_t<float, py::array::c_style> values,
+                      std::optional<py::array_t<float, py::array::c_style>> scales) {
+    if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
+    for (const auto& q : opt_.quantized_views(i)) {
+      if (q.key != key) continue;
+      if (static_cast<std::size_t>(values.size()) != q.elements)
+        throw InvalidInput(str("params[", i, "]: loaded '", key, "' has ", values.size(), " elements, it needs ",
+                               q.elements));
+      if (!scales) {
+        quant::quantize(q.dtype, q.is_signed, values.data(), q.elements, q.codes, q.absmax);
+        return;
+      }
+      const std::size_t blocks = quant::num_blocks(q.dtype, q.elements);
+      if (static_cast<std::size_t>(scales->size()) != blocks)
+        throw InvalidInput(str("params[", i, "]: loaded '", key, quant::kAbsmaxSuffix, "' has ", scales->size(),
+                               " scales, it needs ", blocks));
+      std::vector<std::uint8_t> codes(quant::code_bytes(q.dtype, q.elements));
+      if (const long b = quant::requantize(q.dtype, q.is_signed, values.data(), q.elements, scales->data(), codes.data());
+          b >= 0)
+        throw InvalidInput(str("params[", i, "]: loaded '", key, "' is not ", quant::name_of(q.dtype),
+                               " codes times its scales (block ", b, ")"));
+      std::copy(codes.begin(), codes.end(), q.codes);
+      std::copy_n(scales->data(), blocks, q.absmax);
+      return;
+    }
+    throw InvalidInput(str("params[", i, "] keeps no quantized state '", key, "'"));
   }
   // None: steps on this thread's own stream, complete on return; a handle
   // (torch.cuda.current_stream().cuda_stream): enqueued there.
@@ -183,8 +218,12 @@ class PyOptimizer {
 
 py::list rule_options(const std::string& rule) {
   py::list out;
-  for (const OptionSpec& o : rule_or_throw(rule).options)
+  const RuleInfo& r = rule_or_throw(rule);
+  for (const OptionSpec& o : r.options)
     out.append(py::make_tuple(std::string(o.name), from_option(o.default_value), std::string(o.help)));
+  if (r.quantizable())  // every rule's group option, offered where it can be other than f32
+    out.append(py::make_tuple(std::string(kStateDTypeOption), py::str("f32"),
+                              str("storage of the state: ", quant::state_dtype_names(), " (docs/optimizers.md)")));
   return out;
 }
 
@@ -264,6 +303,8 @@ PYBIND11_MODULE(_core, m) {
       .def("group_options", &PyOptimizer::group_options)
       .def("step", &PyOptimizer::step)
       .def("state", [](py::object self, std::size_t i) { return self.cast<PyOptimizer&>().state(self, i); })
+      .def("quantize_state", &PyOptimizer::quantize_state, py::arg("i"), py::arg("key"), py::arg("values"),
+           py::arg("scales") = py::none())
       .def("init_state", &PyOptimizer::init_state)
       .def("reset_state", &PyOptimizer::reset_state)
       .def("set_cuda_stream", &PyOptimizer::set_cuda_stream, py::arg("stream"))

@@ -47,6 +47,8 @@ def main():
     ap.add_argument("--zero-redundancy", action="store_true", help="also torch's ZeroRedundancyOptimizer (gloo)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--staged", action="store_true", help="stage CPU parameters as device ones are")
+    ap.add_argument("--state-dtype", default="f32",
+                    help="the optimizer's state_dtype; not f32: a model whose first weight keeps quantized state")
     a = ap.parse_args()
     make = Staged if a.staged else ShardedOptimizer
     if a.gloo:
@@ -59,8 +61,10 @@ def main():
     data = batches(a.steps, seed=7)
     for rule in a.rules.split(","):
         for strategy in a.strategies.split(","):
-            model = mlp(seed=3).to(a.device)
-            opt = make(model.parameters(), rule, strategy, comm=comm, bucket_elements=64, **OPTIONS[rule])
+            quantized = a.state_dtype != "f32"
+            model = (large(seed=3) if quantized else mlp(seed=3)).to(a.device)
+            options = dict(OPTIONS[rule], state_dtype=a.state_dtype) if quantized else OPTIONS[rule]
+            opt = make(model.parameters(), rule, strategy, comm=comm, bucket_elements=64, **options)
             run = {}
             if a.load:
                 run["loaded_step"] = opt.load(a.load)
@@ -140,6 +144,13 @@ def wide(seed=3):
     """A model whose first layer holds most of the parameters."""
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(12, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+
+
+def large(seed=3):
+    """A model whose first weight (12 x 512: 6144 elements) is large enough
+    to keep quantized state (4096 elements or more)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(12, 512), torch.nn.Tanh(), torch.nn.Linear(512, 3))
 
 
 def zero_redundancy(data, rank, world, comm):

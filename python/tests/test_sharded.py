@@ -86,8 +86,8 @@ def same_bits(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-def assert_same_run(a, b, what):
-    assert len(a["params"]) == len(b["params"]) == 5, what
+def assert_same_run(a, b, what, params=5):
+    assert len(a["params"]) == len(b["params"]) == params, what
     for k, (p, q) in enumerate(zip(a["params"], b["params"])):
         assert same_bits(p, q), f"{what}: parameter {k} differs"
     sa, sb = a["state"]["state"], b["state"]["state"]

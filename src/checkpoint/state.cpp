@@ -211,16 +211,12 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
     const std::size_t block = quant::block_of(q.dtype);
     const std::size_t held_from = whole ? 0 : pc.param_begin;  // the optimizer's first element, in the tensor
     DISTOPT_CHECK(held_from % block == 0 && pc.param_begin + pc.count <= held_from + q.elements, state_name(slot, q.key));
-    std::vector<float> values(pc.count), one(block);
-    for (std::size_t b = (pc.param_begin - held_from) / block * block; b < pc.param_begin - held_from + pc.count;
-         b += block) {  // b: the optimizer's elements
-      const std::size_t n = std::min(block, q.elements - b);
-      quant::dequantize_block(q.dtype, q.is_signed, q.codes + quant::code_bytes(q.dtype, b), q.absmax[b / block], n,
-                              one.data());
-      const std::size_t lo = std::max(b, pc.param_begin - held_from), hi = std::min(b + n, pc.param_begin - held_from + pc.count);
-      std::copy(one.begin() + static_cast<std::ptrdiff_t>(lo - b), one.begin() + static_cast<std::ptrdiff_t>(hi - b),
-                values.begin() + static_cast<std::ptrdiff_t>(lo - (pc.param_begin - held_from)));
-    }
+    // The blocks that hold the piece (under ddp a piece may start mid-block), then the piece of them.
+    const std::size_t begin = pc.param_begin - held_from, from = begin / block * block;
+    std::vector<float> values(begin + pc.count - from);
+    quant::dequantize(q.dtype, q.is_signed, q.codes + quant::code_bytes(q.dtype, from), q.absmax + from / block,
+                      values.size(), values.data());
+    values.erase(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(begin - from));
     const ParamSlot& p = layout.params()[slot];
     out.view(state_name(slot, q.key), p.shape, pc.param_begin, out.keep(std::move(values)));
     const std::size_t first = (pc.param_begin + block - 1) / block, last = (pc.param_begin + pc.count + block - 1) / block;
@@ -290,9 +286,11 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
     const std::size_t g = group_index(opt, i);
     const std::string prefix = from + state_name(index.at(opt.param(i).name), "");
     const StateLayout l = opt.rule_of_group(g).layout(opt.group(g).options);
-    for (auto key : l.tensors) {  // and the scales of a quantized one (kept or not here: quantized_views)
-      known.insert(prefix + std::string(key));
-      known.insert(prefix + std::string(key) + std::string(quant::kAbsmaxSuffix));
+    const RuleInfo& rule = opt.rule_of_group(g);
+    for (std::size_t k = 0; k < l.tensors.size(); ++k) {  // and the scales of one the rule may quantize
+      known.insert(prefix + std::string(l.tensors[k]));
+      if (rule.quantized[k] != QuantSign::none)
+        known.insert(prefix + std::string(l.tensors[k]) + std::string(quant::kAbsmaxSuffix));
     }
     for (auto key : l.scalars) known.insert(prefix + std::string(key));
     for (const std::string& key : aux_names(opt, i)) known.insert(prefix + key);
@@ -367,10 +365,19 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
         if (shape->empty() || held < begin + q.elements)
           throw InvalidInput(str("optimizer state ", name, " has ", held, " elements, parameter ", p.name, " needs ",
                                  begin + q.elements));
+        // The scales, where the checkpoint has this storage's; none, or
+        // another storage's (int8 scales into int4 state): quantized afresh.
         std::string scales = name + std::string(quant::kAbsmaxSuffix);
-        const Shape* s_shape = source.shape(scales);
-        const Shape want{static_cast<std::int64_t>(quant::num_blocks(q.dtype, held))};
-        if (s_shape == nullptr || *s_shape != want) scales.clear();  // another storage's scales, or none
+        if (const Shape* s_shape = source.shape(scales); s_shape == nullptr) {
+          scales.clear();
+        } else if (*s_shape != Shape{static_cast<std::int64_t>(quant::num_blocks(q.dtype, held))}) {
+          const auto other = q.dtype == quant::StateDType::int8 ? quant::StateDType::int4 : quant::StateDType::int8;
+          if (*s_shape != Shape{static_cast<std::int64_t>(quant::num_blocks(other, held))})
+            throw InvalidInput(str("the checkpoint's ", scales, " is ", to_string(*s_shape), "; ", held,
+                                   " elements have ", quant::num_blocks(q.dtype, held), " blocks of ",
+                                   quant::block_of(q.dtype), " (", quant::name_of(q.dtype), ")"));
+          scales.clear();
+        }
         quantized.push_back({name, std::move(scales), begin, std::move(q)});
       }
     }
@@ -387,26 +394,23 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
     std::vector<float> scales;
     for (const QuantizedFill& f : quantized) {
       const Optimizer::QuantizedView& q = f.view;
-      const std::size_t block = quant::block_of(q.dtype), blocks = quant::num_blocks(q.dtype, q.elements);
+      const std::size_t block = quant::block_of(q.dtype);
       DISTOPT_CHECK(f.begin % block == 0, f.name, " from element ", f.begin);
       staged.resize(q.elements);
       source.read(f.name, f.begin, staged);
       if (!f.scales.empty()) {
-        scales.resize(blocks);
+        scales.resize(quant::num_blocks(q.dtype, q.elements));
         source.read(f.scales, f.begin / block, scales);
       }
-      for (std::size_t b = 0; b < blocks; ++b) {
-        const std::size_t at = b * block, n = std::min(block, q.elements - at);
-        std::uint8_t* codes = q.codes + quant::code_bytes(q.dtype, at);
-        if (f.scales.empty()) {
-          quant::quantize_block(q.dtype, q.is_signed, staged.data() + at, n, codes, q.absmax + b);
-          continue;
-        }
-        if (!quant::requantize_block(q.dtype, q.is_signed, staged.data() + at, n, scales[b], codes))
-          throw InvalidInput(str("the checkpoint's ", f.name, " is not ", quant::name_of(q.dtype), " codes times ",
-                                 f.scales, " (block ", f.begin / block + b, ")"));
-        q.absmax[b] = scales[b];
+      if (f.scales.empty()) {
+        quant::quantize(q.dtype, q.is_signed, staged.data(), q.elements, q.codes, q.absmax);
+        continue;
       }
+      if (const long b = quant::requantize(q.dtype, q.is_signed, staged.data(), q.elements, scales.data(), q.codes);
+          b >= 0)
+        throw InvalidInput(str("the checkpoint's ", f.name, " is not ", quant::name_of(q.dtype), " codes times ",
+                               f.scales, " (block ", f.begin / block + static_cast<std::size_t>(b), ")"));
+      std::copy(scales.begin(), scales.end(), q.absmax);
     }
   } catch (...) {
     opt.load_state_dict(none);  // nothing half-loaded: no state

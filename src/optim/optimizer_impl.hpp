@@ -55,13 +55,6 @@ struct Optimizer::ParamState {
 constexpr int kMasterSlot = 2;
 constexpr int kFirstStateSlot = 3;
 
-// A group's state storage (its state_dtype option; f32 when absent).
-inline quant::StateDType state_dtype_of(const OptionMap& options) {
-  const auto it = options.find(kStateDTypeOption);
-  if (it == options.end()) return quant::StateDType::f32;
-  return quant::parse_state_dtype(it->second.word()).value_or(quant::StateDType::f32);
-}
-
 // Whether state tensor k of a tensor of this shape is kept quantized under
 // storage sd: a tensor the rule may quantize, of at least kMinElements
 // elements in all (whatever piece of it a rank holds).

@@ -20,29 +20,42 @@ namespace distopt {
 
 namespace {
 
-// A quantized state tensor's values (n elements), a block at a time.
+// A quantized state tensor's values (n elements).
 void dequantize(const QuantizedTensor& q, std::size_t n, float* out) {
-  const std::size_t block = quant::block_of(q.dtype);
-  for (std::size_t b = 0; b < n; b += block)
-    quant::dequantize_block(q.dtype, q.is_signed, q.codes.as<std::uint8_t>() + quant::code_bytes(q.dtype, b),
-                            q.absmax.as<float>()[b / block], std::min(block, n - b), out + b);
+  quant::dequantize(q.dtype, q.is_signed, q.codes.as<std::uint8_t>(), q.absmax.as<float>(), n, out);
 }
 
 // Saved values into quantized state: with their saved scales (validated:
-// exact), else quantized afresh (an fp32 state loaded into quantized storage).
-void load_quantized(QuantizedTensor& q, const std::vector<float>& values, const float* absmax) {
-  const std::size_t block = quant::block_of(q.dtype), n = values.size();
-  for (std::size_t b = 0; b < n; b += block) {
-    std::uint8_t* codes = q.codes.as<std::uint8_t>() + quant::code_bytes(q.dtype, b);
-    const std::size_t m = std::min(block, n - b);
-    if (absmax == nullptr) {
-      quant::quantize_block(q.dtype, q.is_signed, values.data() + b, m, codes, q.absmax.as<float>() + b / block);
-      continue;
-    }
-    DISTOPT_CHECK(quant::requantize_block(q.dtype, q.is_signed, values.data() + b, m, absmax[b / block], codes),
-                  "validated state");
-    q.absmax.as<float>()[b / block] = absmax[b / block];
+// exact), else quantized afresh (an fp32 state, or another storage's,
+// loaded into quantized storage).
+void load_quantized(QuantizedTensor& q, const std::vector<float>& values, const std::vector<float>* absmax) {
+  const std::size_t n = values.size();
+  if (absmax == nullptr) {
+    quant::quantize(q.dtype, q.is_signed, values.data(), n, q.codes.as<std::uint8_t>(), q.absmax.as<float>());
+    return;
   }
+  DISTOPT_CHECK(quant::requantize(q.dtype, q.is_signed, values.data(), n, absmax->data(),
+                                  q.codes.as<std::uint8_t>()) < 0,
+                "validated state");
+  std::copy(absmax->begin(), absmax->end(), q.absmax.as<float>());
+}
+
+// The saved scales of state tensor `key` when they are this storage's (a
+// tensor of one scale per block of n elements); nullptr when there are
+// none, or another storage's (int8 scales into int4 state: quantized
+// afresh); InvalidInput for any other size.
+const std::vector<float>* saved_scales(const std::map<std::string, std::variant<double, StateTensor>>& entry,
+                                       std::string_view key, quant::StateDType sd, std::size_t n, std::size_t id) {
+  const auto e = entry.find(str(key, kAbsmaxSuffix));
+  if (e == entry.end()) return nullptr;
+  const auto* t = std::get_if<StateTensor>(&e->second);
+  const std::size_t got = t == nullptr ? 0 : t->data.size();
+  if (t != nullptr && got == quant::num_blocks(sd, n)) return &t->data;
+  for (quant::StateDType other : {quant::StateDType::int8, quant::StateDType::int4})
+    if (t != nullptr && other != sd && got == quant::num_blocks(other, n)) return nullptr;
+  throw InvalidInput(str("loaded state '", e->first, "' of parameter ", id, " must be a tensor of ",
+                         quant::num_blocks(sd, n), " block scales (got ", t == nullptr ? "a number" : str(got, " elements"),
+                         ")"));
 }
 
 }  // namespace
@@ -195,7 +208,11 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     if (!dict.param_groups[g].rule.empty() && dict.param_groups[g].rule != rule.name)
       throw InvalidInput(str("loaded state dict's parameter group ", g, " is for optimizer ", dict.param_groups[g].rule,
                              ", this group's is ", rule.name));
-    options[g] = resolve_options(rule, dict.param_groups[g].options);
+    OptionMap given = dict.param_groups[g].options;
+    given.erase(std::string(kStateDTypeOption));  // a group's storage stays what it was made with
+    if (const auto sd = groups_[g].options.find(kStateDTypeOption); sd != groups_[g].options.end())
+      given[sd->first] = sd->second;
+    options[g] = resolve_options(rule, given);
     rule.validate(options[g]);
     layouts[g] = rule.layout(options[g]);
   }
@@ -233,21 +250,16 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     // exactly codes times these scales (what state_dict() gives).
     const quant::StateDType sd = state_dtype_of(group_options);
     for (std::size_t k = 0; k < l.tensors.size(); ++k) {
-      const auto e = entry.find(str(l.tensors[k], kAbsmaxSuffix));
-      if (e == entry.end() || !quantizes(rule, sd, k, tensor_shape_of(i))) continue;
-      const std::size_t blocks = quant::num_blocks(sd, n);
-      need(e->first, true, blocks);
+      if (!quantizes(rule, sd, k, tensor_shape_of(i)) || !entry.count(std::string(l.tensors[k]))) continue;
+      const std::vector<float>* absmax = saved_scales(entry, l.tensors[k], sd, n, id);
+      if (absmax == nullptr) continue;
       const auto& values = std::get<StateTensor>(entry.at(std::string(l.tensors[k]))).data;
-      const auto& absmax = std::get<StateTensor>(e->second).data;
-      std::vector<std::uint8_t> codes(quant::code_bytes(sd, quant::block_of(sd)));
-      const bool is_signed = rule.quantized[k] == QuantSign::is_signed;
-      for (std::size_t b = 0; b < blocks; ++b) {
-        const std::size_t at = b * quant::block_of(sd);
-        if (!quant::requantize_block(sd, is_signed, values.data() + at, std::min(quant::block_of(sd), n - at),
-                                     absmax[b], codes.data()))
-          throw InvalidInput(str("loaded state '", l.tensors[k], "' of parameter ", id, " is not ", quant::name_of(sd),
-                                 " codes times '", e->first, "' (block ", b, ")"));
-      }
+      std::vector<std::uint8_t> codes(quant::code_bytes(sd, n));
+      if (const long b = quant::requantize(sd, rule.quantized[k] == QuantSign::is_signed, values.data(), n,
+                                           absmax->data(), codes.data());
+          b >= 0)
+        throw InvalidInput(str("loaded state '", l.tensors[k], "' of parameter ", id, " is not ", quant::name_of(sd),
+                               " codes times '", l.tensors[k], kAbsmaxSuffix, "' (block ", b, ")"));
     }
     for (auto key : l.scalars) need(key, false, 0);
     if (rule.aux_parts != nullptr)
@@ -274,9 +286,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       if (!quantized && st.tensors[k].empty()) continue;  // not kept for this shape
       const auto& t = std::get<StateTensor>(entry.at(std::string(st.tensor_names[k])));
       if (quantized) {
-        const auto scales = entry.find(str(st.tensor_names[k], kAbsmaxSuffix));
-        load_quantized(st.quantized[k], t.data,
-                       scales == entry.end() ? nullptr : std::get<StateTensor>(scales->second).data.data());
+        load_quantized(st.quantized[k], t.data, saved_scales(entry, st.tensor_names[k], st.quantized[k].dtype,
+                                                             t.data.size(), id));
         continue;
       }
       copy_bytes(st.tensors[k].data(), device_, t.data.data(), Device::cpu, t.data.size() * sizeof(float));

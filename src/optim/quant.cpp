@@ -213,4 +213,26 @@ bool requantize_block(StateDType d, bool is_signed, const float* x, std::size_t 
   return true;
 }
 
+void quantize(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax) {
+  const std::size_t block = block_of(d);
+  for (std::size_t b = 0; b < n; b += block)
+    quantize_block(d, is_signed, x + b, std::min(block, n - b), codes + code_bytes(d, b), absmax + b / block);
+}
+
+void dequantize(StateDType d, bool is_signed, const std::uint8_t* codes, const float* absmax, std::size_t n,
+                float* out) {
+  const std::size_t block = block_of(d);
+  for (std::size_t b = 0; b < n; b += block)
+    dequantize_block(d, is_signed, codes + code_bytes(d, b), absmax[b / block], std::min(block, n - b), out + b);
+}
+
+long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, const float* absmax,
+                std::uint8_t* codes) {
+  const std::size_t block = block_of(d);
+  for (std::size_t b = 0; b < n; b += block)
+    if (!requantize_block(d, is_signed, x + b, std::min(block, n - b), absmax[b / block], codes + code_bytes(d, b)))
+      return static_cast<long>(b / block);
+  return -1;
+}
+
 }  // namespace distopt::quant

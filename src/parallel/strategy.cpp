@@ -31,10 +31,7 @@ constexpr std::uint64_t kFnvBasis = 14695981039346656037ull;
 namespace detail {
 
 std::size_t layout_align(const StrategyArgs& a) {
-  const auto it = a.optimizer.options.find(kStateDTypeOption);
-  const quant::StateDType sd = it != a.optimizer.options.end() && it->second.kind() == OptionValue::Kind::word
-                                   ? quant::parse_state_dtype(it->second.word()).value_or(quant::StateDType::f32)
-                                   : quant::StateDType::f32;
+  const quant::StateDType sd = state_dtype_of(a.optimizer.options);
   if (sd == quant::StateDType::f32) return ShardLayout::kAlign;
   if (!a.info.replicated_params) {
     for (const ParamSlot& s : a.layout.params) {

@@ -69,4 +69,14 @@ void dequantize_block(StateDType d, bool is_signed, const std::uint8_t* codes, f
 // any code of the book.
 bool requantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, float absmax, std::uint8_t* codes);
 
+// Whole tensors of n elements, a block at a time from element 0 (whose
+// codes start at `codes`, whose scales at `absmax`). requantize returns the
+// first block whose values are not exactly codes times its scale, or -1
+// (codes of the blocks before it are written).
+void quantize(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax);
+void dequantize(StateDType d, bool is_signed, const std::uint8_t* codes, const float* absmax, std::size_t n,
+                float* out);
+long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, const float* absmax,
+                std::uint8_t* codes);
+
 }  // namespace distopt::quant

@@ -34,6 +34,7 @@
 #include "distopt/core/dtype.hpp"
 #include "distopt/core/tensor.hpp"
 #include "distopt/optim/options.hpp"
+#include "distopt/optim/quant.hpp"
 
 namespace distopt {
 
@@ -176,6 +177,13 @@ struct RuleInfo {
 // The group option that chooses the state's storage: a word of
 // quant::state_dtype_names(), "f32" when absent.
 inline constexpr std::string_view kStateDTypeOption = "state_dtype";
+// A group's state storage: its state_dtype option (f32 when absent or not
+// a known word; resolve_options refuses those).
+inline quant::StateDType state_dtype_of(const OptionMap& options) {
+  const auto it = options.find(kStateDTypeOption);
+  if (it == options.end() || it->second.kind() != OptionValue::Kind::word) return quant::StateDType::f32;
+  return quant::parse_state_dtype(it->second.word()).value_or(quant::StateDType::f32);
+}
 
 // Every rule, in a stable order; the registry feeds the property tests.
 std::span<const RuleInfo* const> all_rules();

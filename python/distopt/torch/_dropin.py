@@ -46,6 +46,11 @@ def _torch_keeps_int_step(name):
     return isinstance(opt.state[p].get("step"), (int, float))
 
 
+def _floats(t):
+    """A saved tensor as a flat float32 numpy array on the host."""
+    return torch.as_tensor(t).detach().to(device="cpu", dtype=torch.float32).contiguous().reshape(-1).numpy()
+
+
 class _DeviceArray:
     """Device memory of the C++ optimizer as torch takes it zero-copy
     (``__cuda_array_interface__``); holds the C++ optimizer, as the numpy
@@ -182,6 +187,8 @@ class _DistoptOptimizer(DistoptOptimizer):
 
     def add_param_group(self, param_group):
         first = sum(len(g["params"]) for g in self.param_groups)
+        if isinstance(param_group, dict) and "state_dtype" in param_group:  # refused before the group is added
+            _core.check_options(self._rule, {"state_dtype": param_group["state_dtype"]})
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         for k, p in enumerate(group["params"]):
@@ -194,7 +201,13 @@ class _DistoptOptimizer(DistoptOptimizer):
 
     # ---- the C++ side ----
     def _options(self, group):
-        return {k: v for k, v in group.items() if k in self._known}
+        # state_dtype goes to the C++ side for every rule, which refuses a
+        # quantized storage for a rule that keeps no quantizable state.
+        # A group without it keeps fp32 state (torch's), whatever group 0 keeps.
+        out = {k: v for k, v in group.items() if k in self._known or k == "state_dtype"}
+        if "state_dtype" in self._known:
+            out.setdefault("state_dtype", "f32")
+        return out
 
     def _tuples(self, params, first):
         out = []
@@ -254,6 +267,13 @@ class _DistoptOptimizer(DistoptOptimizer):
         if self.state:  # loaded, or a copy's: into the C++ optimizer's memory
             self._push_state(loaded)
 
+    def _state_dtype(self, i):
+        """The state_dtype of parameter ``i``'s group."""
+        for group in self.param_groups:
+            if any(q is self._params[i] for q in group["params"]):
+                return group.get("state_dtype", "f32")
+        return "f32"
+
     def _track(self, group):
         """Records a group the C++ side has just taken: its parameters in
         order, their (dtype, numel), its options as sent, and that their
@@ -267,7 +287,8 @@ class _DistoptOptimizer(DistoptOptimizer):
     def _sync_options(self):
         relayout = False
         for g, group in enumerate(self.param_groups):
-            sent = self._send_changed_options(group, self._synced[g], functools.partial(self._cpp.set_option, g))
+            sent = self._send_changed_options(self._options(group), self._synced[g],
+                                              functools.partial(self._cpp.set_option, g))
             relayout = relayout or any(k != "lr" for k in sent)
         if relayout:  # a changed option may change which state tensors exist
             self._unaliased = set(range(len(self._params)))
@@ -427,7 +448,13 @@ class _DistoptOptimizer(DistoptOptimizer):
         are the saved ones as saved: torch's load casts them to the
         parameter's dtype, which for a bf16/f16 parameter would round its
         fp32 master weights and moments."""
+        storage = [g.get("state_dtype") for g in self.param_groups]  # a group's storage is fixed: kept
         super().load_state_dict(state_dict)
+        for group, kept in zip(self.param_groups, storage):
+            if kept is None:
+                group.pop("state_dtype", None)
+            else:
+                group["state_dtype"] = kept
         saved = [i for g in state_dict["param_groups"] for i in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
         originals = {p: state_dict["state"][i] for i, p in zip(saved, params) if i in state_dict["state"]}
@@ -451,7 +478,25 @@ class _DistoptOptimizer(DistoptOptimizer):
                         self._unaliased.add(i)
                 continue
             cpp.init_state(i)
-            for key, view in self._views(i).items():
+            views = self._views(i)
+            fresh = {}  # quantized state saved as fp32 values (torch's, a distopt f32 run's or sharded optimizer's)
+            for key, view in views.items():
+                base, _, part = key.rpartition(".")
+                if part in ("codes", "absmax") and saved.get(base + ".codes") is None and saved.get(base) is not None:
+                    if part == "codes":  # with this storage's scales where they were saved: the same codes
+                        scales = saved.get(base + ".absmax")
+                        fresh[base] = scales if scales is not None and \
+                            torch.as_tensor(scales).numel() == views[base + ".absmax"].numel() else None
+                    continue
+                if part == "codes":  # a quantized state's bytes, as saved
+                    value = torch.as_tensor(saved[key]).detach() if saved.get(key) is not None else None
+                    if value is None or value.dtype != torch.uint8 or value.numel() != view.numel():
+                        raise ValueError(f"{self._label(p, i)}: loaded '{key}' must be {view.numel()} uint8 codes "
+                                         f"of this group's state_dtype {self._state_dtype(i)} (got "
+                                         f"{None if value is None else (value.dtype, value.numel())}; another "
+                                         "state_dtype's state loads as fp32 values)")
+                    view.copy_(value.reshape(view.shape))
+                    continue
                 if key not in saved or saved[key] is None:
                     if key == "master_param":  # saved by torch: the parameter itself is the value
                         view.copy_(p.detach().float().reshape(view.shape))
@@ -463,6 +508,8 @@ class _DistoptOptimizer(DistoptOptimizer):
                     raise ValueError(f"{self._label(p, i)}: loaded '{key}' has {value.numel()} elements, "
                                      f"it needs {view.numel()}")
                 view.copy_(value.reshape(view.shape))
+            for key, scales in fresh.items():
+                cpp.quantize_state(i, key, _floats(saved[key]), None if scales is None else _floats(scales))
             self._alias(i)
             self._unaliased.discard(i)
         cpp.state_written()  # LAMB's group step count follows the loaded "step"

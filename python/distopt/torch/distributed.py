@@ -363,7 +363,7 @@ class ShardedOptimizer(DistoptOptimizer):
         self._core.load_consolidated(wholes)
         group = self.param_groups[0]
         for k, v in groups[0].items():
-            if k != "params" and k in group:
+            if k not in ("params", "state_dtype") and k in group:  # the storage stays what it was made with
                 group[k] = v
         self._sync_options()
 

@@ -33,13 +33,22 @@ from ._dropin import _DistoptOptimizer, _torch_default
 from ._offload import CPUOffload  # noqa: F401
 
 
+def _stored(defaults, state_dtype):
+    """``defaults`` with ``state_dtype`` where it is not torch's fp32 (so that
+    an fp32 optimizer's param_groups are torch's); a group may set its own."""
+    if state_dtype != "f32":
+        defaults["state_dtype"] = state_dtype
+    return defaults
+
+
 class SGD(_DistoptOptimizer):
     """SGD with momentum (torch.optim.SGD): ``g += wd*p``; with momentum
     ``b = mu*b + (1-dampening)*g`` (``b = g`` at the first step), ``g = g + mu*b``
     (nesterov) or ``b``; ``p -= lr*g``.
 
     Arguments as torch's: lr (default 1e-3, torch 2.x's), momentum, dampening,
-    weight_decay (L2), nesterov, maximize.
+    weight_decay (L2), nesterov, maximize; and ``state_dtype`` ("f32";
+    "int8" or "int4" keep the momentum quantized: Adam8bit's docstring).
 
     Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
     ``differentiable=True`` and ``capturable=True`` are refused at construction.
@@ -49,10 +58,10 @@ class SGD(_DistoptOptimizer):
     _none_state = ("momentum_buffer",)
 
     def __init__(self, params, lr=1e-3, momentum=0, dampening=0, weight_decay=0, nesterov=False, *, maximize=False,
-                 foreach=None, differentiable=False, fused=None):
-        super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
-                                        nesterov=nesterov, maximize=maximize, foreach=foreach,
-                                        differentiable=differentiable, fused=fused))
+                 foreach=None, differentiable=False, fused=None, state_dtype="f32"):
+        super().__init__(params, _stored(dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                                                nesterov=nesterov, maximize=maximize, foreach=foreach,
+                                                differentiable=differentiable, fused=fused), state_dtype))
 
 
 class Adam(_DistoptOptimizer):
@@ -61,7 +70,8 @@ class Adam(_DistoptOptimizer):
     maximum of ``v``.
 
     Arguments as torch's: lr, betas, eps, weight_decay (L2, or decoupled as
-    AdamW with ``decoupled_weight_decay=True``, torch 2.x's), amsgrad, maximize.
+    AdamW with ``decoupled_weight_decay=True``, torch 2.x's), amsgrad, maximize;
+    and ``state_dtype`` ("f32"; "int8" or "int4": Adam8bit's docstring).
 
     Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
     ``differentiable=True`` and ``capturable=True`` are refused at construction.
@@ -71,11 +81,11 @@ class Adam(_DistoptOptimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
                  foreach=None, maximize=False, capturable=False, differentiable=False,
-                 fused=_torch_default("Adam", "fused", None), decoupled_weight_decay=False):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                        maximize=maximize, foreach=foreach, capturable=capturable,
-                                        differentiable=differentiable, fused=fused,
-                                        decoupled_weight_decay=decoupled_weight_decay))
+                 fused=_torch_default("Adam", "fused", None), decoupled_weight_decay=False, state_dtype="f32"):
+        super().__init__(params, _stored(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                                maximize=maximize, foreach=foreach, capturable=capturable,
+                                                differentiable=differentiable, fused=fused,
+                                                decoupled_weight_decay=decoupled_weight_decay), state_dtype))
 
 
 class AdamW(_DistoptOptimizer):
@@ -83,7 +93,8 @@ class AdamW(_DistoptOptimizer):
     ``p *= 1 - lr*wd`` before the Adam update.
 
     Arguments as torch's: lr, betas, eps, weight_decay (default 1e-2),
-    amsgrad, maximize.
+    amsgrad, maximize; and ``state_dtype`` ("f32"; "int8" or "int4":
+    Adam8bit's docstring).
 
     Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
     ``differentiable=True`` and ``capturable=True`` are refused at construction.
@@ -92,10 +103,10 @@ class AdamW(_DistoptOptimizer):
     _rule = "adamw"
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None):
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-                                        maximize=maximize, foreach=foreach, capturable=capturable,
-                                        differentiable=differentiable, fused=fused))
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None, state_dtype="f32"):
+        super().__init__(params, _stored(dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                                maximize=maximize, foreach=foreach, capturable=capturable,
+                                                differentiable=differentiable, fused=fused), state_dtype))
 
 
 class Adamax(_DistoptOptimizer):
@@ -266,13 +277,15 @@ class Lion(_DistoptOptimizer):
     ``p -= lr * sign(b1*m + (1-b1)*g)``, ``m = b2*m + (1-b2)*g``.
 
     Arguments: lr (1e-4), betas ((0.9, 0.99)), weight_decay (decoupled),
-    maximize. No torch counterpart.
+    maximize, state_dtype ("f32"; "int8" or "int4" keep the momentum
+    quantized: Adam8bit's docstring). No torch counterpart.
     """
 
     _rule = "lion"
 
-    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, maximize=False):
-        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize))
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, maximize=False, state_dtype="f32"):
+        super().__init__(params, _stored(dict(lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize),
+                                         state_dtype))
 
 
 class LAMB(_DistoptOptimizer):
@@ -406,5 +419,58 @@ class AdagradFull(_DistoptOptimizer):
                                         block_size=block_size, max_size=max_size, update_freq=update_freq))
 
 
+class Adam8bit(_DistoptOptimizer):
+    """Adam with 8-bit state (bitsandbytes' ``Adam8bit``): ``Adam(...,
+    state_dtype="int8")``. Both moments of every tensor of 4096 or more
+    elements are kept as one byte per element (bitsandbytes' dynamic code)
+    and one fp32 scale per block of 256 (docs/optimizers.md, "Quantized
+    state"); smaller tensors keep fp32 state, as bitsandbytes'
+    ``min_8bit_size``. ``state[p]`` holds ``exp_avg.codes`` (uint8) and
+    ``exp_avg.absmax`` (float32) in place of ``exp_avg``, zero-copy;
+    ``state_dict`` round-trips them, and a torch fp32 state_dict loads
+    (quantized afresh). A group may set ``state_dtype`` ("f32" for an
+    embedding, as bitsandbytes users do).
+
+    Arguments as torch's Adam: lr, betas, eps, weight_decay (L2), amsgrad,
+    maximize. CPU tensors only.
+    """
+
+    _rule = "adam"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
+                 maximize=False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                        maximize=maximize, state_dtype="int8"))
+
+
+class AdamW8bit(_DistoptOptimizer):
+    """AdamW with 8-bit state (bitsandbytes' ``AdamW8bit``, torchao's
+    ``AdamW8bit``): ``AdamW(..., state_dtype="int8")``, blocks of 256; as
+    Adam8bit otherwise. Arguments as torch's AdamW (weight_decay 1e-2)."""
+
+    _rule = "adamw"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                        maximize=maximize, state_dtype="int8"))
+
+
+class AdamW4bit(_DistoptOptimizer):
+    """AdamW with 4-bit state (torchao's ``AdamW4bit``): ``AdamW(...,
+    state_dtype="int4")``: two codes per byte, blocks of 128, the first
+    moment on the 4-bit dynamic code and the second on k/16 (no zero, so
+    ``sqrt(v)`` never vanishes); as Adam8bit otherwise. Arguments as
+    torch's AdamW (weight_decay 1e-2)."""
+
+    _rule = "adamw"
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                                        maximize=maximize, state_dtype="int4"))
+
+
 __all__ = ["SGD", "Adam", "AdamW", "Adamax", "Adadelta", "Adagrad", "RMSprop", "NAdam", "RAdam", "Rprop", "ASGD",
-           "Lion", "LAMB", "LARS", "Adafactor", "Muon", "Shampoo", "AdagradFull", "CPUOffload"]
+           "Lion", "LAMB", "LARS", "Adafactor", "Muon", "Shampoo", "AdagradFull", "Adam8bit", "AdamW8bit", "AdamW4bit",
+           "CPUOffload"]
