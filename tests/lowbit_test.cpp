@@ -5,6 +5,9 @@
 // the memory; state_dict; bad input.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <limits>
+
 #include <cstring>
 #include <map>
 #include <string>
@@ -109,6 +112,55 @@ TEST(Lowbit, CodesAreNearestAndTheSecondMomentNeverReadsZero) {
 
 // The quantizer on torch's float32 state: the codes and scales torch's
 // operations give (searchsorted, ties to the lower code), bit for bit.
+// The quantizer's table search gives the reference binary search's code
+// for every value it can see (x / scale lies in [-1, 1]): a sweep over the
+// floats in [-1, 1], and each code, its neighbours and every midpoint (the
+// ties) with theirs.
+TEST(Lowbit, TheFastSearchIsTheReferenceSearch) {
+  for (StateDType d : {StateDType::int8, StateDType::int4})
+    for (bool s : {true, false}) {
+      std::vector<float> qs{0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), -1.0f, 1.0f};
+      for (std::uint32_t u = 0; u <= 0x3F800000u; u += 1009) {
+        qs.push_back(std::bit_cast<float>(u));
+        qs.push_back(-std::bit_cast<float>(u));
+      }
+      const std::span<const float> code = quant::code_book(d, s);
+      for (std::size_t k = 0; k < code.size(); ++k) {
+        std::vector<float> at{code[k]};
+        if (k + 1 < code.size()) at.push_back((code[k + 1] - code[k]) / 2 + code[k]), at.push_back((code[k] + code[k + 1]) / 2);
+        for (float v : at)
+          for (float w : {v, std::nextafter(v, -2.0f), std::nextafter(v, 2.0f)}) qs.push_back(w);
+      }
+      std::size_t differ = 0;
+      for (float q : qs)
+        if (quant::fast_nearest(d, s, q) != quant::reference_nearest(d, s, q) && ++differ < 5)
+          ADD_FAILURE() << quant::name_of(d) << (s ? " signed" : " unsigned") << " q=" << q << " fast "
+                        << int(quant::fast_nearest(d, s, q)) << " reference " << int(quant::reference_nearest(d, s, q));
+      EXPECT_EQ(differ, 0u);
+      EXPECT_GT(qs.size(), 2000000u);
+      // The quantizer's own loop (8 lanes at a time where the CPU has AVX2):
+      // blocks whose scale is 1, so that each element's q is itself.
+      const std::size_t block = quant::block_of(d);
+      std::vector<float> x(block), back(block);
+      std::vector<std::uint8_t> codes(quant::code_bytes(d, block));
+      differ = 0;
+      std::erase_if(qs, [](float q) { return std::fabs(q) > 1.0f; });  // what x / max |x| can be
+      for (std::size_t at = 0; at < qs.size(); at += block - 1) {
+        const std::size_t m = std::min(block - 1, qs.size() - at);
+        std::copy_n(qs.begin() + static_cast<std::ptrdiff_t>(at), m, x.begin());
+        x[m] = 1.0f;
+        float scale = 0;
+        quant::quantize_block(d, s, x.data(), m + 1, codes.data(), &scale);
+        ASSERT_EQ(scale, 1.0f);
+        quant::dequantize_block(d, s, codes.data(), scale, m + 1, back.data());
+        for (std::size_t j = 0; j < m; ++j)
+          if (back[j] != code[quant::reference_nearest(d, s, x[j])] && ++differ < 5)
+            ADD_FAILURE() << quant::name_of(d) << " quantize_block q=" << x[j] << " gave " << back[j];
+      }
+      EXPECT_EQ(differ, 0u);
+    }
+}
+
 TEST(Lowbit, QuantizingTorchsStateGivesTorchsCodes) {
   const json doc = golden::load("lowbit/lowbit.json");
   int checked = 0;

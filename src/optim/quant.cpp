@@ -4,11 +4,18 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cstdint>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "distopt/core/error.hpp"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 namespace distopt::quant {
 namespace {
@@ -64,24 +71,9 @@ std::vector<float> dynamic_map(bool is_signed, int exponent_bits, int total_bits
   return data;
 }
 
-struct Books {
-  std::vector<float> int8_signed = dynamic_map(true, 7, 8);
-  std::vector<float> int8_unsigned = dynamic_map(false, 7, 8);
-  std::vector<float> int4_signed = dynamic_map(true, 3, 4);
-  std::vector<float> int4_unsigned = [] {
-    std::vector<float> v = linspace(0.0f, 1.0f, 17);
-    v.erase(v.begin());  // k/16, k = 1..16: no zero
-    return v;
-  }();
-};
-
-const Books& books() {
-  static const Books b;
-  return b;
-}
-
 // The nearest code of q (ties to the lower), never the code 0 for a
 // positive q in a book whose code 0 is zero and which holds no negatives.
+// The reference search; Book::nearest gives its answer faster.
 std::uint8_t nearest(std::span<const float> code, float q, bool floor_positive) {
   const std::size_t n = code.size();
   if (q < code[0]) return 0;
@@ -92,6 +84,123 @@ std::uint8_t nearest(std::span<const float> code, float q, bool floor_positive) 
   std::size_t pick = (q - code[lo]) <= (code[hi] - q) ? lo : hi;
   if (floor_positive && pick == 0 && q > 0.0f) pick = 1;
   return static_cast<std::uint8_t>(pick);
+}
+
+// A float's bits as an unsigned key in the floats' order (negatives below
+// positives, -0 just below +0).
+std::uint32_t order_key(float f) {
+  const auto u = std::bit_cast<std::uint32_t>(f);
+  return (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+}
+float from_key(std::uint32_t k) {
+  return std::bit_cast<float>((k & 0x80000000u) != 0 ? (k & 0x7FFFFFFFu) : ~k);
+}
+
+// A code book with a table for its search. The reference choice between
+// neighbouring codes c[k] < c[k+1], (q - c[k]) <= (c[k+1] - q) in float
+// arithmetic, is monotone in q: it holds up to a threshold t[k] (the
+// largest such float) and not after. So the nearest code of q is the number
+// of thresholds below q, and for each bucket of floats that share their
+// key's top bits (sign, exponent, 7 mantissa bits) a table holds the number
+// of thresholds below the bucket's smallest float; the few thresholds inside
+// a bucket (steps_, at most) are counted by comparisons without branches.
+// nearest() gives exactly the reference search's code
+// (Lowbit.TheFastSearchIsTheReferenceSearch).
+class Book {
+ public:
+  static constexpr int kShift = 16;
+  explicit Book(std::vector<float> values) : values_(std::move(values)), first_(std::size_t{1} << (32 - kShift)) {
+    floor_positive_ = values_.front() == 0.0f;  // the unsigned books that hold 0: no negatives
+    const std::size_t n = values_.size();
+    for (std::size_t k = 0; k + 1 < n; ++k) {  // the largest q between them that picks c[k]
+      const float a = values_[k], b = values_[k + 1];
+      std::uint32_t lo = order_key(a), hi = order_key(b);  // picks a at lo, not at hi
+      while (hi - lo > 1) {
+        const std::uint32_t mid = lo + (hi - lo) / 2;
+        const float q = from_key(mid);
+        ((q - a) <= (b - q) ? lo : hi) = mid;
+      }
+      thresholds_.push_back(from_key(lo));
+    }
+    thresholds_.push_back(std::numeric_limits<float>::infinity());  // never below q: the count stops at n - 1
+    auto below = [&](float f) {  // thresholds < f
+      if (std::isnan(f)) return std::signbit(f) ? std::size_t{0} : n - 1;  // keys beyond the infinities
+      return static_cast<std::size_t>(std::lower_bound(thresholds_.begin(), thresholds_.end() - 1, f) -
+                                      thresholds_.begin());
+    };
+    for (std::size_t b = 0; b < first_.size(); ++b) {
+      first_[b] = static_cast<std::uint8_t>(below(from_key(static_cast<std::uint32_t>(b << kShift))));
+      const std::size_t last = below(std::nextafter(from_key(static_cast<std::uint32_t>(((b + 1) << kShift) - 1)),
+                                                    std::numeric_limits<float>::infinity()));
+      steps_ = std::max(steps_, last - first_[b]);
+    }
+    first_.resize(first_.size() + 3, 0);  // nearest8 reads four bytes at an entry
+    const auto z = std::find(values_.begin(), values_.end(), 0.0f);
+    zero_ = z == values_.end() ? 0 : static_cast<std::uint8_t>(z - values_.begin());
+  }
+  std::span<const float> values() const { return values_; }
+  bool floor_positive() const { return floor_positive_; }
+  std::uint8_t zero() const { return zero_; }
+#ifdef __AVX2__
+  // nearest(x[j] / a) for j < 8 into out, 8 lanes at a time: the same
+  // division, key, table and comparisons as nearest(), so the same codes.
+  void nearest8(const float* x, float a, std::int32_t* out) const {
+    const __m256 q = _mm256_div_ps(_mm256_loadu_ps(x), _mm256_set1_ps(a));
+    const __m256i u = _mm256_castps_si256(q);
+    const __m256i key = _mm256_xor_si256(u, _mm256_or_si256(_mm256_srai_epi32(u, 31), _mm256_set1_epi32(INT32_MIN)));
+    // Four bytes at the bucket's entry (the table has three bytes of padding), the first of them.
+    __m256i k = _mm256_and_si256(
+        _mm256_i32gather_epi32(reinterpret_cast<const int*>(first_.data()), _mm256_srli_epi32(key, kShift), 1),
+        _mm256_set1_epi32(0xFF));
+    for (std::size_t s = 0; s < steps_; ++s) {  // k += thresholds_[k] < q (a true compare is -1)
+      const __m256 t = _mm256_i32gather_ps(thresholds_.data(), k, 4);
+      k = _mm256_sub_epi32(k, _mm256_castps_si256(_mm256_cmp_ps(t, q, _CMP_LT_OQ)));
+    }
+    if (floor_positive_) {
+      const __m256i zero = _mm256_cmpeq_epi32(k, _mm256_setzero_si256());
+      const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(q, _mm256_setzero_ps(), _CMP_GT_OQ));
+      k = _mm256_sub_epi32(k, _mm256_and_si256(zero, positive));
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), k);
+  }
+#endif
+  // nearest(values(), q, floor_positive()) for a q that is not NaN.
+  std::uint8_t nearest(float q) const {
+    std::size_t k = first_[order_key(q) >> kShift];
+    for (std::size_t s = 0; s < steps_; ++s) k += thresholds_[k] < q ? 1 : 0;
+    const bool floor = floor_positive_ && k == 0 && q > 0.0f;
+    return static_cast<std::uint8_t>(floor ? 1 : k);
+  }
+
+ private:
+  std::vector<float> values_, thresholds_;
+  std::vector<std::uint8_t> first_;
+  std::size_t steps_ = 0;
+  bool floor_positive_ = false;
+  std::uint8_t zero_ = 0;
+};
+
+struct Books {
+  Book int8_signed{dynamic_map(true, 7, 8)};
+  Book int8_unsigned{dynamic_map(false, 7, 8)};
+  Book int4_signed{dynamic_map(true, 3, 4)};
+  Book int4_unsigned{[] {
+    std::vector<float> v = linspace(0.0f, 1.0f, 17);
+    v.erase(v.begin());  // k/16, k = 1..16: no zero
+    return v;
+  }()};
+};
+
+const Books& books() {
+  static const Books b;
+  return b;
+}
+
+const Book& book(StateDType d, bool is_signed) {
+  const Books& b = books();
+  DISTOPT_CHECK(d != StateDType::f32, "f32 state has no code book");
+  if (d == StateDType::int8) return is_signed ? b.int8_signed : b.int8_unsigned;
+  return is_signed ? b.int4_signed : b.int4_unsigned;
 }
 
 void put(StateDType d, std::uint8_t* codes, std::size_t i, std::uint8_t c) {
@@ -109,15 +218,17 @@ std::uint8_t get(StateDType d, const std::uint8_t* codes, std::size_t i) {
   return (i % 2 == 0) ? codes[i / 2] & 0x0F : codes[i / 2] >> 4;
 }
 
-bool floors(StateDType d, bool is_signed) {
-  return !is_signed && code_book(d, is_signed)[0] == 0.0f;
-}
-
-// The code of 0 in a book (signed: the exact zero; unsigned int4: none, the
-// smallest code, read back as 0 with a zero scale).
-std::uint8_t zero_code(std::span<const float> code) {
-  const auto it = std::find(code.begin(), code.end(), 0.0f);
-  return it == code.end() ? 0 : static_cast<std::uint8_t>(it - code.begin());
+// codes[i] = f(i) for i < n: one byte each, or two per byte (an odd last
+// element keeps the other nibble of its byte).
+template <class F>
+void put_all(StateDType d, std::uint8_t* codes, std::size_t n, F&& f) {
+  if (d == StateDType::int8) {
+    for (std::size_t i = 0; i < n; ++i) codes[i] = f(i);
+    return;
+  }
+  std::size_t i = 0;
+  for (; i + 1 < n; i += 2) codes[i / 2] = static_cast<std::uint8_t>(f(i) | (f(i + 1) << 4));
+  if (i < n) put(d, codes, i, f(i));
 }
 
 }  // namespace
@@ -156,53 +267,83 @@ std::size_t num_blocks(StateDType d, std::size_t n) {
   return (n + block_of(d) - 1) / block_of(d);
 }
 
-std::span<const float> code_book(StateDType d, bool is_signed) {
-  const Books& b = books();
-  DISTOPT_CHECK(d != StateDType::f32, "f32 state has no code book");
-  if (d == StateDType::int8) return is_signed ? b.int8_signed : b.int8_unsigned;
-  return is_signed ? b.int4_signed : b.int4_unsigned;
-}
+std::span<const float> code_book(StateDType d, bool is_signed) { return book(d, is_signed).values(); }
 
 void fill_zero(StateDType d, bool is_signed, std::uint8_t* codes, float* absmax, std::size_t n) {
-  const std::uint8_t z = zero_code(code_book(d, is_signed));
-  for (std::size_t i = 0; i < n; ++i) put(d, codes, i, z);
+  const std::uint8_t z = book(d, is_signed).zero();
+  put_all(d, codes, n, [z](std::size_t) { return z; });
   std::fill_n(absmax, num_blocks(d, n), 0.0f);
 }
 
 void quantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax) {
-  const std::span<const float> code = code_book(d, is_signed);
-  float a = 0.0f;
-  bool nan = false;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    nan |= ax != ax;
-    a = std::max(a, ax);
-  }
-  if (nan) a = std::numeric_limits<float>::quiet_NaN();
+  DISTOPT_CHECK(n <= block_of(d), "a block of ", n, " elements");
+  const Book& b = book(d, is_signed);
+  // max |x| on the bits: a non-negative float's bits order as it does, and
+  // any NaN's lie above the infinity's (0x7F800000).
+  std::uint32_t bits = 0;
+  for (std::size_t i = 0; i < n; ++i) bits = std::max(bits, std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFFu);
+  float a = bits > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(bits);
   if (!std::isfinite(a) || a == 0.0f) {
-    const std::uint8_t z = zero_code(code);
-    for (std::size_t i = 0; i < n; ++i) put(d, codes, i, z);
+    const std::uint8_t z = b.zero();
+    put_all(d, codes, n, [z](std::size_t) { return z; });
     *absmax = a == 0.0f ? 0.0f : std::numeric_limits<float>::quiet_NaN();
     return;
   }
   *absmax = a;
-  const bool floor_positive = floors(d, is_signed);
-  for (std::size_t i = 0; i < n; ++i) put(d, codes, i, nearest(code, x[i] / a, floor_positive));
+#ifdef __AVX2__
+  std::int32_t k[kMaxBlock];
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) b.nearest8(x + i, a, k + i);
+  for (; i < n; ++i) k[i] = b.nearest(x[i] / a);
+  put_all(d, codes, n, [&](std::size_t j) { return static_cast<std::uint8_t>(k[j]); });
+#else
+  put_all(d, codes, n, [&](std::size_t i) { return b.nearest(x[i] / a); });
+#endif
 }
 
 void dequantize_block(StateDType d, bool is_signed, const std::uint8_t* codes, float absmax, std::size_t n,
                       float* out) {
-  const std::span<const float> code = code_book(d, is_signed);
-  for (std::size_t i = 0; i < n; ++i) out[i] = code[get(d, codes, i)] * absmax;
+  const float* code = book(d, is_signed).values().data();
+  std::size_t i = 0;
+#ifdef __AVX2__
+  const __m256 scale = _mm256_set1_ps(absmax);
+  if (d == StateDType::int8) {
+    for (; i + 8 <= n; i += 8) {  // eight codes widened to indices, their values gathered, times the scale
+      std::uint64_t eight;
+      std::memcpy(&eight, codes + i, sizeof eight);
+      const __m256i k = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(static_cast<long long>(eight)));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(code, k, 4), scale));
+    }
+  } else {
+    for (; i + 8 <= n; i += 8) {  // four bytes: eight nibbles, low first
+      std::uint32_t four;
+      std::memcpy(&four, codes + i / 2, sizeof four);
+      const __m256i bytes = _mm256_cvtepu8_epi32(_mm_set1_epi32(static_cast<int>(four)));
+      const __m256i shift = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4);
+      const __m256i pairs = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3));
+      const __m256i k = _mm256_and_si256(_mm256_srlv_epi32(pairs, shift), _mm256_set1_epi32(0x0F));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_i32gather_ps(code, k, 4), scale));
+    }
+  }
+#endif
+  if (d == StateDType::int8) {
+    for (; i < n; ++i) out[i] = code[codes[i]] * absmax;
+    return;
+  }
+  for (; i + 1 < n; i += 2) {
+    out[i] = code[codes[i / 2] & 0x0F] * absmax;
+    out[i + 1] = code[codes[i / 2] >> 4] * absmax;
+  }
+  if (i < n) out[i] = code[get(d, codes, i)] * absmax;
 }
 
 bool requantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, float absmax, std::uint8_t* codes) {
-  const std::span<const float> code = code_book(d, is_signed);
-  const bool floor_positive = floors(d, is_signed);
-  auto same = [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); };
+  const Book& b = book(d, is_signed);
+  const std::span<const float> code = b.values();
+  auto same = [](float u, float v) { return u == v || (std::isnan(u) && std::isnan(v)); };
   for (std::size_t i = 0; i < n; ++i) {
-    std::uint8_t c = zero_code(code);
-    if (absmax != 0.0f && std::isfinite(absmax)) c = nearest(code, x[i] / absmax, floor_positive);
+    std::uint8_t c = b.zero();
+    if (absmax != 0.0f && std::isfinite(absmax) && !std::isnan(x[i])) c = b.nearest(x[i] / absmax);
     if (!same(code[c] * absmax, x[i])) {  // a scale so small that x / absmax misses: any exact code
       const auto it = std::find_if(code.begin(), code.end(), [&](float v) { return same(v * absmax, x[i]); });
       if (it == code.end()) return false;
@@ -212,6 +353,13 @@ bool requantize_block(StateDType d, bool is_signed, const float* x, std::size_t 
   }
   return true;
 }
+
+std::uint8_t reference_nearest(StateDType d, bool is_signed, float q) {
+  const Book& b = book(d, is_signed);
+  return nearest(b.values(), q, b.floor_positive());
+}
+
+std::uint8_t fast_nearest(StateDType d, bool is_signed, float q) { return book(d, is_signed).nearest(q); }
 
 void quantize(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax) {
   const std::size_t block = block_of(d);

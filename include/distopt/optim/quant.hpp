@@ -69,6 +69,13 @@ void dequantize_block(StateDType d, bool is_signed, const std::uint8_t* codes, f
 // any code of the book.
 bool requantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, float absmax, std::uint8_t* codes);
 
+// The code of q (x / scale, not NaN) in a book: the reference search
+// (binary search, the nearest code, ties to the lower, never code 0 for a
+// positive q in a book whose code 0 is zero) and the table search the
+// quantizer uses, which must give the same code for every q (tests).
+std::uint8_t reference_nearest(StateDType d, bool is_signed, float q);
+std::uint8_t fast_nearest(StateDType d, bool is_signed, float q);
+
 // Whole tensors of n elements, a block at a time from element 0 (whose
 // codes start at `codes`, whose scales at `absmax`). requantize returns the
 // first block whose values are not exactly codes times its scale, or -1
