@@ -24,7 +24,9 @@ namespace {
 using distopt::quant::StateDType;
 
 // Equal values (0 and -0 alike, as a load compares them), NaN equal to NaN.
-bool same(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
+bool same(float a, float b) {
+  return a == b || (std::isnan(a) && std::isnan(b));
+}
 
 void round_trip(StateDType d, bool is_signed, const std::vector<float>& x) {
   const std::size_t block = distopt::quant::block_of(d);
@@ -46,7 +48,9 @@ void load(StateDType d, const std::vector<float>& x) {
   constexpr std::size_t kN = 4096;
   std::vector<float> p(kN, 0.5f), g(kN, 0.25f);
   const auto n = static_cast<std::int64_t>(kN);
-  distopt::Optimizer opt("adam", std::vector<distopt::Param>{{"w", {p.data(), distopt::DType::f32, {n}}, {g.data(), distopt::DType::f32, {n}}, true}},
+  distopt::Optimizer opt("adam",
+                         std::vector<distopt::Param>{
+                             {"w", {p.data(), distopt::DType::f32, {n}}, {g.data(), distopt::DType::f32, {n}}, true}},
                          {{std::string(distopt::kStateDTypeOption), distopt::quant::name_of(d)}});
   opt.step();
   distopt::StateDict dict = opt.state_dict();

@@ -6,9 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <bit>
-#include <limits>
-
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -127,7 +126,8 @@ TEST(Lowbit, TheFastSearchIsTheReferenceSearch) {
       const std::span<const float> code = quant::code_book(d, s);
       for (std::size_t k = 0; k < code.size(); ++k) {
         std::vector<float> at{code[k]};
-        if (k + 1 < code.size()) at.push_back((code[k + 1] - code[k]) / 2 + code[k]), at.push_back((code[k] + code[k + 1]) / 2);
+        if (k + 1 < code.size())
+          at.push_back((code[k + 1] - code[k]) / 2 + code[k]), at.push_back((code[k] + code[k + 1]) / 2);
         for (float v : at)
           for (float w : {v, std::nextafter(v, -2.0f), std::nextafter(v, 2.0f)}) qs.push_back(w);
       }
@@ -412,8 +412,10 @@ TEST(Lowbit, LoadingAnotherStoragesStateKeepsTheGroupsOwn) {
   const std::size_t n = 6000;
   std::vector<float> p = values(n, 1), g = values(n, 2), q = p;
   auto param = [&](std::vector<float>& w) {
-    return std::vector<Param>{{"w", {w.data(), DType::f32, {static_cast<std::int64_t>(n)}},
-                               {g.data(), DType::f32, {static_cast<std::int64_t>(n)}}, true}};
+    return std::vector<Param>{{"w",
+                               {w.data(), DType::f32, {static_cast<std::int64_t>(n)}},
+                               {g.data(), DType::f32, {static_cast<std::int64_t>(n)}},
+                               true}};
   };
   Optimizer a("adamw", param(p), {{std::string(kStateDTypeOption), "int8"}});
   a.step();

@@ -248,7 +248,8 @@ TEST(Resume, QuantizedStateReshardsWithItsCodesAndScales) {
       const auto saved = assemble(first.pieces);
       const std::string key = rule == "sgd" ? "momentum_buffer" : "exp_avg";
       ASSERT_TRUE(saved.count("state.0." + key + ".absmax"));
-      EXPECT_EQ(saved.at("state.0." + key + ".absmax").values.size(), 5120u / (std::string(dtype) == "int8" ? 256 : 128));
+      EXPECT_EQ(saved.at("state.0." + key + ".absmax").values.size(),
+                5120u / (std::string(dtype) == "int8" ? 256 : 128));
       EXPECT_FALSE(saved.count("state.1." + key + ".absmax")) << "fc1.bias (256 elements) keeps fp32 state";
       EXPECT_TRUE(same_bits(run(4, "zero2", spec, 8, 6, &saved, DType::f32, hidden).params, straight.params));
       for (const auto& [world, strategy] :
@@ -332,8 +333,9 @@ TEST(Resume, QuantizedStateOffTheBlocksUnderDdpAndScalesThatDoNotFit) {
   auto ok = assemble(run(2, "zero1", aligned, 0, 2, nullptr, DType::f32, {256, 64}).pieces);
   auto bad = ok;
   bad.at("state.0.exp_avg.absmax") = Whole{{7}, std::vector<float>(7, 1.0f)};
-  EXPECT_NE(error_of(bad, aligned).find("the checkpoint's state.0.exp_avg.absmax is [7]; 5120 elements have 20 blocks "
-                                        "of 256 (int8)"),
+  EXPECT_NE(error_of(bad, aligned)
+                .find("the checkpoint's state.0.exp_avg.absmax is [7]; 5120 elements have 20 blocks "
+                      "of 256 (int8)"),
             std::string::npos)
       << error_of(bad, aligned);
   bad = ok;

@@ -259,8 +259,8 @@ int run_memory_bench(const MemoryBenchOptions& o) {
   for (const Search& r : results)
     if (r.strategy == "ddp") ddp_params = params_of(*r.best);
 
-  std::printf("%-7s %7s %12s %10s %10s %10s %10s %8s %10s %12s %8s\n", "", "layers", "parameters", "peak RSS",
-              "params", "grads", "opt.state", "B/param", "act.+ws", "tokens/s", "vs ddp");
+  std::printf("%-7s %7s %12s %10s %10s %10s %10s %8s %10s %12s %8s\n", "", "layers", "parameters", "peak RSS", "params",
+              "grads", "opt.state", "B/param", "act.+ws", "tokens/s", "vs ddp");
   nlohmann::json out = nlohmann::json::array();
   for (const Search& r : results) {
     const Trial& t = *r.best;
@@ -282,11 +282,12 @@ int run_memory_bench(const MemoryBenchOptions& o) {
                    {"parameters", params},
                    {"peak_rss", t.peak},
                    {"first_over", r.smallest_over},
-                   {"memory", {{"params", all("params") + all("master_params")},
-                               {"grads", all("grads")},
-                               {"optimizer_state", all("optimizer_state")},
-                               {"activations", all("activations")},
-                               {"workspaces", all("workspaces")}}},
+                   {"memory",
+                    {{"params", all("params") + all("master_params")},
+                     {"grads", all("grads")},
+                     {"optimizer_state", all("optimizer_state")},
+                     {"activations", all("activations")},
+                     {"workspaces", all("workspaces")}}},
                    {"state_bytes_per_param", state_per_param},
                    {"tokens_per_s", tokens},
                    {"vs_ddp", vs},

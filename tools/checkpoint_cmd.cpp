@@ -1,10 +1,9 @@
 // distopt checkpoint export|inspect: a checkpoint directory's whole tensors
 // as one safetensors file, and what a checkpoint holds (docs/formats.md).
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 

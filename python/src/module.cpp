@@ -18,14 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "bindings.hpp"
 #include "distopt/core/device.hpp"
 #include "distopt/core/error.hpp"
-#include "distopt/data/dataset.hpp"
 #include "distopt/core/thread_pool.hpp"
+#include "distopt/data/dataset.hpp"
 #include "distopt/optim/optimizer.hpp"
 #include "distopt/optim/quant.hpp"
 #include "distopt/version.hpp"
-#include "bindings.hpp"
 
 namespace py = pybind11;
 
@@ -167,8 +167,8 @@ class PyOptimizer {
     for (const auto& q : opt_.quantized_views(i)) {
       if (q.key != key) continue;
       if (static_cast<std::size_t>(values.size()) != q.elements)
-        throw InvalidInput(str("params[", i, "]: loaded '", key, "' has ", values.size(), " elements, it needs ",
-                               q.elements));
+        throw InvalidInput(
+            str("params[", i, "]: loaded '", key, "' has ", values.size(), " elements, it needs ", q.elements));
       if (!scales) {
         quant::quantize(q.dtype, q.is_signed, values.data(), q.elements, q.codes, q.absmax);
         return;
@@ -178,7 +178,8 @@ class PyOptimizer {
         throw InvalidInput(str("params[", i, "]: loaded '", key, quant::kAbsmaxSuffix, "' has ", scales->size(),
                                " scales, it needs ", blocks));
       std::vector<std::uint8_t> codes(quant::code_bytes(q.dtype, q.elements));
-      if (const long b = quant::requantize(q.dtype, q.is_signed, values.data(), q.elements, scales->data(), codes.data());
+      if (const long b =
+              quant::requantize(q.dtype, q.is_signed, values.data(), q.elements, scales->data(), codes.data());
           b >= 0)
         throw InvalidInput(str("params[", i, "]: loaded '", key, "' is not ", quant::name_of(q.dtype),
                                " codes times its scales (block ", b, ")"));

@@ -180,8 +180,8 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
   if (gossip) {
     for (std::size_t i = 0; i < opt.num_params(); ++i)
       if (!opt.quantized_views(i).empty())
-        throw InvalidInput(str(s.info().name, " checkpoints keep each rank's optimizer state in fp32: ", kStateDTypeOption,
-                               " int8/int4 is checkpointed under ddp and zero1-3 only"));
+        throw InvalidInput(str(s.info().name, " checkpoints keep each rank's optimizer state in fp32: ",
+                               kStateDTypeOption, " int8/int4 is checkpointed under ddp and zero1-3 only"));
     // The ranks' mean of their states (collective: every rank takes part).
     StateDict dict = opt.state_dict();
     PieceSet mine;
@@ -210,7 +210,8 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
     const auto& pc = pieces[slot];
     const std::size_t block = quant::block_of(q.dtype);
     const std::size_t held_from = whole ? 0 : pc.param_begin;  // the optimizer's first element, in the tensor
-    DISTOPT_CHECK(held_from % block == 0 && pc.param_begin + pc.count <= held_from + q.elements, state_name(slot, q.key));
+    DISTOPT_CHECK(held_from % block == 0 && pc.param_begin + pc.count <= held_from + q.elements,
+                  state_name(slot, q.key));
     // The blocks that hold the piece (under ddp a piece may start mid-block), then the piece of them.
     const std::size_t begin = pc.param_begin - held_from, from = begin / block * block;
     std::vector<float> values(begin + pc.count - from);
@@ -219,7 +220,8 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
     values.erase(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(begin - from));
     const ParamSlot& p = layout.params()[slot];
     out.view(state_name(slot, q.key), p.shape, pc.param_begin, out.keep(std::move(values)));
-    const std::size_t first = (pc.param_begin + block - 1) / block, last = (pc.param_begin + pc.count + block - 1) / block;
+    const std::size_t first = (pc.param_begin + block - 1) / block,
+                      last = (pc.param_begin + pc.count + block - 1) / block;
     if (first < last)
       out.view(state_name(slot, q.key + std::string(quant::kAbsmaxSuffix)),
                {static_cast<std::int64_t>(quant::num_blocks(q.dtype, p.numel()))}, first,

@@ -34,9 +34,9 @@ void load_quantized(QuantizedTensor& q, const std::vector<float>& values, const 
     quant::quantize(q.dtype, q.is_signed, values.data(), n, q.codes.as<std::uint8_t>(), q.absmax.as<float>());
     return;
   }
-  DISTOPT_CHECK(quant::requantize(q.dtype, q.is_signed, values.data(), n, absmax->data(),
-                                  q.codes.as<std::uint8_t>()) < 0,
-                "validated state");
+  DISTOPT_CHECK(
+      quant::requantize(q.dtype, q.is_signed, values.data(), n, absmax->data(), q.codes.as<std::uint8_t>()) < 0,
+      "validated state");
   std::copy(absmax->begin(), absmax->end(), q.absmax.as<float>());
 }
 
@@ -54,8 +54,8 @@ const std::vector<float>* saved_scales(const std::map<std::string, std::variant<
   for (quant::StateDType other : {quant::StateDType::int8, quant::StateDType::int4})
     if (t != nullptr && other != sd && got == quant::num_blocks(other, n)) return nullptr;
   throw InvalidInput(str("loaded state '", e->first, "' of parameter ", id, " must be a tensor of ",
-                         quant::num_blocks(sd, n), " block scales (got ", t == nullptr ? "a number" : str(got, " elements"),
-                         ")"));
+                         quant::num_blocks(sd, n), " block scales (got ",
+                         t == nullptr ? "a number" : str(got, " elements"), ")"));
 }
 
 }  // namespace
@@ -115,7 +115,7 @@ std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
   for (std::size_t k = 0; k < st.scalar_names.size(); ++k)
     views.push_back({std::string(st.scalar_names[k]), &st.scalars[k], {}});
   for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
-    if (k < st.quantized.size() && st.quantized[k].on()) continue;  // quantized_views
+    if (k < st.quantized.size() && st.quantized[k].on()) continue;        // quantized_views
     if (st.tensors[k].empty() && params_[i].value.numel() > 0) continue;  // not kept for this shape
     views.push_back({std::string(st.tensor_names[k]), st.tensors[k].as<float>(), shape, device_});
   }
@@ -286,8 +286,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       if (!quantized && st.tensors[k].empty()) continue;  // not kept for this shape
       const auto& t = std::get<StateTensor>(entry.at(std::string(st.tensor_names[k])));
       if (quantized) {
-        load_quantized(st.quantized[k], t.data, saved_scales(entry, st.tensor_names[k], st.quantized[k].dtype,
-                                                             t.data.size(), id));
+        load_quantized(st.quantized[k], t.data,
+                       saved_scales(entry, st.tensor_names[k], st.quantized[k].dtype, t.data.size(), id));
         continue;
       }
       copy_bytes(st.tensors[k].data(), device_, t.data.data(), Device::cpu, t.data.size() * sizeof(float));

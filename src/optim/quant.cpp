@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -122,8 +122,8 @@ class Book {
       }
       thresholds_.push_back(from_key(lo));
     }
-    thresholds_.push_back(std::numeric_limits<float>::infinity());  // never below q: the count stops at n - 1
-    auto below = [&](float f) {  // thresholds < f
+    thresholds_.push_back(std::numeric_limits<float>::infinity());         // never below q: the count stops at n - 1
+    auto below = [&](float f) {                                            // thresholds < f
       if (std::isnan(f)) return std::signbit(f) ? std::size_t{0} : n - 1;  // keys beyond the infinities
       return static_cast<std::size_t>(std::lower_bound(thresholds_.begin(), thresholds_.end() - 1, f) -
                                       thresholds_.begin());
@@ -267,7 +267,9 @@ std::size_t num_blocks(StateDType d, std::size_t n) {
   return (n + block_of(d) - 1) / block_of(d);
 }
 
-std::span<const float> code_book(StateDType d, bool is_signed) { return book(d, is_signed).values(); }
+std::span<const float> code_book(StateDType d, bool is_signed) {
+  return book(d, is_signed).values();
+}
 
 void fill_zero(StateDType d, bool is_signed, std::uint8_t* codes, float* absmax, std::size_t n) {
   const std::uint8_t z = book(d, is_signed).zero();
@@ -359,7 +361,9 @@ std::uint8_t reference_nearest(StateDType d, bool is_signed, float q) {
   return nearest(b.values(), q, b.floor_positive());
 }
 
-std::uint8_t fast_nearest(StateDType d, bool is_signed, float q) { return book(d, is_signed).nearest(q); }
+std::uint8_t fast_nearest(StateDType d, bool is_signed, float q) {
+  return book(d, is_signed).nearest(q);
+}
 
 void quantize(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax) {
   const std::size_t block = block_of(d);
@@ -374,8 +378,7 @@ void dequantize(StateDType d, bool is_signed, const std::uint8_t* codes, const f
     dequantize_block(d, is_signed, codes + code_bytes(d, b), absmax[b / block], std::min(block, n - b), out + b);
 }
 
-long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, const float* absmax,
-                std::uint8_t* codes) {
+long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, const float* absmax, std::uint8_t* codes) {
   const std::size_t block = block_of(d);
   for (std::size_t b = 0; b < n; b += block)
     if (!requantize_block(d, is_signed, x + b, std::min(block, n - b), absmax[b / block], codes + code_bytes(d, b)))

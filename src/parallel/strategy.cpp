@@ -1,13 +1,14 @@
 // What every strategy shares besides its engine: the model's flat layout,
 // unpadding, the agreement check all ranks run at setup, and the optimizer's
 // groups over a strategy's parameter views (strategy.hpp, internal.hpp).
+#include "distopt/parallel/strategy.hpp"
+
 #include <algorithm>
 #include <cmath>
 
 #include "distopt/core/error.hpp"
 #include "distopt/optim/quant.hpp"
 #include "distopt/optim/rule.hpp"
-#include "distopt/parallel/strategy.hpp"
 #include "internal.hpp"
 
 namespace distopt::parallel {
@@ -36,13 +37,12 @@ std::size_t layout_align(const StrategyArgs& a) {
   if (!a.info.replicated_params) {
     for (const ParamSlot& s : a.layout.params) {
       if (s.numel() < quant::kMinElements) continue;
-      const auto u = std::find_if(a.layout.units.begin(), a.layout.units.end(), [&](const UnitRange& r) {
-        return s.offset >= r.begin && s.offset < r.end;
-      });
+      const auto u = std::find_if(a.layout.units.begin(), a.layout.units.end(),
+                                  [&](const UnitRange& r) { return s.offset >= r.begin && s.offset < r.end; });
       const std::size_t at = u == a.layout.units.end() ? s.offset : s.offset - u->begin;
       if (at % quant::kMaxBlock != 0)
-        throw InvalidInput(str("parameter ", s.name, " starts at element ", at, " of its unit: ", a.info.name,
-                               " with ", kStateDTypeOption, " ", quant::name_of(sd), " needs every tensor of ",
+        throw InvalidInput(str("parameter ", s.name, " starts at element ", at, " of its unit: ", a.info.name, " with ",
+                               kStateDTypeOption, " ", quant::name_of(sd), " needs every tensor of ",
                                quant::kMinElements, " or more elements to start on a multiple of ", quant::kMaxBlock,
                                " (place it so, or use ddp or ", kStateDTypeOption, " f32)"));
     }

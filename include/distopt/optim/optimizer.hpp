@@ -23,10 +23,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <span>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>

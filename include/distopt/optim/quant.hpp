@@ -83,7 +83,6 @@ std::uint8_t fast_nearest(StateDType d, bool is_signed, float q);
 void quantize(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax);
 void dequantize(StateDType d, bool is_signed, const std::uint8_t* codes, const float* absmax, std::size_t n,
                 float* out);
-long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, const float* absmax,
-                std::uint8_t* codes);
+long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, const float* absmax, std::uint8_t* codes);
 
 }  // namespace distopt::quant
