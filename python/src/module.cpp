@@ -169,22 +169,18 @@ class PyOptimizer {
       if (static_cast<std::size_t>(values.size()) != q.elements)
         throw InvalidInput(
             str("params[", i, "]: loaded '", key, "' has ", values.size(), " elements, it needs ", q.elements));
-      if (!scales) {
-        quant::quantize(q.dtype, q.is_signed, values.data(), q.elements, q.codes, q.absmax);
-        return;
-      }
-      const std::size_t blocks = quant::num_blocks(q.dtype, q.elements);
-      if (static_cast<std::size_t>(scales->size()) != blocks)
+      // Scales of the other storage (int8's into int4 state) are dropped:
+      // the values are quantized afresh, as in C++ loads and checkpoints.
+      const auto kind = scales ? quant::classify_scales(q.dtype, q.elements, static_cast<std::size_t>(scales->size()))
+                               : quant::SavedScales::other_storage;
+      if (kind == quant::SavedScales::misfit)
         throw InvalidInput(str("params[", i, "]: loaded '", key, quant::kAbsmaxSuffix, "' has ", scales->size(),
-                               " scales, it needs ", blocks));
-      std::vector<std::uint8_t> codes(quant::code_bytes(q.dtype, q.elements));
-      if (const long b =
-              quant::requantize(q.dtype, q.is_signed, values.data(), q.elements, scales->data(), codes.data());
-          b >= 0)
+                               " scales, it needs ", quant::num_blocks(q.dtype, q.elements), " (",
+                               quant::name_of(q.dtype), " blocks of ", quant::block_of(q.dtype), ")"));
+      const float* saved = kind == quant::SavedScales::this_storage ? scales->data() : nullptr;
+      if (const long b = quant::load(q.dtype, q.is_signed, values.data(), q.elements, saved, q.codes, q.absmax); b >= 0)
         throw InvalidInput(str("params[", i, "]: loaded '", key, "' is not ", quant::name_of(q.dtype),
                                " codes times its scales (block ", b, ")"));
-      std::copy(codes.begin(), codes.end(), q.codes);
-      std::copy_n(scales->data(), blocks, q.absmax);
       return;
     }
     throw InvalidInput(str("params[", i, "] keeps no quantized state '", key, "'"));

@@ -222,3 +222,13 @@ def test_a_load_keeps_the_groups_storage_and_takes_the_sharded_optimizers_codes(
     tampered["state"][0]["exp_avg"].view(-1)[5] += 1e-3
     with pytest.raises(ValueError, match=r"loaded 'exp_avg' is not int8 codes times its scales \(block 0\)"):
         dopt.AdamW8bit([torch.nn.Parameter(p.detach().clone()) for p in sp]).load_state_dict(tampered)
+    # The sharded optimizer's int8 scales into int4 storage: quantized afresh; scales of a size no storage has: refused.
+    d4 = dopt.AdamW4bit([torch.nn.Parameter(p.detach().clone()) for p in sp])
+    d4.load_state_dict(copy.deepcopy(ssd))
+    mine4 = d4.state[d4.param_groups[0]["params"][0]]
+    fresh = REF.quantize(ssd["state"][0]["exp_avg"].flatten(), "int4", True)
+    assert torch.equal(mine4["exp_avg.absmax"], fresh[1])
+    misfit = copy.deepcopy(ssd)
+    misfit["state"][0]["exp_avg.absmax"] = misfit["state"][0]["exp_avg.absmax"][:-1]
+    with pytest.raises(ValueError, match=r"loaded 'exp_avg.absmax' has \d+ scales, it needs \d+ \(int8 blocks of 256\)"):
+        dopt.AdamW8bit([torch.nn.Parameter(p.detach().clone()) for p in sp]).load_state_dict(misfit)

@@ -370,14 +370,15 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
         // The scales, where the checkpoint has this storage's; none, or
         // another storage's (int8 scales into int4 state): quantized afresh.
         std::string scales = name + std::string(quant::kAbsmaxSuffix);
-        if (const Shape* s_shape = source.shape(scales); s_shape == nullptr) {
-          scales.clear();
-        } else if (*s_shape != Shape{static_cast<std::int64_t>(quant::num_blocks(q.dtype, held))}) {
-          const auto other = q.dtype == quant::StateDType::int8 ? quant::StateDType::int4 : quant::StateDType::int8;
-          if (*s_shape != Shape{static_cast<std::int64_t>(quant::num_blocks(other, held))})
+        if (const Shape* s_shape = source.shape(scales); s_shape != nullptr) {
+          const auto kind = s_shape->size() != 1 ? quant::SavedScales::misfit
+                                                 : quant::classify_scales(q.dtype, held, elements_of(*s_shape));
+          if (kind == quant::SavedScales::misfit)
             throw InvalidInput(str("the checkpoint's ", scales, " is ", to_string(*s_shape), "; ", held,
                                    " elements have ", quant::num_blocks(q.dtype, held), " blocks of ",
                                    quant::block_of(q.dtype), " (", quant::name_of(q.dtype), ")"));
+          if (kind == quant::SavedScales::other_storage) scales.clear();
+        } else {
           scales.clear();
         }
         quantized.push_back({name, std::move(scales), begin, std::move(q)});
@@ -404,15 +405,11 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
         scales.resize(quant::num_blocks(q.dtype, q.elements));
         source.read(f.scales, f.begin / block, scales);
       }
-      if (f.scales.empty()) {
-        quant::quantize(q.dtype, q.is_signed, staged.data(), q.elements, q.codes, q.absmax);
-        continue;
-      }
-      if (const long b = quant::requantize(q.dtype, q.is_signed, staged.data(), q.elements, scales.data(), q.codes);
+      if (const long b = quant::load(q.dtype, q.is_signed, staged.data(), q.elements,
+                                     f.scales.empty() ? nullptr : scales.data(), q.codes, q.absmax);
           b >= 0)
         throw InvalidInput(str("the checkpoint's ", f.name, " is not ", quant::name_of(q.dtype), " codes times ",
                                f.scales, " (block ", f.begin / block + static_cast<std::size_t>(b), ")"));
-      std::copy(scales.begin(), scales.end(), q.absmax);
     }
   } catch (...) {
     opt.load_state_dict(none);  // nothing half-loaded: no state

@@ -25,37 +25,30 @@ void dequantize(const QuantizedTensor& q, std::size_t n, float* out) {
   quant::dequantize(q.dtype, q.is_signed, q.codes.as<std::uint8_t>(), q.absmax.as<float>(), n, out);
 }
 
-// Saved values into quantized state: with their saved scales (validated:
-// exact), else quantized afresh (an fp32 state, or another storage's,
-// loaded into quantized storage).
+// Saved values into quantized state: with their saved scales (validated
+// before: exact), else quantized afresh (an fp32 state, or another
+// storage's, loaded into quantized storage).
 void load_quantized(QuantizedTensor& q, const std::vector<float>& values, const std::vector<float>* absmax) {
-  const std::size_t n = values.size();
-  if (absmax == nullptr) {
-    quant::quantize(q.dtype, q.is_signed, values.data(), n, q.codes.as<std::uint8_t>(), q.absmax.as<float>());
-    return;
-  }
   DISTOPT_CHECK(
-      quant::requantize(q.dtype, q.is_signed, values.data(), n, absmax->data(), q.codes.as<std::uint8_t>()) < 0,
+      quant::load(q.dtype, q.is_signed, values.data(), values.size(), absmax == nullptr ? nullptr : absmax->data(),
+                  q.codes.as<std::uint8_t>(), q.absmax.as<float>()) < 0,
       "validated state");
-  std::copy(absmax->begin(), absmax->end(), q.absmax.as<float>());
 }
 
-// The saved scales of state tensor `key` when they are this storage's (a
-// tensor of one scale per block of n elements); nullptr when there are
-// none, or another storage's (int8 scales into int4 state: quantized
-// afresh); InvalidInput for any other size.
+// The saved scales of state tensor `key` when they are this storage's;
+// nullptr when there are none, or another storage's (quant::classify_scales);
+// InvalidInput for any other size.
 const std::vector<float>* saved_scales(const std::map<std::string, std::variant<double, StateTensor>>& entry,
                                        std::string_view key, quant::StateDType sd, std::size_t n, std::size_t id) {
   const auto e = entry.find(str(key, kAbsmaxSuffix));
   if (e == entry.end()) return nullptr;
   const auto* t = std::get_if<StateTensor>(&e->second);
-  const std::size_t got = t == nullptr ? 0 : t->data.size();
-  if (t != nullptr && got == quant::num_blocks(sd, n)) return &t->data;
-  for (quant::StateDType other : {quant::StateDType::int8, quant::StateDType::int4})
-    if (t != nullptr && other != sd && got == quant::num_blocks(other, n)) return nullptr;
+  const auto kind = t == nullptr ? quant::SavedScales::misfit : quant::classify_scales(sd, n, t->data.size());
+  if (kind == quant::SavedScales::this_storage) return &t->data;
+  if (kind == quant::SavedScales::other_storage) return nullptr;
   throw InvalidInput(str("loaded state '", e->first, "' of parameter ", id, " must be a tensor of ",
                          quant::num_blocks(sd, n), " block scales (got ",
-                         t == nullptr ? "a number" : str(got, " elements"), ")"));
+                         t == nullptr ? "a number" : str(t->data.size(), " elements"), ")"));
 }
 
 }  // namespace
@@ -255,8 +248,9 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       if (absmax == nullptr) continue;
       const auto& values = std::get<StateTensor>(entry.at(std::string(l.tensors[k]))).data;
       std::vector<std::uint8_t> codes(quant::code_bytes(sd, n));
-      if (const long b = quant::requantize(sd, rule.quantized[k] == QuantSign::is_signed, values.data(), n,
-                                           absmax->data(), codes.data());
+      std::vector<float> scales(quant::num_blocks(sd, n));
+      if (const long b = quant::load(sd, rule.quantized[k] == QuantSign::is_signed, values.data(), n, absmax->data(),
+                                     codes.data(), scales.data());
           b >= 0)
         throw InvalidInput(str("loaded state '", l.tensors[k], "' of parameter ", id, " is not ", quant::name_of(sd),
                                " codes times '", l.tensors[k], kAbsmaxSuffix, "' (block ", b, ")"));

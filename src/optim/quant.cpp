@@ -386,4 +386,24 @@ long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, con
   return -1;
 }
 
+SavedScales classify_scales(StateDType d, std::size_t n, std::size_t count) {
+  if (count == num_blocks(d, n)) return SavedScales::this_storage;
+  for (StateDType other : {StateDType::int8, StateDType::int4})
+    if (other != d && count == num_blocks(other, n)) return SavedScales::other_storage;
+  return SavedScales::misfit;
+}
+
+long load(StateDType d, bool is_signed, const float* values, std::size_t n, const float* scales, std::uint8_t* codes,
+          float* absmax) {
+  if (scales == nullptr) {
+    quantize(d, is_signed, values, n, codes, absmax);
+    return -1;
+  }
+  std::vector<std::uint8_t> staged(code_bytes(d, n));
+  if (const long b = requantize(d, is_signed, values, n, scales, staged.data()); b >= 0) return b;
+  std::copy(staged.begin(), staged.end(), codes);
+  std::copy_n(scales, num_blocks(d, n), absmax);
+  return -1;
+}
+
 }  // namespace distopt::quant

@@ -85,4 +85,20 @@ void dequantize(StateDType d, bool is_signed, const std::uint8_t* codes, const f
                 float* out);
 long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, const float* absmax, std::uint8_t* codes);
 
+// What `count` saved block scales beside n saved values are: this
+// storage's (the values load as the same codes), the other storage's (int8
+// scales into int4 state: the values are quantized afresh), or a count no
+// storage has (a load refuses it). The one rule of every load: C++
+// state_dict, checkpoints, Python.
+enum class SavedScales : std::uint8_t { this_storage, other_storage, misfit };
+SavedScales classify_scales(StateDType d, std::size_t n, std::size_t count);
+
+// n saved values (state_dict's code * scale) into codes and scales. With
+// `scales` (this storage's, classify_scales) each value must be exactly its
+// code times its block's scale: the first block that is not is returned and
+// nothing is written. Without (nullptr) the values are quantized afresh.
+// -1: loaded.
+long load(StateDType d, bool is_signed, const float* values, std::size_t n, const float* scales, std::uint8_t* codes,
+          float* absmax);
+
 }  // namespace distopt::quant

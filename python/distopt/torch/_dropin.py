@@ -483,10 +483,8 @@ class _DistoptOptimizer(DistoptOptimizer):
             for key, view in views.items():
                 base, _, part = key.rpartition(".")
                 if part in ("codes", "absmax") and saved.get(base + ".codes") is None and saved.get(base) is not None:
-                    if part == "codes":  # with this storage's scales where they were saved: the same codes
-                        scales = saved.get(base + ".absmax")
-                        fresh[base] = scales if scales is not None and \
-                            torch.as_tensor(scales).numel() == views[base + ".absmax"].numel() else None
+                    if part == "codes":  # with the saved scales, which quantize_state classifies
+                        fresh[base] = saved.get(base + ".absmax")
                     continue
                 if part == "codes":  # a quantized state's bytes, as saved
                     value = torch.as_tensor(saved[key]).detach() if saved.get(key) is not None else None
