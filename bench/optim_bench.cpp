@@ -66,6 +66,7 @@ const std::vector<RuleCase>& rule_cases() {
 // moves), so against the f32 rule of the same run the ratio is the speed-up.
 const std::vector<RuleCase>& quantized_cases() {
   static const std::vector<RuleCase> cases = {
+      {"adamw-bf16", "adamw", {{"state_dtype", "bf16"}}},
       {"adamw-int8", "adamw", {{"state_dtype", "int8"}}},
       {"adamw-int4", "adamw", {{"state_dtype", "int4"}}},
       {"sgd-momentum-int8", "sgd", {{"lr", 0.01}, {"momentum", 0.9}, {"state_dtype", "int8"}}},

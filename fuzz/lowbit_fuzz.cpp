@@ -1,12 +1,13 @@
 // libFuzzer target: quantized optimizer state (include/distopt/optim/quant.hpp)
-// from outside values. The first byte picks int8 or int4 and the signed or
-// unsigned book; the rest, read as floats, are quantized a block at a time,
+// from outside values. The first byte picks int8, int4 or bf16 and the
+// signed or unsigned book; the rest, read as floats, are quantized a block at a time,
 // read back, and the values read back must requantize with their scale to
 // the same values (what a state_dict's load relies on). Then the floats, with
 // scales taken from the input too, are loaded as a quantized adam's saved
 // state (load_state_dict's check of "codes times scales"): the load must
 // either refuse them with an InvalidInput, changing nothing, or take them
-// and give exactly those values back.
+// and give exactly those values back (bf16, which has no scales: each value
+// rounded as torch rounds it).
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -56,10 +57,13 @@ void load(StateDType d, const std::vector<float>& x) {
   distopt::StateDict dict = opt.state_dict();
   const distopt::StateDict before = dict;
   auto& values = std::get<distopt::StateTensor>(dict.state.at(0).at("exp_avg")).data;
-  auto& scales = std::get<distopt::StateTensor>(dict.state.at(0).at("exp_avg.absmax")).data;
-  const std::size_t half = x.size() / 2;
+  const bool scaled = distopt::quant::has_scales(d);
+  const std::size_t half = scaled ? x.size() / 2 : x.size();
   for (std::size_t i = 0; i < half && i < values.size(); ++i) values[i] = x[i];
-  for (std::size_t i = 0; half + i < x.size() && i < scales.size(); ++i) scales[i] = x[half + i];
+  if (scaled) {
+    auto& scales = std::get<distopt::StateTensor>(dict.state.at(0).at("exp_avg.absmax")).data;
+    for (std::size_t i = 0; half + i < x.size() && i < scales.size(); ++i) scales[i] = x[half + i];
+  }
   try {
     opt.load_state_dict(dict);
   } catch (const distopt::InvalidInput&) {
@@ -72,15 +76,17 @@ void load(StateDType d, const std::vector<float>& x) {
   }
   const distopt::StateDict loaded = opt.state_dict();
   const auto& got = std::get<distopt::StateTensor>(loaded.state.at(0).at("exp_avg")).data;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!same(got[i], values[i])) std::abort();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const float want = scaled ? values[i] : distopt::quant::from_bf16(distopt::quant::to_bf16(values[i]));
+    if (!same(got[i], want)) std::abort();
+  }
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   if (size < 1) return 0;
-  const StateDType d = (data[0] & 1) != 0 ? StateDType::int4 : StateDType::int8;
+  const StateDType d = (data[0] & 4) != 0 ? StateDType::bf16 : (data[0] & 1) != 0 ? StateDType::int4 : StateDType::int8;
   const bool is_signed = (data[0] & 2) != 0;
   std::vector<float> x((size - 1) / sizeof(float));
   if (!x.empty()) std::memcpy(x.data(), data + 1, x.size() * sizeof(float));

@@ -311,7 +311,7 @@ bool same(const Outcome& a, const Outcome& b) {
 TEST(Lowbit, ThreadsAndPiecesOnBlocksGiveTheWholeTensorsBits) {
   ThreadPool pool(3);
   for (const char* rule : {"adamw", "adam", "sgd", "lion"})
-    for (StateDType d : {StateDType::int8, StateDType::int4}) {
+    for (StateDType d : {StateDType::bf16, StateDType::int8, StateDType::int4}) {
       const std::size_t n = 5000;
       const Outcome whole = run_pieces(rule, d, n, {});
       EXPECT_TRUE(same(whole, run_pieces(rule, d, n, {}, true, &pool, 300))) << rule << " threaded";
@@ -340,6 +340,56 @@ TEST(Lowbit, PerShardQuantizationChangesTheResult) {
   }
 }
 
+// bf16 state has no blocks: pieces cut anywhere give the whole tensor's bits.
+TEST(Lowbit, Bf16PiecesCutAnywhereGiveTheWholeTensorsBits) {
+  for (const char* rule : {"adamw", "sgd", "lion"}) {
+    const Outcome whole = run_pieces(rule, StateDType::bf16, 5000, {});
+    EXPECT_TRUE(same(whole, run_pieces(rule, StateDType::bf16, 5000, {1, 777, 4100}))) << rule;
+    EXPECT_FALSE(same(whole, run_pieces(rule, StateDType::f32, 5000, {}))) << rule << ": rounded to bf16";
+    for (const auto& [key, values] : whole.state)  // every value is a bfloat16
+      for (float v : values) ASSERT_EQ(std::bit_cast<std::uint32_t>(v) & 0xFFFFu, 0u) << rule << " " << key;
+  }
+}
+
+// torch's float -> bfloat16 (c10/util/BFloat16.h round_to_nearest_even):
+// to nearest, ties to even; every NaN to 0x7FC0; overflow to infinity.
+TEST(Lowbit, Bf16RoundsAsTorch) {
+  const std::pair<std::uint32_t, std::uint16_t> cases[] = {
+      {0x3F800000u, 0x3F80},  // 1
+      {0x3F808000u, 0x3F80},  // 1 + 2^-8: a tie, to the even 1
+      {0x3F818000u, 0x3F82},  // a tie, to the even above
+      {0x3F808001u, 0x3F81},  // above the tie
+      {0xBF80FFFFu, 0xBF81},  // negative, to nearest
+      {0x7F7FFFFFu, 0x7F80},  // the largest float: to infinity
+      {0xFF800000u, 0xFF80},  // -infinity
+      {0x00000001u, 0x0000},  // the smallest subnormal: to +0
+      {0x00018000u, 0x0002},  // a subnormal tie, to even
+      {0x80000000u, 0x8000},  // -0
+      {0x7FC00001u, 0x7FC0},  // NaN
+      {0xFFFFFFFFu, 0x7FC0},  // a negative NaN: torch's one NaN
+  };
+  for (const auto& [in, out] : cases) {
+    EXPECT_EQ(quant::to_bf16(std::bit_cast<float>(in)), out) << std::hex << in;
+    if ((out & 0x7F80) != 0x7F80 || (out & 0x7F) == 0) {  // not a NaN: back exactly
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(quant::from_bf16(out)), std::uint32_t{out} << 16);
+    }
+  }
+  // The whole-tensor quantizer (8 lanes at a time, then one by one) and its dequantizer agree.
+  std::vector<float> x;
+  for (int r = 0; r < 3; ++r)
+    for (const auto& [in, out] : cases) x.push_back(std::bit_cast<float>(in));
+  std::vector<std::uint8_t> codes(quant::code_bytes(StateDType::bf16, x.size()));
+  quant::quantize(StateDType::bf16, true, x.data(), x.size(), codes.data(), nullptr);
+  std::vector<float> back(x.size());
+  quant::dequantize(StateDType::bf16, true, codes.data(), nullptr, x.size(), back.data());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, codes.data() + 2 * i, sizeof h);
+    EXPECT_EQ(h, quant::to_bf16(x[i])) << i;
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(back[i]), std::uint32_t{h} << 16) << i;
+  }
+}
+
 TEST(Lowbit, StateIsAQuarterOrAnEighthOfFloat32s) {
   const std::size_t n = 1 << 20;
   std::vector<float> p(n, 0.5f), g(n, 0.25f);
@@ -353,6 +403,7 @@ TEST(Lowbit, StateIsAQuarterOrAnEighthOfFloat32s) {
   };
   for (const char* rule : {"adamw", "lion"}) {
     const double f32 = bytes(rule, "f32");
+    EXPECT_EQ(bytes(rule, "bf16") / f32, 0.5) << rule;
     EXPECT_LE(bytes(rule, "int8") / f32, 0.27) << rule;
     EXPECT_LE(bytes(rule, "int4") / f32, 0.15) << rule;
   }
@@ -420,7 +471,7 @@ TEST(Lowbit, LoadingAnotherStoragesStateKeepsTheGroupsOwn) {
   Optimizer a("adamw", param(p), {{std::string(kStateDTypeOption), "int8"}});
   a.step();
   const StateDict int8 = a.state_dict();
-  for (const char* into : {"int4", "f32"}) {
+  for (const char* into : {"int4", "f32", "bf16"}) {
     Optimizer b("adamw", param(q), {{std::string(kStateDTypeOption), into}});
     b.load_state_dict(int8);
     EXPECT_EQ(b.group(0).options.at(std::string(kStateDTypeOption)).word(), into);
@@ -429,7 +480,13 @@ TEST(Lowbit, LoadingAnotherStoragesStateKeepsTheGroupsOwn) {
     const auto& was = std::get<StateTensor>(int8.state.at(0).at("exp_avg")).data;
     const auto& now = std::get<StateTensor>(back.state.at(0).at("exp_avg")).data;
     if (std::string(into) == "f32") EXPECT_EQ(now, was);  // the values as they were
-    else EXPECT_NE(now, was);                             // int4's codes: quantized afresh
+    else EXPECT_NE(now, was);                             // int4's codes, bf16's roundings: afresh
+    if (std::string(into) == "bf16") {  // each value rounded as torch rounds it; and a bf16 state loads as it was
+      for (std::size_t k = 0; k < n; ++k) ASSERT_EQ(now[k], quant::from_bf16(quant::to_bf16(was[k]))) << k;
+      Optimizer again("adamw", param(q), {{std::string(kStateDTypeOption), "bf16"}});
+      again.load_state_dict(back);
+      EXPECT_EQ(std::get<StateTensor>(again.state_dict().state.at(0).at("exp_avg")).data, now);
+    }
   }
   StateDict bad = int8;
   std::get<StateTensor>(bad.state.at(0).at("exp_avg.absmax")).data.resize(3);
@@ -457,7 +514,7 @@ TEST(Lowbit, BadOptionsAreOneLine) {
   };
   EXPECT_EQ(message("adagrad", {{"state_dtype", "int8"}}),
             "adagrad keeps no state that can be quantized (state_dtype int8 is for sgd, adam, adamw, lion)");
-  EXPECT_EQ(message("adamw", {{"state_dtype", "int3"}}), "unknown state_dtype 'int3' (known: f32, int8, int4)");
+  EXPECT_EQ(message("adamw", {{"state_dtype", "int3"}}), "unknown state_dtype 'int3' (known: f32, bf16, int8, int4)");
   EXPECT_EQ(message("adamw", {{"state_dtype", 8.0}}).find("option 'state_dtype' of optimizer adamw must be one of"),
             0u);
   EXPECT_EQ(message("adagrad", {{"state_dtype", "f32"}}), "accepted");

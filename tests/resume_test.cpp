@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +30,7 @@
 #include "distopt/data/dataset.hpp"
 #include "distopt/data/sampler.hpp"
 #include "distopt/models/model.hpp"
+#include "distopt/optim/quant.hpp"
 #include "resume_support.hpp"
 
 using namespace distopt;
@@ -197,6 +199,42 @@ TEST(Resume, QuantizedStateReshardsWithItsCodesAndScales) {
             << e.what();
       }
     }
+  }
+}
+
+// bf16 state: no scales, shards cut anywhere; it reshards to the same bits,
+// and any other storage's checkpoint loads into it rounded as torch rounds.
+TEST(Resume, Bf16StateReshardsAndTakesOtherStoragesRounded) {
+  const std::vector<std::size_t> hidden = {256, 64};
+  parallel::OptimizerSpec spec = spec_of("adamw");
+  spec.options[std::string(kStateDTypeOption)] = "bf16";
+  const RunResult straight = run(4, "zero2", spec, 0, 14, nullptr, DType::f32, hidden);
+  const auto saved = assemble(run(4, "zero2", spec, 0, 8, nullptr, DType::f32, hidden).pieces);
+  for (const auto& [name, whole] : saved) {
+    EXPECT_EQ(name.find(".absmax"), std::string::npos) << name;
+    if (name.find("exp_avg") == std::string::npos) continue;
+    for (float v : whole.values)  // every tensor's moments, fc1.bias's too, are bfloat16s
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(v) & 0xFFFFu, 0u) << name;
+  }
+  EXPECT_TRUE(same_bits(run(4, "zero2", spec, 8, 6, &saved, DType::f32, hidden).params, straight.params));
+  for (const auto& [world, strategy] :
+       std::vector<std::pair<int, std::string>>{{3, "zero3"}, {1, "ddp"}, {5, "zero1"}}) {
+    const auto again = assemble(run(world, strategy, spec, 8, 0, &saved, DType::f32, hidden).pieces);
+    ASSERT_EQ(again.size(), saved.size()) << strategy << "@" << world;
+    for (const auto& [name, whole] : saved)
+      EXPECT_TRUE(same_bits(again.at(name).values, whole.values)) << name << " after " << strategy << "@" << world;
+  }
+  for (const char* from : {"f32", "int8"}) {
+    parallel::OptimizerSpec other = spec_of("adamw");
+    other.options[std::string(kStateDTypeOption)] = from;
+    const auto theirs = assemble(run(2, "zero1", other, 0, 8, nullptr, DType::f32, hidden).pieces);
+    const auto mine = assemble(run(3, "zero3", spec, 8, 0, &theirs, DType::f32, hidden).pieces);
+    EXPECT_FALSE(mine.count("state.0.exp_avg.absmax")) << from;
+    const auto& was = theirs.at("state.0.exp_avg").values;
+    const auto& now = mine.at("state.0.exp_avg").values;
+    ASSERT_EQ(was.size(), now.size());
+    for (std::size_t k = 0; k < was.size(); ++k)
+      ASSERT_TRUE(same_bits({now[k]}, {quant::from_bf16(quant::to_bf16(was[k]))})) << from << " element " << k;
   }
 }
 

@@ -61,9 +61,9 @@ Runner add_bench(CLI::App& app) {
 
   CLI::App* optim = sub->add_subcommand("optim", "optimizer step throughput against a memory-bandwidth roofline");
   optim
-      ->add_option(
-          "--rules", o->rules,
-          "rules to measure (default: every fp32 rule; also adamw-int8, adamw-int4, sgd-momentum-int8, lion-int8)")
+      ->add_option("--rules", o->rules,
+                   "rules to measure (default: every fp32 rule; also adamw-bf16, adamw-int8, adamw-int4, "
+                   "sgd-momentum-int8, lion-int8)")
       ->delimiter(',');
   optim->add_option("--cases", o->cases, "16M and/or 1000x16K (default: both; on cuda 256M, 100x10M, 1000x256K)")->delimiter(',');
   optim->add_option("--threads", o->threads, "thread counts (default: 1,2)")->delimiter(',')->check(CLI::Range(1, 256));

@@ -149,8 +149,16 @@ class PyOptimizer {
       if (v.device == Device::cpu) d[py::str(v.key)] = py::array_t<float>(shape, v.data, self);
       else d[py::str(v.key)] = py::make_tuple(reinterpret_cast<std::uintptr_t>(v.data), py::tuple(py::cast(shape)));
     }
-    // Quantized state (host memory only): its codes, as bytes, and its block scales.
+    // Quantized state (host memory only): its codes, as bytes, and its block
+    // scales; bf16 state as int16 of the parameter's shape (its bits, which
+    // python/distopt/torch/_dropin.py views as torch.bfloat16).
     for (const auto& q : opt_.quantized_views(i)) {
+      if (!quant::has_scales(q.dtype)) {
+        const Shape& s = opt_.param(i).value.shape;
+        d[py::str(q.key)] = py::array_t<std::int16_t>(std::vector<py::ssize_t>(s.begin(), s.end()),
+                                                      reinterpret_cast<std::int16_t*>(q.codes), self);
+        continue;
+      }
       const auto bytes = static_cast<py::ssize_t>(quant::code_bytes(q.dtype, q.elements));
       const auto blocks = static_cast<py::ssize_t>(quant::num_blocks(q.dtype, q.elements));
       d[py::str(q.key + ".codes")] = py::array_t<std::uint8_t>({bytes}, q.codes, self);

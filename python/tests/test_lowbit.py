@@ -232,3 +232,59 @@ def test_a_load_keeps_the_groups_storage_and_takes_the_sharded_optimizers_codes(
     misfit["state"][0]["exp_avg.absmax"] = misfit["state"][0]["exp_avg.absmax"][:-1]
     with pytest.raises(ValueError, match=r"loaded 'exp_avg.absmax' has \d+ scales, it needs \d+ \(int8 blocks of 256\)"):
         dopt.AdamW8bit([torch.nn.Parameter(p.detach().clone()) for p in sp]).load_state_dict(misfit)
+
+
+@pytest.mark.parametrize("case", [("AdamW", dict(lr=1e-2), torch.optim.AdamW, ("exp_avg", "exp_avg_sq")),
+                                  ("SGD", dict(lr=5e-2, momentum=0.9), torch.optim.SGD, ("momentum_buffer",))],
+                         ids=["AdamW", "SGD"])
+def test_bf16_state_is_torchs_step_with_its_state_rounded_to_bf16(case):
+    name, kw, cls, keys = case
+    tp = make_params()
+    topt = cls(tp, **kw)
+    for step in range(5):
+        for p, g in zip(tp, grads(step)):
+            p.grad = g.clone()
+        topt.step()
+        for p in tp:  # torch's state kept as bfloat16 between steps (round to nearest even)
+            for key in keys:
+                topt.state[p][key].copy_(topt.state[p][key].to(torch.bfloat16).float())
+    got, opt = ours(name, dict(kw, state_dtype="bf16"), 5)
+    for a, b in zip(got, tp):
+        assert torch.allclose(a, b, atol=ATOL, rtol=0), (a - b).abs().max()
+    for p, t in zip(got, tp):  # every tensor, the small one too, keeps bf16 state under torch's key
+        for key in keys:
+            mine = opt.state[p][key]
+            assert mine.dtype == torch.bfloat16 and mine.shape == p.shape, (key, mine.dtype, mine.shape)
+            agree = (mine.float() == topt.state[t][key]).float().mean().item()
+            assert agree > 0.99, f"{key}: {agree} of the values are torch's"
+    # state_dict round-trips bit for bit; torch's optimizer loads it; it loads torch's (rounded).
+    sd = copy.deepcopy(opt.state_dict())
+    again = [torch.nn.Parameter(p.detach().clone()) for p in got]
+    other = getattr(dopt, name)(again, **dict(kw, state_dtype="bf16"))
+    other.load_state_dict(sd)
+    for key in keys:
+        assert torch.equal(other.state[again[0]][key], opt.state[got[0]][key])
+    ours(name, {}, 2, opt=opt, ps=got)
+    ours(name, {}, 2, opt=other, ps=again)
+    assert all(torch.equal(a, b) for a, b in zip(got, again))
+    plain = cls([torch.nn.Parameter(p.detach().clone()) for p in got], **kw)
+    plain.load_state_dict(copy.deepcopy(sd))
+    fresh = getattr(dopt, name)([torch.nn.Parameter(p.detach().clone()) for p in tp], **dict(kw, state_dtype="bf16"))
+    fresh.load_state_dict(copy.deepcopy(topt.state_dict()))
+    st = fresh.state[fresh.param_groups[0]["params"][0]]
+    assert torch.equal(st[keys[0]], topt.state[tp[0]][keys[0]].to(torch.bfloat16))
+
+
+def test_bf16_state_is_half_of_fp32s_and_int8_codes_do_not_load_into_it():
+    nbytes = {}
+    for dtype in ("f32", "bf16"):
+        p = [torch.nn.Parameter(torch.zeros(1024, 1024))]
+        o = dopt.AdamW(p, state_dtype=dtype)
+        p[0].grad = torch.ones(1024, 1024)
+        o.step()
+        nbytes[dtype] = sum(t.numel() * t.element_size() for t in o.state[p[0]].values() if t.dim() > 0)
+    assert nbytes["bf16"] * 2 == nbytes["f32"], nbytes
+    ps, opt8 = ours("AdamW8bit", {}, 2)
+    with pytest.raises(ValueError, match=r"loaded 'exp_avg' is another state_dtype's codes \('exp_avg.codes'\)"):
+        dopt.AdamW([torch.nn.Parameter(p.detach().clone()) for p in ps],
+                   state_dtype="bf16").load_state_dict(copy.deepcopy(opt8.state_dict()))

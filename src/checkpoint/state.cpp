@@ -215,14 +215,15 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
     // The blocks that hold the piece (under ddp a piece may start mid-block), then the piece of them.
     const std::size_t begin = pc.param_begin - held_from, from = begin / block * block;
     std::vector<float> values(begin + pc.count - from);
-    quant::dequantize(q.dtype, q.is_signed, q.codes + quant::code_bytes(q.dtype, from), q.absmax + from / block,
-                      values.size(), values.data());
+    const bool scaled = quant::has_scales(q.dtype);
+    quant::dequantize(q.dtype, q.is_signed, q.codes + quant::code_bytes(q.dtype, from),
+                      scaled ? q.absmax + from / block : nullptr, values.size(), values.data());
     values.erase(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(begin - from));
     const ParamSlot& p = layout.params()[slot];
     out.view(state_name(slot, q.key), p.shape, pc.param_begin, out.keep(std::move(values)));
     const std::size_t first = (pc.param_begin + block - 1) / block,
                       last = (pc.param_begin + pc.count + block - 1) / block;
-    if (first < last)
+    if (scaled && first < last)
       out.view(state_name(slot, q.key + std::string(quant::kAbsmaxSuffix)),
                {static_cast<std::int64_t>(quant::num_blocks(q.dtype, p.numel()))}, first,
                std::span<const float>(q.absmax + (first - held_from / block), last - first));

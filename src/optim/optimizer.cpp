@@ -524,10 +524,13 @@ void Optimizer::step() {
 void Optimizer::apply_quantized(std::size_t i, std::size_t begin, std::size_t end) {
   ParamState& st = *state_[i];
   const RuleInfo& rule = *group_rules_[group_of_[i]];
-  std::size_t block = quant::kMaxBlock;  // every quantized tensor of a group has the group's dtype
+  // Every quantized tensor of a group has the group's dtype: its blocks, or
+  // (bf16, which has none) chunks of kMaxBlock from anywhere.
+  std::size_t block = quant::kMaxBlock;
+  bool scaled = false;
   for (const QuantizedTensor& q : st.quantized)
-    if (q.on()) block = quant::block_of(q.dtype);
-  DISTOPT_CHECK(begin % block == 0, "a quantized slice starts at ", begin);
+    if (q.on() && quant::has_scales(q.dtype)) block = quant::block_of(q.dtype), scaled = true;
+  DISTOPT_CHECK(!scaled || begin % block == 0, "a quantized slice starts at ", begin);
   alignas(64) float values[kMaxStateTensors][quant::kMaxBlock];
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t e = std::min(end, b + block);
@@ -536,7 +539,7 @@ void Optimizer::apply_quantized(std::size_t i, std::size_t begin, std::size_t en
       const QuantizedTensor& q = st.quantized[k];
       if (!q.on()) continue;
       quant::dequantize_block(q.dtype, q.is_signed, q.codes.as<std::uint8_t>() + quant::code_bytes(q.dtype, b),
-                              q.absmax.as<float>()[b / block], e - b, values[k]);
+                              scaled ? q.absmax.as<float>()[b / block] : 0.0f, e - b, values[k]);
       s.state[k] = values[k];
     }
     rule.apply(coeffs_[i], s);  // from the step's fp32 values; then they are quantized
@@ -545,7 +548,7 @@ void Optimizer::apply_quantized(std::size_t i, std::size_t begin, std::size_t en
       if (q.on())
         quant::quantize_block(q.dtype, q.is_signed, values[k], e - b,
                               q.codes.as<std::uint8_t>() + quant::code_bytes(q.dtype, b),
-                              q.absmax.as<float>() + b / block);
+                              scaled ? q.absmax.as<float>() + b / block : nullptr);
     }
   }
 }

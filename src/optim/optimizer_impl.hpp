@@ -56,11 +56,11 @@ constexpr int kMasterSlot = 2;
 constexpr int kFirstStateSlot = 3;
 
 // Whether state tensor k of a tensor of this shape is kept quantized under
-// storage sd: a tensor the rule may quantize, of at least kMinElements
+// storage sd: a tensor the rule may quantize, of at least quant::min_elements(sd)
 // elements in all (whatever piece of it a rank holds).
 inline bool quantizes(const RuleInfo& rule, quant::StateDType sd, std::size_t k, const Shape& tensor) {
   return sd != quant::StateDType::f32 && rule.quantized[k] != QuantSign::none &&
-         static_cast<std::size_t>(numel(tensor)) >= quant::kMinElements;
+         static_cast<std::size_t>(numel(tensor)) >= quant::min_elements(sd);
 }
 
 // "parameter 3 ('fc.weight')" in messages.

@@ -81,7 +81,7 @@ std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view k
     if (!st.tensors[k].empty() || n == 0) return readable(st.tensors[k]);
   }
   for (std::size_t k = 0; k < st.quantized.size(); ++k)
-    if (st.quantized[k].on() && key == str(st.tensor_names[k], kAbsmaxSuffix))
+    if (quant::has_scales(st.quantized[k].dtype) && key == str(st.tensor_names[k], kAbsmaxSuffix))
       return {st.quantized[k].absmax.as<float>(), quant::num_blocks(st.quantized[k].dtype, n)};
   const RuleInfo& rule = *group_rules_[group_of_[i]];
   if (rule.aux_parts != nullptr && st.initialized)
@@ -165,7 +165,7 @@ StateDict Optimizer::state_dict() const {
       if (!quantized && st.tensors[k].empty() && params_[i].value.numel() > 0) continue;  // not kept for this shape
       auto span = state_tensor(i, st.tensor_names[k]);
       entry[std::string(st.tensor_names[k])] = StateTensor{shape, {span.begin(), span.end()}};
-      if (!quantized) continue;
+      if (!quantized || !quant::has_scales(st.quantized[k].dtype)) continue;
       // The values read back, and each block's scale: a load quantizes them to the same codes.
       const std::string key = str(st.tensor_names[k], kAbsmaxSuffix);
       span = state_tensor(i, key);

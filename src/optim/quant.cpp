@@ -198,7 +198,7 @@ const Books& books() {
 
 const Book& book(StateDType d, bool is_signed) {
   const Books& b = books();
-  DISTOPT_CHECK(d != StateDType::f32, "f32 state has no code book");
+  DISTOPT_CHECK(has_scales(d), name_of(d), " state has no code book");
   if (d == StateDType::int8) return is_signed ? b.int8_signed : b.int8_unsigned;
   return is_signed ? b.int4_signed : b.int4_unsigned;
 }
@@ -237,6 +237,8 @@ std::string_view name_of(StateDType d) {
   switch (d) {
     case StateDType::f32:
       return "f32";
+    case StateDType::bf16:
+      return "bf16";
     case StateDType::int8:
       return "int8";
     case StateDType::int4:
@@ -246,13 +248,31 @@ std::string_view name_of(StateDType d) {
 }
 
 std::optional<StateDType> parse_state_dtype(std::string_view name) {
-  for (StateDType d : {StateDType::f32, StateDType::int8, StateDType::int4})
+  for (StateDType d : {StateDType::f32, StateDType::bf16, StateDType::int8, StateDType::int4})
     if (name == name_of(d)) return d;
   return std::nullopt;
 }
 
 std::string_view state_dtype_names() {
-  return "f32, int8, int4";
+  return "f32, bf16, int8, int4";
+}
+
+std::size_t min_elements(StateDType d) {
+  return has_scales(d) ? kMinElements : 1;
+}
+
+bool has_scales(StateDType d) {
+  return d == StateDType::int8 || d == StateDType::int4;
+}
+
+std::uint16_t to_bf16(float x) {
+  const auto u = std::bit_cast<std::uint32_t>(x);
+  if (std::isnan(x)) return 0x7FC0;
+  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float from_bf16(std::uint16_t b) {
+  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
 }
 
 std::size_t block_of(StateDType d) {
@@ -260,11 +280,11 @@ std::size_t block_of(StateDType d) {
 }
 
 std::size_t code_bytes(StateDType d, std::size_t n) {
-  return d == StateDType::int4 ? (n + 1) / 2 : n;
+  return d == StateDType::int4 ? (n + 1) / 2 : d == StateDType::bf16 ? 2 * n : n;
 }
 
 std::size_t num_blocks(StateDType d, std::size_t n) {
-  return (n + block_of(d) - 1) / block_of(d);
+  return has_scales(d) ? (n + block_of(d) - 1) / block_of(d) : 0;
 }
 
 std::span<const float> code_book(StateDType d, bool is_signed) {
@@ -272,12 +292,35 @@ std::span<const float> code_book(StateDType d, bool is_signed) {
 }
 
 void fill_zero(StateDType d, bool is_signed, std::uint8_t* codes, float* absmax, std::size_t n) {
+  if (d == StateDType::bf16) {
+    std::fill_n(codes, code_bytes(d, n), std::uint8_t{0});  // +0
+    return;
+  }
   const std::uint8_t z = book(d, is_signed).zero();
   put_all(d, codes, n, [z](std::size_t) { return z; });
   std::fill_n(absmax, num_blocks(d, n), 0.0f);
 }
 
 void quantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax) {
+  if (d == StateDType::bf16) {
+    std::size_t i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8) {  // to_bf16 on 8 lanes
+      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256i u = _mm256_castps_si256(v);
+      const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+      __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), odd)), 16);
+      h = _mm256_blendv_epi8(h, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);  // lanes 0-3, 4-7
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + 2 * i), _mm256_castsi256_si128(packed));
+    }
+#endif
+    for (; i < n; ++i) {
+      const std::uint16_t h = to_bf16(x[i]);
+      std::memcpy(codes + 2 * i, &h, sizeof h);
+    }
+    return;
+  }
   DISTOPT_CHECK(n <= block_of(d), "a block of ", n, " elements");
   const Book& b = book(d, is_signed);
   // max |x| on the bits: a non-negative float's bits order as it does, and
@@ -305,6 +348,21 @@ void quantize_block(StateDType d, bool is_signed, const float* x, std::size_t n,
 
 void dequantize_block(StateDType d, bool is_signed, const std::uint8_t* codes, float absmax, std::size_t n,
                       float* out) {
+  if (d == StateDType::bf16) {
+    std::size_t i = 0;
+#ifdef __AVX2__
+    for (; i + 8 <= n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + 2 * i));
+      _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    }
+#endif
+    for (; i < n; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, codes + 2 * i, sizeof h);
+      out[i] = from_bf16(h);
+    }
+    return;
+  }
   const float* code = book(d, is_signed).values().data();
   std::size_t i = 0;
 #ifdef __AVX2__
@@ -340,6 +398,12 @@ void dequantize_block(StateDType d, bool is_signed, const std::uint8_t* codes, f
 }
 
 bool requantize_block(StateDType d, bool is_signed, const float* x, std::size_t n, float absmax, std::uint8_t* codes) {
+  if (d == StateDType::bf16) {  // values a bf16 state gave: each one exactly a bfloat16
+    for (std::size_t i = 0; i < n; ++i)
+      if (!std::isnan(x[i]) && from_bf16(to_bf16(x[i])) != x[i]) return false;
+    quantize_block(d, is_signed, x, n, codes, nullptr);
+    return true;
+  }
   const Book& b = book(d, is_signed);
   const std::span<const float> code = b.values();
   auto same = [](float u, float v) { return u == v || (std::isnan(u) && std::isnan(v)); };
@@ -366,6 +430,7 @@ std::uint8_t fast_nearest(StateDType d, bool is_signed, float q) {
 }
 
 void quantize(StateDType d, bool is_signed, const float* x, std::size_t n, std::uint8_t* codes, float* absmax) {
+  if (!has_scales(d)) return quantize_block(d, is_signed, x, n, codes, absmax);
   const std::size_t block = block_of(d);
   for (std::size_t b = 0; b < n; b += block)
     quantize_block(d, is_signed, x + b, std::min(block, n - b), codes + code_bytes(d, b), absmax + b / block);
@@ -373,12 +438,14 @@ void quantize(StateDType d, bool is_signed, const float* x, std::size_t n, std::
 
 void dequantize(StateDType d, bool is_signed, const std::uint8_t* codes, const float* absmax, std::size_t n,
                 float* out) {
+  if (!has_scales(d)) return dequantize_block(d, is_signed, codes, 0.0f, n, out);
   const std::size_t block = block_of(d);
   for (std::size_t b = 0; b < n; b += block)
     dequantize_block(d, is_signed, codes + code_bytes(d, b), absmax[b / block], std::min(block, n - b), out + b);
 }
 
 long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, const float* absmax, std::uint8_t* codes) {
+  if (!has_scales(d)) return requantize_block(d, is_signed, x, n, 0.0f, codes) ? -1 : 0;
   const std::size_t block = block_of(d);
   for (std::size_t b = 0; b < n; b += block)
     if (!requantize_block(d, is_signed, x + b, std::min(block, n - b), absmax[b / block], codes + code_bytes(d, b)))
@@ -402,7 +469,7 @@ long load(StateDType d, bool is_signed, const float* values, std::size_t n, cons
   std::vector<std::uint8_t> staged(code_bytes(d, n));
   if (const long b = requantize(d, is_signed, values, n, scales, staged.data()); b >= 0) return b;
   std::copy(staged.begin(), staged.end(), codes);
-  std::copy_n(scales, num_blocks(d, n), absmax);
+  if (has_scales(d)) std::copy_n(scales, num_blocks(d, n), absmax);
   return -1;
 }
 

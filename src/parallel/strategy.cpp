@@ -33,7 +33,7 @@ namespace detail {
 
 std::size_t layout_align(const StrategyArgs& a) {
   const quant::StateDType sd = state_dtype_of(a.optimizer.options);
-  if (sd == quant::StateDType::f32) return ShardLayout::kAlign;
+  if (!quant::has_scales(sd)) return ShardLayout::kAlign;  // f32, bf16: any element may start a piece
   if (!a.info.replicated_params) {
     for (const ParamSlot& s : a.layout.params) {
       if (s.numel() < quant::kMinElements) continue;

@@ -242,8 +242,9 @@ Runner add_train(CLI::App& app) {
     }
   sub->add_option_function<std::string>(
       "--state-dtype,--state_dtype", [a](const std::string& v) { a->option_text[std::string(kStateDTypeOption)] = v; },
-      "the optimizer state's storage: f32 (default), int8 or int4 (blocks of 256 / 128 with an fp32 scale each; "
-      "adam, adamw, sgd with momentum, lion; tensors under 4096 elements keep f32)");
+      "the optimizer state's storage: f32 (default), bf16 (every state tensor, rounded to nearest-even), int8 or "
+      "int4 (blocks of 256 / 128 with an fp32 scale each; tensors under 4096 elements keep f32); adam, adamw, sgd "
+      "with momentum, lion");
   sub->add_option("--checkpoint-dir", c.checkpoint_dir,
                   "write checkpoints under DIR (DIR/step-N/: a file per rank and a manifest; docs/formats.md)");
   sub->add_option("--checkpoint-every", c.checkpoint_every,

@@ -14,6 +14,11 @@
 //   second moment never reads back as 0 where it was positive: sqrt(v)
 //   cannot vanish under a first moment with mass.
 //
+//   bf16: each element rounded to bfloat16 (to nearest, ties to even, as
+//   torch's float -> bfloat16 conversion; a NaN becomes torch's 0x7FC0), two
+//   bytes an element, no scales and no blocks: every tensor of a rule's
+//   quantizable state, whatever its size, and any piece of it.
+//
 // A block's scale is max |x| over its elements; element x takes the code
 // nearest to x / scale (fp32 division), ties to the lower code. A block
 // whose scale is not finite reads back as NaN. Blocks are counted from the
@@ -31,15 +36,21 @@
 
 namespace distopt::quant {
 
-enum class StateDType : std::uint8_t { f32, int8, int4 };
+enum class StateDType : std::uint8_t { f32, bf16, int8, int4 };
 std::string_view name_of(StateDType d);
 std::optional<StateDType> parse_state_dtype(std::string_view name);
-// "f32, int8, int4"
+// "f32, bf16, int8, int4"
 std::string_view state_dtype_names();
 
 // Tensors with fewer elements (of the whole tensor, whatever piece a rank
-// holds) keep fp32 state, as bitsandbytes' min_8bit_size.
+// holds) keep fp32 state under int8 and int4, as bitsandbytes'
+// min_8bit_size.
 inline constexpr std::size_t kMinElements = kLargeParamElements;
+// The smallest tensor (whole) whose state d keeps: kMinElements for the
+// block-scaled storages, 1 for bf16.
+std::size_t min_elements(StateDType d);
+// Whether d keeps block scales (int8, int4; not f32 or bf16).
+bool has_scales(StateDType d);
 // The largest block: sharded layouts place pieces on multiples of it, and
 // models place their tensors of kMinElements or more on it
 // (include/distopt/core/flat.hpp).
@@ -49,13 +60,18 @@ inline constexpr std::size_t kMaxBlock = kLargeParamAlign;
 // key with this suffix, in state_dict() and in checkpoints ("exp_avg.absmax").
 inline constexpr std::string_view kAbsmaxSuffix = ".absmax";
 
+// Elements per scale (1 for bf16, which has none: pieces may start anywhere).
 std::size_t block_of(StateDType d);
-// Bytes of codes and number of scales for n elements.
+// Bytes of codes and number of scales for n elements (no scales for bf16).
 std::size_t code_bytes(StateDType d, std::size_t n);
 std::size_t num_blocks(StateDType d, std::size_t n);
 
-// The sorted code values of a book (256 or 16 of them).
+// The sorted code values of a book (256 or 16 of them; int8, int4).
 std::span<const float> code_book(StateDType d, bool is_signed);
+
+// bfloat16's bits of x as torch rounds them, and back.
+std::uint16_t to_bf16(float x);
+float from_bf16(std::uint16_t b);
 
 // n elements of value 0: the zero code and scales of 0.
 void fill_zero(StateDType d, bool is_signed, std::uint8_t* codes, float* absmax, std::size_t n);

@@ -307,6 +307,8 @@ class _DistoptOptimizer(DistoptOptimizer):
                     out[k] = torch.as_tensor(_DeviceArray(address, shape, self._cpp), device=device)
             else:
                 out[k] = torch.from_numpy(v)
+                if out[k].dtype == torch.int16:  # bf16 state: its bits
+                    out[k] = out[k].view(torch.bfloat16)
         return out
 
     def _alias(self, i):
@@ -316,7 +318,7 @@ class _DistoptOptimizer(DistoptOptimizer):
         p = self._params[i]
         if p.is_complex():  # a complex parameter's state, complex as torch's (views of the real pairs)
             state = {k: torch.view_as_complex(v) if v.dim() > 0 and v.shape[-1] == 2 and v.numel() == 2 * p.numel()
-                     else v for k, v in state.items()}
+                     and v.dtype == torch.float32 else v for k, v in state.items()}  # (bf16 state stays real)
         self.state[p] = state
         return True
 
@@ -499,6 +501,10 @@ class _DistoptOptimizer(DistoptOptimizer):
                     if key == "master_param":  # saved by torch: the parameter itself is the value
                         view.copy_(p.detach().float().reshape(view.shape))
                         continue
+                    if saved.get(key + ".codes") is not None:  # int8/int4 codes into bf16 storage
+                        raise ValueError(f"{self._label(p, i)}: loaded '{key}' is another state_dtype's codes "
+                                         f"('{key}.codes'); this group's state_dtype {self._state_dtype(i)} loads "
+                                         "fp32 or bf16 values")
                     raise ValueError(f"{self._label(p, i)}: the loaded state lacks '{key}'")
                 value = torch.as_tensor(saved[key]).detach()
                 value = (torch.view_as_real(value) if value.is_complex() else value).to(torch.float32)

@@ -48,7 +48,7 @@ class SGD(_DistoptOptimizer):
 
     Arguments as torch's: lr (default 1e-3, torch 2.x's), momentum, dampening,
     weight_decay (L2), nesterov, maximize; and ``state_dtype`` ("f32";
-    "int8" or "int4" keep the momentum quantized: Adam8bit's docstring).
+    "bf16", "int8" or "int4" keep the momentum quantized: Adam8bit's docstring).
 
     Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
     ``differentiable=True`` and ``capturable=True`` are refused at construction.
@@ -71,7 +71,7 @@ class Adam(_DistoptOptimizer):
 
     Arguments as torch's: lr, betas, eps, weight_decay (L2, or decoupled as
     AdamW with ``decoupled_weight_decay=True``, torch 2.x's), amsgrad, maximize;
-    and ``state_dtype`` ("f32"; "int8" or "int4": Adam8bit's docstring).
+    and ``state_dtype`` ("f32"; "bf16", "int8" or "int4": Adam8bit's docstring).
 
     Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
     ``differentiable=True`` and ``capturable=True`` are refused at construction.
@@ -93,7 +93,7 @@ class AdamW(_DistoptOptimizer):
     ``p *= 1 - lr*wd`` before the Adam update.
 
     Arguments as torch's: lr, betas, eps, weight_decay (default 1e-2),
-    amsgrad, maximize; and ``state_dtype`` ("f32"; "int8" or "int4":
+    amsgrad, maximize; and ``state_dtype`` ("f32"; "bf16", "int8" or "int4":
     Adam8bit's docstring).
 
     Differs from torch: CPU tensors only; ``foreach`` and ``fused`` have no effect (one fused C++ step);
@@ -277,7 +277,7 @@ class Lion(_DistoptOptimizer):
     ``p -= lr * sign(b1*m + (1-b1)*g)``, ``m = b2*m + (1-b2)*g``.
 
     Arguments: lr (1e-4), betas ((0.9, 0.99)), weight_decay (decoupled),
-    maximize, state_dtype ("f32"; "int8" or "int4" keep the momentum
+    maximize, state_dtype ("f32"; "bf16", "bf16", "int8" or "int4" keep the momentum
     quantized: Adam8bit's docstring). No torch counterpart.
     """
 
@@ -430,6 +430,12 @@ class Adam8bit(_DistoptOptimizer):
     ``state_dict`` round-trips them, and a torch fp32 state_dict loads
     (quantized afresh). A group may set ``state_dtype`` ("f32" for an
     embedding, as bitsandbytes users do).
+
+    ``state_dtype="bf16"`` (on Adam, AdamW, SGD, Lion) keeps every state
+    tensor of the rule, whatever its size, as bfloat16 under its own key
+    (``state[p]["exp_avg"].dtype == torch.bfloat16``): the step runs in fp32
+    from those values and rounds the new state to nearest-even, as torch's
+    ``.to(torch.bfloat16)``; torch's optimizers load such a state_dict.
 
     Arguments as torch's Adam: lr, betas, eps, weight_decay (L2), amsgrad,
     maximize. CPU tensors only.
