@@ -525,13 +525,16 @@ void Optimizer::apply_quantized(std::size_t i, std::size_t begin, std::size_t en
   ParamState& st = *state_[i];
   const RuleInfo& rule = *group_rules_[group_of_[i]];
   // Every quantized tensor of a group has the group's dtype: its blocks, or
-  // (bf16, which has none) chunks of kMaxBlock from anywhere.
-  std::size_t block = quant::kMaxBlock;
+  // (bf16, which has none) chunks of kStage elements from anywhere (as long
+  // as the staged values of every state tensor stay in the L1 cache).
+  constexpr std::size_t kStage = 1024;
+  static_assert(kStage >= quant::kMaxBlock);
+  std::size_t block = kStage;
   bool scaled = false;
   for (const QuantizedTensor& q : st.quantized)
     if (q.on() && quant::has_scales(q.dtype)) block = quant::block_of(q.dtype), scaled = true;
   DISTOPT_CHECK(!scaled || begin % block == 0, "a quantized slice starts at ", begin);
-  alignas(64) float values[kMaxStateTensors][quant::kMaxBlock];
+  alignas(64) float values[kMaxStateTensors][kStage];
   for (std::size_t b = begin; b < end; b += block) {
     const std::size_t e = std::min(end, b + block);
     Slice s = slice_of(i, b, e);
