@@ -64,35 +64,57 @@ std::vector<std::string> gossip_strategies() {
   return strategies_where([](const parallel::StrategyInfo& s) { return s.per_rank_models; });
 }
 
-namespace {
-
 // ---- the sharded optimizer -------------------------------------------------
 
-parallel::FlatLayout layout_of(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units = {}) {
+parallel::FlatLayout layout_of(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units) {
   parallel::FlatLayout flat;
   for (const auto& [name, shape] : params) {
-    ParamSlot s{name, flat.elements, Shape(shape.begin(), shape.end())};
-    const std::size_t n = s.numel();
-    if (n == 0) throw InvalidInput(str(name, " has no elements"));
-    if (units.empty()) flat.units.push_back({name, flat.elements, flat.elements + n});
-    flat.elements += n;
+    ParamSlot s{name, 0, Shape(shape.begin(), shape.end())};
+    if (s.numel() == 0) throw InvalidInput(str(name, " has no elements"));
     flat.params.push_back(std::move(s));
   }
   if (flat.params.empty()) throw InvalidInput("the optimizer got an empty parameter list");
+  // One unit per parameter, or the units given: a unit's parameters in
+  // order, each tensor of 4096 or more elements on a multiple of 256 of its
+  // unit (place_in_unit, as the C++ models place theirs), so that quantized
+  // state's blocks never straddle a shard; the gaps hold zeros.
+  std::vector<UnitSpec> each;
+  if (units.empty())
+    for (const ParamSlot& s : flat.params) each.emplace_back(s.name, 1);
   std::size_t first = 0;
-  for (const auto& [name, count] : units) {
+  for (const auto& [name, count] : units.empty() ? each : units) {
     if (count == 0 || count > flat.params.size() - first)
       throw InvalidInput(
           str("unit ", name, ": ", count, " parameters from parameter ", first, " of ", flat.params.size()));
-    const std::size_t end = first + count;
-    flat.units.push_back(
-        {name, flat.params[first].offset, end < flat.params.size() ? flat.params[end].offset : flat.elements});
-    first = end;
+    const std::size_t begin = flat.elements;
+    std::size_t at = 0;
+    for (std::size_t i = first; i < first + count; ++i) {
+      at = place_in_unit(at, flat.params[i].numel());
+      flat.params[i].offset = begin + at;
+      at += flat.params[i].numel();
+    }
+    flat.elements = begin + at;
+    flat.units.push_back({name, begin, flat.elements});
+    first += count;
   }
-  if (!units.empty() && first != flat.params.size())
+  if (first != flat.params.size())
     throw InvalidInput(str("the units hold ", first, " of the ", flat.params.size(), " parameters"));
   return flat;
 }
+
+std::vector<std::size_t> unit_offsets(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units) {
+  const parallel::FlatLayout flat = layout_of(params, units);
+  std::vector<std::size_t> out;
+  std::size_t u = 0;
+  for (const ParamSlot& s : flat.params) {
+    while (s.offset >= flat.units[u].end) ++u;
+    out.push_back(s.offset - flat.units[u].begin);
+  }
+  for (const parallel::UnitRange& r : flat.units) out.push_back(r.end - r.begin);
+  return out;
+}
+
+namespace {
 
 // StrategyOptions' live limits from Python's keyword names.
 void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
@@ -304,25 +326,35 @@ void PySharded::deliver_parts(std::size_t u, const py::list& grads) {
   if (pending_ == 0 || u + 1 != pending_)
     throw InvalidInput(str("deliver: unit ", u, " out of order (next: ", next_unit(), ")"));
   const auto& unit = layout_.units[u];
+  // One gradient per parameter of the unit, each placed at its parameter's
+  // offset; the gaps between them (place_in_unit) are zeros.
+  const auto first = static_cast<std::size_t>(std::find(unit_of_.begin(), unit_of_.end(), u) - unit_of_.begin());
   std::vector<py::array_t<float, py::array::c_style | py::array::forcecast>> parts;
-  std::size_t n = 0;
   for (const auto& g : grads) {
     parts.push_back(py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(g));
     if (!parts.back()) throw InvalidInput(str("deliver: unit ", u, ": a gradient is not a float array"));
-    n += static_cast<std::size_t>(parts.back().size());
+    const std::size_t i = first + parts.size() - 1;
+    if (i >= unit_of_.size() || unit_of_[i] != u)
+      throw InvalidInput(str("deliver: unit ", u, " has ", parts.size() - 1, " parameters, got more gradients"));
+    if (static_cast<std::size_t>(parts.back().size()) != layout_.params[i].numel())
+      throw InvalidInput(str("deliver: unit ", u, ": the gradient of ", layout_.params[i].name, " has ",
+                             parts.back().size(), " elements, the parameter ", layout_.params[i].numel()));
   }
-  if (n != unit.end - unit.begin)
-    throw InvalidInput(str("deliver: unit ", u, " has ", unit.end - unit.begin, " elements, the gradients ", n));
+  if (first + parts.size() < unit_of_.size() && unit_of_[first + parts.size()] == u)
+    throw InvalidInput(str("deliver: unit ", u, ": ", parts.size(), " gradients for more parameters"));
   py::gil_scoped_release release;
   models::UnitAccess& access = strategy_->access();
   const std::span<float> dst = access.grads(u);
-  DISTOPT_CHECK(dst.size() == n, dst.size(), " vs ", n);
+  DISTOPT_CHECK(dst.size() == unit.end - unit.begin, dst.size(), " vs ", unit.end - unit.begin);
   std::size_t at = 0;
-  for (const auto& part : parts) {
-    const auto k = static_cast<std::size_t>(part.size());
-    hand_over(dst.subspan(at, k), part.data(), comm_->size());
-    at += k;
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    const ParamSlot& s = layout_.params[first + k];
+    const std::size_t from = s.offset - unit.begin, n = s.numel();
+    std::fill(dst.begin() + static_cast<std::ptrdiff_t>(at), dst.begin() + static_cast<std::ptrdiff_t>(from), 0.0f);
+    hand_over(dst.subspan(from, n), parts[k].data(), comm_->size());
+    at = from + n;
   }
+  std::fill(dst.begin() + static_cast<std::ptrdiff_t>(at), dst.end(), 0.0f);
   --pending_;
   access.grads_done(u);
 }

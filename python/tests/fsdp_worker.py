@@ -40,12 +40,12 @@ class Block(torch.nn.Module):
 
 
 class Net(torch.nn.Module):
-    def __init__(self, checkpointing=False, seed=0):
+    def __init__(self, checkpointing=False, seed=0, width=16):
         super().__init__()
         torch.manual_seed(seed)
-        self.embed = torch.nn.Linear(12, 16)
-        self.blocks = torch.nn.ModuleList([Block(16) for _ in range(3)])
-        self.head = torch.nn.Linear(16, 3)
+        self.embed = torch.nn.Linear(12, width)
+        self.blocks = torch.nn.ModuleList([Block(width) for _ in range(3)])
+        self.head = torch.nn.Linear(width, 3)
         self.checkpointing = checkpointing
 
     def forward(self, x):
@@ -90,7 +90,12 @@ def main():
     ap.add_argument("--save-at", type=int, default=2)
     ap.add_argument("--save-only", action="store_true", help="save after --save-at steps and record the state")
     ap.add_argument("--load-from", help="record the state a fresh wrapper (and a ddp optimizer) loads from here")
+    ap.add_argument("--width", type=int, default=16, help="the blocks' width (48: up and down hold 4608 elements)")
+    ap.add_argument("--state-dtype", help="the optimizers' state_dtype (int8, int4, bf16)")
     a = ap.parse_args()
+    if a.state_dtype:
+        for o in OPTIONS.values():
+            o["state_dtype"] = a.state_dtype
     if a.gloo:
         import torch.distributed as dist
 
@@ -102,7 +107,7 @@ def main():
         if a.save_only or a.load_from:
             results["runs"][rule] = reshard(a, rule, comm, data)
             continue
-        ref = Net()
+        ref = Net(width=a.width)
         opt = ShardedOptimizer(ref.parameters(), rule, "ddp", comm=comm, **OPTIONS[rule])
 
         def ddp_step():
@@ -110,7 +115,7 @@ def main():
             opt.zero_grad()
 
         expected = train(ref, ddp_step, data)
-        net = Net(a.checkpointing)
+        net = Net(a.checkpointing, width=a.width)
         wrap = {"class": dict(wrap=Block), "size": dict(min_num_params=1000), "none": {},
                 "list": dict(wrap=[net.blocks[0], net.blocks[2]])}[a.policy]
         model = FullyShardedDataParallel(net, optimizer=rule, comm=comm, prefetch_units=a.prefetch, **wrap,
@@ -129,10 +134,12 @@ def main():
             got += train(model, step, data[a.save_at:])
         else:
             got = train(model, step, data)
-        plain = Net()
+        plain = Net(width=a.width)
         plain.load_state_dict(got[-1])  # torch's own module takes the full state_dict
+        state = model.optimizer.state_dict()["state"]
         results["runs"][rule] = {"expected": expected, "got": got, "units": model.units,
-                                 "memory": model.memory(), "plain_out": plain(data[0][0]).detach()}
+                                 "memory": model.memory(), "plain_out": plain(data[0][0]).detach(),
+                                 "state_keys": sorted({k for st in state.values() for k in st})}
     torch.save(results, f"{a.out}.r{comm.rank}")
     if a.save_only or a.load_from:
         return

@@ -53,6 +53,16 @@ def test_zero3_gives_ddps_bits_for_every_rule(tmp_path, how, world):
     assert torch.isfinite(run["plain_out"]).all()
 
 
+@pytest.mark.parametrize("how,world,dtype", [("mpi", 3, "int8"), ("gloo", 2, "int4")])
+def test_zero3_with_quantized_state_gives_ddps_bits(tmp_path, how, world, dtype):
+    # Width 48: each block's up and down weights (4608 elements) keep
+    # quantized state and follow tensors of 96 and 48 elements in their
+    # unit: the layout places them on 256-element multiples.
+    ranks = launch(str(tmp_path), how, world, "--rules", "adamw", "--width", "48", "--state-dtype", dtype)
+    assert_ddp_bits(ranks, f"{how} world {world} {dtype}")
+    assert "exp_avg.absmax" in ranks[0]["runs"]["adamw"]["state_keys"]
+
+
 @pytest.mark.parametrize("how", ["mpi", "gloo"])
 def test_checkpointed_activations_other_policies_and_resume(tmp_path, how):
     ranks = launch(str(tmp_path), how, 2, "--rules", "adamw,muon", "--checkpointing", "--prefetch", "2",

@@ -158,20 +158,23 @@ class _UnitOptimizer(ShardedOptimizer):
         goes unit by unit, so a rank never holds two copies of it besides
         the array (which the strategy leaves once it has its shard)."""
         self._unit_hooks = ShardedOptimizer._hook_grads(self)  # (before the storages go: they read them)
-        initial = torch.empty(sum(p.numel() for p in ps))
+        # The strategy's layout: a unit's tensors of 4096 or more elements
+        # start on multiples of 256 of it (quantized state's blocks), zeros between.
+        offsets = _core.unit_offsets([(n, list(p.shape)) for n, p in zip(self._names, ps)],
+                                     [(name or "root", len(unit)) for name, _, unit in self._unit_list])
+        lengths = offsets[len(ps):]
+        initial = torch.zeros(sum(lengths))
         self._flats, self._live, self._unit_of, self._left, self._first = [], [], [], [], []
-        at = 0
+        begin = 0
         for u, (_, _, unit) in enumerate(self._unit_list):
             self._first.append(len(self._unit_of))  # the unit's parameters: [first, first + len(unit))
-            flat = torch.empty(sum(p.numel() for _, p in unit))
-            off = 0
+            flat = torch.empty(lengths[u])
             for _, p in unit:
-                n = p.numel()
-                initial[at:at + n].copy_(p.detach().reshape(-1))
+                n, off = p.numel(), offsets[len(self._unit_of)]
+                initial[begin + off:begin + off + n].copy_(p.detach().reshape(-1))
                 p.data = flat[off:off + n].view(p.shape)
-                at += n
-                off += n
                 self._unit_of.append(u)
+            begin += lengths[u]
             _free(flat)
             self._flats.append(flat)
             self._live.append(0)
