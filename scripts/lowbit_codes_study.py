@@ -124,7 +124,7 @@ def roundtrip(x, code, block):
     for _ in range(steps):
         pick += mid[pick] < q
     if code[0] == 0:  # unsigned with a zero: a positive value never reads 0
-        pick.clamp_(min=1)
+        pick = torch.where((q > 0) & (pick == 0), torch.ones_like(pick), pick)
     return (code[pick].view(-1, block) * a).reshape(-1)[:n]
 
 

@@ -147,7 +147,8 @@ Runner add_checkpoint(CLI::App& app) {
   exp->add_flag("--optimizer-state", a->optimizer_state,
                 "add the optimizer state in torch's state_dict layout (state.<index>.<key>)");
   exp->add_flag("--dequantize", a->dequantize,
-                "with --optimizer-state: quantized state (--state-dtype int8|int4) as torch's fp32 state only, "
+                "with --optimizer-state: quantized state (--state-dtype int8|int4; bf16 has no scales) as torch's fp32 "
+                "state only, "
                 "without its block scales (<key>.absmax)");
   CLI::App* ins = sub->add_subcommand("inspect", "print what a checkpoint holds (verifying its checksums)");
   ins->add_option("dir", a->dir, "a checkpoint directory, or a --checkpoint-dir (its latest complete checkpoint)")

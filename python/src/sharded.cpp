@@ -328,7 +328,7 @@ void PySharded::deliver_parts(std::size_t u, const py::list& grads) {
   const auto& unit = layout_.units[u];
   // One gradient per parameter of the unit, each placed at its parameter's
   // offset; the gaps between them (place_in_unit) are zeros.
-  const auto first = static_cast<std::size_t>(std::find(unit_of_.begin(), unit_of_.end(), u) - unit_of_.begin());
+  const auto first = static_cast<std::size_t>(std::lower_bound(unit_of_.begin(), unit_of_.end(), u) - unit_of_.begin());
   std::vector<py::array_t<float, py::array::c_style | py::array::forcecast>> parts;
   for (const auto& g : grads) {
     parts.push_back(py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(g));

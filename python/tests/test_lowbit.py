@@ -288,3 +288,16 @@ def test_bf16_state_is_half_of_fp32s_and_int8_codes_do_not_load_into_it():
     with pytest.raises(ValueError, match=r"loaded 'exp_avg' is another state_dtype's codes \('exp_avg.codes'\)"):
         dopt.AdamW([torch.nn.Parameter(p.detach().clone()) for p in ps],
                    state_dtype="bf16").load_state_dict(copy.deepcopy(opt8.state_dict()))
+
+
+def test_bf16_state_refuses_complex_parameters_and_loads_nans_as_the_cpp_side_rounds():
+    with pytest.raises(ValueError, match="state_dtype bf16 with a complex parameter"):
+        dopt.AdamW([torch.nn.Parameter(torch.zeros(3, dtype=torch.complex64))], state_dtype="bf16")
+    ps, opt = ours("AdamW", dict(state_dtype="bf16"), 1)
+    sd = copy.deepcopy(opt.state_dict())
+    sd["state"][0]["exp_avg"] = sd["state"][0]["exp_avg"].float()
+    sd["state"][0]["exp_avg"].view(-1)[:16] = float("nan")  # fp32 NaNs: rounded by the C++ side to 0x7FC0
+    other = dopt.AdamW([torch.nn.Parameter(p.detach().clone()) for p in ps], state_dtype="bf16")
+    other.load_state_dict(sd)
+    bits = other.state[other.param_groups[0]["params"][0]]["exp_avg"].view(torch.int16).view(-1)[:16]
+    assert (bits == 0x7FC0).all(), bits

@@ -180,8 +180,9 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
   if (gossip) {
     for (std::size_t i = 0; i < opt.num_params(); ++i)
       if (!opt.quantized_views(i).empty())
-        throw InvalidInput(str(s.info().name, " checkpoints keep each rank's optimizer state in fp32: ",
-                               kStateDTypeOption, " int8/int4 is checkpointed under ddp and zero1-3 only"));
+        throw InvalidInput(
+            str(s.info().name, " checkpoints keep each rank's optimizer state in fp32: ", kStateDTypeOption, " ",
+                quant::name_of(opt.quantized_views(i).front().dtype), " is checkpointed under ddp and zero1-3 only"));
     // The ranks' mean of their states (collective: every rank takes part).
     StateDict dict = opt.state_dict();
     PieceSet mine;

@@ -454,6 +454,7 @@ long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, con
 }
 
 SavedScales classify_scales(StateDType d, std::size_t n, std::size_t count) {
+  if (!has_scales(d)) return SavedScales::other_storage;  // bf16 keeps none: the values are rounded, whatever came
   if (count == num_blocks(d, n)) return SavedScales::this_storage;
   for (StateDType other : {StateDType::int8, StateDType::int4})
     if (other != d && count == num_blocks(other, n)) return SavedScales::other_storage;

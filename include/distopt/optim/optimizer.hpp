@@ -209,9 +209,10 @@ class Optimizer {
     Device device = Device::cpu;
   };
   std::vector<StateView> state_views(std::size_t i);
-  // The state tensors of parameter i kept quantized (state_dtype int8 or
-  // int4: include/distopt/optim/quant.hpp), in place: `elements` values as
-  // codes (quant.hpp's packing) and one fp32 scale per block. state_views
+  // The state tensors of parameter i kept quantized (state_dtype bf16, int8
+  // or int4: include/distopt/optim/quant.hpp), in place: `elements` values
+  // as codes (quant.hpp's packing) and one fp32 scale per block (bf16:
+  // none, absmax null). state_views
   // gives the rest of the parameter's state and leaves these out; a
   // checkpoint writes them as state_dict() does (the values, and the scales
   // under KEY.absmax) and a load sets codes and scales through these views.

@@ -15,7 +15,7 @@
 //   cannot vanish under a first moment with mass.
 //
 //   bf16: each element rounded to bfloat16 (to nearest, ties to even, as
-//   torch's float -> bfloat16 conversion; a NaN becomes torch's 0x7FC0), two
+//   c10's round_to_nearest_even; a NaN becomes 0x7FC0), two
 //   bytes an element, no scales and no blocks: every tensor of a rule's
 //   quantizable state, whatever its size, and any piece of it.
 //
@@ -103,7 +103,8 @@ long requantize(StateDType d, bool is_signed, const float* x, std::size_t n, con
 
 // What `count` saved block scales beside n saved values are: this
 // storage's (the values load as the same codes), the other storage's (int8
-// scales into int4 state: the values are quantized afresh), or a count no
+// scales into int4 state: the values are quantized afresh; any scales into
+// bf16 state, which keeps none: the values are rounded), or a count no
 // storage has (a load refuses it). The one rule of every load: C++
 // state_dict, checkpoints, Python.
 enum class SavedScales : std::uint8_t { this_storage, other_storage, misfit };

@@ -191,6 +191,10 @@ class _DistoptOptimizer(DistoptOptimizer):
             _core.check_options(self._rule, {"state_dtype": param_group["state_dtype"]})
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        if group.get("state_dtype") == "bf16" and any(p.is_complex() for p in group["params"]):
+            self.param_groups.pop()
+            raise ValueError(f"{type(self).__name__}: state_dtype bf16 with a complex parameter: its state would be "
+                             "real bf16 pairs, which torch's optimizers cannot load (use state_dtype f32 for its group)")
         for k, p in enumerate(group["params"]):
             self._check_param(p, first + k)
         if self._cpp is not None:
@@ -484,6 +488,9 @@ class _DistoptOptimizer(DistoptOptimizer):
             fresh = {}  # quantized state saved as fp32 values (torch's, a distopt f32 run's or sharded optimizer's)
             for key, view in views.items():
                 base, _, part = key.rpartition(".")
+                if view.dtype == torch.bfloat16 and saved.get(key) is not None:  # rounded by the C++ side, as a step
+                    fresh[key] = None
+                    continue
                 if part in ("codes", "absmax") and saved.get(base + ".codes") is None and saved.get(base) is not None:
                     if part == "codes":  # with the saved scales, which quantize_state classifies
                         fresh[base] = saved.get(base + ".absmax")

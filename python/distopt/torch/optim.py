@@ -277,7 +277,7 @@ class Lion(_DistoptOptimizer):
     ``p -= lr * sign(b1*m + (1-b1)*g)``, ``m = b2*m + (1-b2)*g``.
 
     Arguments: lr (1e-4), betas ((0.9, 0.99)), weight_decay (decoupled),
-    maximize, state_dtype ("f32"; "bf16", "bf16", "int8" or "int4" keep the momentum
+    maximize, state_dtype ("f32"; "bf16", "int8" or "int4" keep the momentum
     quantized: Adam8bit's docstring). No torch counterpart.
     """
 
