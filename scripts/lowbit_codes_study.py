@@ -30,27 +30,16 @@ It is a study, not a test: the results are in docs/performance.md.
 """
 import argparse
 import gzip
-import importlib.util
 import os
 import sys
 import time
 
 import torch
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen_golden_lowbit as REF  # noqa: E402  (distopt's code books and quantizer, in torch)
+
 DATA = "/usr/share/datasets/fashion-mnist"
-
-
-def reference():
-    sys.path.insert(0, os.path.join(ROOT, "scripts"))  # gen_golden_lowbit imports golden_io
-    spec = importlib.util.spec_from_file_location("gen_golden_lowbit", os.path.join(ROOT, "scripts",
-                                                                                     "gen_golden_lowbit.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REF = reference()
 
 
 def float_code(signed, mantissa_bits, min_exponent):

@@ -102,15 +102,15 @@ parallel::FlatLayout layout_of(const std::vector<ParamSpec>& params, const std::
   return flat;
 }
 
-std::vector<std::size_t> unit_offsets(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units) {
+UnitOffsets unit_offsets(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units) {
   const parallel::FlatLayout flat = layout_of(params, units);
-  std::vector<std::size_t> out;
+  UnitOffsets out;
   std::size_t u = 0;
   for (const ParamSlot& s : flat.params) {
     while (s.offset >= flat.units[u].end) ++u;
-    out.push_back(s.offset - flat.units[u].begin);
+    out.offsets.push_back(s.offset - flat.units[u].begin);
   }
-  for (const parallel::UnitRange& r : flat.units) out.push_back(r.end - r.begin);
+  for (const parallel::UnitRange& r : flat.units) out.lengths.push_back(r.end - r.begin);
   return out;
 }
 

@@ -75,9 +75,12 @@ using UnitSpec = std::pair<std::string, std::size_t>;
 // empty), or the units given, each tensor of 4096 or more elements placed
 // on a multiple of 256 elements of its unit (place_in_unit) with zeros
 // between; and, for FullyShardedDataParallel's flat tensors, each
-// parameter's offset in its unit followed by each unit's length.
+// parameter's offset in its unit and each unit's length.
 parallel::FlatLayout layout_of(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units = {});
-std::vector<std::size_t> unit_offsets(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units);
+struct UnitOffsets {
+  std::vector<std::size_t> offsets, lengths;
+};
+UnitOffsets unit_offsets(const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units);
 
 // The reference the Python optimizers are tested against: the C++ strategy
 // over the threads backend, one thread per rank, stepped with

@@ -113,8 +113,14 @@ void bind_sharded(py::module_& m) {
         "the strategies ShardedOptimizer runs, as the library's registry says (StrategyInfo)");
   m.def("retire_sharded", &retire_all_sharded,
         "ends every sharded optimizer's strategy (at exit, before the communicators end)");
-  m.def("unit_offsets", &unit_offsets, py::arg("params"), py::arg("units"),
-        "each parameter's offset in its unit, then each unit's length (FullyShardedDataParallel's flat tensors)");
+  m.def(
+      "unit_offsets",
+      [](const std::vector<ParamSpec>& params, const std::vector<UnitSpec>& units) {
+        UnitOffsets o = unit_offsets(params, units);
+        return py::make_tuple(std::move(o.offsets), std::move(o.lengths));
+      },
+      py::arg("params"), py::arg("units"),
+      "(each parameter's offset in its unit, each unit's length): FullyShardedDataParallel's flat tensors");
   m.def("gathering_strategies", &gathering_strategies,
         "the strategies FullyShardedDataParallel runs (StrategyInfo::sharded_params)");
   m.def(

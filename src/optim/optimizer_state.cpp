@@ -248,9 +248,8 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       if (absmax == nullptr) continue;
       const auto& values = std::get<StateTensor>(entry.at(std::string(l.tensors[k]))).data;
       std::vector<std::uint8_t> codes(quant::code_bytes(sd, n));
-      std::vector<float> scales(quant::num_blocks(sd, n));
-      if (const long b = quant::load(sd, rule.quantized[k] == QuantSign::is_signed, values.data(), n, absmax->data(),
-                                     codes.data(), scales.data());
+      if (const long b = quant::requantize(sd, rule.quantized[k] == QuantSign::is_signed, values.data(), n,
+                                           absmax->data(), codes.data());
           b >= 0)
         throw InvalidInput(str("loaded state '", l.tensors[k], "' of parameter ", id, " is not ", quant::name_of(sd),
                                " codes times '", l.tensors[k], kAbsmaxSuffix, "' (block ", b, ")"));

@@ -160,9 +160,8 @@ class _UnitOptimizer(ShardedOptimizer):
         self._unit_hooks = ShardedOptimizer._hook_grads(self)  # (before the storages go: they read them)
         # The strategy's layout: a unit's tensors of 4096 or more elements
         # start on multiples of 256 of it (quantized state's blocks), zeros between.
-        offsets = _core.unit_offsets([(n, list(p.shape)) for n, p in zip(self._names, ps)],
-                                     [(name or "root", len(unit)) for name, _, unit in self._unit_list])
-        lengths = offsets[len(ps):]
+        offsets, lengths = _core.unit_offsets([(n, list(p.shape)) for n, p in zip(self._names, ps)],
+                                              [(name or "root", len(unit)) for name, _, unit in self._unit_list])
         initial = torch.zeros(sum(lengths))
         self._flats, self._live, self._unit_of, self._left, self._first = [], [], [], [], []
         begin = 0
