@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../src/optim/quant_code.hpp"
 #include "distopt/core/error.hpp"
 #include "distopt/core/thread_pool.hpp"
 #include "distopt/optim/optimizer.hpp"
@@ -115,22 +116,31 @@ TEST(Lowbit, CodesAreNearestAndTheSecondMomentNeverReadsZero) {
 // for every value it can see (x / scale lies in [-1, 1]): a sweep over the
 // floats in [-1, 1], and each code, its neighbours and every midpoint (the
 // ties) with theirs.
+// The q of a search's checks: floats of [-1, 1] at a stride of their bits,
+// and each code, the midpoints between neighbours (two ways of rounding
+// them) and the floats beside them.
+std::vector<float> search_cases(StateDType d, bool s) {
+  std::vector<float> qs{0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), -1.0f, 1.0f};
+  for (std::uint32_t u = 0; u <= 0x3F800000u; u += 1009) {
+    qs.push_back(std::bit_cast<float>(u));
+    qs.push_back(-std::bit_cast<float>(u));
+  }
+  const std::span<const float> code = quant::code_book(d, s);
+  for (std::size_t k = 0; k < code.size(); ++k) {
+    std::vector<float> at{code[k]};
+    if (k + 1 < code.size())
+      at.push_back((code[k + 1] - code[k]) / 2 + code[k]), at.push_back((code[k] + code[k + 1]) / 2);
+    for (float v : at)
+      for (float w : {v, std::nextafter(v, -2.0f), std::nextafter(v, 2.0f)}) qs.push_back(w);
+  }
+  return qs;
+}
+
 TEST(Lowbit, TheFastSearchIsTheReferenceSearch) {
   for (StateDType d : {StateDType::int8, StateDType::int4})
     for (bool s : {true, false}) {
-      std::vector<float> qs{0.0f, -0.0f, std::numeric_limits<float>::denorm_min(), -1.0f, 1.0f};
-      for (std::uint32_t u = 0; u <= 0x3F800000u; u += 1009) {
-        qs.push_back(std::bit_cast<float>(u));
-        qs.push_back(-std::bit_cast<float>(u));
-      }
+      std::vector<float> qs = search_cases(d, s);
       const std::span<const float> code = quant::code_book(d, s);
-      for (std::size_t k = 0; k < code.size(); ++k) {
-        std::vector<float> at{code[k]};
-        if (k + 1 < code.size())
-          at.push_back((code[k + 1] - code[k]) / 2 + code[k]), at.push_back((code[k] + code[k + 1]) / 2);
-        for (float v : at)
-          for (float w : {v, std::nextafter(v, -2.0f), std::nextafter(v, 2.0f)}) qs.push_back(w);
-      }
       std::size_t differ = 0;
       for (float q : qs)
         if (quant::fast_nearest(d, s, q) != quant::reference_nearest(d, s, q) && ++differ < 5)
@@ -158,6 +168,34 @@ TEST(Lowbit, TheFastSearchIsTheReferenceSearch) {
             ADD_FAILURE() << quant::name_of(d) << " quantize_block q=" << x[j] << " gave " << back[j];
       }
       EXPECT_EQ(differ, 0u);
+    }
+}
+
+// The CUDA kernels' search (src/optim/quant_code.hpp, the same source run
+// here on the host): the thresholds' binary search over the book's table.
+TEST(Lowbit, TheDevicesSearchIsTheReferenceSearch) {
+  for (StateDType d : {StateDType::int8, StateDType::int4})
+    for (bool s : {true, false}) {
+      const quant::BookTable& t = quant::book_table(d, s);
+      const std::span<const float> code = quant::code_book(d, s);
+      ASSERT_EQ(t.size, code.size());
+      EXPECT_TRUE(std::equal(code.begin(), code.end(), t.values));
+      if (std::find(code.begin(), code.end(), 0.0f) != code.end()) {
+        EXPECT_EQ(code[t.zero], 0.0f);
+      } else {
+        EXPECT_EQ(t.zero, 0);  // int4's unsigned book (k/16): code 0 under a scale of 0
+      }
+      std::size_t differ = 0, checked = 0;
+      for (float q : search_cases(d, s)) {
+        if (std::fabs(q) > 1.0f) continue;  // what x / max |x| can be
+        ++checked;
+        const std::uint32_t c = quant::code_of(t.thresholds, t.size, t.floor_positive, q);
+        if (c != quant::reference_nearest(d, s, q) && ++differ < 5)
+          ADD_FAILURE() << quant::name_of(d) << (s ? " signed" : " unsigned") << " q=" << q << " device " << c
+                        << " reference " << int(quant::reference_nearest(d, s, q));
+      }
+      EXPECT_EQ(differ, 0u);
+      EXPECT_GT(checked, 2000000u);
     }
 }
 

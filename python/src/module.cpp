@@ -139,30 +139,33 @@ class PyOptimizer {
   }
   // Parameter i's state as {key: view of the optimizer's memory}: a numpy
   // array for host memory, whose base keeps the optimizer alive; for device
-  // memory, (address, shape), which python/distopt/torch/_dropin.py hands to
-  // torch as a __cuda_array_interface__ holding the optimizer.
+  // memory, (address, shape, typestr), which python/distopt/torch/_dropin.py
+  // hands to torch as a __cuda_array_interface__ holding the optimizer.
   py::dict state(py::object self, std::size_t i) {
     if (i >= opt_.num_params()) throw InvalidInput(str("no parameter ", i));
     py::dict d;
-    for (const auto& v : opt_.state_views(i)) {
-      std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end());
-      if (v.device == Device::cpu) d[py::str(v.key)] = py::array_t<float>(shape, v.data, self);
-      else d[py::str(v.key)] = py::make_tuple(reinterpret_cast<std::uintptr_t>(v.data), py::tuple(py::cast(shape)));
-    }
-    // Quantized state (host memory only): its codes, as bytes, and its block
-    // scales; bf16 state as int16 of the parameter's shape (its bits, which
+    auto put = [&]<class T>(const std::string& key, T* data, std::vector<py::ssize_t> shape, Device device,
+                            const char* typestr) {
+      if (device == Device::cpu) d[py::str(key)] = py::array_t<T>(shape, data, self);
+      else
+        d[py::str(key)] = py::make_tuple(reinterpret_cast<std::uintptr_t>(data), py::tuple(py::cast(shape)), typestr);
+    };
+    for (const auto& v : opt_.state_views(i))
+      put(v.key, v.data, std::vector<py::ssize_t>(v.shape.begin(), v.shape.end()), v.device, "<f4");
+    // Quantized state: its codes, as bytes, and its block scales; bf16
+    // state as int16 of the parameter's shape (its bits, which
     // python/distopt/torch/_dropin.py views as torch.bfloat16).
     for (const auto& q : opt_.quantized_views(i)) {
       if (!quant::has_scales(q.dtype)) {
         const Shape& s = opt_.param(i).value.shape;
-        d[py::str(q.key)] = py::array_t<std::int16_t>(std::vector<py::ssize_t>(s.begin(), s.end()),
-                                                      reinterpret_cast<std::int16_t*>(q.codes), self);
+        put(q.key, reinterpret_cast<std::int16_t*>(q.codes), std::vector<py::ssize_t>(s.begin(), s.end()), q.device,
+            "<i2");
         continue;
       }
       const auto bytes = static_cast<py::ssize_t>(quant::code_bytes(q.dtype, q.elements));
       const auto blocks = static_cast<py::ssize_t>(quant::num_blocks(q.dtype, q.elements));
-      d[py::str(q.key + ".codes")] = py::array_t<std::uint8_t>({bytes}, q.codes, self);
-      d[py::str(q.key + std::string(quant::kAbsmaxSuffix))] = py::array_t<float>({blocks}, q.absmax, self);
+      put(q.key + ".codes", q.codes, {bytes}, q.device, "|u1");
+      put(q.key + std::string(quant::kAbsmaxSuffix), q.absmax, {blocks}, q.device, "<f4");
     }
     return d;
   }
@@ -186,9 +189,13 @@ class PyOptimizer {
                                " scales, it needs ", quant::num_blocks(q.dtype, q.elements), " (",
                                quant::name_of(q.dtype), " blocks of ", quant::block_of(q.dtype), ")"));
       const float* saved = kind == quant::SavedScales::this_storage ? scales->data() : nullptr;
-      if (const long b = quant::load(q.dtype, q.is_signed, values.data(), q.elements, saved, q.codes, q.absmax); b >= 0)
+      const Optimizer::HostQuantized host(q, false);  // device state: written from a copy
+      if (const long b = quant::load(q.dtype, q.is_signed, values.data(), q.elements, saved, host.view().codes,
+                                     host.view().absmax);
+          b >= 0)
         throw InvalidInput(str("params[", i, "]: loaded '", key, "' is not ", quant::name_of(q.dtype),
                                " codes times its scales (block ", b, ")"));
+      host.commit();
       return;
     }
     throw InvalidInput(str("params[", i, "] keeps no quantized state '", key, "'"));

@@ -90,6 +90,41 @@ def test_cuda_parameters_step_with_the_cpu_bits(name, kw, dtype):
                 assert torch.equal(mine.cpu(), value), f"parameter {k}, state {key}"
 
 
+# Quantized state (docs/optimizers.md, "Quantized state"): the device keeps
+# codes and block scales as the CPU does, so the parameters, the codes, the
+# scales and bf16 state agree bit for bit; the state_dict moves to the CPU.
+QUANTIZED = [("AdamW8bit", dict(lr=0.01)), ("AdamW4bit", dict(lr=0.01, weight_decay=0.1)),
+             ("Adam8bit", dict(lr=0.01, amsgrad=True)), ("SGD", dict(lr=0.1, momentum=0.9, state_dtype="int8")),
+             ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, state_dtype="int4")),
+             ("AdamW", dict(lr=0.01, state_dtype="bf16")), ("Lion", dict(lr=1e-3, state_dtype="int8"))]
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("name,kw", QUANTIZED, ids=[f"{n}-{i}" for i, (n, _) in enumerate(QUANTIZED)])
+def test_quantized_state_on_cuda_has_the_cpu_bits(name, kw, dtype):
+    ours, opt = _run(name, kw, "cuda", dtype)
+    ref, ref_opt = _run(name, kw, "cpu", dtype)
+    quantized = 0
+    for k, (p, q) in enumerate(zip(ours, ref)):
+        assert torch.equal(p.detach().cpu(), q.detach()), f"parameter {k}"
+        for key, value in ref_opt.state[q].items():
+            mine = opt.state[p][key]
+            if torch.is_tensor(value):
+                quantized += value.dtype in (torch.uint8, torch.bfloat16)
+                assert mine.dtype == value.dtype, key
+                assert torch.equal(mine.cpu(), value), f"parameter {k}, state {key}"
+    assert quantized > 0
+    again = getattr(dopt, name)([q.detach().clone().requires_grad_() for q in ref], **kw)
+    again.load_state_dict(copy.deepcopy(opt.state_dict()))  # the device's state, onto the CPU
+    for o, ps in ((again, again.param_groups[0]["params"]), (ref_opt, ref)):
+        for p in ps:
+            p.grad = torch.ones_like(p)
+        o.step()
+    for p, q in zip(again.param_groups[0]["params"], ref):
+        assert torch.equal(p, q)
+
+
 # The rules with norms (tensor_stats): the device sums them in another order
 # than the CPU, so parameters agree within 1e-6 of their largest magnitude
 # (one rounding of a bf16 parameter) rather than bit for bit.

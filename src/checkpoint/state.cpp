@@ -206,7 +206,9 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
   // cut like the parameter, and its block scales under KEY.absmax, each
   // block's scale written by the rank whose piece holds the block's first
   // element (the sharded layouts start pieces on blocks: quant.hpp).
-  auto add_quantized = [&](std::size_t i, const Optimizer::QuantizedView& q) {
+  auto add_quantized = [&](std::size_t i, const Optimizer::QuantizedView& in_place) {
+    const Optimizer::HostQuantized host(in_place, true);  // device state: a copy
+    const Optimizer::QuantizedView& q = host.view();
     const std::size_t slot = index.at(opt.param(i).name);
     const auto& pc = pieces[slot];
     const std::size_t block = quant::block_of(q.dtype);
@@ -224,10 +226,12 @@ PieceSet strategy_pieces(parallel::Strategy& s, int rank) {
     out.view(state_name(slot, q.key), p.shape, pc.param_begin, out.keep(std::move(values)));
     const std::size_t first = (pc.param_begin + block - 1) / block,
                       last = (pc.param_begin + pc.count + block - 1) / block;
-    if (scaled && first < last)
+    if (scaled && first < last) {
+      std::span<const float> scales(q.absmax + (first - held_from / block), last - first);
+      if (in_place.device != Device::cpu) scales = out.keep(std::vector<float>(scales.begin(), scales.end()));
       out.view(state_name(slot, q.key + std::string(quant::kAbsmaxSuffix)),
-               {static_cast<std::int64_t>(quant::num_blocks(q.dtype, p.numel()))}, first,
-               std::span<const float>(q.absmax + (first - held_from / block), last - first));
+               {static_cast<std::int64_t>(quant::num_blocks(q.dtype, p.numel()))}, first, scales);
+    }
   };
   // The state where the optimizer keeps it, in state_dict()'s order (by key).
   for (std::size_t i = 0; i < opt.num_params(); ++i) {
@@ -398,7 +402,8 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
     }
     std::vector<float> scales;
     for (const QuantizedFill& f : quantized) {
-      const Optimizer::QuantizedView& q = f.view;
+      const Optimizer::HostQuantized host(f.view, false);  // device state: written from a copy
+      const Optimizer::QuantizedView& q = host.view();
       const std::size_t block = quant::block_of(q.dtype);
       DISTOPT_CHECK(f.begin % block == 0, f.name, " from element ", f.begin);
       staged.resize(q.elements);
@@ -412,6 +417,7 @@ void load_optimizer_state(parallel::Strategy& s, const TensorSource& source, con
           b >= 0)
         throw InvalidInput(str("the checkpoint's ", f.name, " is not ", quant::name_of(q.dtype), " codes times ",
                                f.scales, " (block ", f.begin / block + static_cast<std::size_t>(b), ")"));
+      host.commit();
     }
   } catch (...) {
     opt.load_state_dict(none);  // nothing half-loaded: no state

@@ -3,12 +3,10 @@
 // without -ftz=true inside namespace DISTOPT_FP_NS.
 //
 // One step of a rule over K tensors is one launch per combination of the
-// rule's compile-time flags and element type (usually one): the tensors'
-// pointers, sizes and coefficient indices, the distinct coefficient blocks
-// and each tensor's first chunk go to the device in one copy; block b of
-// the grid finds its tensor by binary search over the first chunks and
-// updates that chunk with the rule's element() -- the function the CPU loop
-// runs. Where every pointer of a tensor is aligned, a thread moves four
+// rule's compile-time flags and element type (usually one: multi_tensor.cuh);
+// block b of the grid finds its tensor by binary search over the first
+// chunks and updates that chunk with the rule's element() -- the function
+// the CPU loop runs. Where every pointer of a tensor is aligned, a thread moves four
 // elements at a time: it loads them with one vector access per array into
 // registers, runs element() on the registers and stores them the same way
 // (the same operations on the same values, so the same bits; the wide
@@ -28,6 +26,7 @@
 #include "../optim/cuda_step.hpp"
 #include "../optim/rules/pointwise.hpp"
 #include "check.cuh"
+#include "multi_tensor.cuh"
 #include "table.cuh"
 
 namespace distopt::cuda::DISTOPT_FP_NS {
@@ -110,100 +109,28 @@ __global__ void __launch_bounds__(kThreads)
 
 bool aligned(const void* p, std::size_t bytes) { return reinterpret_cast<std::uintptr_t>(p) % bytes == 0; }
 
-// The launches of one step: run r covers entries [run_begin[r], run_begin[r+1]).
-template <class M>
-void launch_runs(std::string_view rule, const std::vector<unsigned>& key, const std::vector<std::size_t>& run_begin,
-                 const std::vector<std::size_t>& run_chunks, const std::vector<std::size_t>& run_src,
-                 std::span<const Slice> slices, std::size_t n_entries, const RuleBlob* dev_blobs,
-                 const Entry* dev_entries, const unsigned* dev_first, cudaStream_t stream, const float* skip) {
-  for (std::size_t r = 0; r < run_begin.size(); ++r) {
-    const std::size_t first = run_begin[r];
-    const std::size_t last = r + 1 < run_begin.size() ? run_begin[r + 1] : n_entries;
-    const std::size_t src = run_src[r];
-    const unsigned flags = key[src] / 4u;
-    const unsigned chunks = static_cast<unsigned>(run_chunks[r]);
-    const unsigned count = static_cast<unsigned>(last - first);
-    rules::dispatch_mask<M::kFlags>(flags, [&](auto... f) {
-      dispatch_dtype(slices[src].dtype, [&]<class T>() {
-        pointwise_kernel<M, T, decltype(f)::value...>
-            <<<chunks, kThreads, 0, stream>>>(dev_blobs, dev_entries + first, dev_first + first, count, skip);
-      });
-    });
-    check(cudaGetLastError(), str(rule, " step: kernel launch over ", count, " tensors"));
-  }
-}
-
 template <class M>
 void launch(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
             std::optional<std::uintptr_t> caller, const float* skip) {
-  // The caller's stream, or this thread's own (stream 0 under --default-stream per-thread).
-  const cudaStream_t stream = caller ? as_stream(*caller) : cudaStream_t{0};
-  // Order the tensors by (flags, dtype): one launch per run of equal keys.
-  const std::size_t k = slices.size();
-  std::vector<unsigned> key(k);
-  for (std::size_t j = 0; j < k; ++j)
-    key[j] = M::flags(coeffs[j]->as<typename M::Coeffs>()) * 4u + static_cast<unsigned>(slices[j].dtype);
-  std::vector<std::size_t> order(k);
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return key[a] < key[b]; });
-
-  // Distinct coefficient blocks (neighbours usually share theirs), then entries.
-  std::vector<RuleBlob> blobs;
-  std::vector<unsigned> blob_of(k);
-  for (std::size_t j = 0; j < k; ++j) {
-    if (blobs.empty() || std::memcmp(&blobs.back(), coeffs[j], sizeof(RuleBlob)) != 0) blobs.push_back(*coeffs[j]);
-    blob_of[j] = static_cast<unsigned>(blobs.size() - 1);
-  }
-  std::vector<Entry> entries;
-  std::vector<unsigned> first_chunk;
-  entries.reserve(k);
-  first_chunk.reserve(k);
-  // Launch r covers entries [run_begin[r], run_begin[r+1]) of key key[run_src[r]].
-  std::vector<std::size_t> run_begin, run_chunks, run_src;
-  for (std::size_t r = 0; r < k; ++r) {
-    const std::size_t j = order[r];
+  auto fill = [&](std::size_t j, Entry& e) {
     const Slice& sl = slices[j];
-    if (sl.n == 0) continue;
-    if (run_src.empty() || key[j] != key[run_src.back()]) {
-      run_begin.push_back(entries.size());
-      run_chunks.push_back(0);
-      run_src.push_back(j);
-    }
-    Entry e{};
     set_arrays(e, sl);
     e.n = sl.n;
-    e.coeffs = blob_of[j];
     const std::size_t es = size_of(sl.dtype);
     e.vector = aligned(e.p, 4 * kVec) && aligned(e.g, es * kVec) && (e.lp == nullptr || aligned(e.lp, es * kVec));
     for (int t = 0; t < kMaxStateTensors; ++t) e.vector = e.vector && (e.s[t] == nullptr || aligned(e.s[t], 4 * kVec));
-    first_chunk.push_back(static_cast<unsigned>(run_chunks.back()));
-    run_chunks.back() += (sl.n + kChunk - 1) / kChunk;
-    if (run_chunks.back() > 0x7fffffffu)
-      throw InvalidInput(str(rule, " step: more than 2^31 chunks of ", kChunk, " elements in one launch"));
-    entries.push_back(e);
-  }
-  if (entries.empty()) return;
-
-  // One copy: the coefficient blocks, the entries, then their first chunks.
-  const std::size_t blob_bytes = blobs.size() * sizeof(RuleBlob);
-  const std::size_t entry_bytes = entries.size() * sizeof(Entry);
-  const std::size_t bytes = blob_bytes + entry_bytes + first_chunk.size() * sizeof(unsigned);
-  const Staging area = staging(bytes);
-  std::memcpy(area.host, blobs.data(), blob_bytes);
-  std::memcpy(area.host + blob_bytes, entries.data(), entry_bytes);
-  std::memcpy(area.host + blob_bytes + entry_bytes, first_chunk.data(), first_chunk.size() * sizeof(unsigned));
-  const auto* dev_blobs = reinterpret_cast<const RuleBlob*>(area.device);
-  const auto* dev_entries = reinterpret_cast<const Entry*>(area.device + blob_bytes);
-  const auto* dev_first = reinterpret_cast<const unsigned*>(area.device + blob_bytes + entry_bytes);
-
-  enqueue_staged(stream, [&] {
-    check(cudaMemcpyAsync(area.device, area.host, bytes, cudaMemcpyHostToDevice, stream), str(rule, " step: metadata"));
-    launch_runs<M>(rule, key, run_begin, run_chunks, run_src, slices, entries.size(), dev_blobs, dev_entries, dev_first,
-                   stream, skip);
-  });
-  // On this thread's own stream the step is complete when it returns, as on
-  // the CPU; on a caller's it is ordered with the caller's other work.
-  if (!caller) check(cudaStreamSynchronize(stream), str(rule, " step"));
+  };
+  auto blocks = [&](std::size_t j) { return (slices[j].n + kChunk - 1) / kChunk; };
+  auto kernel = [&](const Run<Entry>& r, cudaStream_t stream) {
+    const unsigned flags = M::flags(coeffs[r.slice]->as<typename M::Coeffs>());
+    rules::dispatch_mask<M::kFlags>(flags, [&](auto... f) {
+      dispatch_dtype(slices[r.slice].dtype, [&]<class T>() {
+        pointwise_kernel<M, T, decltype(f)::value...>
+            <<<r.blocks, kThreads, 0, stream>>>(r.blobs, r.entries, r.first, r.count, skip);
+      });
+    });
+  };
+  launch_planned<M, Entry>(rule, coeffs, slices, caller, {}, fill, blocks, kernel);
 }
 
 }  // namespace

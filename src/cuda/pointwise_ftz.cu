@@ -2,3 +2,4 @@
 // CPU when it flushes denormals (DenormalMode::flush, as training does).
 #define DISTOPT_FP_NS ftz
 #include "pointwise.cuh"
+#include "quantized.cuh"

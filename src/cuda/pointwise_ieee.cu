@@ -2,3 +2,4 @@
 // CPU in IEEE mode (denormals kept).
 #define DISTOPT_FP_NS ieee
 #include "pointwise.cuh"
+#include "quantized.cuh"

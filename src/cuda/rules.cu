@@ -18,6 +18,9 @@ namespace distopt::cuda {
 #define DISTOPT_KERNEL_ENTRIES                                                                                   \
   bool run(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,        \
            std::optional<std::uintptr_t> stream, const float* skip);                                             \
+  bool run_quantized(std::string_view rule, quant::StateDType storage, std::span<const RuleBlob* const> coeffs,  \
+                     std::span<const Slice> slices, std::span<const QuantizedSlice> codes,                       \
+                     std::optional<std::uintptr_t> stream, const float* skip);                                   \
   bool run_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs,                        \
                 std::span<const Slice> slices, std::span<const StatRange> ranges,                                \
                 std::span<const std::span<const float>> aux, std::span<double* const> out,                       \
@@ -53,6 +56,16 @@ void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coef
   const bool ran =
       flush ? ftz::run(rule, coeffs, slices, stream, skip) : ieee::run(rule, coeffs, slices, stream, skip);
   if (!ran) throw InvalidInput(str(rule, " has no CUDA kernel (the device runs ", kernel_rules(), ")"));
+}
+
+void quantized_step(std::string_view rule, quant::StateDType storage, std::span<const RuleBlob* const> coeffs,
+                    std::span<const Slice> slices, std::span<const QuantizedSlice> codes, bool flush,
+                    std::optional<std::uintptr_t> stream, const float* skip) {
+  if (coeffs.size() != slices.size() || codes.size() != slices.size())
+    throw PreconditionError("quantized_step: one coefficient block and one set of codes per slice");
+  const bool ran = flush ? ftz::run_quantized(rule, storage, coeffs, slices, codes, stream, skip)
+                         : ieee::run_quantized(rule, storage, coeffs, slices, codes, stream, skip);
+  if (!ran) throw InvalidInput(str(rule, " keeps no quantized state on the device"));
 }
 
 void stats_pass(std::string_view rule, int pass, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,

@@ -9,6 +9,7 @@
 #include <span>
 #include <string_view>
 
+#include "distopt/optim/quant.hpp"
 #include "distopt/optim/rule.hpp"
 
 namespace distopt::cuda {
@@ -31,6 +32,25 @@ std::string_view kernel_rules();
 // change nothing (GradScaler's found_inf).
 void pointwise_step(std::string_view rule, std::span<const RuleBlob* const> coeffs, std::span<const Slice> slices,
                     bool flush, std::optional<std::uintptr_t> stream, const float* skip = nullptr);
+
+// A pointwise rule's step over slices whose state is kept quantized
+// (include/distopt/optim/quant.hpp: bf16, int8 or int4, one storage for all
+// of them): state tensor k of slice j is codes[j].codes[k] and its block
+// scales codes[j].absmax[k] (null for bf16) where codes[j].codes[k] is not
+// null, else Slice::state[k] as in pointwise_step. A block of threads per
+// block of the storage: the codes read to fp32, the rule's element() (the
+// CPU's source), each block's scale reduced exactly (max |x| on the bits)
+// and the codes picked by quant_code.hpp's search, so the codes and scales
+// are the CPU's. Slices start on blocks of their tensors (the Optimizer's
+// rule); stream and skip as in pointwise_step.
+struct QuantizedSlice {
+  std::uint8_t* codes[kMaxStateTensors] = {};
+  float* absmax[kMaxStateTensors] = {};
+  bool is_signed[kMaxStateTensors] = {};
+};
+void quantized_step(std::string_view rule, quant::StateDType storage, std::span<const RuleBlob* const> coeffs,
+                    std::span<const Slice> slices, std::span<const QuantizedSlice> codes, bool flush,
+                    std::optional<std::uintptr_t> stream, const float* skip = nullptr);
 
 // The tensor_stats rules with kernels (rules/stats.hpp: LAMB, LARS,
 // Adafactor) step in passes, as on the CPU (Optimizer::run_stat_passes):

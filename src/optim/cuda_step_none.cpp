@@ -17,6 +17,10 @@ void pointwise_step(std::string_view, std::span<const RuleBlob* const>, std::spa
                     std::optional<std::uintptr_t>, const float*) {
   no_cuda();
 }
+void quantized_step(std::string_view, quant::StateDType, std::span<const RuleBlob* const>, std::span<const Slice>,
+                    std::span<const QuantizedSlice>, bool, std::optional<std::uintptr_t>, const float*) {
+  no_cuda();
+}
 bool has_stats_kernel(std::string_view) {
   return false;
 }

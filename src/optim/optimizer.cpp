@@ -122,9 +122,6 @@ void Optimizer::add_param_group(ParamGroupSpec spec) {
       throw InvalidInput(str(param_label(p, params_.size() + k), " is on ", name_of(p.value.device),
                              ", the optimizer's parameters are on ", name_of(device), " (one device per optimizer)"));
   }
-  if (device == Device::cuda && state_dtype_of(options) != quant::StateDType::f32)
-    throw InvalidInput(str(kStateDTypeOption, " ", quant::name_of(state_dtype_of(options)),
-                           " runs on the CPU only for now; the parameters are on cuda"));
   if (device == Device::cuda) {
     require_device(device, "optimizer on cuda");
     if (std::string why = why_rule_cannot_run(rule.name, device); !why.empty()) throw InvalidInput(why);
@@ -239,8 +236,7 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
       quantized.push_back(at < st.quantized.size() ? std::move(st.quantized[at]) : QuantizedTensor{});
       if (!st.initialized && !tensors.back().empty())  // kept through reset_state: starts afresh
         fill_floats(tensors.back().as<float>(), n, fill[k], device_);
-      if (QuantizedTensor& q = quantized.back(); !st.initialized && q.on())
-        quant::fill_zero(q.dtype, q.is_signed, q.codes.as<std::uint8_t>(), q.absmax.as<float>(), n);
+      if (QuantizedTensor& q = quantized.back(); !st.initialized && q.on()) fill_zero(q, n);
       continue;
     }
     const bool needed = rule.tensor_needed == nullptr || rule.tensor_needed(groups_[g].options, k, tensor_shape_of(i));
@@ -254,13 +250,13 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
         throw InvalidInput(str(param_label(p, i), " is a piece starting at element ", p.tensor_offset,
                                " of its tensor: ", kStateDTypeOption, " ", quant::name_of(sd),
                                " needs pieces that start on a block of ", block, " elements"));
-      DISTOPT_CHECK(fill[k] == 0.0f && device_ == Device::cpu, "quantized ", what);
+      DISTOPT_CHECK(fill[k] == 0.0f, "quantized ", what);
       QuantizedTensor& q = quantized.back();
       q.dtype = sd;
       q.is_signed = rule.quantized[k] == QuantSign::is_signed;
       q.codes = Buffer(quant::code_bytes(sd, n), kFirstStateSlot + static_cast<int>(k), device_, what);
       q.absmax = Buffer(quant::num_blocks(sd, n) * sizeof(float), 0, device_, what);
-      quant::fill_zero(sd, q.is_signed, q.codes.as<std::uint8_t>(), q.absmax.as<float>(), n);
+      fill_zero(q, n);
       tensors.emplace_back();
       continue;
     }

@@ -1,6 +1,7 @@
 // The Optimizer's step of CUDA parameters (include/distopt/optim/optimizer.hpp,
 // docs/gpu.md): the pointwise rules in one multi-tensor launch per group,
-// the tensor_stats rules (LAMB, LARS, Adafactor) pass by pass with their
+// and those whose state is kept quantized in another (quant.hpp); the
+// tensor_stats rules (LAMB, LARS, Adafactor) pass by pass with their
 // statistics finished on the host, as the CPU finishes them; muon's
 // Newton-Schulz on cuBLAS (src/cuda/muon.cu).
 #include <string>
@@ -19,20 +20,48 @@ void Optimizer::step_on_device(const float* skip) {
   // The kernels are built twice, so that they flush denormals exactly when
   // this thread's CPU would (DenormalMode).
   const bool flush = flushing_denormals();
-  std::vector<const RuleBlob*> coeffs;
-  std::vector<Slice> slices;
+  // Tensors whose state is kept quantized (quant.hpp) step in a launch of their own.
+  std::vector<const RuleBlob*> coeffs, quantized_coeffs;
+  std::vector<Slice> slices, quantized_slices;
+  std::vector<cuda::QuantizedSlice> codes;
   bool stats = false;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     coeffs.clear();
     slices.clear();
-    for (std::size_t i : active_)
-      if (group_of_[i] == g) {
+    quantized_coeffs.clear();
+    quantized_slices.clear();
+    codes.clear();
+    for (std::size_t i : active_) {
+      if (group_of_[i] != g) continue;
+      const Slice s = slice_of(i, 0, static_cast<std::size_t>(params_[i].value.numel()));
+      const ParamState& st = *state_[i];
+      if (!st.any_quantized()) {
         coeffs.push_back(&coeffs_[i]);
-        slices.push_back(slice_of(i, 0, static_cast<std::size_t>(params_[i].value.numel())));
+        slices.push_back(s);
+        continue;
       }
-    if (slices.empty()) continue;
-    if (group_rules_[g]->stat_passes > 0) stats = true;
-    else cuda::pointwise_step(group_rules_[g]->name, coeffs, slices, flush, cuda_stream_, skip);
+      cuda::QuantizedSlice q;
+      for (std::size_t k = 0; k < st.quantized.size(); ++k)
+        if (st.quantized[k].on()) {
+          q.codes[k] = const_cast<std::uint8_t*>(st.quantized[k].codes.as<std::uint8_t>());
+          q.absmax[k] = const_cast<float*>(st.quantized[k].absmax.as<float>());
+          q.is_signed[k] = st.quantized[k].is_signed;
+        }
+      quantized_coeffs.push_back(&coeffs_[i]);
+      quantized_slices.push_back(s);
+      codes.push_back(q);
+    }
+    if (slices.empty() && quantized_slices.empty()) continue;
+    const RuleInfo& rule = *group_rules_[g];
+    if (rule.stat_passes > 0) {
+      DISTOPT_CHECK(quantized_slices.empty(), rule.name, " with quantized state");
+      stats = true;
+      continue;
+    }
+    if (!slices.empty()) cuda::pointwise_step(rule.name, coeffs, slices, flush, cuda_stream_, skip);
+    if (!quantized_slices.empty())
+      cuda::quantized_step(rule.name, state_dtype_of(groups_[g].options), quantized_coeffs, quantized_slices, codes,
+                           flush, cuda_stream_, skip);
   }
   if (!stats) return;
   // The tensor_stats rules wait for their statistics on the host anyway:

@@ -22,17 +22,19 @@ namespace {
 
 // A quantized state tensor's values (n elements).
 void dequantize(const QuantizedTensor& q, std::size_t n, float* out) {
-  quant::dequantize(q.dtype, q.is_signed, q.codes.as<std::uint8_t>(), q.absmax.as<float>(), n, out);
+  const Optimizer::HostQuantized h(view_of(q, "", n), true);
+  quant::dequantize(q.dtype, q.is_signed, h.view().codes, h.view().absmax, n, out);
 }
 
 // Saved values into quantized state: with their saved scales (validated
 // before: exact), else quantized afresh (an fp32 state, or another
 // storage's, loaded into quantized storage).
 void load_quantized(QuantizedTensor& q, const std::vector<float>& values, const std::vector<float>* absmax) {
-  DISTOPT_CHECK(
-      quant::load(q.dtype, q.is_signed, values.data(), values.size(), absmax == nullptr ? nullptr : absmax->data(),
-                  q.codes.as<std::uint8_t>(), q.absmax.as<float>()) < 0,
-      "validated state");
+  const Optimizer::HostQuantized h(view_of(q, "", values.size()), false);
+  DISTOPT_CHECK(quant::load(q.dtype, q.is_signed, values.data(), values.size(),
+                            absmax == nullptr ? nullptr : absmax->data(), h.view().codes, h.view().absmax) < 0,
+                "validated state");
+  h.commit();
 }
 
 // The saved scales of state tensor `key` when they are this storage's;
@@ -52,6 +54,24 @@ const std::vector<float>* saved_scales(const std::map<std::string, std::variant<
 }
 
 }  // namespace
+
+Optimizer::HostQuantized::HostQuantized(const QuantizedView& q, bool read) : of_(q), host_(q) {
+  if (q.device == Device::cpu) return;
+  codes_.resize(quant::code_bytes(q.dtype, q.elements));
+  absmax_.resize(quant::num_blocks(q.dtype, q.elements));
+  host_.codes = codes_.data();
+  host_.absmax = quant::has_scales(q.dtype) ? absmax_.data() : nullptr;
+  host_.device = Device::cpu;
+  if (!read) return;
+  copy_bytes(codes_.data(), Device::cpu, q.codes, q.device, codes_.size());
+  if (!absmax_.empty()) copy_bytes(absmax_.data(), Device::cpu, q.absmax, q.device, absmax_.size() * sizeof(float));
+}
+
+void Optimizer::HostQuantized::commit() const {
+  if (of_.device == Device::cpu) return;
+  copy_bytes(of_.codes, of_.device, codes_.data(), Device::cpu, codes_.size());
+  if (!absmax_.empty()) copy_bytes(of_.absmax, of_.device, absmax_.data(), Device::cpu, absmax_.size() * sizeof(float));
+}
 
 bool Optimizer::has_state(std::size_t i) const {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
@@ -80,9 +100,15 @@ std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view k
     }
     if (!st.tensors[k].empty() || n == 0) return readable(st.tensors[k]);
   }
-  for (std::size_t k = 0; k < st.quantized.size(); ++k)
-    if (quant::has_scales(st.quantized[k].dtype) && key == str(st.tensor_names[k], kAbsmaxSuffix))
-      return {st.quantized[k].absmax.as<float>(), quant::num_blocks(st.quantized[k].dtype, n)};
+  for (std::size_t k = 0; k < st.quantized.size(); ++k) {
+    const QuantizedTensor& q = st.quantized[k];
+    if (quant::has_scales(q.dtype) && key == str(st.tensor_names[k], kAbsmaxSuffix)) {
+      if (q.absmax.device() == Device::cpu) return {q.absmax.as<float>(), quant::num_blocks(q.dtype, n)};
+      st.host_copy.resize(quant::num_blocks(q.dtype, n));
+      copy_bytes(st.host_copy.data(), Device::cpu, q.absmax.data(), q.absmax.device(), q.absmax.size_bytes());
+      return st.host_copy;
+    }
+  }
   const RuleInfo& rule = *group_rules_[group_of_[i]];
   if (rule.aux_parts != nullptr && st.initialized)
     for (const AuxPart& part : rule.aux_parts(groups_[group_of_[i]].options, tensor_shape_of(i)))
@@ -122,14 +148,13 @@ std::vector<Optimizer::StateView> Optimizer::state_views(std::size_t i) {
 
 std::vector<Optimizer::QuantizedView> Optimizer::quantized_views(std::size_t i) {
   DISTOPT_CHECK(i < params_.size(), "parameter ", i, " of ", params_.size());
+  wait_for_caller();  // device state is read and written from the host (HostQuantized)
   ParamState& st = *state_[i];
   std::vector<QuantizedView> views;
   if (!st.initialized) return views;
   for (std::size_t k = 0; k < st.quantized.size(); ++k) {
     QuantizedTensor& q = st.quantized[k];
-    if (q.on())
-      views.push_back({std::string(st.tensor_names[k]), q.dtype, q.is_signed, q.codes.as<std::uint8_t>(),
-                       q.absmax.as<float>(), static_cast<std::size_t>(params_[i].value.numel())});
+    if (q.on()) views.push_back(view_of(q, st.tensor_names[k], static_cast<std::size_t>(params_[i].value.numel())));
   }
   return views;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "distopt/core/error.hpp"
+#include "quant_code.hpp"
 
 #ifdef __AVX2__
 #include <immintrin.h>
@@ -139,6 +140,7 @@ class Book {
     zero_ = z == values_.end() ? 0 : static_cast<std::uint8_t>(z - values_.begin());
   }
   std::span<const float> values() const { return values_; }
+  std::span<const float> thresholds() const { return thresholds_; }
   bool floor_positive() const { return floor_positive_; }
   std::uint8_t zero() const { return zero_; }
 #ifdef __AVX2__
@@ -180,6 +182,20 @@ class Book {
   std::uint8_t zero_ = 0;
 };
 
+// A book as the device reads it (quant_code.hpp).
+BookTable table_of(const Book& b) {
+  BookTable t{};
+  t.size = static_cast<std::uint32_t>(b.values().size());
+  DISTOPT_CHECK(t.size <= kMaxCodes && (t.size & (t.size - 1)) == 0 && b.thresholds().size() == t.size, "a book of ",
+                t.size, " codes");
+  std::copy(b.values().begin(), b.values().end(), t.values);
+  std::copy(b.thresholds().begin(), b.thresholds().end(), t.thresholds);  // its last is +inf
+  std::fill(t.thresholds + t.size, t.thresholds + kMaxCodes, std::numeric_limits<float>::infinity());
+  t.zero = b.zero();
+  t.floor_positive = b.floor_positive();
+  return t;
+}
+
 struct Books {
   Book int8_signed{dynamic_map(true, 7, 8)};
   Book int8_unsigned{dynamic_map(false, 7, 8)};
@@ -189,6 +205,8 @@ struct Books {
     v.erase(v.begin());  // k/16, k = 1..16: no zero
     return v;
   }()};
+  BookTable tables[4] = {table_of(int8_signed), table_of(int8_unsigned), table_of(int4_signed),
+                         table_of(int4_unsigned)};
 };
 
 const Books& books() {
@@ -266,13 +284,16 @@ bool has_scales(StateDType d) {
 }
 
 std::uint16_t to_bf16(float x) {
-  const auto u = std::bit_cast<std::uint32_t>(x);
-  if (std::isnan(x)) return 0x7FC0;
-  return static_cast<std::uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  return bf16_of(x);
 }
 
 float from_bf16(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
+  return bf16_bits_to_float(b);
+}
+
+const BookTable& book_table(StateDType d, bool is_signed) {
+  DISTOPT_CHECK(has_scales(d), name_of(d), " state has no code book");
+  return books().tables[(d == StateDType::int4 ? 2 : 0) + (is_signed ? 0 : 1)];
 }
 
 std::size_t block_of(StateDType d) {

@@ -217,6 +217,8 @@ class Optimizer {
   // checkpoint writes them as state_dict() does (the values, and the scales
   // under KEY.absmax) and a load sets codes and scales through these views.
   // Empty before the parameter's first step; valid as state_views' are.
+  // On a CUDA device's optimizer the codes and scales are device memory
+  // (`device`): HostQuantized reads and writes them from the host.
   struct QuantizedView {
     std::string key;
     quant::StateDType dtype = quant::StateDType::int8;
@@ -224,8 +226,26 @@ class Optimizer {
     std::uint8_t* codes = nullptr;
     float* absmax = nullptr;
     std::size_t elements = 0;
+    Device device = Device::cpu;
   };
   std::vector<QuantizedView> quantized_views(std::size_t i);
+  // A quantized view's codes and scales where the host can reach them: the
+  // view itself for host memory; for device memory, host copies, read from
+  // the device (unless `read` is false: to be overwritten) and written back
+  // by commit().
+  class HostQuantized {
+   public:
+    HostQuantized(const QuantizedView& q, bool read);
+    HostQuantized(const HostQuantized&) = delete;
+    HostQuantized& operator=(const HostQuantized&) = delete;
+    const QuantizedView& view() const { return host_; }
+    void commit() const;
+
+   private:
+    QuantizedView of_, host_;
+    std::vector<std::uint8_t> codes_;
+    std::vector<float> absmax_;
+  };
   // Creates parameter i's state now, as its first step would (what torch's
   // load_state_dict needs before it copies saved values in).
   void init_state(std::size_t i);

@@ -51,6 +51,10 @@ def _floats(t):
     return torch.as_tensor(t).detach().to(device="cpu", dtype=torch.float32).contiguous().reshape(-1).numpy()
 
 
+# The element types of the C++ side's device views (python/src/module.cpp).
+_TYPESTRS = {"<f4": torch.float32, "<i2": torch.int16, "|u1": torch.uint8}
+
+
 class _DeviceArray:
     """Device memory of the C++ optimizer as torch takes it zero-copy
     (``__cuda_array_interface__``); holds the C++ optimizer, as the numpy
@@ -58,8 +62,8 @@ class _DeviceArray:
 
     __slots__ = ("__cuda_array_interface__", "_owner")
 
-    def __init__(self, address, shape, owner):
-        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": "<f4", "data": (address, False),
+    def __init__(self, address, shape, typestr, owner):
+        self.__cuda_array_interface__ = {"shape": tuple(shape), "typestr": typestr, "data": (address, False),
                                          "strides": None, "version": 2}
         self._owner = owner
 
@@ -302,17 +306,17 @@ class _DistoptOptimizer(DistoptOptimizer):
         or device), by torch key."""
         out = {}
         for k, v in self._cpp.state(i).items():
-            if isinstance(v, tuple):  # device memory: (address, shape)
-                address, shape = v
+            if isinstance(v, tuple):  # device memory: (address, shape, typestr)
+                address, shape, typestr = v
                 device = self._params[i].device
                 if 0 in shape:  # no memory (address 0, which torch before 2.1 refuses to view)
-                    out[k] = torch.empty(shape, dtype=torch.float32, device=device)
+                    out[k] = torch.empty(shape, dtype=_TYPESTRS[typestr], device=device)
                 else:
-                    out[k] = torch.as_tensor(_DeviceArray(address, shape, self._cpp), device=device)
+                    out[k] = torch.as_tensor(_DeviceArray(address, shape, typestr, self._cpp), device=device)
             else:
                 out[k] = torch.from_numpy(v)
-                if out[k].dtype == torch.int16:  # bf16 state: its bits
-                    out[k] = out[k].view(torch.bfloat16)
+            if out[k].dtype == torch.int16:  # bf16 state: its bits
+                out[k] = out[k].view(torch.bfloat16)
         return out
 
     def _alias(self, i):
