@@ -74,6 +74,14 @@ for strategy in ddp zero2; do
   [ -e "$tmp/plain-$strategy/rv/closed" ] || fail "plain $strategy: the rendezvous is not marked closed"
 done
 
+# 1b. Compressed gradients over gloo: zero1 at 3 processes, the threads
+# backend's compressed ddp bits.
+want=$("$bin" "${sv[@]}" --world 3 --max-steps 12 --strategy ddp --grad-compression bf16 2>"$tmp/err" | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+gloo_run compressed 3 -- "${sv[@]}" --max-steps 12 --strategy zero1 --grad-compression bf16
+[ "$(statuses compressed)" = "0 0 0" ] || fail "compressed: exits $(statuses compressed): $(cat "$tmp/compressed"/err.*)"
+[ "$(hash_of "$tmp/compressed/out.0")" = "$want" ] || fail "compressed zero1: not the threads backend's compressed ddp bits"
+
 # 2. Survivors, ddp: rank 2 of 4 killed (SIGKILL, DISTOPT_FAULT=kill) or
 # stopped (SIGSTOP, stall) after step 5. The three others finish at world 3
 # with the bits of a run checkpointed at step 5 and resumed at world 3; the

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "distopt/core/error.hpp"
 #include "distopt/core/fp_mode.hpp"
 #include "distopt/optim/optimizer.hpp"
+#include "distopt/optim/quant.hpp"
 
 namespace distopt::gpu_testing {
 
@@ -113,8 +115,30 @@ struct Case {
 // (16384) and block (512), and an empty tensor.
 inline const std::vector<std::size_t> kSizes{1, 511, 16384, 16385, 70001, 0, 3};
 
+// A quantized state's codes and scales, compared byte for byte (int4 with
+// an odd count: the last byte's low nibble, the other is no element's).
+inline void expect_same_codes(Optimizer& a, Optimizer& b, std::size_t k) {
+  const std::vector<Optimizer::QuantizedView> qa = a.quantized_views(k), qb = b.quantized_views(k);
+  ASSERT_EQ(qa.size(), qb.size()) << "parameter " << k;
+  for (std::size_t j = 0; j < qa.size(); ++j) {
+    const Optimizer::HostQuantized ha(qa[j], true), hb(qb[j], true);
+    const Optimizer::QuantizedView &x = ha.view(), &y = hb.view();
+    std::vector<std::uint8_t> cx(x.codes, x.codes + quant::code_bytes(x.dtype, x.elements)),
+        cy(y.codes, y.codes + quant::code_bytes(y.dtype, y.elements));
+    if (x.dtype == quant::StateDType::int4 && x.elements % 2 == 1 && !cx.empty()) cx.back() &= 0x0F, cy.back() &= 0x0F;
+    EXPECT_EQ(cx, cy) << "codes of '" << x.key << "' of parameter " << k;
+    const std::size_t blocks = quant::num_blocks(x.dtype, x.elements);
+    if (blocks > 0) {
+      EXPECT_EQ(0, std::memcmp(x.absmax, y.absmax, blocks * sizeof(float))) << "scales of '" << x.key << "' of " << k;
+    }
+  }
+}
+
+// shape_grads(tensors), where given, changes the gradients after each
+// step's are set, on both sides.
 inline void expect_same_bits(const Case& c, DType dtype, bool flush, std::size_t offset = 0, int steps = 6,
-                             const std::vector<std::size_t>& sizes = kSizes) {
+                             const std::vector<std::size_t>& sizes = kSizes,
+                             const std::function<void(Tensors&)>& shape_grads = {}) {
   SCOPED_TRACE(c.rule + " " + std::string(name_of(dtype)) + (flush ? " flush" : " ieee") + " offset " +
                std::to_string(offset));
   const DenormalMode mode(flush ? DenormalMode::flush : DenormalMode::ieee);
@@ -128,6 +152,7 @@ inline void expect_same_bits(const Case& c, DType dtype, bool flush, std::size_t
       a.param(k).has_grad = has;
       b.param(k).has_grad = has;
     }
+    if (shape_grads) shape_grads(cpu), shape_grads(gpu);
     a.step();
     b.step();
     for (std::size_t k = 0; k < sizes.size(); ++k) {
@@ -154,6 +179,7 @@ inline void expect_same_bits(const Case& c, DType dtype, bool flush, std::size_t
         FAIL() << "parameter " << k << " after step " << step << detail;
       }
       ASSERT_EQ(a.has_state(k), b.has_state(k));
+      expect_same_codes(a, b, k);
     }
   }
   const StateDict da = a.state_dict(), db = b.state_dict();

@@ -33,6 +33,21 @@ for np in $(worlds 2 4); do
       fail "np $np: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
   done
 done
+# Compressed gradients (--grad-compression): under mpirun every strategy
+# gives the threads backend's compressed ddp bits.
+for np in $(worlds 3); do
+  for c in bf16 fp16; do
+    "$bin" "${args[@]}" --world $np --strategy ddp --grad-compression $c --bucket-cap-mb 0.01 >"$tmp/threads" \
+      2>"$tmp/err" || fail "threads ddp $c $np: $(cat "$tmp/err")"
+    for s in ddp zero2; do
+      timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy $s \
+        --grad-compression $c --bucket-cap-mb 0.01 >"$tmp/mpi" 2>"$tmp/err" ||
+        fail "mpi $s $c np $np exited $?: $(tail -n 3 "$tmp/err")"
+      [ -n "$(hash_of "$tmp/mpi")" ] && [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
+        fail "np $np $c: threads ddp $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"
+    done
+  done
+done
 # Tiles: zero3 gathers a tiled layer a row block at a time (all_gather_v
 # from the ranks that hold it) and reduce-scatters its gradient the same
 # way; under mpirun, at even and uneven shards, ddp's bits on threads.

@@ -125,6 +125,18 @@ def test_quantized_state_on_cuda_has_the_cpu_bits(name, kw, dtype):
         assert torch.equal(p, q)
 
 
+@needs_cuda
+@pytest.mark.parametrize("name", ["AdamW8bit", "AdamW4bit"])
+def test_quantized_state_stepped_on_a_side_stream_has_the_cpu_bits(name):
+    ours, opt = _run(name, dict(lr=0.01), "cuda", torch.float32, stream=torch.cuda.Stream())
+    ref, ref_opt = _run(name, dict(lr=0.01), "cpu", torch.float32)
+    for k, (p, q) in enumerate(zip(ours, ref)):
+        assert torch.equal(p.detach().cpu(), q.detach()), f"parameter {k}"
+        for key, value in ref_opt.state[q].items():
+            if torch.is_tensor(value):
+                assert torch.equal(opt.state[p][key].cpu(), value), f"parameter {k}, state {key}"
+
+
 # The rules with norms (tensor_stats): the device sums them in another order
 # than the CPU, so parameters agree within 1e-6 of their largest magnitude
 # (one rounding of a bf16 parameter) rather than bit for bit.

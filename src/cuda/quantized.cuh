@@ -39,6 +39,9 @@ struct QEntry {
   unsigned coeffs;
 };
 
+// Whether this build flushes denormals (pointwise_ftz.cu) or keeps them.
+constexpr bool kFlush = DISTOPT_FP_FLUSH;
+
 // kBits: 8 (int8), 4 (int4), 16 (bf16).
 template <int kBits>
 constexpr int kQThreads = kBits == 4 ? 128 : 256;
@@ -122,11 +125,14 @@ __global__ void __launch_bounds__(kQThreads<kBits>)
       const unsigned bits = block_max<kB>(active ? hd::bits_of(x) & 0x7FFFFFFFu : 0u, warp_max);
       // Any NaN's bits lie above the infinity's.
       const float a = bits > 0x7F800000u ? hd::float_of(0x7FC00000u) : hd::float_of(bits);
-      const bool none = bits >= 0x7F800000u || a == 0.0f;
+      // A scale that is 0 -- or denormal where denormals flush, as the
+      // CPU's `a == 0.0f` reads it under DAZ -- or not finite: the zero code.
+      const bool zero = bits < (kFlush ? 0x00800000u : 1u);
+      const bool none = zero || bits >= 0x7F800000u;
       const unsigned b = e.book[k];
       const unsigned code =
           none ? books[b].zero : quant::code_of(thresholds[b], books[b].size, books[b].floor_positive, x / a);
-      if (threadIdx.x == 0) e.absmax[k][blk] = none ? (a == 0.0f ? 0.0f : hd::float_of(0x7FC00000u)) : a;
+      if (threadIdx.x == 0) e.absmax[k][blk] = none ? (zero ? 0.0f : hd::float_of(0x7FC00000u)) : a;
       if constexpr (kBits == 8) {
         if (active) e.codes[k][i] = static_cast<std::uint8_t>(code);
       } else {

@@ -236,7 +236,7 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
       quantized.push_back(at < st.quantized.size() ? std::move(st.quantized[at]) : QuantizedTensor{});
       if (!st.initialized && !tensors.back().empty())  // kept through reset_state: starts afresh
         fill_floats(tensors.back().as<float>(), n, fill[k], device_);
-      if (QuantizedTensor& q = quantized.back(); !st.initialized && q.on()) fill_zero(q, n);
+      if (QuantizedTensor& q = quantized.back(); !st.initialized && q.on()) fill_zero(q, n, device_);
       continue;
     }
     const bool needed = rule.tensor_needed == nullptr || rule.tensor_needed(groups_[g].options, k, tensor_shape_of(i));
@@ -256,7 +256,7 @@ bool Optimizer::ensure_state(std::size_t i, std::size_t g) {
       q.is_signed = rule.quantized[k] == QuantSign::is_signed;
       q.codes = Buffer(quant::code_bytes(sd, n), kFirstStateSlot + static_cast<int>(k), device_, what);
       q.absmax = Buffer(quant::num_blocks(sd, n) * sizeof(float), 0, device_, what);
-      fill_zero(q, n);
+      fill_zero(q, n, device_);
       tensors.emplace_back();
       continue;
     }

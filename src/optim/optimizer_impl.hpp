@@ -29,20 +29,21 @@ struct QuantizedTensor {
   bool on() const { return dtype != quant::StateDType::f32; }
 };
 
-// q in place, as quantized_views shows it (n elements).
-inline Optimizer::QuantizedView view_of(const QuantizedTensor& q, std::string_view key, std::size_t n) {
+// q in place, as quantized_views shows it (n elements on `device`, the
+// optimizer's: an empty buffer does not know it).
+inline Optimizer::QuantizedView view_of(const QuantizedTensor& q, std::string_view key, std::size_t n, Device device) {
   return {std::string(key),
           q.dtype,
           q.is_signed,
           const_cast<std::uint8_t*>(q.codes.as<std::uint8_t>()),
           const_cast<float*>(q.absmax.as<float>()),
           n,
-          q.codes.device()};
+          device};
 }
 
-// n elements of value 0 in q, on its device.
-inline void fill_zero(QuantizedTensor& q, std::size_t n) {
-  const Optimizer::HostQuantized h(view_of(q, "", n), false);
+// n elements of value 0 in q, on `device`.
+inline void fill_zero(QuantizedTensor& q, std::size_t n, Device device) {
+  const Optimizer::HostQuantized h(view_of(q, "", n, device), false);
   quant::fill_zero(q.dtype, q.is_signed, h.view().codes, h.view().absmax, n);
   h.commit();
 }

@@ -20,17 +20,18 @@ namespace distopt {
 
 namespace {
 
-// A quantized state tensor's values (n elements).
-void dequantize(const QuantizedTensor& q, std::size_t n, float* out) {
-  const Optimizer::HostQuantized h(view_of(q, "", n), true);
+// A quantized state tensor's values (n elements on `device`).
+void dequantize(const QuantizedTensor& q, std::size_t n, Device device, float* out) {
+  const Optimizer::HostQuantized h(view_of(q, "", n, device), true);
   quant::dequantize(q.dtype, q.is_signed, h.view().codes, h.view().absmax, n, out);
 }
 
 // Saved values into quantized state: with their saved scales (validated
 // before: exact), else quantized afresh (an fp32 state, or another
 // storage's, loaded into quantized storage).
-void load_quantized(QuantizedTensor& q, const std::vector<float>& values, const std::vector<float>* absmax) {
-  const Optimizer::HostQuantized h(view_of(q, "", values.size()), false);
+void load_quantized(QuantizedTensor& q, const std::vector<float>& values, const std::vector<float>* absmax,
+                    Device device) {
+  const Optimizer::HostQuantized h(view_of(q, "", values.size(), device), false);
   DISTOPT_CHECK(quant::load(q.dtype, q.is_signed, values.data(), values.size(),
                             absmax == nullptr ? nullptr : absmax->data(), h.view().codes, h.view().absmax) < 0,
                 "validated state");
@@ -95,7 +96,7 @@ std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view k
     if (st.tensor_names[k] != key) continue;
     if (k < st.quantized.size() && st.quantized[k].on()) {  // its values, read back from the codes
       st.host_copy.resize(n);
-      dequantize(st.quantized[k], n, st.host_copy.data());
+      dequantize(st.quantized[k], n, device_, st.host_copy.data());
       return st.host_copy;
     }
     if (!st.tensors[k].empty() || n == 0) return readable(st.tensors[k]);
@@ -154,7 +155,8 @@ std::vector<Optimizer::QuantizedView> Optimizer::quantized_views(std::size_t i) 
   if (!st.initialized) return views;
   for (std::size_t k = 0; k < st.quantized.size(); ++k) {
     QuantizedTensor& q = st.quantized[k];
-    if (q.on()) views.push_back(view_of(q, st.tensor_names[k], static_cast<std::size_t>(params_[i].value.numel())));
+    if (q.on())
+      views.push_back(view_of(q, st.tensor_names[k], static_cast<std::size_t>(params_[i].value.numel()), device_));
   }
   return views;
 }
@@ -305,7 +307,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
       const auto& t = std::get<StateTensor>(entry.at(std::string(st.tensor_names[k])));
       if (quantized) {
         load_quantized(st.quantized[k], t.data,
-                       saved_scales(entry, st.tensor_names[k], st.quantized[k].dtype, t.data.size(), id));
+                       saved_scales(entry, st.tensor_names[k], st.quantized[k].dtype, t.data.size(), id), device_);
         continue;
       }
       copy_bytes(st.tensors[k].data(), device_, t.data.data(), Device::cpu, t.data.size() * sizeof(float));

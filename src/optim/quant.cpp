@@ -349,6 +349,8 @@ void quantize_block(StateDType d, bool is_signed, const float* x, std::size_t n,
   std::uint32_t bits = 0;
   for (std::size_t i = 0; i < n; ++i) bits = std::max(bits, std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFFu);
   float a = bits > 0x7F800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(bits);
+  // a == 0.0f holds for a denormal a where the CPU flushes denormals (DAZ):
+  // src/cuda/quantized.cuh tests the same in its flush build.
   if (!std::isfinite(a) || a == 0.0f) {
     const std::uint8_t z = b.zero();
     put_all(d, codes, n, [z](std::size_t) { return z; });

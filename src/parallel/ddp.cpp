@@ -27,11 +27,19 @@ class Ddp final : public Engine {
   }
   char* grad_target(std::size_t u) override { return grads_.bytes() + layout_.units()[u].padded_offset * es_; }
   void reduce_bucket(std::size_t b) override {
-    if (comm_.size() == 1) return;
+    // Compressed gradients are rounded at world 1 too, as zero1-3 round them.
+    if (comm_.size() == 1 && !compressing()) return;
     const auto& bucket = layout_.buckets()[b];
     char* g = grads_.bytes() + bucket.padded_offset * es_;
     InFlight f{b, {}, {}};
-    f.requests.push_back(comm_.iall_reduce(g, g, bucket.padded, type_, ReduceOp::sum));
+    if (compressing()) {  // reduced on the wire's dtype, then back
+      f.scratch = to_wire(g, bucket.padded);
+      char* w = f.scratch.bytes();
+      f.requests.push_back(comm_.iall_reduce(w, w, bucket.padded, wire_type_, ReduceOp::sum));
+      f.then = [this, g, w, n = bucket.padded] { to_f32(wire_dtype_, w, reinterpret_cast<float*>(g), n); };
+    } else {
+      f.requests.push_back(comm_.iall_reduce(g, g, bucket.padded, type_, ReduceOp::sum));
+    }
     in_flight_.push_back(std::move(f));
   }
 };

@@ -98,7 +98,16 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
       dtype_(a.options.param_dtype),
       type_(elem_type_of(a.options.param_dtype)),
       es_(size_of(a.options.param_dtype)),
-      rank_(static_cast<std::size_t>(a.comm.rank())) {
+      rank_(static_cast<std::size_t>(a.comm.rank())),
+      wire_dtype_(a.options.grad_compression == GradCompression::bf16   ? DType::bf16
+                  : a.options.grad_compression == GradCompression::fp16 ? DType::f16
+                                                                        : a.options.param_dtype),
+      wire_type_(elem_type_of(wire_dtype_)),
+      wire_es_(size_of(wire_dtype_)) {
+  if (a.options.grad_compression != GradCompression::none && dtype_ != DType::f32)
+    throw InvalidInput(str("--grad-compression ", name_of(a.options.grad_compression), " with --param-dtype ",
+                           name_of(dtype_), ": the gradients are ", name_of(dtype_),
+                           " on the wire already (compression is for f32 parameters)"));
   const FlatLayout& flat = a.layout;
   const InitialParams& initial = a.initial;
   const OptimizerSpec& spec = a.optimizer;
@@ -331,7 +340,25 @@ void Engine::finish_oldest() {
   InFlight& f = in_flight_.front();
   DISTOPT_CHECK(!f.requests.empty(), "bucket ", f.bucket, " was never reduced: backward skipped a unit");
   for (auto& r : f.requests) r->wait();
+  if (f.then) f.then();
   in_flight_.pop_front();
+}
+
+void Engine::unwire_shards(std::size_t b, const char* w) {
+  const auto& bucket = layout_.buckets()[b];
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+    const auto& unit = layout_.units()[u];
+    const std::size_t to = info_.sharded_grads ? unit.shard_offset : unit.padded_offset + rank_ * unit.shard;
+    to_f32(wire_dtype_, w + (unit.padded_offset - bucket.padded_offset + rank_ * unit.shard) * wire_es_,
+           reinterpret_cast<float*>(grads_.bytes() + to * es_), unit.shard);
+  }
+}
+
+Held Engine::to_wire(const char* g, std::size_t n) {
+  DISTOPT_CHECK(dtype_ == DType::f32, "compressing ", name_of(dtype_), " gradients");
+  Held w(grad_pool_, n * wire_es_, 8);
+  from_f32(wire_dtype_, reinterpret_cast<const float*>(g), w.bytes(), n);
+  return w;
 }
 
 }  // namespace distopt::parallel::detail

@@ -31,6 +31,7 @@
 
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -156,8 +157,9 @@ class Engine : public StrategyCore {
  protected:
   struct InFlight {
     std::size_t bucket;
-    Held scratch;  // zero2/3: the bucket's full gradient until its reduction is done
+    Held scratch;  // zero2/3: the bucket's full gradient until its reduction is done; compressed: the wire's
     std::vector<std::unique_ptr<Request>> requests;
+    std::function<void()> then = {};  // once they are done (compressed: back to the gradient's dtype)
   };
 
   // The unit's parameters in the param dtype, ready for the model.
@@ -172,10 +174,23 @@ class Engine : public StrategyCore {
   virtual void reduce_bucket(std::size_t b) = 0;
 
   void finish_oldest();
+  // Gradient compression (StrategyOptions::grad_compression): whether the
+  // gradients travel in wire_dtype_ rather than the param dtype, and n of
+  // them at g rounded into a buffer of the wire's, leased from the pool.
+  bool compressing() const { return wire_dtype_ != dtype_; }
+  Held to_wire(const char* g, std::size_t n);
+  // After bucket b was reduce-scattered unit by unit in place in its wire
+  // buffer w: the rank's shard of each unit back into the gradients (the
+  // padded buffer's own region, or the shard buffer where the strategy
+  // keeps only its shard).
+  void unwire_shards(std::size_t b, const char* w);
 
   DType dtype_;
   ElemType type_;
   std::size_t es_, rank_;
+  DType wire_dtype_;
+  ElemType wire_type_;
+  std::size_t wire_es_;
   Meter meter_;
   Pool param_pool_{meter_, Meter::params}, grad_pool_{meter_, Meter::grads};  // outlive every lease below
   Held params_, grads_;

@@ -81,10 +81,14 @@ std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vec
 void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,
                      const OptimizerSpec& spec, const StrategyOptions& options) {
   enum { kWorld, kStrategy, kModel, kOptimizer, kDtype, kBucket, kLive, kGossip, kItems };
-  static constexpr const char* kWhat[kItems] = {
-      "world size",      "strategy",    "model shapes",         "optimizer or its options",
-      "parameter dtype", "bucket size", "live limits (prefetch, live parameters, buckets in flight)",
-      "gossip options"};
+  static constexpr const char* kWhat[kItems] = {"world size",
+                                                "strategy",
+                                                "model shapes",
+                                                "optimizer or its options",
+                                                "parameter dtype or gradient compression",
+                                                "bucket size",
+                                                "live limits (prefetch, live parameters, buckets in flight)",
+                                                "gossip options"};
   std::uint64_t mine[kItems];
   mine[kWorld] = static_cast<std::uint64_t>(comm.size());
   mine[kStrategy] = fnv(kFnvBasis, strategy);
@@ -98,7 +102,8 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   h = fnv(fnv(kFnvBasis, spec.name), spec.fallback);
   for (const auto& [k, v] : spec.options) h = fnv(fnv(h, k), v.to_string());
   mine[kOptimizer] = h;
-  mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
+  mine[kDtype] =
+      static_cast<std::uint64_t>(options.param_dtype) + 256 * static_cast<std::uint64_t>(options.grad_compression);
   mine[kBucket] = options.bucket_elements;
   // Prefetching and buckets in flight change the order in which a rank
   // starts its collectives, where they apply.
@@ -131,6 +136,28 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
 }
 
 }  // namespace detail
+
+std::string_view name_of(GradCompression c) {
+  switch (c) {
+    case GradCompression::none:
+      return "none";
+    case GradCompression::bf16:
+      return "bf16";
+    case GradCompression::fp16:
+      return "fp16";
+  }
+  return "?";
+}
+
+std::optional<GradCompression> parse_grad_compression(std::string_view name) {
+  for (GradCompression c : {GradCompression::none, GradCompression::bf16, GradCompression::fp16})
+    if (name == name_of(c)) return c;
+  return std::nullopt;
+}
+
+std::string_view grad_compression_names() {
+  return "none, bf16, fp16";
+}
 
 FlatLayout flat_layout(const models::Model& model) {
   FlatLayout out{model.params(), model.buffer_elements(), {}};

@@ -119,6 +119,9 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--device", a->device, "cpu (default) or cuda (docs/gpu.md: training on the GPU is not built yet)");
   sub->add_option("--param-dtype", a->param_dtype,
                   "parameters and gradients in f32 (default), bf16 or f16, with fp32 master weights and state");
+  sub->add_option("--grad-compression", a->grad_compression,
+                  "gradients on the wire: none (default), bf16 or fp16 (half the bytes; ddp and zero1-3 still give "
+                  "each other's bits, not uncompressed ddp's)");
   sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,
                   "gradient bucket size in MiB (default 0.125): buckets of whole layers reduced while backward runs");
   auto live_flag = [&](const std::string& name, auto& field, const std::string& help) {

@@ -271,6 +271,11 @@ void prepare(TrainArgs& a) {
   if (!parse_dtype(a.param_dtype, &a.config.parallel.param_dtype))
     throw InvalidInput(str("--param-dtype: unknown dtype '", a.param_dtype, "' (known: f32, bf16, f16)"));
   a.param_dtype = std::string(name_of(a.config.parallel.param_dtype));
+  const auto compression = parallel::parse_grad_compression(a.grad_compression);
+  if (!compression)
+    throw InvalidInput(str("--grad-compression: unknown scheme '", a.grad_compression,
+                           "' (known: ", parallel::grad_compression_names(), ")"));
+  a.config.parallel.grad_compression = *compression;
   if (!(a.bucket_cap_mb > 0) || !std::isfinite(a.bucket_cap_mb))
     throw InvalidInput(str("--bucket-cap-mb must be a positive number of MiB (got ", a.bucket_cap_mb, ")"));
   a.config.parallel.bucket_elements = std::max<std::size_t>(

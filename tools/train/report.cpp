@@ -26,16 +26,19 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
   std::snprintf(b, sizeof b,
                 "{\"test_accuracy\": %s, \"test_loss\": %s, \"train_loss\": %s, \"steps\": %zu, \"param_hash\": "
                 "\"%s\", \"samples_per_s\": %.6g, \"memory_per_rank\": {\"params\": %zu, \"grads\": %zu, "
-                "\"master_params\": %zu, \"optimizer_state\": %zu, \"activations\": %zu, \"workspaces\": %zu}, \"model\": \"%s\", \"data\": \"%s\", "
+                "\"master_params\": %zu, \"optimizer_state\": %zu, \"activations\": %zu, \"workspaces\": %zu}, "
+                "\"model\": \"%s\", \"data\": \"%s\", "
                 "\"optimizer\": \"%s\", \"strategy\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"epochs\": %d, "
-                "\"batch_size\": %zu, \"seed\": %llu, \"param_dtype\": \"%s\", \"bytes_sent_per_rank\": %llu, "
+                "\"batch_size\": %zu, \"seed\": %llu, \"param_dtype\": \"%s\", \"grad_compression\": \"%s\", "
+                "\"bytes_sent_per_rank\": %llu, "
                 "\"interrupted\": %s}",
                 jnum(r.test_accuracy).c_str(), jnum(r.test_loss).c_str(), jnum(r.train_loss).c_str(), r.steps,
                 r.param_hash.c_str(), r.samples_per_s, r.memory.params, r.memory.grads, r.memory.master_params,
-                r.memory.optimizer_state, r.memory.activations, r.memory.workspaces, a.config.model.c_str(), a.data.c_str(), a.config.optimizer.name.c_str(),
-                a.config.strategy.c_str(), a.backend.c_str(), world, a.config.epochs, a.config.batch_size,
-                static_cast<unsigned long long>(a.config.seed), a.param_dtype.c_str(),
-                static_cast<unsigned long long>(r.bytes_sent), r.interrupted ? "true" : "false");
+                r.memory.optimizer_state, r.memory.activations, r.memory.workspaces, a.config.model.c_str(),
+                a.data.c_str(), a.config.optimizer.name.c_str(), a.config.strategy.c_str(), a.backend.c_str(), world,
+                a.config.epochs, a.config.batch_size, static_cast<unsigned long long>(a.config.seed),
+                a.param_dtype.c_str(), a.grad_compression.c_str(), static_cast<unsigned long long>(r.bytes_sent),
+                r.interrupted ? "true" : "false");
   std::string out = b;
   out.pop_back();  // the closing brace; optional members follow
   if (a.config.on_nonfinite != train::TrainConfig::OnNonFinite::error)

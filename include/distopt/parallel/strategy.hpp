@@ -145,6 +145,20 @@ struct GossipOptions {
   friend bool operator==(const GossipOptions&, const GossipOptions&) = default;
 };
 
+// Gradients compressed on the wire (docs/sharding.md, "Gradient
+// compression"): none, or rounded to bf16 or fp16 before they are reduced
+// and summed in fp32 in the communicator's one rank order (torch's
+// bf16_compress_hook and fp16_compress_hook, without their division by
+// the world before the sum), half the bytes. ddp, zero1, zero2 and zero3
+// reduce the same rounded values in the same order, so they still give
+// each other's bits; not ddp's uncompressed bits. Not for the gossip
+// strategies, nor with --param-dtype bf16/f16 (already on the wire).
+enum class GradCompression : std::uint8_t { none, bf16, fp16 };
+std::string_view name_of(GradCompression c);
+std::optional<GradCompression> parse_grad_compression(std::string_view name);
+// "none, bf16, fp16"
+std::string_view grad_compression_names();
+
 struct StrategyOptions {
   // Gradient bucket size in elements (buckets hold whole units and close
   // once they reach it); must be at least 1.
@@ -164,6 +178,7 @@ struct StrategyOptions {
   // Parameters and gradients are held and communicated in this dtype; with
   // bf16/f16 the optimizer keeps fp32 master weights (of its shard).
   DType param_dtype = DType::f32;
+  GradCompression grad_compression = GradCompression::none;
   GossipOptions gossip;
 };
 

@@ -18,6 +18,9 @@ void check_gossip_options(std::string_view strategy, const StrategyOptions& o) {
   if (o.param_dtype != DType::f32)
     throw InvalidInput(str("--param-dtype ", name_of(o.param_dtype), ": strategy ", strategy,
                            " keeps fp32 parameters (mixed precision is for ddp and zero1-3)"));
+  if (o.grad_compression != GradCompression::none)
+    throw InvalidInput(str("--grad-compression ", name_of(o.grad_compression), ": strategy ", strategy,
+                           " sends no gradients (compression is for ddp and zero1-3; diloco has --outer-dtype)"));
   const GossipOptions& g = o.gossip;
   if (g.synch_freq < 0) throw InvalidInput(str("--synch-freq must be at least 0 (got ", g.synch_freq, ")"));
   if (g.localsgd_frequency < 1)
