@@ -8,7 +8,9 @@
 //   theory_bytes     the ZeRO paper's volume per rank: 2Ψ for ddp, zero1
 //                    and zero2 (reduce-scatter + all-gather), 3Ψ for zero3
 //                    (all-gather twice + reduce-scatter), each × (n-1)/n
-//                    for n ranks, Ψ = parameters × bytes per element
+//                    for n ranks, Ψ = parameters × bytes per element; with
+//                    --grad-compression the gradients' share (ddp's all-reduce,
+//                    zero1-3's reduce-scatter) at 2 bytes an element
 //   hidden_fraction  1 - (time the rank thread waited for communication)
 //                    / (time the collectives ran)
 //   peak_bytes       params + grads + master + optimizer state at the peak
@@ -37,7 +39,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Row {
-  std::string strategy, backend, model;
+  std::string strategy, compression, backend, model;
   int world;
   std::size_t params;
   double step_s, bytes_per_rank, theory_bytes, hidden_fraction;
@@ -63,14 +65,15 @@ double median(std::vector<double> v) {
 }
 
 // One strategy's timed steps on this rank. Collective: every rank calls it.
-Sample measure(Communicator& comm, const std::string& strategy, const std::string& model_name,
-               const StrategiesBenchOptions& o) {
+Sample measure(Communicator& comm, const std::string& strategy, const std::string& compression,
+               const std::string& model_name, const StrategiesBenchOptions& o) {
   auto model = models::make_model("mlp", 784, 10, hidden_of(model_name));
   const parallel::FlatLayout layout = parallel::flat_layout(*model);
   std::vector<float> init(layout.elements);
   model->init(init, 1);
   parallel::StrategyOptions so;
   so.bucket_elements = std::max<std::size_t>(1, static_cast<std::size_t>(o.bucket_cap_mb * 1048576.0 / 4));
+  so.grad_compression = *parallel::parse_grad_compression(compression);
   auto s = parallel::make_strategy(strategy, comm, layout, init, {"adam", {{"lr", 1e-4}}}, so);
   const Piece piece = piece_of(o.batch_size, comm.size(), comm.rank());
   std::vector<float> x(piece.count * 784), y(piece.count);
@@ -116,20 +119,29 @@ std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) 
     const auto model = models::make_model("mlp", 784, 10, hidden_of(model_name));
     std::size_t psi = 0;
     for (const auto& p : model->params()) psi += p.numel();
-    std::vector<std::vector<Sample>> samples(o.strategies.size());
+    // Every (strategy, compression), in rounds.
+    std::vector<std::pair<std::string, std::string>> runs;
+    for (const auto& c : o.compressions)
+      for (const auto& s : o.strategies) runs.emplace_back(s, c);
+    std::vector<std::vector<Sample>> samples(runs.size());
     for (int round = 0; round < o.rounds; ++round)
-      for (std::size_t k = 0; k < o.strategies.size(); ++k) {
-        samples[k].push_back(measure(comm, o.strategies[k], model_name, o));
+      for (std::size_t k = 0; k < runs.size(); ++k) {
+        samples[k].push_back(measure(comm, runs[k].first, runs[k].second, model_name, o));
         if (comm.rank() == 0)
-          std::fprintf(stderr, "bench strategies: %s %s world %d round %d/%d: %.4f s/step\n", model_name.c_str(),
-                       o.strategies[k].c_str(), comm.size(), round + 1, o.rounds, samples[k].back().step_s);
+          std::fprintf(stderr, "bench strategies: %s %s (%s) world %d round %d/%d: %.4f s/step\n", model_name.c_str(),
+                       runs[k].first.c_str(), runs[k].second.c_str(), comm.size(), round + 1, o.rounds,
+                       samples[k].back().step_s);
       }
-    for (std::size_t k = 0; k < o.strategies.size(); ++k) {
+    for (std::size_t k = 0; k < runs.size(); ++k) {
       std::vector<double> t, b, h;
       for (const Sample& s : samples[k]) t.push_back(s.step_s), b.push_back(s.bytes), h.push_back(s.hidden);
-      const double volume = parallel::strategy_or_throw(o.strategies[k]).volume_psi * double(psi) * 4.0 * (n - 1) / n;
-      rows.push_back({o.strategies[k], std::string(comm.backend()), model_name, comm.size(), psi, median(t),
-                      median(b), volume, median(h), samples[k].back().peak, samples[k].back().hash});
+      const parallel::StrategyInfo& info = parallel::strategy_or_throw(runs[k].first);
+      // The gradients' share of the volume (ddp: all of it) at the wire's bytes.
+      const double grad_psi = info.replicated_params ? info.volume_psi : 1.0;
+      const double wire = runs[k].second == "none" ? 4.0 : 2.0;
+      const double volume = (grad_psi * wire + (info.volume_psi - grad_psi) * 4.0) * double(psi) * (n - 1) / n;
+      rows.push_back({runs[k].first, runs[k].second, std::string(comm.backend()), model_name, comm.size(), psi,
+                      median(t), median(b), volume, median(h), samples[k].back().peak, samples[k].back().hash});
     }
   }
   return rows;
@@ -137,16 +149,18 @@ std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) 
 
 int report(const std::vector<Row>& rows, bool json) {
   FILE* table = json ? stderr : stdout;
-  std::fprintf(table, "%-6s %-8s %5s %-5s %10s %10s %8s %14s %14s %7s %8s %12s  %s\n", "model", "backend", "world",
-               "strat", "params", "step (ms)", "vs ddp", "bytes/rank", "theory", "ratio", "hidden", "peak MiB",
+  std::fprintf(table, "%-6s %-8s %5s %-5s %-5s %10s %10s %8s %14s %14s %7s %8s %12s  %s\n", "model", "backend", "world",
+               "strat", "grads", "params", "step (ms)", "vs ddp", "bytes/rank", "theory", "ratio", "hidden", "peak MiB",
                "param_hash (2 steps)");
   for (const Row& r : rows) {
-    double ddp = 0;
+    double ddp = 0;  // uncompressed ddp's, where it ran
     for (const Row& q : rows)
-      if (q.strategy == "ddp" && q.model == r.model && q.world == r.world && q.backend == r.backend) ddp = q.step_s;
-    std::fprintf(table, "%-6s %-8s %5d %-5s %10zu %10.2f %8.3f %14.0f %14.0f %7.4f %8.3f %12.1f  %s\n", r.model.c_str(),
-                 r.backend.c_str(), r.world, r.strategy.c_str(), r.params, r.step_s * 1e3,
-                 ddp > 0 ? r.step_s / ddp : 0.0, r.bytes_per_rank, r.theory_bytes,
+      if (q.strategy == "ddp" && q.compression == "none" && q.model == r.model && q.world == r.world &&
+          q.backend == r.backend)
+        ddp = q.step_s;
+    std::fprintf(table, "%-6s %-8s %5d %-5s %-5s %10zu %10.2f %8.3f %14.0f %14.0f %7.4f %8.3f %12.1f  %s\n",
+                 r.model.c_str(), r.backend.c_str(), r.world, r.strategy.c_str(), r.compression.c_str(), r.params,
+                 r.step_s * 1e3, ddp > 0 ? r.step_s / ddp : 0.0, r.bytes_per_rank, r.theory_bytes,
                  r.theory_bytes > 0 ? r.bytes_per_rank / r.theory_bytes : 0.0, r.hidden_fraction,
                  double(r.peak_bytes) / 1048576.0, r.param_hash.c_str());
   }
@@ -156,21 +170,24 @@ int report(const std::vector<Row>& rows, bool json) {
       const Row& r = rows[i];
       char b[512];
       std::snprintf(b, sizeof b,
-                    "%s{\"strategy\": \"%s\", \"backend\": \"%s\", \"world\": %d, \"model\": \"%s\", \"params\": %zu, "
+                    "%s{\"strategy\": \"%s\", \"grad_compression\": \"%s\", \"backend\": \"%s\", \"world\": %d, "
+                    "\"model\": \"%s\", \"params\": %zu, "
                     "\"step_s\": %.6g, \"bytes_per_rank\": %.0f, \"theory_bytes\": %.0f, \"hidden_fraction\": %.4f, "
                     "\"peak_bytes\": %zu, \"param_hash\": \"%s\"}",
-                    i ? ", " : "", r.strategy.c_str(), r.backend.c_str(), r.world, r.model.c_str(), r.params,
-                    r.step_s, r.bytes_per_rank, r.theory_bytes, r.hidden_fraction, r.peak_bytes, r.param_hash.c_str());
+                    i ? ", " : "", r.strategy.c_str(), r.compression.c_str(), r.backend.c_str(), r.world,
+                    r.model.c_str(), r.params, r.step_s, r.bytes_per_rank, r.theory_bytes, r.hidden_fraction,
+                    r.peak_bytes, r.param_hash.c_str());
       out += b;
     }
     std::printf("%s]}\n", out.c_str());
   }
   std::fflush(stdout);
   // The equivalence, shown: every strategy's parameters after the warm-up
-  // steps hash alike per model, world and backend.
+  // steps hash alike per model, world, backend and compression.
   for (const Row& r : rows)
     for (const Row& q : rows)
-      if (q.model == r.model && q.world == r.world && q.backend == r.backend && q.param_hash != r.param_hash) {
+      if (q.model == r.model && q.world == r.world && q.backend == r.backend && q.compression == r.compression &&
+          q.param_hash != r.param_hash) {
         std::fprintf(stderr, "distopt: error: %s and %s trained different parameters (%s vs %s)\n", r.strategy.c_str(),
                      q.strategy.c_str(), r.param_hash.c_str(), q.param_hash.c_str());
         return 3;
@@ -183,6 +200,10 @@ void check(const StrategiesBenchOptions& o) {
   if (!(o.bucket_cap_mb > 0)) throw InvalidInput("--bucket-cap-mb must be positive");
   for (const auto& m : o.models) (void)hidden_of(m);
   for (const auto& s : o.strategies) parallel::require_strategy(s);
+  for (const auto& c : o.compressions)
+    if (!parallel::parse_grad_compression(c))
+      throw InvalidInput(
+          str("--grad-compression: unknown scheme '", c, "' (known: ", parallel::grad_compression_names(), ")"));
 }
 
 }  // namespace

@@ -635,6 +635,8 @@ TEST(Setup, RanksThatDisagreeAreNamedBeforeTraining) {
   expect_named([](train::TrainConfig& c) { c.strategy = "zero3"; }, "strategy");
   expect_named([](train::TrainConfig& c) { c.hidden = {24, 41, 8}; }, "model shapes");
   expect_named([](train::TrainConfig& c) { c.parallel.param_dtype = DType::bf16; }, "parameter dtype (bf16 vs f32)");
+  expect_named([](train::TrainConfig& c) { c.parallel.grad_compression = parallel::GradCompression::fp16; },
+               "gradient compression (fp16 vs none)");
   expect_named([](train::TrainConfig& c) { c.parallel.bucket_elements = 7; }, "bucket size (7 vs 300)");
   expect_named([](train::TrainConfig& c) { c.parallel.max_buckets_in_flight = 3; }, "live limits");
 }

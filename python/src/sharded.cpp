@@ -116,10 +116,18 @@ UnitOffsets unit_offsets(const std::vector<ParamSpec>& params, const std::vector
 
 namespace {
 
-// StrategyOptions' live limits from Python's keyword names.
+// StrategyOptions' live limits and gradient compression from Python's
+// keyword names.
 void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
   for (const auto& [k, v] : given) {
     const std::string key = py::str(k);
+    if (key == "grad_compression") {
+      const std::string name = py::str(v);
+      const auto c = parallel::parse_grad_compression(name);
+      if (!c) throw InvalidInput(str("compression '", name, "' is not one of ", parallel::grad_compression_names()));
+      o.grad_compression = *c;
+      continue;
+    }
     const long long n = v.cast<long long>();
     if (key == "prefetch_units" && n >= 0) o.prefetch_units = static_cast<int>(n);
     else if (key == "max_live_params" && n >= 0) o.max_live_params = static_cast<std::size_t>(n);
@@ -129,7 +137,7 @@ void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
     else
       throw InvalidInput(str("unknown strategy option ", key,
                              " (prefetch_units, max_live_params, "
-                             "max_buckets_in_flight)"));
+                             "max_buckets_in_flight, grad_compression)"));
   }
 }
 

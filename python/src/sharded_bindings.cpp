@@ -111,6 +111,14 @@ class PyPushSum {
 void bind_sharded(py::module_& m) {
   m.def("sharded_strategies", &sharded_strategies,
         "the strategies ShardedOptimizer runs, as the library's registry says (StrategyInfo)");
+  m.def(
+      "grad_compressions",
+      [] {
+        std::vector<std::string> names;
+        for (parallel::GradCompression c : parallel::kGradCompressions) names.emplace_back(parallel::name_of(c));
+        return names;
+      },
+      "ShardedOptimizer's compression= names (StrategyOptions::grad_compression)");
   m.def("retire_sharded", &retire_all_sharded,
         "ends every sharded optimizer's strategy (at exit, before the communicators end)");
   m.def(

@@ -249,6 +249,45 @@ def test_checkpoint_saved_at_world_4_loads_at_world_2(tmp_path):
 
 # ---- one process ----
 
+def test_compressed_gradients_give_every_strategy_the_same_bits_over_gloo(runs, tmp_path):
+    """compression="bf16" (docs/sharding.md, "Gradient compression"): ddp,
+    zero1 and zero2 reduce the same rounded gradients at world 2, so they
+    agree bit for bit -- and differ from the uncompressed run."""
+    plain = runs[("mpi", 2)]
+    half = launch_gloo(str(tmp_path), 2, "--rules", "adamw", "--compression", "bf16")
+    for s in ("zero1", "zero2"):
+        assert_same_run(half["runs"][f"adamw/{s}"], half["runs"]["adamw/ddp"], f"bf16 {s} vs ddp")
+    assert not same_bits(half["runs"]["adamw/ddp"]["params"][0], plain["runs"]["adamw/ddp"]["params"][0])
+
+
+def test_compression_at_world_one_is_the_drop_in_on_rounded_gradients():
+    """At one rank the compressed reduction rounds each gradient to bf16 (or
+    fp16) once: distopt's AdamW drop-in given those rounded gradients takes
+    the same steps, bit for bit."""
+    for compression, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        model, ref = mlp(seed=3), mlp(seed=3)
+        opt = ShardedOptimizer(model.parameters(), "adamw", "zero2", comm=dcomm.single(), lr=1e-2,
+                               compression=compression)
+        ropt = dopt.AdamW(ref.parameters(), lr=1e-2)
+        for x, y in batches(4, seed=2):
+            for m, o in ((model, opt), (ref, ropt)):
+                o.zero_grad()
+                loss_of(m, x, y).backward()
+                if o is ropt:
+                    for p in m.parameters():
+                        p.grad = p.grad.to(dtype).float()
+                o.step()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert same_bits(p.detach(), q.detach()), compression
+
+
+def test_an_unknown_compression_is_refused():
+    p = [torch.zeros(4, requires_grad=True)]
+    with pytest.raises(ValueError, match=r"^compression 'int2': the sharded optimizer sends gradients as none, "
+                                         r"bf16, fp16$"):
+        ShardedOptimizer(p, "adamw", "ddp", comm=dcomm.single(), compression="int2")
+
+
 def test_single_rank_trains_with_a_scheduler_and_clipping():
     model = mlp(seed=3)
     opt = ShardedOptimizer(model.parameters(), "adamw", "zero2", comm=dcomm.single(), lr=1e-2, max_grad_norm=0.5)

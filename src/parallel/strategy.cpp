@@ -80,15 +80,13 @@ std::vector<ParamGroupSpec> optimizer_groups(const OptimizerSpec& spec, std::vec
 // rank that differs from rank 0 and the item, on every rank alike.
 void check_agreement(Communicator& comm, std::string_view strategy, const ShardLayout& layout,
                      const OptimizerSpec& spec, const StrategyOptions& options) {
-  enum { kWorld, kStrategy, kModel, kOptimizer, kDtype, kBucket, kLive, kGossip, kItems };
-  static constexpr const char* kWhat[kItems] = {"world size",
-                                                "strategy",
-                                                "model shapes",
-                                                "optimizer or its options",
-                                                "parameter dtype or gradient compression",
-                                                "bucket size",
-                                                "live limits (prefetch, live parameters, buckets in flight)",
-                                                "gossip options"};
+  enum { kWorld, kStrategy, kModel, kOptimizer, kDtype, kCompression, kBucket, kLive, kGossip, kItems };
+  static constexpr const char* kWhat[kItems] = {
+      "world size",      "strategy",
+      "model shapes",    "optimizer or its options",
+      "parameter dtype", "gradient compression",
+      "bucket size",     "live limits (prefetch, live parameters, buckets in flight)",
+      "gossip options"};
   std::uint64_t mine[kItems];
   mine[kWorld] = static_cast<std::uint64_t>(comm.size());
   mine[kStrategy] = fnv(kFnvBasis, strategy);
@@ -102,8 +100,8 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   h = fnv(fnv(kFnvBasis, spec.name), spec.fallback);
   for (const auto& [k, v] : spec.options) h = fnv(fnv(h, k), v.to_string());
   mine[kOptimizer] = h;
-  mine[kDtype] =
-      static_cast<std::uint64_t>(options.param_dtype) + 256 * static_cast<std::uint64_t>(options.grad_compression);
+  mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
+  mine[kCompression] = static_cast<std::uint64_t>(options.grad_compression);
   mine[kBucket] = options.bucket_elements;
   // Prefetching and buckets in flight change the order in which a rank
   // starts its collectives, where they apply.
@@ -130,6 +128,9 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
         if (k == kWorld || k == kBucket) detail = str(" (", all[r * kItems + k], " vs ", all[k], ")");
         if (k == kDtype)
           detail = str(" (", name_of(static_cast<DType>(all[r * kItems + k])), " vs ", name_of(static_cast<DType>(all[k])), ")");
+        if (k == kCompression)
+          detail = str(" (", name_of(static_cast<GradCompression>(all[r * kItems + k])), " vs ",
+                       name_of(static_cast<GradCompression>(all[k])), ")");
         throw InvalidInput(str("rank ", r, " disagrees with rank 0 on the ", kWhat[k], detail,
                                ": every rank must be started with the same configuration"));
       }
@@ -150,7 +151,7 @@ std::string_view name_of(GradCompression c) {
 }
 
 std::optional<GradCompression> parse_grad_compression(std::string_view name) {
-  for (GradCompression c : {GradCompression::none, GradCompression::bf16, GradCompression::fp16})
+  for (GradCompression c : kGradCompressions)
     if (name == name_of(c)) return c;
   return std::nullopt;
 }

@@ -16,6 +16,7 @@ struct StrategiesBenchOptions {
   std::vector<int> worlds{2, 4};                 // threads backend; MPI takes the job's size
   std::vector<std::string> strategies{"ddp", "zero1", "zero2", "zero3"};
   std::vector<std::string> models{"mlp", "wide"};  // wide: 784-8x1664-10, 20.7M parameters in 9 units
+  std::vector<std::string> compressions{"none"};   // --grad-compression schemes, each strategy under each
   std::size_t batch_size = 128;                  // global
   int steps = 0;                                 // timed steps per round; 0: about 0.3 s worth
   int rounds = 3;                                // rounds over the strategies; medians reported

@@ -154,6 +154,8 @@ struct GossipOptions {
 // each other's bits; not ddp's uncompressed bits. Not for the gossip
 // strategies, nor with --param-dtype bf16/f16 (already on the wire).
 enum class GradCompression : std::uint8_t { none, bf16, fp16 };
+inline constexpr GradCompression kGradCompressions[] = {GradCompression::none, GradCompression::bf16,
+                                                        GradCompression::fp16};
 std::string_view name_of(GradCompression c);
 std::optional<GradCompression> parse_grad_compression(std::string_view name);
 // "none, bf16, fp16"

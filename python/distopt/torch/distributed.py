@@ -92,7 +92,7 @@ def _retire_at_exit():
 
 class ShardedOptimizer(DistoptOptimizer):
     """``ShardedOptimizer(params, optimizer="adamw", strategy="zero1", *
-    comm=None, bucket_elements=32768, max_grad_norm=None, **options)``
+    comm=None, bucket_elements=32768, max_grad_norm=None, compression="none", **options)``
 
     ``params`` may be ``model.named_parameters()``: distopt's checkpoints
     (``save``) then name each parameter as the model does, so that
@@ -102,8 +102,11 @@ class ShardedOptimizer(DistoptOptimizer):
     betas, weight_decay, ...); the rule's defaults fill the rest. ``comm``:
     a ``distopt.torch.comm.Communicator`` (default ``comm.world()``).
     ``max_grad_norm`` clips the gradients' global norm before each update
-    (the reduced gradient's; ``last_grad_norm`` holds the norm). Muon's
-    1-D parameters take AdamW, as distopt's command line does.
+    (the reduced gradient's; ``last_grad_norm`` holds the norm).
+    ``compression`` ("bf16", "fp16") sends the gradients in half precision,
+    summed in fp32 in rank order: the strategies still agree bit for bit,
+    not with the uncompressed run. Muon's 1-D parameters take AdamW, as
+    distopt's command line does.
     """
 
     _contiguous = False  # the values move into the strategy's buffer
@@ -116,8 +119,8 @@ class ShardedOptimizer(DistoptOptimizer):
     _load_hint = "load values with p.copy_(...)"
 
     def __init__(self, params, optimizer="adamw", strategy="zero1", *, comm=None, bucket_elements=1 << 15,
-                 max_grad_norm=None, norm_type=2.0, _gossip=None, _units=(), _strategy_options=None,
-                 _param_names=None, **options):
+                 max_grad_norm=None, norm_type=2.0, compression="none", _gossip=None, _units=(),
+                 _strategy_options=None, _param_names=None, **options):
         name = type(self).__name__
         params = list(params)
         if any(isinstance(p, dict) for p in params):
@@ -134,6 +137,9 @@ class ShardedOptimizer(DistoptOptimizer):
         for k in options:
             if k not in known:
                 raise TypeError(f"{name}: {optimizer} has no option '{k}' (it has {', '.join(sorted(known))})")
+        if compression not in _core.grad_compressions():
+            raise ValueError(f"compression '{compression}': {self._what} sends gradients as "
+                             f"{', '.join(_core.grad_compressions())}")
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a positive number (got {max_grad_norm})")
         defaults = dict(known)
@@ -160,7 +166,8 @@ class ShardedOptimizer(DistoptOptimizer):
         self._core = _core.Sharded(self.comm._c, strategy, optimizer,
                                    [(n, list(p.shape)) for n, p in zip(names, ps)], initial,
                                    dict(self._synced), int(bucket_elements), dict(_gossip or {}), list(_units),
-                                   dict(_strategy_options or {}))
+                                   dict(_strategy_options or {}, **({} if compression == "none" else
+                                                                    {"grad_compression": compression})))
         _retire_at_exit()
         self._attach()
         self._sync = True  # no_sync() turns the hooks' deliveries off
