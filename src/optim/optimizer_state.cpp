@@ -85,13 +85,13 @@ std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view k
   const ParamState& st = *state_[i];
   const auto n = static_cast<std::size_t>(params_[i].value.numel());
   // Device state is copied to the host (valid until the next call for this parameter).
-  auto readable = [&](const Buffer& b) -> std::span<const float> {
-    if (b.device() == Device::cpu) return {b.as<float>(), n};
-    st.host_copy.resize(n);
-    copy_bytes(st.host_copy.data(), Device::cpu, b.data(), b.device(), n * sizeof(float));
+  auto readable = [&](const Buffer& b, std::size_t count) -> std::span<const float> {
+    if (b.device() == Device::cpu) return {b.as<float>(), count};
+    st.host_copy.resize(count);
+    copy_bytes(st.host_copy.data(), Device::cpu, b.data(), b.device(), count * sizeof(float));
     return st.host_copy;
   };
-  if (key == "master_param" && !st.master.empty()) return readable(st.master);
+  if (key == "master_param" && !st.master.empty()) return readable(st.master, n);
   for (std::size_t k = 0; k < st.tensor_names.size(); ++k) {
     if (st.tensor_names[k] != key) continue;
     if (k < st.quantized.size() && st.quantized[k].on()) {  // its values, read back from the codes
@@ -99,16 +99,12 @@ std::span<const float> Optimizer::state_tensor(std::size_t i, std::string_view k
       dequantize(st.quantized[k], n, device_, st.host_copy.data());
       return st.host_copy;
     }
-    if (!st.tensors[k].empty() || n == 0) return readable(st.tensors[k]);
+    if (!st.tensors[k].empty() || n == 0) return readable(st.tensors[k], n);
   }
   for (std::size_t k = 0; k < st.quantized.size(); ++k) {
     const QuantizedTensor& q = st.quantized[k];
-    if (quant::has_scales(q.dtype) && key == str(st.tensor_names[k], kAbsmaxSuffix)) {
-      if (q.absmax.device() == Device::cpu) return {q.absmax.as<float>(), quant::num_blocks(q.dtype, n)};
-      st.host_copy.resize(quant::num_blocks(q.dtype, n));
-      copy_bytes(st.host_copy.data(), Device::cpu, q.absmax.data(), q.absmax.device(), q.absmax.size_bytes());
-      return st.host_copy;
-    }
+    if (quant::has_scales(q.dtype) && key == str(st.tensor_names[k], kAbsmaxSuffix))
+      return readable(q.absmax, quant::num_blocks(q.dtype, n));
   }
   const RuleInfo& rule = *group_rules_[group_of_[i]];
   if (rule.aux_parts != nullptr && st.initialized)

@@ -344,14 +344,25 @@ void Engine::finish_oldest() {
   in_flight_.pop_front();
 }
 
-void Engine::unwire_shards(std::size_t b, const char* w) {
+void Engine::reduce_scatter_on_wire(InFlight& f, std::size_t b, const char* g) {
   const auto& bucket = layout_.buckets()[b];
+  f.scratch = to_wire(g, bucket.padded);  // zero2/3: their fp32 scratch goes back to the pool
+  char* w = f.scratch.bytes();
   for (std::size_t u = bucket.first; u < bucket.last; ++u) {
     const auto& unit = layout_.units()[u];
-    const std::size_t to = info_.sharded_grads ? unit.shard_offset : unit.padded_offset + rank_ * unit.shard;
-    to_f32(wire_dtype_, w + (unit.padded_offset - bucket.padded_offset + rank_ * unit.shard) * wire_es_,
-           reinterpret_cast<float*>(grads_.bytes() + to * es_), unit.shard);
+    char* at = w + (unit.padded_offset - bucket.padded_offset) * wire_es_;
+    f.requests.push_back(
+        comm_.ireduce_scatter(at, at + rank_ * unit.shard * wire_es_, unit.shard, wire_type_, ReduceOp::sum));
   }
+  f.then = [this, b, w] {
+    const auto& bk = layout_.buckets()[b];
+    for (std::size_t u = bk.first; u < bk.last; ++u) {
+      const auto& unit = layout_.units()[u];
+      const std::size_t to = info_.sharded_grads ? unit.shard_offset : unit.padded_offset + rank_ * unit.shard;
+      to_f32(wire_dtype_, w + (unit.padded_offset - bk.padded_offset + rank_ * unit.shard) * wire_es_,
+             reinterpret_cast<float*>(grads_.bytes() + to * es_), unit.shard);
+    }
+  };
 }
 
 Held Engine::to_wire(const char* g, std::size_t n) {

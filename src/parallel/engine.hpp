@@ -179,11 +179,12 @@ class Engine : public StrategyCore {
   // them at g rounded into a buffer of the wire's, leased from the pool.
   bool compressing() const { return wire_dtype_ != dtype_; }
   Held to_wire(const char* g, std::size_t n);
-  // After bucket b was reduce-scattered unit by unit in place in its wire
-  // buffer w: the rank's shard of each unit back into the gradients (the
-  // padded buffer's own region, or the shard buffer where the strategy
-  // keeps only its shard).
-  void unwire_shards(std::size_t b, const char* w);
+  // zero1-3's compressed reduction of bucket b, whose gradients are at g:
+  // rounded into f's wire buffer (f.scratch), each unit reduce-scattered in
+  // place there, and once done the rank's shard of each unit widened back
+  // into the gradients (the padded buffer's own region, or the shard buffer
+  // where the strategy keeps only its shard).
+  void reduce_scatter_on_wire(InFlight& f, std::size_t b, const char* g);
 
   DType dtype_;
   ElemType type_;

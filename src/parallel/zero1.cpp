@@ -54,17 +54,15 @@ void Zero1::reduce_bucket(std::size_t b) {
   // gradient buffer, while backward goes on.
   const auto& bucket = layout_.buckets()[b];
   InFlight f{b, {}, {}};
-  char* g = grads_.bytes() + bucket.padded_offset * es_;
-  if (compressing()) f.scratch = to_wire(g, bucket.padded);  // reduced on the wire's dtype, then back
-  char* w = compressing() ? f.scratch.bytes() : g;
-  const std::size_t ws = compressing() ? wire_es_ : es_;
-  for (std::size_t u = bucket.first; u < bucket.last; ++u) {
-    const auto& unit = layout_.units()[u];
-    char* at = w + (unit.padded_offset - bucket.padded_offset) * ws;
-    f.requests.push_back(comm_.ireduce_scatter(at, at + rank_ * unit.shard * ws, unit.shard,
-                                               compressing() ? wire_type_ : type_, ReduceOp::sum));
+  if (compressing()) {
+    reduce_scatter_on_wire(f, b, grads_.bytes() + bucket.padded_offset * es_);
+  } else {
+    for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+      const auto& unit = layout_.units()[u];
+      char* g = grads_.bytes() + unit.padded_offset * es_;
+      f.requests.push_back(comm_.ireduce_scatter(g, g + rank_ * unit.shard * es_, unit.shard, type_, ReduceOp::sum));
+    }
   }
-  if (compressing()) f.then = [this, b, w] { unwire_shards(b, w); };
   in_flight_.push_back(std::move(f));
 }
 

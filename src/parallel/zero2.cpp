@@ -37,21 +37,7 @@ void Zero2::reduce_bucket(std::size_t b) {
   const auto& bucket = layout_.buckets()[b];
   InFlight& f = in_flight_.back();
   DISTOPT_CHECK(f.bucket == b, "bucket ", b, " finished out of order");
-  if (compressing()) {
-    // The bucket on the wire's dtype (its fp32 scratch back to the pool),
-    // each unit reduce-scattered in place there, the own shards then back
-    // into the gradient shard.
-    f.scratch = to_wire(f.scratch.bytes(), bucket.padded);
-    char* w = f.scratch.bytes();
-    for (std::size_t u = bucket.first; u < bucket.last; ++u) {
-      const auto& unit = layout_.units()[u];
-      char* at = w + (unit.padded_offset - bucket.padded_offset) * wire_es_;
-      f.requests.push_back(
-          comm_.ireduce_scatter(at, at + rank_ * unit.shard * wire_es_, unit.shard, wire_type_, ReduceOp::sum));
-    }
-    f.then = [this, b, w] { unwire_shards(b, w); };
-    return;
-  }
+  if (compressing()) return reduce_scatter_on_wire(f, b, f.scratch.bytes());
   for (std::size_t u = bucket.first; u < bucket.last; ++u) {
     const auto& unit = layout_.units()[u];
     f.requests.push_back(comm_.ireduce_scatter(f.scratch.bytes() + (unit.padded_offset - bucket.padded_offset) * es_,
