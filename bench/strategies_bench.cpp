@@ -10,13 +10,16 @@
 //                    (all-gather twice + reduce-scatter), each × (n-1)/n
 //                    for n ranks, Ψ = parameters × bytes per element; with
 //                    --grad-compression the gradients' share (ddp's all-reduce,
-//                    zero1-3's reduce-scatter) at 2 bytes an element
+//                    zero1-3's reduce-scatter) at 2 bytes an element (bf16,
+//                    fp16) or 1 + 4/256 (int8: a code each, a scale per 256)
 //   hidden_fraction  1 - (time the rank thread waited for communication)
 //                    / (time the collectives ran)
 //   peak_bytes       params + grads + master + optimizer state at the peak
 //   param_hash       XXH3-64 of the parameters after the two warm-up steps
 //                    (same initial values and data for every strategy):
 //                    equal across strategies, as the equivalence promises
+//                    (int8: zero1-3 alike, ddp its own, which packs its
+//                    sums a second time)
 #include "distopt/bench/strategies_bench.hpp"
 
 #include <algorithm>
@@ -138,7 +141,7 @@ std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) 
       const parallel::StrategyInfo& info = parallel::strategy_or_throw(runs[k].first);
       // The gradients' share of the volume (ddp: all of it) at the wire's bytes.
       const double grad_psi = info.replicated_params ? info.volume_psi : 1.0;
-      const double wire = runs[k].second == "none" ? 4.0 : 2.0;
+      const double wire = runs[k].second == "none" ? 4.0 : runs[k].second == "int8" ? 1.0 + 4.0 / 256 : 2.0;
       const double volume = (grad_psi * wire + (info.volume_psi - grad_psi) * 4.0) * double(psi) * (n - 1) / n;
       rows.push_back({runs[k].first, runs[k].second, std::string(comm.backend()), model_name, comm.size(), psi,
                       median(t), median(b), volume, median(h), samples[k].back().peak, samples[k].back().hash});
@@ -184,10 +187,13 @@ int report(const std::vector<Row>& rows, bool json) {
   std::fflush(stdout);
   // The equivalence, shown: every strategy's parameters after the warm-up
   // steps hash alike per model, world, backend and compression.
+  auto family = [](const Row& r) {  // int8: ddp (replicated parameters) packs its sums again
+    return r.compression == "int8" && parallel::strategy_or_throw(r.strategy).replicated_params;
+  };
   for (const Row& r : rows)
     for (const Row& q : rows)
       if (q.model == r.model && q.world == r.world && q.backend == r.backend && q.compression == r.compression &&
-          q.param_hash != r.param_hash) {
+          family(q) == family(r) && q.param_hash != r.param_hash) {
         std::fprintf(stderr, "distopt: error: %s and %s trained different parameters (%s vs %s)\n", r.strategy.c_str(),
                      q.strategy.c_str(), r.param_hash.c_str(), q.param_hash.c_str());
         return 3;

@@ -81,6 +81,13 @@ want=$("$bin" "${sv[@]}" --world 3 --max-steps 12 --strategy ddp --grad-compress
 gloo_run compressed 3 -- "${sv[@]}" --max-steps 12 --strategy zero1 --grad-compression bf16
 [ "$(statuses compressed)" = "0 0 0" ] || fail "compressed: exits $(statuses compressed): $(cat "$tmp/compressed"/err.*)"
 [ "$(hash_of "$tmp/compressed/out.0")" = "$want" ] || fail "compressed zero1: not the threads backend's compressed ddp bits"
+# int8 (packets sent to their owners, ddp's sums packed and gathered back):
+# ddp at 3 processes, the threads backend's bits.
+want=$("$bin" "${sv[@]}" --world 3 --max-steps 12 --strategy ddp --grad-compression int8 2>"$tmp/err" | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+gloo_run int8 3 -- "${sv[@]}" --max-steps 12 --strategy ddp --grad-compression int8
+[ "$(statuses int8)" = "0 0 0" ] || fail "int8: exits $(statuses int8): $(cat "$tmp/int8"/err.*)"
+[ "$(hash_of "$tmp/int8/out.0")" = "$want" ] || fail "int8 ddp: not the threads backend's int8 ddp bits"
 
 # 2. Survivors, ddp: rank 2 of 4 killed (SIGKILL, DISTOPT_FAULT=kill) or
 # stopped (SIGSTOP, stall) after step 5. The three others finish at world 3

@@ -83,14 +83,14 @@ fi
 
 # bench strategies --json: every strategy, and the bytes each rank sends within
 # 5% of the ZeRO volumes (a property of the collectives issued, not a timing).
-"$bin" bench strategies --models mlp --worlds 2,4 --rounds 1 --steps 2 --grad-compression none,bf16 --json \
+"$bin" bench strategies --models mlp --worlds 2,4 --rounds 1 --steps 2 --grad-compression none,bf16,int8 --json \
   >"$tmp/out" 2>/dev/null ||
   fail "bench strategies exited $?"
 /usr/bin/env python3 "$src/tests/bench_strategies_check.py" "$tmp/out" threads 2,4 >/dev/null 2>"$tmp/err" ||
   fail "bench strategies: $(tail -n 1 "$tmp/err")"
 expect_error 2 "unknown benchmark model 'resnet'" -- bench strategies --models resnet
 expect_error 2 "unknown strategy 'zero4'" -- bench strategies --strategies zero4
-expect_error 2 "--grad-compression: unknown scheme 'int2' (known: none, bf16, fp16)" -- bench strategies \
+expect_error 2 "--grad-compression: unknown scheme 'int2' (known: none, bf16, fp16, int8)" -- bench strategies \
   --grad-compression int2
 
 # bench memory: under one cap on the training process's resident memory,

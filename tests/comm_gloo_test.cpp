@@ -71,7 +71,7 @@ std::vector<float> input(int rank, std::size_t count) {
 
 // The same collectives on the threads backend: the reference bits.
 struct Results {
-  std::vector<float> reduced, scattered, gathered, broadcast;
+  std::vector<float> reduced, scattered, gathered, broadcast, exchanged;
 };
 Results collectives(Communicator& c, const std::vector<std::size_t>& counts) {
   Results out;
@@ -87,6 +87,9 @@ Results collectives(Communicator& c, const std::vector<std::size_t>& counts) {
   c.all_gather_v(out.scattered.data(), out.gathered.data(), counts, ElemType::f32);
   out.broadcast = c.rank() == 1 ? input(7, 333) : std::vector<float>(333, 0.f);
   c.broadcast(out.broadcast.data(), 333, ElemType::f32, 1);
+  const std::vector<float> pieces = input(c.rank(), 41 * static_cast<std::size_t>(c.size()));
+  out.exchanged.resize(pieces.size());
+  c.all_to_all(pieces.data(), out.exchanged.data(), 41, ElemType::f32);
   c.barrier();
   return out;
 }
@@ -110,6 +113,7 @@ void collectives_bits(const std::string& rendezvous) {
     EXPECT_EQ(a.scattered, b.scattered) << "reduce_scatter_v, rank " << r;
     EXPECT_EQ(a.gathered, b.gathered) << "all_gather_v, rank " << r;
     EXPECT_EQ(a.broadcast, b.broadcast) << "broadcast, rank " << r;
+    EXPECT_EQ(a.exchanged, b.exchanged) << "all_to_all, rank " << r;
   }
 }
 

@@ -90,6 +90,21 @@ void closed_form(Communicator& c, Checks& k) {
     }
 }
 
+// all_to_all: rank s's piece d lands as rank d's piece s.
+void all_to_all(Communicator& c, Checks& k) {
+  const int n = c.size();
+  for (std::size_t per : {std::size_t{1}, std::size_t{70001}}) {
+    std::vector<std::uint8_t> send(per * n), recv(per * n);
+    for (int d = 0; d < n; ++d)
+      for (std::size_t i = 0; i < per; ++i) send[d * per + i] = std::uint8_t(31 * c.rank() + 7 * d + i);
+    c.all_to_all(send.data(), recv.data(), per, ElemType::u8);
+    std::size_t bad = 0;
+    for (int s = 0; s < n; ++s)
+      for (std::size_t i = 0; i < per; ++i) bad += recv[s * per + i] != std::uint8_t(31 * s + 7 * c.rank() + i);
+    k.expect(bad == 0, str("all_to_all per ", per));
+  }
+}
+
 // all_reduce of noisy() inputs on an in-process threads world of n ranks.
 std::vector<float> threads_all_reduce(int n, std::size_t count) {
   std::vector<float> result(count);
@@ -178,6 +193,7 @@ int main(int argc, char** argv) {
     Checks k{c.rank()};
     closed_form(c, k);
     determinism(c, k);
+    all_to_all(c, k);
     point_to_point(c, k);
     long counts[2] = {k.passed, k.failed};
     c.all_reduce(counts, counts, 2, ElemType::i64, ReduceOp::sum);

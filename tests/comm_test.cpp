@@ -105,6 +105,29 @@ TEST_P(Worlds, ReduceScatterAndAllGatherInPlace) {
   });
 }
 
+// all_to_all: rank s's piece d lands as rank d's piece s, blocking or not,
+// and a rank counts the n - 1 pieces the others take from it.
+TEST_P(Worlds, AllToAllSendsEachPieceToItsRank) {
+  const int n = GetParam();
+  spawn(n, [&](Communicator& c) {
+    auto value = [](int from, int to, std::size_t i) { return std::uint8_t(31 * from + 7 * to + i); };
+    for (std::size_t per : {std::size_t{0}, std::size_t{1}, std::size_t{13}, std::size_t{5000}}) {
+      std::vector<std::uint8_t> send(per * n), recv(per * n, 0xee), again(per * n, 0xee);
+      for (int d = 0; d < n; ++d)
+        for (std::size_t i = 0; i < per; ++i) send[d * per + i] = value(c.rank(), d, i);
+      const std::uint64_t before = c.bytes_sent();
+      c.all_to_all(send.data(), recv.data(), per, ElemType::u8);
+      ASSERT_EQ(c.bytes_sent() - before, per * static_cast<std::size_t>(n - 1));
+      c.iall_to_all(send.data(), again.data(), per, ElemType::u8)->wait();
+      for (int s = 0; s < n; ++s)
+        for (std::size_t i = 0; i < per; ++i) {
+          ASSERT_EQ(recv[s * per + i], value(s, c.rank(), i)) << "from " << s << " [" << i << "]";
+          ASSERT_EQ(again[s * per + i], value(s, c.rank(), i)) << "from " << s << " [" << i << "]";
+        }
+    }
+  });
+}
+
 TEST_P(Worlds, AllGatherVWithUnevenCountsInPlace) {
   const int n = GetParam();
   spawn(n, [&](Communicator& c) {

@@ -1,6 +1,7 @@
 // distopt bench optim [--json] [--rules a,b] [--cases 16M,1000x16K] [--threads 1,2]
 // distopt bench comm [--backend threads|mpi|gloo] [--world N] [--rank R --rendezvous DIR] [--json] [--collectives ...]
-// distopt bench strategies [--backend threads|mpi] [--worlds 2,4] [--models mlp,wide] [--grad-compression none,bf16]
+// distopt bench strategies [--backend threads|mpi] [--worlds 2,4] [--models mlp,wide] [--grad-compression
+// none,bf16,int8]
 //                          [--json]
 // distopt bench gossip [--backend threads|mpi] [--worlds 4,8,16] [--bandwidths 100M,1G,none] [--json]
 // distopt bench memory --cap 1G [--world 4] [--strategies ddp,zero1,zero2,zero3] [--dim 256] [--json]
@@ -112,7 +113,7 @@ Runner add_bench(CLI::App& app) {
   strat->add_option("--bucket-cap-mb", st->bucket_cap_mb, "gradient bucket size in MiB (default 0.125, as train)");
   strat
       ->add_option("--grad-compression", st->compressions,
-                   "gradient compression schemes, each strategy under each (default none; e.g. none,bf16)")
+                   "gradient compression schemes, each strategy under each (default none; e.g. none,bf16,int8)")
       ->delimiter(',');
   strat->add_flag("--json", st->json, "print {\"results\": [...]} as the last line of stdout (rank 0)");
 

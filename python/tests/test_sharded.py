@@ -260,31 +260,85 @@ def test_compressed_gradients_give_every_strategy_the_same_bits_over_gloo(runs, 
     assert not same_bits(half["runs"]["adamw/ddp"]["params"][0], plain["runs"]["adamw/ddp"]["params"][0])
 
 
+def test_int8_gives_the_sharded_strategies_each_others_bits_over_gloo(runs, tmp_path):
+    """compression="int8": zero1 and zero2 send the same packets and sum
+    them in the same order, so they agree bit for bit; ddp packs its sums a
+    second time, so it has bits of its own, as has the uncompressed run."""
+    plain = runs[("mpi", 2)]
+    packed = launch_gloo(str(tmp_path), 2, "--rules", "adamw", "--compression", "int8")
+    assert_same_run(packed["runs"]["adamw/zero2"], packed["runs"]["adamw/zero1"], "int8 zero2 vs zero1")
+    first = {s: packed["runs"][f"adamw/{s}"]["params"][0] for s in ("ddp", "zero1")}
+    assert not same_bits(first["ddp"], first["zero1"])
+    assert not same_bits(first["zero1"], plain["runs"]["adamw/ddp"]["params"][0])
+
+
+def assert_drop_in_on(strategy, compression, delivered):
+    """ShardedOptimizer at one rank with `compression` takes the steps of
+    distopt's AdamW drop-in given delivered(p) as each parameter's gradient,
+    bit for bit."""
+    model, ref = mlp(seed=3), mlp(seed=3)
+    opt = ShardedOptimizer(model.parameters(), "adamw", strategy, comm=dcomm.single(), lr=1e-2,
+                           compression=compression)
+    ropt = dopt.AdamW(ref.parameters(), lr=1e-2)
+    for x, y in batches(4, seed=2):
+        for m, o in ((model, opt), (ref, ropt)):
+            o.zero_grad()
+            loss_of(m, x, y).backward()
+            if o is ropt:
+                for p in m.parameters():
+                    p.grad = delivered(p)
+            o.step()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        assert same_bits(p.detach(), q.detach()), f"{strategy} {compression}"
+
+
+def int8_packets(v):
+    """What int8 delivers of the values v (flat): blocks of 256 scaled by
+    max |v| / 127, codes rounded half to even (docs/sharding.md)."""
+    out = torch.zeros_like(v)
+    for b in range(0, v.numel(), 256):
+        block = v[b:b + 256]
+        scale = block.abs().max() / 127
+        if scale > 0:
+            out[b:b + 256] = torch.clamp(torch.round(block / scale), -127, 127) * scale
+    return out
+
+
+def test_int8_at_world_one_is_the_drop_in_on_its_packets():
+    """At one rank int8 sends each parameter's gradient plus what the last
+    packets lost: distopt's AdamW drop-in given what the packets deliver,
+    with the residual carried by the test in torch, takes the same steps
+    bit for bit (zero2); ddp packs that once more with a residual of its
+    own."""
+    for strategy in ("zero2", "ddp"):
+        residual = {}
+
+        def packed(p):
+            e = residual.setdefault(id(p), [torch.zeros(p.numel()), torch.zeros(p.numel())])
+            v = p.grad.reshape(-1) + e[0]
+            got = int8_packets(v)
+            e[0] = v - got
+            if strategy == "ddp":
+                v = got + e[1]
+                got = int8_packets(v)
+                e[1] = v - got
+            return got.reshape(p.shape)
+
+        assert_drop_in_on(strategy, "int8", packed)
+
+
 def test_compression_at_world_one_is_the_drop_in_on_rounded_gradients():
     """At one rank the compressed reduction rounds each gradient to bf16 (or
     fp16) once: distopt's AdamW drop-in given those rounded gradients takes
     the same steps, bit for bit."""
     for compression, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
-        model, ref = mlp(seed=3), mlp(seed=3)
-        opt = ShardedOptimizer(model.parameters(), "adamw", "zero2", comm=dcomm.single(), lr=1e-2,
-                               compression=compression)
-        ropt = dopt.AdamW(ref.parameters(), lr=1e-2)
-        for x, y in batches(4, seed=2):
-            for m, o in ((model, opt), (ref, ropt)):
-                o.zero_grad()
-                loss_of(m, x, y).backward()
-                if o is ropt:
-                    for p in m.parameters():
-                        p.grad = p.grad.to(dtype).float()
-                o.step()
-        for p, q in zip(model.parameters(), ref.parameters()):
-            assert same_bits(p.detach(), q.detach()), compression
+        assert_drop_in_on("zero2", compression, lambda p: p.grad.to(dtype).float())
 
 
 def test_an_unknown_compression_is_refused():
     p = [torch.zeros(4, requires_grad=True)]
     with pytest.raises(ValueError, match=r"^compression 'int2': the sharded optimizer sends gradients as none, "
-                                         r"bf16, fp16$"):
+                                         r"bf16, fp16, int8$"):
         ShardedOptimizer(p, "adamw", "ddp", comm=dcomm.single(), compression="int2")
 
 

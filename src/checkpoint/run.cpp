@@ -106,6 +106,7 @@ std::uint64_t save(Communicator& comm, parallel::Strategy& strategy, const RunIn
   // The pieces are views of the live parameters and optimizer state: the
   // file is streamed from them, never assembled in memory.
   PieceSet pieces = rank_pieces(strategy, comm.rank(), parts);
+  pieces.append(feedback_pieces(strategy, comm.rank()));  // this rank's own (not in a survivor's capture)
   const std::optional<parallel::LocalState> local = strategy.local_state();
   std::vector<RunState::Gossip::Rank> ranks;
   if (local) {
@@ -205,6 +206,8 @@ std::string resume(Communicator& comm, parallel::Strategy& strategy, const Loade
   }
   const LoadedTensors tensors(from);
   load_optimizer_state(strategy, tensors, prefix);
+  if (std::string w = load_feedback(strategy, tensors, comm.rank(), comm.size()); !w.empty())
+    warning = warning.empty() ? w : warning + "; " + w;
   if (!prefix.empty()) {
     const auto me = static_cast<std::size_t>(comm.rank());
     if (me >= st.gossip->ranks.size()) throw InvalidInput(str("checkpoint manifest: no gossip state for rank ", comm.rank()));

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 #include <set>
+#include <string_view>
 
 #include "distopt/checkpoint/safetensors.hpp"
 #include "distopt/core/device.hpp"
@@ -124,6 +125,82 @@ PieceSet own_pieces(parallel::Strategy& s, int rank, std::span<const float> own,
   cut(s, rank, out.keep(s.mean_over_ranks(own)), prefix, out);
   whole_pieces(s.layout(), own, local_prefix(rank) + prefix, out);
   return out;
+}
+
+PieceSet feedback_pieces(parallel::Strategy& s, int rank) {
+  const parallel::Strategy::Feedback f = s.feedback();
+  const parallel::ShardLayout& layout = s.layout();
+  PieceSet out;
+  if (!f.residual.empty()) whole_pieces(layout, f.residual, str("feedback.", rank, "."), out);
+  if (!f.sums.empty())
+    for (const auto& pc : layout.pieces(rank))
+      if (pc.count > 0) {
+        const ParamSlot& slot = layout.params()[pc.param];
+        out.view("feedback.sums." + slot.name, slot.shape, pc.param_begin, f.sums.subspan(pc.shard_offset, pc.count));
+      }
+  return out;
+}
+
+std::string load_feedback(parallel::Strategy& s, const TensorSource& source, int rank, int world) {
+  const parallel::ShardLayout& layout = s.layout();
+  const auto& params = layout.params();
+  const std::vector<std::string> names = source.names_under("feedback.");
+  const auto index = slot_index(layout);
+  for (const std::string& name : names) {
+    const std::string rest = name.substr(std::string_view("feedback.").size());
+    const std::size_t dot = rest.find('.');
+    const std::string who = rest.substr(0, dot);
+    const bool rank_or_sums =
+        who == "sums" || (!who.empty() && who.size() < 10 &&
+                          std::all_of(who.begin(), who.end(), [](char c) { return c >= '0' && c <= '9'; }));
+    if (dot == std::string::npos || !rank_or_sums || !index.contains(rest.substr(dot + 1)))
+      throw InvalidInput(str("the checkpoint's ", name,
+                             " is no parameter's error feedback (feedback.<rank>.<param> or feedback.sums.<param>)"));
+  }
+  const parallel::Strategy::Feedback f = s.feedback();
+  std::fill(f.residual.begin(), f.residual.end(), 0.0f);
+  std::fill(f.sums.begin(), f.sums.end(), 0.0f);
+  if (f.residual.empty())
+    return names.empty() ? "" : "resuming without --grad-compression int8: the checkpoint's error feedback is dropped";
+  auto saved = [&](const std::string& prefix) {  // whether the checkpoint has them, shaped as the model's
+    bool any = false;
+    for (const ParamSlot& slot : params) {
+      const Shape* shape = source.shape(prefix + slot.name);
+      if (shape == nullptr) continue;
+      if (*shape != slot.shape)
+        throw InvalidInput(str(prefix, slot.name, " is ", to_string(*shape), " in the checkpoint, ",
+                               to_string(slot.shape), " in the model"));
+      any = true;
+    }
+    return any;
+  };
+  int saved_world = 0;
+  while (saved(str("feedback.", saved_world, "."))) ++saved_world;
+  std::vector<float> values;
+  auto add_whole = [&](const std::string& prefix) {  // every parameter whole, added to the residual
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      if (source.shape(prefix + params[p].name) == nullptr)
+        throw InvalidInput(str("the checkpoint has no ", prefix, params[p].name, " beside its other error feedback"));
+      values.resize(params[p].numel());
+      source.read(prefix + params[p].name, 0, values);
+      float* to = f.residual.data() + layout.padded_offset(p);
+      for (std::size_t i = 0; i < values.size(); ++i) to[i] += values[i];
+    }
+  };
+  for (int r = rank; r < saved_world; r += world) add_whole(str("feedback.", r, "."));
+  if (!saved("feedback.sums.")) return "";
+  if (f.sums.empty()) {
+    if (rank == 0) add_whole("feedback.sums.");
+    return "";
+  }
+  for (const auto& pc : layout.pieces(rank)) {
+    const std::string name = "feedback.sums." + params[pc.param].name;
+    if (pc.count == 0) continue;
+    if (source.shape(name) == nullptr)
+      throw InvalidInput(str("the checkpoint has no ", name, " beside its other error feedback"));
+    source.read(name, pc.param_begin, f.sums.subspan(pc.shard_offset, pc.count));
+  }
+  return "";
 }
 
 std::vector<float> own_values(parallel::Strategy& s, int rank, const TensorSource& source, const std::string& prefix) {
@@ -260,9 +337,10 @@ parallel::InitialParams initial_params(const parallel::FlatLayout& layout, const
       const bool known = std::any_of(layout.params.begin(), layout.params.end(),
                                      [&](const ParamSlot& s) { return "param." + s.name == name; });
       if (!known) throw InvalidInput(str("the checkpoint has a parameter ", name.substr(6), " that the model lacks"));
-    } else if (name.rfind("state.", 0) != 0 && name.rfind("avg.", 0) != 0 && name.rfind("gossip.", 0) != 0) {
+    } else if (name.rfind("state.", 0) != 0 && name.rfind("avg.", 0) != 0 && name.rfind("gossip.", 0) != 0 &&
+               name.rfind("feedback.", 0) != 0) {
       throw InvalidInput(str("the checkpoint has a tensor ", name,
-                             " that is no parameter, optimizer state, average or gossip rank's state"));
+                             " that is no parameter, optimizer state, average, gossip rank's state or error feedback"));
     }
   }
   for (const ParamSlot& s : layout.params) {

@@ -312,6 +312,10 @@ void Communicator::all_gather_v(const void* send, void* recv, std::span<const st
   run_ordered([=, this] { do_all_gather_v(send, recv, c, type); });
 }
 
+void Communicator::all_to_all(const void* send, void* recv, std::size_t count, ElemType type) {
+  run_ordered([=, this] { do_all_to_all(send, recv, count * size_of(type)); });
+}
+
 void Communicator::broadcast(void* buf, std::size_t count, ElemType type, int root) {
   check_rank(root, "broadcast");
   run_ordered([=, this] { do_broadcast(buf, count * size_of(type), root); });
@@ -382,6 +386,10 @@ std::unique_ptr<Request> Communicator::ireduce_scatter(const void* send, void* r
 std::unique_ptr<Request> Communicator::iall_gather(const void* send, void* recv, std::size_t send_count,
                                                    ElemType type) {
   return enqueue([=, this] { do_all_gather_v(send, recv, equal_counts(size(), send_count), type); });
+}
+
+std::unique_ptr<Request> Communicator::iall_to_all(const void* send, void* recv, std::size_t count, ElemType type) {
+  return enqueue([=, this] { do_all_to_all(send, recv, count * size_of(type)); });
 }
 
 std::unique_ptr<Request> Communicator::ibroadcast(void* buf, std::size_t count, ElemType type, int root) {

@@ -1,4 +1,4 @@
-// The rank-ordered reduce-scatter and all-gather on point-to-point
+// The rank-ordered reduce-scatter, all-gather and all-to-all on point-to-point
 // messages (comm/communicator.hpp, "The rank-ordered collectives"): one
 // algorithm for the backends whose transport only moves bytes (MPI, gloo,
 // torch.distributed's groups in the Python front end), each supplying
@@ -53,6 +53,21 @@ void Communicator::ordered_all_gather_v(const void* send, void* recv, std::span<
   // MPI's shared-memory transport, which progresses only inside MPI calls.
   char* own = static_cast<char*>(recv) + offsets[me] * es;
   if (own != send) copy_bytes(own, send, counts[me] * es);
+}
+
+void Communicator::ordered_all_to_all(const void* send, void* recv, std::size_t bytes) {
+  const int n = size(), me = rank();
+  const auto* in = static_cast<const char*>(send);
+  auto* out = static_cast<char*>(recv);
+  std::vector<Message> sends, recvs;
+  for (int j = 1; j < n; ++j) {
+    const int to = (me + j) % n, from = (me + n - j) % n;
+    sends.push_back({to, const_cast<char*>(in) + static_cast<std::size_t>(to) * bytes, bytes});
+    recvs.push_back({from, out + static_cast<std::size_t>(from) * bytes, bytes});
+  }
+  exchange("all_to_all", sends, recvs);
+  copy_bytes(out + static_cast<std::size_t>(me) * bytes, in + static_cast<std::size_t>(me) * bytes,
+             bytes);  // last, as above
 }
 
 }  // namespace distopt

@@ -131,6 +131,16 @@ class ThreadsComm final : public Communicator {
     rendezvous("all_gather", std::nullopt, Phase::closing);
   }
 
+  // Pull: each rank copies its piece of every rank's input.
+  void do_all_to_all(const void* send, void* recv, std::size_t bytes) override {
+    rendezvous("all_to_all", Slot{send, recv});
+    for (int r = 0; r < g_->size; ++r)
+      copy_bytes(static_cast<char*>(recv) + static_cast<std::size_t>(r) * bytes,
+                 static_cast<const char*>(g_->slots[r].send) + static_cast<std::size_t>(rank_) * bytes, bytes);
+    count_sent(bytes * static_cast<std::size_t>(g_->size - 1));  // read from the others
+    rendezvous("all_to_all", std::nullopt, Phase::closing);
+  }
+
   void do_broadcast(void* buf, std::size_t bytes, int root) override {
     rendezvous("broadcast", Slot{buf, buf});
     if (rank_ != root) copy_bytes(buf, g_->slots[root].send, bytes);

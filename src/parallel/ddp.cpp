@@ -32,7 +32,9 @@ class Ddp final : public Engine {
     const auto& bucket = layout_.buckets()[b];
     char* g = grads_.bytes() + bucket.padded_offset * es_;
     InFlight f{b, {}, {}};
-    if (compressing()) {  // reduced on the wire's dtype, then back
+    if (compression_ == GradCompression::int8) {
+      reduce_int8(f, b, g);
+    } else if (compressing()) {  // reduced on the wire's dtype, then back
       f.scratch = to_wire(g, bucket.padded);
       char* w = f.scratch.bytes();
       f.requests.push_back(comm_.iall_reduce(w, w, bucket.padded, wire_type_, ReduceOp::sum));

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "distopt/core/error.hpp"
+#include "int8_wire.hpp"
 
 namespace distopt::parallel::detail {
 
@@ -99,6 +100,7 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
       type_(elem_type_of(a.options.param_dtype)),
       es_(size_of(a.options.param_dtype)),
       rank_(static_cast<std::size_t>(a.comm.rank())),
+      compression_(a.options.grad_compression),
       wire_dtype_(a.options.grad_compression == GradCompression::bf16   ? DType::bf16
                   : a.options.grad_compression == GradCompression::fp16 ? DType::f16
                                                                         : a.options.param_dtype),
@@ -143,6 +145,14 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
   }
   std::vector<float>().swap(values);
   grads_ = Held(meter_, Meter::grads, (holding.grads ? shard : padded) * es_, 1);
+  if (compression_ == GradCompression::int8) {
+    residual_ = Held(meter_, Meter::grads, padded * sizeof(float), 10);
+    std::memset(residual_.bytes(), 0, residual_.size_bytes());
+    if (info_.replicated_params) {
+      sum_residual_ = Held(meter_, Meter::grads, shard * sizeof(float), 11);
+      std::memset(sum_residual_.bytes(), 0, sum_residual_.size_bytes());
+    }
+  }
   std::vector<Param> views;
   for (const ParamSlot& s : layout_.params()) {
     const auto& piece = pieces[views.size()];
@@ -336,6 +346,13 @@ void Engine::step(const UpdateFn& update) {
   after_update();
 }
 
+Strategy::Feedback Engine::feedback() {
+  auto span = [](Held& h) {
+    return std::span<float>(reinterpret_cast<float*>(h.bytes()), h.size_bytes() / sizeof(float));
+  };
+  return {span(residual_), span(sum_residual_)};
+}
+
 void Engine::finish_oldest() {
   InFlight& f = in_flight_.front();
   DISTOPT_CHECK(!f.requests.empty(), "bucket ", f.bucket, " was never reduced: backward skipped a unit");
@@ -365,8 +382,74 @@ void Engine::reduce_scatter_on_wire(InFlight& f, std::size_t b, const char* g) {
   };
 }
 
+void Engine::reduce_int8(InFlight& f, std::size_t b, const char* g) {
+  const auto& bucket = layout_.buckets()[b];
+  const std::size_t n = static_cast<std::size_t>(comm_.size());
+  std::size_t bytes = 0;
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) bytes += n * int8_packet_bytes(layout_.units()[u].shard);
+  Held out(grad_pool_, bytes, 8), in(grad_pool_, bytes, 9);
+  const auto* grad = reinterpret_cast<const float*>(g);
+  auto* residual = reinterpret_cast<float*>(residual_.bytes());
+  std::size_t at = 0;
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+    const auto& unit = layout_.units()[u];
+    const std::size_t packet = int8_packet_bytes(unit.shard), local = unit.padded_offset - bucket.padded_offset;
+    for (std::size_t d = 0; d < n; ++d)
+      int8_pack(grad + local + d * unit.shard, residual + unit.padded_offset + d * unit.shard, unit.shard,
+                out.bytes() + at + d * packet);
+    f.requests.push_back(comm_.iall_to_all(out.bytes() + at, in.bytes() + at, packet, ElemType::u8));
+    at += n * packet;
+  }
+  f.scratch = std::move(out);  // zero2/3: their fp32 scratch goes back to the pool
+  f.received = std::move(in);
+  f.then = [this, b, received = f.received.bytes()] { land_int8(b, received); };
+}
+
+void Engine::land_int8(std::size_t b, const char* received) {
+  const auto& bucket = layout_.buckets()[b];
+  const std::size_t n = static_cast<std::size_t>(comm_.size());
+  auto* grads = reinterpret_cast<float*>(grads_.bytes());
+  std::size_t at = 0;
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+    const auto& unit = layout_.units()[u];
+    const std::size_t packet = int8_packet_bytes(unit.shard);
+    float* sum = grads + (info_.sharded_grads ? unit.shard_offset : unit.padded_offset + rank_ * unit.shard);
+    for (std::size_t s = 0; s < n; ++s) int8_unpack(received + at + s * packet, unit.shard, sum, s > 0);
+    at += n * packet;
+  }
+  if (!info_.replicated_params) return;
+  // ddp: the owners' sums back to every rank, as int8 with their own feedback.
+  Held out(grad_pool_, at / n, 8), in(grad_pool_, at, 9);
+  auto* residual = reinterpret_cast<float*>(sum_residual_.bytes());
+  std::vector<std::unique_ptr<Request>> gathers;
+  at = 0;
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+    const auto& unit = layout_.units()[u];
+    const std::size_t packet = int8_packet_bytes(unit.shard);
+    int8_pack(grads + unit.padded_offset + rank_ * unit.shard, residual + unit.shard_offset, unit.shard,
+              out.bytes() + at / n);
+    gathers.push_back(comm_.iall_gather(out.bytes() + at / n, in.bytes() + at, packet, ElemType::u8));
+    at += n * packet;
+  }
+  try {
+    at = 0;
+    for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+      finish(gathers[u - bucket.first]);
+      const auto& unit = layout_.units()[u];
+      const std::size_t packet = int8_packet_bytes(unit.shard);
+      for (std::size_t s = 0; s < n; ++s)
+        int8_unpack(in.bytes() + at + s * packet, unit.shard, grads + unit.padded_offset + s * unit.shard, false);
+      at += n * packet;
+    }
+  } catch (...) {
+    for (auto& r : gathers) finish_quietly(r);  // before their buffers go
+    throw;
+  }
+}
+
 Held Engine::to_wire(const char* g, std::size_t n) {
-  DISTOPT_CHECK(dtype_ == DType::f32, "compressing ", name_of(dtype_), " gradients");
+  DISTOPT_CHECK(dtype_ == DType::f32 && wire_dtype_ != dtype_, "compressing ", name_of(dtype_), " gradients to ",
+                name_of(wire_dtype_));
   Held w(grad_pool_, n * wire_es_, 8);
   from_f32(wire_dtype_, reinterpret_cast<const float*>(g), w.bytes(), n);
   return w;

@@ -153,6 +153,7 @@ class Engine : public StrategyCore {
   void grads_done(std::size_t u) override;
 
   void step(const UpdateFn& update) override;
+  Feedback feedback() override;
 
  protected:
   struct InFlight {
@@ -160,6 +161,7 @@ class Engine : public StrategyCore {
     Held scratch;  // zero2/3: the bucket's full gradient until its reduction is done; compressed: the wire's
     std::vector<std::unique_ptr<Request>> requests;
     std::function<void()> then = {};  // once they are done (compressed: back to the gradient's dtype)
+    Held received = {};               // int8: the packets that came in
   };
 
   // The unit's parameters in the param dtype, ready for the model.
@@ -175,9 +177,9 @@ class Engine : public StrategyCore {
 
   void finish_oldest();
   // Gradient compression (StrategyOptions::grad_compression): whether the
-  // gradients travel in wire_dtype_ rather than the param dtype, and n of
-  // them at g rounded into a buffer of the wire's, leased from the pool.
-  bool compressing() const { return wire_dtype_ != dtype_; }
+  // gradients travel compressed, and n of them at g rounded into a buffer
+  // of the wire's dtype (bf16, fp16), leased from the pool.
+  bool compressing() const { return compression_ != GradCompression::none; }
   Held to_wire(const char* g, std::size_t n);
   // zero1-3's compressed reduction of bucket b, whose gradients are at g:
   // rounded into f's wire buffer (f.scratch), each unit reduce-scattered in
@@ -185,16 +187,29 @@ class Engine : public StrategyCore {
   // into the gradients (the padded buffer's own region, or the shard buffer
   // where the strategy keeps only its shard).
   void reduce_scatter_on_wire(InFlight& f, std::size_t b, const char* g);
+  // The same in int8 packets with error feedback (int8_wire.hpp): each
+  // unit's shards packed into f.scratch, sent to their owners (all-to-all)
+  // and, once in, unpacked and summed in rank order into the rank's shard
+  // of the gradient. ddp (replicated parameters) then packs its sums with
+  // the owners' error feedback and all-gathers them back into every rank's
+  // whole gradient.
+  void reduce_int8(InFlight& f, std::size_t b, const char* g);
+  void land_int8(std::size_t b, const char* received);
 
   DType dtype_;
   ElemType type_;
   std::size_t es_, rank_;
+  GradCompression compression_;
   DType wire_dtype_;
   ElemType wire_type_;
   std::size_t wire_es_;
   Meter meter_;
   Pool param_pool_{meter_, Meter::params}, grad_pool_{meter_, Meter::grads};  // outlive every lease below
   Held params_, grads_;
+  // int8's error feedback (fp32): what each rank's quantization lost, in
+  // the padded layout (`residual_`), and ddp's owners' of their sums, in
+  // the shard layout (`sum_residual_`).
+  Held residual_, sum_residual_;
   std::vector<TensorView> owned_;
   std::map<std::string, std::vector<std::size_t>> piece_counts_;  // per parameter name: each rank's piece
   std::map<std::size_t, Held> compute_;                           // bf16/f16: fp32 copies of held units

@@ -146,6 +146,8 @@ std::string_view name_of(GradCompression c) {
       return "bf16";
     case GradCompression::fp16:
       return "fp16";
+    case GradCompression::int8:
+      return "int8";
   }
   return "?";
 }
@@ -157,7 +159,7 @@ std::optional<GradCompression> parse_grad_compression(std::string_view name) {
 }
 
 std::string_view grad_compression_names() {
-  return "none, bf16, fp16";
+  return "none, bf16, fp16, int8";
 }
 
 FlatLayout flat_layout(const models::Model& model) {

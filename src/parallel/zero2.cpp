@@ -37,6 +37,7 @@ void Zero2::reduce_bucket(std::size_t b) {
   const auto& bucket = layout_.buckets()[b];
   InFlight& f = in_flight_.back();
   DISTOPT_CHECK(f.bucket == b, "bucket ", b, " finished out of order");
+  if (compression_ == GradCompression::int8) return reduce_int8(f, b, f.scratch.bytes());
   if (compressing()) return reduce_scatter_on_wire(f, b, f.scratch.bytes());
   for (std::size_t u = bucket.first; u < bucket.last; ++u) {
     const auto& unit = layout_.units()[u];

@@ -22,9 +22,15 @@ class Zero3 final : public Zero2 {
       : Zero2(a, {true, true, true}),
         prefetch_(static_cast<std::size_t>(a.options.prefetch_units)),
         max_live_bytes_(a.options.max_live_params * es_) {
+    const auto& units = layout_.units();
+    // A tiled unit's gradient is reduced a range at a time, uncompressed.
+    const auto tiled = std::find_if(units.begin(), units.end(), [](const auto& u) { return u.tile > 0; });
+    if (compressing() && tiled != units.end())
+      throw InvalidInput(str("--grad-compression ", name_of(compression_), " with zero3's tiled unit ", tiled->name,
+                             ": a tiled unit's gradient is reduced a range at a time, uncompressed (drop --tile-rows "
+                             "or the compression)"));
     if (a.options.max_live_params == 0) return;
     // What is gathered at once: a unit, or one range of a tiled unit.
-    const auto& units = layout_.units();
     auto at_once = [](const ShardLayout::Unit& u) { return u.tile > 0 ? u.tile : u.padded; };
     const auto largest = std::max_element(units.begin(), units.end(),
                                           [&](const auto& x, const auto& y) { return at_once(x) < at_once(y); });

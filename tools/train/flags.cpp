@@ -121,7 +121,8 @@ Runner add_train(CLI::App& app) {
                   "parameters and gradients in f32 (default), bf16 or f16, with fp32 master weights and state");
   sub->add_option("--grad-compression", a->grad_compression,
                   "gradients on the wire: none (default), bf16 or fp16 (half the bytes; ddp and zero1-3 still give "
-                  "each other's bits, not uncompressed ddp's)");
+                  "each other's bits, not uncompressed ddp's), or int8 (blocks of 256 with a scale, error feedback; "
+                  "about a quarter of the bytes)");
   sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,
                   "gradient bucket size in MiB (default 0.125): buckets of whole layers reduced while backward runs");
   auto live_flag = [&](const std::string& name, auto& field, const std::string& help) {

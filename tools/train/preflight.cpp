@@ -158,6 +158,8 @@ void check_memory(const TrainArgs& a, int world) {
   const auto features = static_cast<double>(dims.features);
   // Floats a rank keeps per parameter and the units in flight: the strategy's own memory model.
   const parallel::StrategyInfo& info = parallel::strategy_or_throw(a.config.strategy);
+  // int8's error feedback: a whole gradient's residual, and ddp's of its sums.
+  const double feedback = a.grad_compression == "int8" ? 1 + (info.replicated_params ? 1.0 / world : 0.0) : 0.0;
   if (a.config.model == "gpt") {
     // Parameters, gradients and optimizer state on every rank, and the
     // activations each rank keeps for backward (its share of a batch).
@@ -171,7 +173,7 @@ void check_memory(const TrainArgs& a, int world) {
     const double per_sample = T * (kept + 256 + 8 * D);
     const double rank_batch = std::ceil(double(a.config.batch_size) / world);
     const parallel::MemoryPerRank states = parallel::memory_per_rank(info, world);
-    const double states_floats = params * states.floats_per_param + states.largest_units * 12 * D * D;
+    const double states_floats = params * (states.floats_per_param + feedback) + states.largest_units * 12 * D * D;
     const double bytes = (states_floats + per_sample * rank_batch) * 4 * world;
     if (bytes > have)
       throw InvalidInput(str("model gpt with --layers ", g.layers, " --dim ", g.dim, " --context ", g.context,
@@ -205,7 +207,7 @@ void check_memory(const TrainArgs& a, int world) {
     if (at_once > largest) largest = at_once, tiles = tiled;
   }
   const parallel::MemoryPerRank states = parallel::memory_per_rank(info, world);
-  const double bytes = (params * states.floats_per_param + largest * states.largest_units) * 4 * world;
+  const double bytes = (params * (states.floats_per_param + feedback) + largest * states.largest_units) * 4 * world;
   if (largest * 4 > have / 4 || bytes > have)
     throw InvalidInput(str(a.config.hidden.empty() ? "the model" : "--hidden", " needs ", gigabytes(largest * 4),
                            tiles ? " for one tile and " : " for one layer and ", gigabytes(bytes),

@@ -58,6 +58,22 @@ PieceSet own_pieces(parallel::Strategy& strategy, int rank, std::span<const floa
 std::vector<float> own_values(parallel::Strategy& strategy, int rank, const TensorSource& source,
                               const std::string& prefix);
 
+// Compressed gradients' error feedback (Strategy::feedback; docs/formats.md,
+// "Error feedback"): "feedback.<rank>.<param name>", the rank's residual,
+// each parameter whole; "feedback.sums.<param name>", ddp's owners' residual
+// of their sums, cut like the parameters. Views of the strategy's buffers.
+PieceSet feedback_pieces(parallel::Strategy& strategy, int rank);
+// And back into a strategy made for `world` ranks: at the checkpoint's
+// world each rank its own residual; at another, rank r the sum of the
+// saved ranks r, r + world, r + 2 world, ... in rank order; the sums'
+// residual into the strategy's (resharded), or added to rank 0's residual
+// where the strategy keeps none. What the ranks owe in total is kept.
+// Nothing saved (a run without int8): zeros. Saved, but the strategy keeps
+// none (resumed without int8): dropped, and the warning says so (else "").
+// InvalidInput names a tensor under "feedback." that is no parameter's
+// feedback, or one shaped otherwise than its parameter.
+std::string load_feedback(parallel::Strategy& strategy, const TensorSource& source, int rank, int world);
+
 // The whole tensors of the rank files that a manifest of `dir` lists
 // (verify it first): each file's pieces, assembled (checkpoint inspection;
 // a resume reads PieceFiles a range at a time).

@@ -126,6 +126,12 @@ class Communicator {
   // As all_gather with per-rank counts (any counts, e.g. uneven shards).
   // `send` may be recv + (offset of this rank's piece): in place.
   void all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type);
+  // send holds size() pieces of `count` elements, piece r for rank r; recv
+  // receives size() pieces, piece r from rank r (its own piece copied).
+  // Not in place. The compressed reductions are built on it
+  // (src/parallel/int8_wire.hpp): the sums are the receiver's, not the
+  // transport's.
+  void all_to_all(const void* send, void* recv, std::size_t count, ElemType type);
   void broadcast(void* buf, std::size_t count, ElemType type, int root);
   // Bytes of any length from `root` to every rank: the size, then the bytes
   // (the others' `bytes` are resized to it).
@@ -143,6 +149,7 @@ class Communicator {
   std::unique_ptr<Request> ireduce_scatter(const void* send, void* recv, std::size_t recv_count, ElemType type,
                                            ReduceOp op);
   std::unique_ptr<Request> iall_gather(const void* send, void* recv, std::size_t send_count, ElemType type);
+  std::unique_ptr<Request> iall_to_all(const void* send, void* recv, std::size_t count, ElemType type);
   std::unique_ptr<Request> ibroadcast(void* buf, std::size_t count, ElemType type, int root);
 
   // Collective: ranks with the same color form a new communicator, ordered
@@ -189,6 +196,8 @@ class Communicator {
   virtual void do_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type) {
     ordered_all_gather_v(send, recv, counts, type);
   }
+  // all_to_all of `bytes` per piece; by default on exchange(), as below.
+  virtual void do_all_to_all(const void* send, void* recv, std::size_t bytes) { ordered_all_to_all(send, recv, bytes); }
   virtual void do_broadcast(void* buf, std::size_t bytes, int root) = 0;
   virtual void do_barrier() = 0;
   // Point-to-point; `peer` is already checked to be a rank of this communicator.
@@ -218,12 +227,13 @@ class Communicator {
     std::size_t bytes;
   };
   // Posts every receive, then every send, of one collective (`op`:
-  // "reduce_scatter" or "all_gather", for its errors and the backend's
+  // "reduce_scatter", "all_gather" or "all_to_all", for its errors and the backend's
   // tags) and waits for all of them; counts the bytes it sends.
   virtual void exchange(const char* op, std::span<const Message> sends, std::span<const Message> recvs);
   void ordered_reduce_scatter_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type,
                                 ReduceOp op);
   void ordered_all_gather_v(const void* send, void* recv, std::span<const std::size_t> counts, ElemType type);
+  void ordered_all_to_all(const void* send, void* recv, std::size_t bytes);
 
  private:
   struct Task;

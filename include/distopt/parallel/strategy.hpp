@@ -146,19 +146,28 @@ struct GossipOptions {
 };
 
 // Gradients compressed on the wire (docs/sharding.md, "Gradient
-// compression"): none, or rounded to bf16 or fp16 before they are reduced
-// and summed in fp32 in the communicator's one rank order (torch's
-// bf16_compress_hook and fp16_compress_hook, without their division by
-// the world before the sum), half the bytes. ddp, zero1, zero2 and zero3
-// reduce the same rounded values in the same order, so they still give
-// each other's bits; not ddp's uncompressed bits. Not for the gossip
-// strategies, nor with --param-dtype bf16/f16 (already on the wire).
-enum class GradCompression : std::uint8_t { none, bf16, fp16 };
+// compression"):
+//  - bf16, fp16: rounded before they are reduced and summed in fp32 in the
+//    communicator's one rank order (torch's bf16_compress_hook and
+//    fp16_compress_hook, without their division by the world before the
+//    sum), half the bytes. ddp, zero1, zero2 and zero3 reduce the same
+//    rounded values in the same order, so they still give each other's
+//    bits.
+//  - int8: blocks of 256 with an fp32 scale, each rank carrying what
+//    quantization lost into its next step (error feedback); each rank's
+//    shard of every unit sent to its owner (all-to-all) and summed there in
+//    rank order (ZeRO++'s qgZ). ddp sends the sums back as int8 too, with
+//    the owners' own error feedback (1-bit Adam's two-phase all-reduce), so
+//    ddp differs from zero1-3, which give each other's bits. About a
+//    quarter of the bytes.
+// None is ddp's uncompressed bits. Not for the gossip strategies, nor
+// with --param-dtype bf16/f16 (already on the wire).
+enum class GradCompression : std::uint8_t { none, bf16, fp16, int8 };
 inline constexpr GradCompression kGradCompressions[] = {GradCompression::none, GradCompression::bf16,
-                                                        GradCompression::fp16};
+                                                        GradCompression::fp16, GradCompression::int8};
 std::string_view name_of(GradCompression c);
 std::optional<GradCompression> parse_grad_compression(std::string_view name);
-// "none, bf16, fp16"
+// "none, bf16, fp16, int8"
 std::string_view grad_compression_names();
 
 struct StrategyOptions {
@@ -393,6 +402,16 @@ class Strategy {
   virtual std::vector<float> mean_over_ranks(std::span<const float> values) {
     return {values.begin(), values.end()};
   }
+  // Compressed gradients' error feedback (int8; docs/formats.md, "Error
+  // feedback"): what this rank's quantization still owes, in the padded
+  // layout, and where the strategy packs its sums a second time (ddp),
+  // what its owners' packing owes, in the shard layout; empty where there
+  // is none. Checkpoints keep both; a resume at another world or strategy
+  // keeps what they owe in total.
+  struct Feedback {
+    std::span<float> residual, sums;
+  };
+  virtual Feedback feedback() { return {}; }
   // Gossip strategies: this rank's LocalState, between two steps
   // (collective: rounds in flight are received first, without being added,
   // and adpsgd's allowed rounds completed; the run goes on unchanged).

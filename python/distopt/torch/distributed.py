@@ -105,7 +105,10 @@ class ShardedOptimizer(DistoptOptimizer):
     (the reduced gradient's; ``last_grad_norm`` holds the norm).
     ``compression`` ("bf16", "fp16") sends the gradients in half precision,
     summed in fp32 in rank order: the strategies still agree bit for bit,
-    not with the uncompressed run. Muon's 1-D parameters take AdamW, as
+    not with the uncompressed run. "int8" sends blocks of 256 codes with a
+    scale each and carries what they lose into the next step (error
+    feedback): zero1 and zero2 agree bit for bit, ddp (which packs its sums
+    again) has its own. Muon's 1-D parameters take AdamW, as
     distopt's command line does.
     """
 
