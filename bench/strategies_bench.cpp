@@ -11,7 +11,9 @@
 //                    for n ranks, Ψ = parameters × bytes per element; with
 //                    --grad-compression the gradients' share (ddp's all-reduce,
 //                    zero1-3's reduce-scatter) at 2 bytes an element (bf16,
-//                    fp16) or 1 + 4/256 (int8: a code each, a scale per 256)
+//                    fp16) or 1 + 4/256 (int8: a code each, a scale per 256);
+//                    powersgd (rank 1, from the first step): two all-reduces
+//                    of the factors and the tensors it sends whole
 //   hidden_fraction  1 - (time the rank thread waited for communication)
 //                    / (time the collectives ran)
 //   peak_bytes       params + grads + master + optimizer state at the peak
@@ -67,6 +69,23 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+// What PowerSGD all-reduces per step at rank r: each matrix it compresses
+// as (rows + cols) r factors (torch's rule: worth it when rows cols > 2
+// (rows + cols) r), every other tensor whole.
+double powersgd_elements(const models::Model& model, int r) {
+  double out = 0;
+  for (const auto& p : model.params()) {
+    const double n = double(p.numel());
+    if (p.shape.size() < 2 || n == 0) {
+      out += n;
+      continue;
+    }
+    const double rows = double(p.shape[0]), cols = n / rows, rank = std::min({rows, cols, double(r)});
+    out += rows * cols > 2 * (rows + cols) * rank ? (rows + cols) * rank : n;
+  }
+  return out;
+}
+
 // One strategy's timed steps on this rank. Collective: every rank calls it.
 Sample measure(Communicator& comm, const std::string& strategy, const std::string& compression,
                const std::string& model_name, const StrategiesBenchOptions& o) {
@@ -77,6 +96,7 @@ Sample measure(Communicator& comm, const std::string& strategy, const std::strin
   parallel::StrategyOptions so;
   so.bucket_elements = std::max<std::size_t>(1, static_cast<std::size_t>(o.bucket_cap_mb * 1048576.0 / 4));
   so.grad_compression = *parallel::parse_grad_compression(compression);
+  so.powersgd_warmup = 0;  // PowerSGD from the first step (its rank: the default)
   auto s = parallel::make_strategy(strategy, comm, layout, init, {"adam", {{"lr", 1e-4}}}, so);
   const Piece piece = piece_of(o.batch_size, comm.size(), comm.rank());
   std::vector<float> x(piece.count * 784), y(piece.count);
@@ -142,7 +162,11 @@ std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) 
       // The gradients' share of the volume (ddp: all of it) at the wire's bytes.
       const double grad_psi = info.replicated_params ? info.volume_psi : 1.0;
       const double wire = runs[k].second == "none" ? 4.0 : runs[k].second == "int8" ? 1.0 + 4.0 / 256 : 2.0;
-      const double volume = (grad_psi * wire + (info.volume_psi - grad_psi) * 4.0) * double(psi) * (n - 1) / n;
+      double volume = (grad_psi * wire + (info.volume_psi - grad_psi) * 4.0) * double(psi) * (n - 1) / n;
+      if (runs[k].second == "powersgd")  // two all-reduces of the factors and the whole tensors, every strategy
+        volume = (2 * powersgd_elements(*model, parallel::StrategyOptions{}.powersgd_rank) * 4.0 +
+                  (info.volume_psi - grad_psi) * 4.0 * double(psi)) *
+                 (n - 1) / n;
       rows.push_back({runs[k].first, runs[k].second, std::string(comm.backend()), model_name, comm.size(), psi,
                       median(t), median(b), volume, median(h), samples[k].back().peak, samples[k].back().hash});
     }

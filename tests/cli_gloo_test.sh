@@ -88,6 +88,14 @@ want=$("$bin" "${sv[@]}" --world 3 --max-steps 12 --strategy ddp --grad-compress
 gloo_run int8 3 -- "${sv[@]}" --max-steps 12 --strategy ddp --grad-compression int8
 [ "$(statuses int8)" = "0 0 0" ] || fail "int8: exits $(statuses int8): $(cat "$tmp/int8"/err.*)"
 [ "$(hash_of "$tmp/int8/out.0")" = "$want" ] || fail "int8 ddp: not the threads backend's int8 ddp bits"
+# PowerSGD (compressed after 2 steps): zero2 at 3 processes, the threads
+# backend's ddp bits.
+pargs=(--max-steps 12 --grad-compression powersgd --powersgd-rank 2 --powersgd-warmup 2)
+want=$("$bin" "${sv[@]}" --world 3 "${pargs[@]}" --strategy ddp 2>"$tmp/err" | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+gloo_run powersgd 3 -- "${sv[@]}" "${pargs[@]}" --strategy zero2
+[ "$(statuses powersgd)" = "0 0 0" ] || fail "powersgd: exits $(statuses powersgd): $(cat "$tmp/powersgd"/err.*)"
+[ "$(hash_of "$tmp/powersgd/out.0")" = "$want" ] || fail "powersgd zero2: not the threads backend's powersgd ddp bits"
 
 # 2. Survivors, ddp: rank 2 of 4 killed (SIGKILL, DISTOPT_FAULT=kill) or
 # stopped (SIGSTOP, stall) after step 5. The three others finish at world 3

@@ -191,7 +191,7 @@ assert min(f32[k] for k in (4, 8)) > 100000, f32
 assert all(6 * int4[k] < f32[k] for k in (4, 8)), (int4, f32)
 PY
 expect_error 2 "--param-dtype: unknown dtype 'fp8' (known: f32, bf16, f16)" -- train --param-dtype fp8 --data synthetic
-expect_error 2 "--grad-compression: unknown scheme 'int2' (known: none, bf16, fp16, int8)" -- train --grad-compression int2 \
+expect_error 2 "--grad-compression: unknown scheme 'int2' (known: none, bf16, fp16, int8, powersgd)" -- train --grad-compression int2 \
   --data synthetic
 expect_error 2 "\-\-grad-compression bf16: strategy dpsgd sends no gradients (compression is for ddp and zero1-3" \
   -- train --data synthetic --strategy dpsgd --grad-compression bf16
@@ -214,6 +214,24 @@ assert 0.45 < bf16["bytes_sent_per_rank"] / none["bytes_sent_per_rank"] < 0.6, (
 assert 0.2 < int8["bytes_sent_per_rank"] / none["bytes_sent_per_rank"] < 0.35, (none, int8)
 assert bf16["param_hash"] != none["param_hash"] and int8["param_hash"] != none["param_hash"]
 PY
+# PowerSGD: rank 2 after 1 uncompressed step of the 4 sends about a quarter
+# of none's bytes (the uncompressed step's; the default mlp's matrices at
+# rank 2 and its biases whole send 1.5% of the gradient).
+"$bin" train --data synthetic --train-size 512 --test-size 64 --world 2 --grad-compression powersgd --powersgd-rank 2 \
+  --powersgd-warmup 1 --json --progress none >"$tmp/gc_powersgd" 2>"$tmp/err" || fail "--grad-compression powersgd exited $?: $(cat "$tmp/err")"
+/usr/bin/env python3 - "$tmp" <<'PY' || fail "--grad-compression powersgd bytes"
+import json, sys
+tmp = sys.argv[1]
+none, low = (json.loads(open(f"{tmp}/gc_{c}").read().strip().splitlines()[-1]) for c in ("none", "powersgd"))
+assert low["grad_compression"] == "powersgd", low
+assert 0.25 < low["bytes_sent_per_rank"] / none["bytes_sent_per_rank"] < 0.3, (none, low)
+PY
+expect_error 2 "--powersgd-rank and --powersgd-warmup apply to --grad-compression powersgd (this run has none)" \
+  -- train --powersgd-rank 4 --data synthetic
+expect_error 2 "--powersgd-rank must be in \[1, 65535\] (got 0)" -- train --grad-compression powersgd --powersgd-rank 0 \
+  --data synthetic
+expect_error 2 "--powersgd-warmup must be 0 or more steps (got -1)" -- train --grad-compression powersgd \
+  --powersgd-warmup -1 --data synthetic
 expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got 0)" -- train --bucket-cap-mb 0 --data synthetic
 expect_error 2 "--bucket-cap-mb must be a positive number of MiB (got -1)" -- train --bucket-cap-mb -1 --strategy zero2 --data synthetic
 expect_error 2 "--prefetch-units applies to zero3, which gathers parameters; strategy ddp holds them whole" -- train --prefetch-units 0 --data synthetic

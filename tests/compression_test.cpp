@@ -207,6 +207,7 @@ TEST(Compression, TheReductionsBytesShrinkAsTheTheorySays) {
 std::map<std::string, std::vector<double>> owed(const checkpoint::TensorSource& t) {
   std::map<std::string, std::vector<double>> out;
   for (const std::string& name : t.names_under("feedback.")) {
+    if (name.rfind("feedback.q.", 0) == 0) continue;  // PowerSGD's factors owe nothing
     const std::string param = name.substr(name.find('.', 9) + 1);
     const std::vector<float> v = t.whole(name);
     auto& sum = out[param];
@@ -216,61 +217,65 @@ std::map<std::string, std::vector<double>> owed(const checkpoint::TensorSource& 
   return out;
 }
 
-// int8's error feedback is part of a checkpoint: saved after 6 steps and
-// resumed, a run ends with the uninterrupted run's bits (ddp with its
-// sums' feedback, zero2), and not without the feedback; resumed at another
-// world and strategy, what the ranks owe in total is kept.
-TEST(Compression, Int8ResumesWithItsErrorFeedback) {
+// int8's and PowerSGD's error feedback is part of a checkpoint (PowerSGD's
+// warm-start factors too): saved after 6 steps and resumed, a run ends with
+// the uninterrupted run's bits (ddp, with int8's sums' feedback; zero2), and
+// not without the feedback; resumed at another world and strategy, what the
+// ranks owe in total is kept.
+TEST(Compression, Int8AndPowerSgdResumeWithTheirErrorFeedback) {
   namespace fs = std::filesystem;
   const data::Split d = data::make_synthetic_classification(20, 5, 200, 40, 3);
   const fs::path root = fs::temp_directory_path() / ("distopt-compression-" + std::to_string(::getpid()));
-  for (const char* strategy : {"ddp", "zero2"}) {
-    SCOPED_TRACE(strategy);
-    fs::remove_all(root);
-    const train::TrainConfig c = config("adamw", strategy, GradCompression::int8);
-    const std::string straight = test_support::run_ranks(3, d, c).param_hash;
-    train::TrainConfig first = c;
-    first.max_steps = 6;
-    first.checkpoint_dir = (root / "a").string();
-    (void)test_support::run_ranks(3, d, first);
-    auto saved = std::make_shared<const checkpoint::Loaded>(checkpoint::load_latest(root / "a"));
-    ASSERT_EQ(saved->step, 6u);
-    const checkpoint::LoadedTensors tensors(*saved);
-    const auto total = owed(tensors);
-    ASSERT_FALSE(total.empty());
-    train::TrainConfig again = c;
-    again.resume = saved;
-    EXPECT_EQ(test_support::run_ranks(3, d, again).param_hash, straight);
-    // Without the feedback (the checkpoint's other tensors in memory): other bits.
-    checkpoint::Loaded bare = *saved;
-    const checkpoint::LoadedTensors t(*saved);
-    for (const std::string& name : t.names())
-      if (name.rfind("feedback.", 0) != 0) bare.wholes[name] = {*t.shape(name), t.whole(name)};
-    bare.files = nullptr;
-    again.resume = std::make_shared<const checkpoint::Loaded>(bare);
-    EXPECT_NE(test_support::run_ranks(3, d, again).param_hash, straight);
-    // Loaded at 2 ranks under the other strategy and saved again at once: the same total.
-    std::vector<checkpoint::Piece> pieces;
-    std::mutex m;
-    spawn(2, [&](Communicator& comm) {
-      const train::TrainConfig other =
-          config("adamw", std::string(strategy) == "ddp" ? "zero1" : "ddp", GradCompression::int8);
-      auto model = models::make_model("mlp", d.train.features, d.train.classes, other.hidden);
-      const parallel::FlatLayout flat = parallel::flat_layout(*model);
-      auto s = parallel::make_strategy(other.strategy, comm, flat, checkpoint::initial_params(flat, tensors),
-                                       other.optimizer, other.parallel);
-      EXPECT_EQ(checkpoint::load_feedback(*s, tensors, comm.rank(), comm.size()), "");
-      std::vector<checkpoint::Piece> mine = checkpoint::feedback_pieces(*s, comm.rank()).copies();
-      std::lock_guard lock(m);
-      pieces.insert(pieces.end(), mine.begin(), mine.end());
-    });
-    const auto wholes = checkpoint::assemble(pieces);
-    const auto kept = owed(checkpoint::WholeTensors(wholes));
-    ASSERT_EQ(kept.size(), total.size());
-    for (const auto& [param, sum] : total)
-      for (std::size_t i = 0; i < sum.size(); ++i)
-        ASSERT_NEAR(kept.at(param)[i], sum[i], 1e-6 * (1 + std::abs(sum[i]))) << param << " element " << i;
-  }
+  for (const GradCompression compression : {GradCompression::int8, GradCompression::powersgd})
+    for (const char* strategy : {"ddp", "zero2"}) {
+      SCOPED_TRACE(std::string(strategy) + " " + std::string(parallel::name_of(compression)));
+      fs::remove_all(root);
+      train::TrainConfig c = config("adamw", strategy, compression);
+      c.parallel.powersgd_rank = 2;
+      c.parallel.powersgd_warmup = 2;  // compressed from step 3 on, warm-started from step 4
+      const std::string straight = test_support::run_ranks(3, d, c).param_hash;
+      train::TrainConfig first = c;
+      first.max_steps = 6;
+      first.checkpoint_dir = (root / "a").string();
+      (void)test_support::run_ranks(3, d, first);
+      auto saved = std::make_shared<const checkpoint::Loaded>(checkpoint::load_latest(root / "a"));
+      ASSERT_EQ(saved->step, 6u);
+      const checkpoint::LoadedTensors tensors(*saved);
+      const auto total = owed(tensors);
+      ASSERT_FALSE(total.empty());
+      train::TrainConfig again = c;
+      again.resume = saved;
+      EXPECT_EQ(test_support::run_ranks(3, d, again).param_hash, straight);
+      // Without the feedback (the checkpoint's other tensors in memory): other bits.
+      checkpoint::Loaded bare = *saved;
+      const checkpoint::LoadedTensors t(*saved);
+      for (const std::string& name : t.names())
+        if (name.rfind("feedback.", 0) != 0) bare.wholes[name] = {*t.shape(name), t.whole(name)};
+      bare.files = nullptr;
+      again.resume = std::make_shared<const checkpoint::Loaded>(bare);
+      EXPECT_NE(test_support::run_ranks(3, d, again).param_hash, straight);
+      // Loaded at 2 ranks under the other strategy and saved again at once: the same total.
+      std::vector<checkpoint::Piece> pieces;
+      std::mutex m;
+      spawn(2, [&](Communicator& comm) {
+        train::TrainConfig other = config("adamw", std::string(strategy) == "ddp" ? "zero1" : "ddp", compression);
+        other.parallel.powersgd_rank = 2;
+        auto model = models::make_model("mlp", d.train.features, d.train.classes, other.hidden);
+        const parallel::FlatLayout flat = parallel::flat_layout(*model);
+        auto s = parallel::make_strategy(other.strategy, comm, flat, checkpoint::initial_params(flat, tensors),
+                                         other.optimizer, other.parallel);
+        EXPECT_EQ(checkpoint::load_feedback(*s, tensors, comm.rank(), comm.size()), "");
+        std::vector<checkpoint::Piece> mine = checkpoint::feedback_pieces(*s, comm.rank()).copies();
+        std::lock_guard lock(m);
+        pieces.insert(pieces.end(), mine.begin(), mine.end());
+      });
+      const auto wholes = checkpoint::assemble(pieces);
+      const auto kept = owed(checkpoint::WholeTensors(wholes));
+      ASSERT_EQ(kept.size(), total.size());
+      for (const auto& [param, sum] : total)
+        for (std::size_t i = 0; i < sum.size(); ++i)
+          ASSERT_NEAR(kept.at(param)[i], sum[i], 1e-6 * (1 + std::abs(sum[i]))) << param << " element " << i;
+    }
   fs::remove_all(root);
 }
 
@@ -302,7 +307,7 @@ TEST(Compression, WhatCannotBeCompressedIsRefusedInOneLine) {
             std::string::npos)
       << tiled;
   EXPECT_EQ(parallel::parse_grad_compression("int2"), std::nullopt);
-  EXPECT_EQ(parallel::grad_compression_names(), "none, bf16, fp16, int8");
+  EXPECT_EQ(parallel::grad_compression_names(), "none, bf16, fp16, int8, powersgd");
 }
 
 }  // namespace

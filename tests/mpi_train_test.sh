@@ -35,16 +35,18 @@ for np in $(worlds 2 4); do
 done
 # Compressed gradients (--grad-compression): under mpirun every strategy
 # gives the threads backend's compressed ddp bits (int8: ddp its own, zero2
-# zero1's on threads).
+# zero1's on threads; powersgd compressed after 2 steps).
 for np in $(worlds 3); do
-  for c in bf16 fp16 int8; do
+  for c in bf16 fp16 int8 powersgd; do
+    cargs=(--grad-compression $c --bucket-cap-mb 0.01)
+    [ $c = powersgd ] && cargs+=(--powersgd-rank 2 --powersgd-warmup 2)
     for s in ddp zero2; do
       ref=ddp
       [ $c = int8 ] && [ $s = zero2 ] && ref=zero1
-      "$bin" "${args[@]}" --world $np --strategy $ref --grad-compression $c --bucket-cap-mb 0.01 >"$tmp/threads" \
+      "$bin" "${args[@]}" --world $np --strategy $ref "${cargs[@]}" >"$tmp/threads" \
         2>"$tmp/err" || fail "threads $ref $c $np: $(cat "$tmp/err")"
       timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi --strategy $s \
-        --grad-compression $c --bucket-cap-mb 0.01 >"$tmp/mpi" 2>"$tmp/err" ||
+        "${cargs[@]}" >"$tmp/mpi" 2>"$tmp/err" ||
         fail "mpi $s $c np $np exited $?: $(tail -n 3 "$tmp/err")"
       [ -n "$(hash_of "$tmp/mpi")" ] && [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
         fail "np $np $c: threads $ref $(hash_of "$tmp/threads") vs mpi $s $(hash_of "$tmp/mpi")"

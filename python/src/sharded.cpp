@@ -116,8 +116,8 @@ UnitOffsets unit_offsets(const std::vector<ParamSpec>& params, const std::vector
 
 namespace {
 
-// StrategyOptions' live limits and gradient compression from Python's
-// keyword names.
+// StrategyOptions' live limits and gradient compression (PowerSGD's rank
+// and warm-up too) from Python's keyword names.
 void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
   for (const auto& [k, v] : given) {
     const std::string key = py::str(k);
@@ -129,7 +129,12 @@ void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
       continue;
     }
     const long long n = v.cast<long long>();
-    if (key == "prefetch_units" && n >= 0) o.prefetch_units = static_cast<int>(n);
+    if (key == "powersgd_rank" && n >= 1 && n <= 65535) o.powersgd_rank = static_cast<int>(n);
+    else if (key == "powersgd_warmup" && n >= 0) o.powersgd_warmup = static_cast<std::size_t>(n);
+    else if (key == "powersgd_rank" || key == "powersgd_warmup")
+      throw InvalidInput(
+          str(key, key == "powersgd_rank" ? " must be in [1, 65535]" : " must be 0 or more", " (got ", n, ")"));
+    else if (key == "prefetch_units" && n >= 0) o.prefetch_units = static_cast<int>(n);
     else if (key == "max_live_params" && n >= 0) o.max_live_params = static_cast<std::size_t>(n);
     else if (key == "max_buckets_in_flight" && n >= 1) o.max_buckets_in_flight = static_cast<int>(n);
     else if (key == "prefetch_units" || key == "max_live_params" || key == "max_buckets_in_flight")
@@ -137,7 +142,7 @@ void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
     else
       throw InvalidInput(str("unknown strategy option ", key,
                              " (prefetch_units, max_live_params, "
-                             "max_buckets_in_flight, grad_compression)"));
+                             "max_buckets_in_flight, grad_compression, powersgd_rank, powersgd_warmup)"));
   }
 }
 

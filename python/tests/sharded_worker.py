@@ -50,6 +50,7 @@ def main():
     ap.add_argument("--state-dtype", default="f32",
                     help="the optimizer's state_dtype; not f32: a model whose first weight keeps quantized state")
     ap.add_argument("--compression", default="none", help="ShardedOptimizer's compression=")
+    ap.add_argument("--powersgd-warmup", type=int, default=10, help="ShardedOptimizer's powersgd_warmup=")
     a = ap.parse_args()
     make = Staged if a.staged else ShardedOptimizer
     if a.gloo:
@@ -65,8 +66,9 @@ def main():
             quantized = a.state_dtype != "f32"
             model = (large(seed=3) if quantized else mlp(seed=3)).to(a.device)
             options = dict(OPTIONS[rule], state_dtype=a.state_dtype) if quantized else OPTIONS[rule]
+            low = {"powersgd_warmup": a.powersgd_warmup} if a.compression == "powersgd" else {}
             opt = make(model.parameters(), rule, strategy, comm=comm, bucket_elements=64,
-                       compression=a.compression, **options)
+                       compression=a.compression, **low, **options)
             run = {}
             if a.load:
                 run["loaded_step"] = opt.load(a.load)

@@ -292,6 +292,26 @@ def assert_drop_in_on(strategy, compression, delivered):
         assert same_bits(p.detach(), q.detach()), f"{strategy} {compression}"
 
 
+def test_powersgd_gives_every_strategy_the_same_bits_over_gloo(runs, tmp_path):
+    """compression="powersgd": every strategy computes the same low-rank
+    approximation of the ranks' sum, so ddp, zero1 and zero2 agree bit for
+    bit -- and differ from the uncompressed run once the warm-up is over."""
+    plain = runs[("mpi", 2)]
+    low = launch_gloo(str(tmp_path), 2, "--rules", "adamw", "--compression", "powersgd", "--powersgd-warmup", "1")
+    for s in ("zero1", "zero2"):
+        assert_same_run(low["runs"][f"adamw/{s}"], low["runs"]["adamw/ddp"], f"powersgd {s} vs ddp")
+    assert not same_bits(low["runs"]["adamw/ddp"]["params"][0], plain["runs"]["adamw/ddp"]["params"][0])
+
+
+def test_powersgd_options_apply_to_powersgd_alone():
+    p = [torch.zeros(4, 4, requires_grad=True)]
+    with pytest.raises(ValueError, match=r"^powersgd_rank and powersgd_warmup apply to compression='powersgd' "
+                                         r"\(not 'int8'\)$"):
+        ShardedOptimizer(p, "adamw", "ddp", comm=dcomm.single(), compression="int8", powersgd_rank=4)
+    with pytest.raises(ValueError, match=r"powersgd_rank must be in \[1, 65535\] \(got 0\)"):
+        ShardedOptimizer(p, "adamw", "ddp", comm=dcomm.single(), compression="powersgd", powersgd_rank=0)
+
+
 def int8_packets(v):
     """What int8 delivers of the values v (flat): blocks of 256 scaled by
     max |v| / 127, codes rounded half to even (docs/sharding.md)."""
@@ -338,7 +358,7 @@ def test_compression_at_world_one_is_the_drop_in_on_rounded_gradients():
 def test_an_unknown_compression_is_refused():
     p = [torch.zeros(4, requires_grad=True)]
     with pytest.raises(ValueError, match=r"^compression 'int2': the sharded optimizer sends gradients as none, "
-                                         r"bf16, fp16, int8$"):
+                                         r"bf16, fp16, int8, powersgd$"):
         ShardedOptimizer(p, "adamw", "ddp", comm=dcomm.single(), compression="int2")
 
 

@@ -138,6 +138,10 @@ PieceSet feedback_pieces(parallel::Strategy& s, int rank) {
         const ParamSlot& slot = layout.params()[pc.param];
         out.view("feedback.sums." + slot.name, slot.shape, pc.param_begin, f.sums.subspan(pc.shard_offset, pc.count));
       }
+  if (rank == 0)  // the same on every rank
+    for (const auto& q : f.factors)
+      out.view("feedback.q." + layout.params()[q.param].name, {std::int64_t(q.q.size() / q.rank), std::int64_t(q.rank)},
+               0, q.q);
   return out;
 }
 
@@ -150,18 +154,29 @@ std::string load_feedback(parallel::Strategy& s, const TensorSource& source, int
     const std::string rest = name.substr(std::string_view("feedback.").size());
     const std::size_t dot = rest.find('.');
     const std::string who = rest.substr(0, dot);
-    const bool rank_or_sums =
-        who == "sums" || (!who.empty() && who.size() < 10 &&
-                          std::all_of(who.begin(), who.end(), [](char c) { return c >= '0' && c <= '9'; }));
-    if (dot == std::string::npos || !rank_or_sums || !index.contains(rest.substr(dot + 1)))
+    const bool known_kind = who == "sums" || who == "q" ||
+                            (!who.empty() && who.size() < 10 &&
+                             std::all_of(who.begin(), who.end(), [](char c) { return c >= '0' && c <= '9'; }));
+    if (dot == std::string::npos || !known_kind || !index.contains(rest.substr(dot + 1)))
       throw InvalidInput(str("the checkpoint's ", name,
-                             " is no parameter's error feedback (feedback.<rank>.<param> or feedback.sums.<param>)"));
+                             " is no parameter's error feedback (feedback.<rank>.<param>, feedback.sums.<param> or "
+                             "feedback.q.<param>)"));
   }
   const parallel::Strategy::Feedback f = s.feedback();
   std::fill(f.residual.begin(), f.residual.end(), 0.0f);
   std::fill(f.sums.begin(), f.sums.end(), 0.0f);
   if (f.residual.empty())
-    return names.empty() ? "" : "resuming without --grad-compression int8: the checkpoint's error feedback is dropped";
+    return names.empty() ? ""
+                         : "resuming without --grad-compression int8 or powersgd: the checkpoint's error feedback is "
+                           "dropped";
+  // PowerSGD's warm start, where the checkpoint's has this run's rank (else
+  // the run's own first draw).
+  for (const auto& q : f.factors) {
+    const std::string name = "feedback.q." + params[q.param].name;
+    const Shape* shape = source.shape(name);
+    if (shape != nullptr && *shape == Shape{std::int64_t(q.q.size() / q.rank), std::int64_t(q.rank)})
+      source.read(name, 0, q.q);
+  }
   auto saved = [&](const std::string& prefix) {  // whether the checkpoint has them, shaped as the model's
     bool any = false;
     for (const ParamSlot& slot : params) {

@@ -27,18 +27,21 @@ class Ddp final : public Engine {
   }
   char* grad_target(std::size_t u) override { return grads_.bytes() + layout_.units()[u].padded_offset * es_; }
   void reduce_bucket(std::size_t b) override {
-    // Compressed gradients are rounded at world 1 too, as zero1-3 round them.
-    if (comm_.size() == 1 && !compressing()) return;
+    const Wire w = wire();
+    // Compressed gradients are compressed at world 1 too, as zero1-3's are.
+    if (comm_.size() == 1 && w == Wire::plain) return;
     const auto& bucket = layout_.buckets()[b];
     char* g = grads_.bytes() + bucket.padded_offset * es_;
     InFlight f{b, {}, {}};
-    if (compression_ == GradCompression::int8) {
+    if (w == Wire::int8) {
       reduce_int8(f, b, g);
-    } else if (compressing()) {  // reduced on the wire's dtype, then back
+    } else if (w == Wire::powersgd) {
+      reduce_powersgd(f, b, g);
+    } else if (w == Wire::rounded) {  // reduced on the wire's dtype, then back
       f.scratch = to_wire(g, bucket.padded);
-      char* w = f.scratch.bytes();
-      f.requests.push_back(comm_.iall_reduce(w, w, bucket.padded, wire_type_, ReduceOp::sum));
-      f.then = [this, g, w, n = bucket.padded] { to_f32(wire_dtype_, w, reinterpret_cast<float*>(g), n); };
+      char* w16 = f.scratch.bytes();
+      f.requests.push_back(comm_.iall_reduce(w16, w16, bucket.padded, wire_type_, ReduceOp::sum));
+      f.then = [this, g, w16, n = bucket.padded] { to_f32(wire_dtype_, w16, reinterpret_cast<float*>(g), n); };
     } else {
       f.requests.push_back(comm_.iall_reduce(g, g, bucket.padded, type_, ReduceOp::sum));
     }

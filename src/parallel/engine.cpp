@@ -145,10 +145,16 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
   }
   std::vector<float>().swap(values);
   grads_ = Held(meter_, Meter::grads, (holding.grads ? shard : padded) * es_, 1);
-  if (compression_ == GradCompression::int8) {
+  if (compression_ == GradCompression::powersgd) {
+    if (a.options.powersgd_rank < 1)
+      throw InvalidInput(str("--powersgd-rank must be at least 1 (got ", a.options.powersgd_rank, ")"));
+    powersgd_ = std::make_unique<PowerSgd>(layout_, a.options.powersgd_rank);
+    powersgd_warmup_ = a.options.powersgd_warmup;
+  }
+  if (compression_ == GradCompression::int8 || powersgd_) {
     residual_ = Held(meter_, Meter::grads, padded * sizeof(float), 10);
     std::memset(residual_.bytes(), 0, residual_.size_bytes());
-    if (info_.replicated_params) {
+    if (info_.replicated_params && compression_ == GradCompression::int8) {
       sum_residual_ = Held(meter_, Meter::grads, shard * sizeof(float), 11);
       std::memset(sum_residual_.bytes(), 0, sum_residual_.size_bytes());
     }
@@ -344,15 +350,35 @@ void Engine::step(const UpdateFn& update) {
   else
     optimizer_->step();
   after_update();
+  ++steps_;
 }
 
 Strategy::Feedback Engine::feedback() {
   auto span = [](Held& h) {
     return std::span<float>(reinterpret_cast<float*>(h.bytes()), h.size_bytes() / sizeof(float));
   };
-  return {span(residual_), span(sum_residual_)};
+  Feedback f{span(residual_), span(sum_residual_), {}};
+  if (powersgd_)
+    for (std::size_t b = 0; b < layout_.buckets().size(); ++b)
+      for (const PowerSgd::Matrix& m : powersgd_->bucket(b).matrices)
+        if (m.rank > 0) f.factors.push_back({m.param, m.rank, powersgd_->qs().subspan(m.q_at, m.cols * m.rank)});
+  return f;
 }
 
+Engine::Wire Engine::wire() const {
+  switch (compression_) {
+    case GradCompression::none:
+      return Wire::plain;
+    case GradCompression::bf16:
+    case GradCompression::fp16:
+      return Wire::rounded;
+    case GradCompression::int8:
+      return Wire::int8;
+    case GradCompression::powersgd:
+      return steps_ < powersgd_warmup_ ? Wire::plain : Wire::powersgd;
+  }
+  return Wire::plain;
+}
 void Engine::finish_oldest() {
   InFlight& f = in_flight_.front();
   DISTOPT_CHECK(!f.requests.empty(), "bucket ", f.bucket, " was never reduced: backward skipped a unit");
@@ -444,6 +470,86 @@ void Engine::land_int8(std::size_t b, const char* received) {
   } catch (...) {
     for (auto& r : gathers) finish_quietly(r);  // before their buffers go
     throw;
+  }
+}
+
+void Engine::reduce_powersgd(InFlight& f, std::size_t b, const char* g) {
+  const PowerSgd::Bucket& plan = powersgd_->bucket(b);
+  const std::size_t first = layout_.buckets()[b].padded_offset;
+  const auto* grad = reinterpret_cast<const float*>(g);
+  auto* residual = reinterpret_cast<float*>(residual_.bytes());
+  float* q = powersgd_->qs().data();
+  const std::size_t count = plan.whole_elements + plan.p_elements;
+  Held sent(grad_pool_, std::max<std::size_t>(count, 1) * sizeof(float), 8);
+  auto* reduced = reinterpret_cast<float*>(sent.bytes());
+  float *whole = reduced, *p = reduced + plan.whole_elements;
+  for (const PowerSgd::Matrix& m : plan.matrices) {
+    const std::size_t at = layout_.padded_offset(m.param), n = m.rows * m.cols;
+    const float* from = grad + (at - first);
+    if (m.rank == 0) {
+      whole = std::copy_n(from, n, whole);
+      continue;
+    }
+    float* mat = residual + at;  // M = g + e, kept where e was until the residual is known
+    for (std::size_t i = 0; i < n; ++i) mat[i] = from[i] + mat[i];
+    orthogonalize(q + m.q_at, m.cols, m.rank);
+    times(mat, q + m.q_at, p, m.rows, m.cols, m.rank);
+    p += m.rows * m.rank;
+  }
+  f.requests.push_back(comm_.iall_reduce(reduced, reduced, count, ElemType::f32, ReduceOp::sum));
+  f.scratch = std::move(sent);  // zero2/3: their fp32 scratch goes back to the pool
+  f.then = [this, b, reduced] { land_powersgd(b, reduced); };
+}
+
+void Engine::land_powersgd(std::size_t b, float* reduced) {
+  const PowerSgd::Bucket& plan = powersgd_->bucket(b);
+  const auto& bucket = layout_.buckets()[b];
+  auto* residual = reinterpret_cast<float*>(residual_.bytes());
+  float* q = powersgd_->qs().data();
+  Held factors(grad_pool_, std::max<std::size_t>(plan.q_elements, 1) * sizeof(float), 9);
+  auto* qs = reinterpret_cast<float*>(factors.bytes());
+  float *p = reduced + plan.whole_elements, *qk = qs;
+  for (const PowerSgd::Matrix& m : plan.matrices) {
+    if (m.rank == 0) continue;
+    orthogonalize(p, m.rows, m.rank);  // the ranks' sum: the same on every rank
+    transposed_times(residual + layout_.padded_offset(m.param), p, qk, m.rows, m.cols, m.rank);
+    p += m.rows * m.rank;
+    qk += m.cols * m.rank;
+  }
+  comm_.all_reduce(qs, qs, plan.q_elements, ElemType::f32, ReduceOp::sum);
+  Held out(grad_pool_, bucket.padded * sizeof(float), 10);
+  auto* sum = reinterpret_cast<float*>(out.bytes());
+  std::fill_n(sum, bucket.padded, 0.0f);
+  const auto n = static_cast<float>(comm_.size());
+  const float* whole = reduced;
+  p = reduced + plan.whole_elements;
+  qk = qs;
+  for (const PowerSgd::Matrix& m : plan.matrices) {
+    const std::size_t at = layout_.padded_offset(m.param), count = m.rows * m.cols;
+    float* to = sum + (at - bucket.padded_offset);
+    if (m.rank == 0) {
+      std::copy_n(whole, count, to);
+      whole += count;
+      continue;
+    }
+    outer(p, qk, to, m.rows, m.cols, m.rank);
+    float* mat = residual + at;
+    for (std::size_t i = 0; i < count; ++i) mat[i] = mat[i] - to[i] / n;  // what this rank still owes
+    std::copy_n(qk, m.cols * m.rank, q + m.q_at);                         // the next step's warm start
+    p += m.rows * m.rank;
+    qk += m.cols * m.rank;
+  }
+  deliver(b, sum);
+}
+
+void Engine::deliver(std::size_t b, const float* reduced) {
+  const auto& bucket = layout_.buckets()[b];
+  auto* grads = reinterpret_cast<float*>(grads_.bytes());
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+    const auto& unit = layout_.units()[u];
+    const float* from = reduced + (unit.padded_offset - bucket.padded_offset);
+    if (info_.sharded_grads) std::copy_n(from + rank_ * unit.shard, unit.shard, grads + unit.shard_offset);
+    else std::copy_n(from, unit.padded, grads + unit.padded_offset);
   }
 }
 

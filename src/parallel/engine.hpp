@@ -40,6 +40,7 @@
 #include "distopt/core/buffer.hpp"
 #include "distopt/parallel/strategy.hpp"
 #include "internal.hpp"
+#include "powersgd.hpp"
 
 namespace distopt::parallel::detail {
 
@@ -154,6 +155,8 @@ class Engine : public StrategyCore {
 
   void step(const UpdateFn& update) override;
   Feedback feedback() override;
+  // The steps taken so far (PowerSGD's warm-up counts them).
+  void resume(std::uint64_t steps, const LocalState*) override { steps_ = steps; }
 
  protected:
   struct InFlight {
@@ -180,6 +183,10 @@ class Engine : public StrategyCore {
   // gradients travel compressed, and n of them at g rounded into a buffer
   // of the wire's dtype (bf16, fp16), leased from the pool.
   bool compressing() const { return compression_ != GradCompression::none; }
+  // What this step's gradients travel as: plain (uncompressed, PowerSGD's
+  // warm-up included), rounded (bf16, fp16), int8 packets or PowerSGD.
+  enum class Wire { plain, rounded, int8, powersgd };
+  Wire wire() const;
   Held to_wire(const char* g, std::size_t n);
   // zero1-3's compressed reduction of bucket b, whose gradients are at g:
   // rounded into f's wire buffer (f.scratch), each unit reduce-scattered in
@@ -195,6 +202,15 @@ class Engine : public StrategyCore {
   // whole gradient.
   void reduce_int8(InFlight& f, std::size_t b, const char* g);
   void land_int8(std::size_t b, const char* received);
+  // PowerSGD (powersgd.hpp) on bucket b, whose gradients are at g: M = g +
+  // the residual kept in place of it, P = M Q and the whole tensors
+  // all-reduced from f.scratch; once in, Q = M^T P all-reduced, the
+  // approximation delivered and the residual left.
+  void reduce_powersgd(InFlight& f, std::size_t b, const char* g);
+  void land_powersgd(std::size_t b, float* reduced);
+  // Bucket b's reduced fp32 gradient (padded bucket layout) into the
+  // rank's gradients: all of it, or its shard of each unit (zero2, zero3).
+  void deliver(std::size_t b, const float* reduced);
 
   DType dtype_;
   ElemType type_;
@@ -206,10 +222,13 @@ class Engine : public StrategyCore {
   Meter meter_;
   Pool param_pool_{meter_, Meter::params}, grad_pool_{meter_, Meter::grads};  // outlive every lease below
   Held params_, grads_;
-  // int8's error feedback (fp32): what each rank's quantization lost, in
-  // the padded layout (`residual_`), and ddp's owners' of their sums, in
-  // the shard layout (`sum_residual_`).
+  // Error feedback (fp32): what each rank's compression lost (int8,
+  // PowerSGD), in the padded layout (`residual_`), and int8 ddp's owners'
+  // of their sums, in the shard layout (`sum_residual_`).
   Held residual_, sum_residual_;
+  std::unique_ptr<PowerSgd> powersgd_;
+  std::size_t powersgd_warmup_ = 0;
+  std::uint64_t steps_ = 0;
   std::vector<TensorView> owned_;
   std::map<std::string, std::vector<std::size_t>> piece_counts_;  // per parameter name: each rank's piece
   std::map<std::size_t, Held> compute_;                           // bf16/f16: fp32 copies of held units

@@ -101,7 +101,11 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   for (const auto& [k, v] : spec.options) h = fnv(fnv(h, k), v.to_string());
   mine[kOptimizer] = h;
   mine[kDtype] = static_cast<std::uint64_t>(options.param_dtype);
+  // The scheme in the low byte; PowerSGD's rank and warm-up above it.
   mine[kCompression] = static_cast<std::uint64_t>(options.grad_compression);
+  if (options.grad_compression == GradCompression::powersgd)
+    mine[kCompression] |= static_cast<std::uint64_t>(options.powersgd_rank) << 8 |
+                          std::min<std::uint64_t>(options.powersgd_warmup, std::uint64_t{1} << 32) << 24;
   mine[kBucket] = options.bucket_elements;
   // Prefetching and buckets in flight change the order in which a rank
   // starts its collectives, where they apply.
@@ -128,9 +132,14 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
         if (k == kWorld || k == kBucket) detail = str(" (", all[r * kItems + k], " vs ", all[k], ")");
         if (k == kDtype)
           detail = str(" (", name_of(static_cast<DType>(all[r * kItems + k])), " vs ", name_of(static_cast<DType>(all[k])), ")");
-        if (k == kCompression)
-          detail = str(" (", name_of(static_cast<GradCompression>(all[r * kItems + k])), " vs ",
-                       name_of(static_cast<GradCompression>(all[k])), ")");
+        if (k == kCompression) {
+          auto scheme = [](std::uint64_t v) {
+            const auto c = static_cast<GradCompression>(v & 0xff);
+            if (c != GradCompression::powersgd) return std::string(name_of(c));
+            return str("powersgd rank ", (v >> 8) & 0xffff, " warm-up ", v >> 24);
+          };
+          detail = str(" (", scheme(all[r * kItems + k]), " vs ", scheme(all[k]), ")");
+        }
         throw InvalidInput(str("rank ", r, " disagrees with rank 0 on the ", kWhat[k], detail,
                                ": every rank must be started with the same configuration"));
       }
@@ -148,6 +157,8 @@ std::string_view name_of(GradCompression c) {
       return "fp16";
     case GradCompression::int8:
       return "int8";
+    case GradCompression::powersgd:
+      return "powersgd";
   }
   return "?";
 }
@@ -159,7 +170,7 @@ std::optional<GradCompression> parse_grad_compression(std::string_view name) {
 }
 
 std::string_view grad_compression_names() {
-  return "none, bf16, fp16, int8";
+  return "none, bf16, fp16, int8, powersgd";
 }
 
 FlatLayout flat_layout(const models::Model& model) {

@@ -54,9 +54,12 @@ void Zero1::reduce_bucket(std::size_t b) {
   // gradient buffer, while backward goes on.
   const auto& bucket = layout_.buckets()[b];
   InFlight f{b, {}, {}};
-  if (compression_ == GradCompression::int8) {
+  const Wire w = wire();
+  if (w == Wire::int8) {
     reduce_int8(f, b, grads_.bytes() + bucket.padded_offset * es_);
-  } else if (compressing()) {
+  } else if (w == Wire::powersgd) {
+    reduce_powersgd(f, b, grads_.bytes() + bucket.padded_offset * es_);
+  } else if (w == Wire::rounded) {
     reduce_scatter_on_wire(f, b, grads_.bytes() + bucket.padded_offset * es_);
   } else {
     for (std::size_t u = bucket.first; u < bucket.last; ++u) {

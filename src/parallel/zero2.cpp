@@ -37,8 +37,10 @@ void Zero2::reduce_bucket(std::size_t b) {
   const auto& bucket = layout_.buckets()[b];
   InFlight& f = in_flight_.back();
   DISTOPT_CHECK(f.bucket == b, "bucket ", b, " finished out of order");
-  if (compression_ == GradCompression::int8) return reduce_int8(f, b, f.scratch.bytes());
-  if (compressing()) return reduce_scatter_on_wire(f, b, f.scratch.bytes());
+  const Wire w = wire();
+  if (w == Wire::int8) return reduce_int8(f, b, f.scratch.bytes());
+  if (w == Wire::powersgd) return reduce_powersgd(f, b, f.scratch.bytes());
+  if (w == Wire::rounded) return reduce_scatter_on_wire(f, b, f.scratch.bytes());
   for (std::size_t u = bucket.first; u < bucket.last; ++u) {
     const auto& unit = layout_.units()[u];
     f.requests.push_back(comm_.ireduce_scatter(f.scratch.bytes() + (unit.padded_offset - bucket.padded_offset) * es_,

@@ -122,7 +122,11 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--grad-compression", a->grad_compression,
                   "gradients on the wire: none (default), bf16 or fp16 (half the bytes; ddp and zero1-3 still give "
                   "each other's bits, not uncompressed ddp's), or int8 (blocks of 256 with a scale, error feedback; "
-                  "about a quarter of the bytes)");
+                  "about a quarter of the bytes), or powersgd (matrices at a low rank, error feedback)");
+  sub->add_option("--powersgd-rank", a->powersgd_rank,
+                  "PowerSGD's approximation rank (default 1, torch's matrix_approximation_rank)");
+  sub->add_option("--powersgd-warmup", a->powersgd_warmup,
+                  "steps reduced uncompressed before PowerSGD starts (default 10, torch's start_powerSGD_iter)");
   sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,
                   "gradient bucket size in MiB (default 0.125): buckets of whole layers reduced while backward runs");
   auto live_flag = [&](const std::string& name, auto& field, const std::string& help) {

@@ -158,8 +158,11 @@ void check_memory(const TrainArgs& a, int world) {
   const auto features = static_cast<double>(dims.features);
   // Floats a rank keeps per parameter and the units in flight: the strategy's own memory model.
   const parallel::StrategyInfo& info = parallel::strategy_or_throw(a.config.strategy);
-  // int8's error feedback: a whole gradient's residual, and ddp's of its sums.
-  const double feedback = a.grad_compression == "int8" ? 1 + (info.replicated_params ? 1.0 / world : 0.0) : 0.0;
+  // int8's and PowerSGD's error feedback: a whole gradient's residual, and
+  // int8 ddp's of its sums.
+  const double feedback = a.grad_compression == "int8"       ? 1 + (info.replicated_params ? 1.0 / world : 0.0)
+                          : a.grad_compression == "powersgd" ? 1
+                                                             : 0.0;
   if (a.config.model == "gpt") {
     // Parameters, gradients and optimizer state on every rank, and the
     // activations each rank keeps for backward (its share of a batch).
@@ -278,6 +281,15 @@ void prepare(TrainArgs& a) {
     throw InvalidInput(str("--grad-compression: unknown scheme '", a.grad_compression,
                            "' (known: ", parallel::grad_compression_names(), ")"));
   a.config.parallel.grad_compression = *compression;
+  if (*compression != parallel::GradCompression::powersgd && (a.powersgd_rank != 1 || a.powersgd_warmup != 10))
+    throw InvalidInput(str("--powersgd-rank and --powersgd-warmup apply to --grad-compression powersgd (this run has ",
+                           a.grad_compression, ")"));
+  if (a.powersgd_rank < 1 || a.powersgd_rank > 65535)
+    throw InvalidInput(str("--powersgd-rank must be in [1, 65535] (got ", a.powersgd_rank, ")"));
+  if (a.powersgd_warmup < 0)
+    throw InvalidInput(str("--powersgd-warmup must be 0 or more steps (got ", a.powersgd_warmup, ")"));
+  a.config.parallel.powersgd_rank = static_cast<int>(a.powersgd_rank);
+  a.config.parallel.powersgd_warmup = static_cast<std::size_t>(a.powersgd_warmup);
   if (!(a.bucket_cap_mb > 0) || !std::isfinite(a.bucket_cap_mb))
     throw InvalidInput(str("--bucket-cap-mb must be a positive number of MiB (got ", a.bucket_cap_mb, ")"));
   a.config.parallel.bucket_elements = std::max<std::size_t>(

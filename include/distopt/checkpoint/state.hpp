@@ -61,15 +61,18 @@ std::vector<float> own_values(parallel::Strategy& strategy, int rank, const Tens
 // Compressed gradients' error feedback (Strategy::feedback; docs/formats.md,
 // "Error feedback"): "feedback.<rank>.<param name>", the rank's residual,
 // each parameter whole; "feedback.sums.<param name>", ddp's owners' residual
-// of their sums, cut like the parameters. Views of the strategy's buffers.
+// of their sums, cut like the parameters; "feedback.q.<param name>",
+// PowerSGD's warm-start factor (columns x rank), written by rank 0. Views of
+// the strategy's buffers.
 PieceSet feedback_pieces(parallel::Strategy& strategy, int rank);
 // And back into a strategy made for `world` ranks: at the checkpoint's
 // world each rank its own residual; at another, rank r the sum of the
 // saved ranks r, r + world, r + 2 world, ... in rank order; the sums'
 // residual into the strategy's (resharded), or added to rank 0's residual
 // where the strategy keeps none. What the ranks owe in total is kept.
-// Nothing saved (a run without int8): zeros. Saved, but the strategy keeps
-// none (resumed without int8): dropped, and the warning says so (else "").
+// PowerSGD's factors where their rank is this run's. Nothing saved (a run
+// without int8 or PowerSGD): zeros. Saved, but the strategy keeps none:
+// dropped, and the warning says so (else "").
 // InvalidInput names a tensor under "feedback." that is no parameter's
 // feedback, or one shaped otherwise than its parameter.
 std::string load_feedback(parallel::Strategy& strategy, const TensorSource& source, int rank, int world);

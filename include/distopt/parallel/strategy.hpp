@@ -160,14 +160,21 @@ struct GossipOptions {
 //    the owners' own error feedback (1-bit Adam's two-phase all-reduce), so
 //    ddp differs from zero1-3, which give each other's bits. About a
 //    quarter of the bytes.
+//  - powersgd: each matrix parameter's gradient (plus the rank's residual)
+//    approximated at rank powersgd_rank by two all-reduces of its factors,
+//    warm-started, with error feedback; vectors and small matrices sent
+//    whole; uncompressed for the first powersgd_warmup steps (torch's
+//    powerSGD_hook). Every strategy computes the same approximation, so
+//    all four give each other's bits.
 // None is ddp's uncompressed bits. Not for the gossip strategies, nor
 // with --param-dtype bf16/f16 (already on the wire).
-enum class GradCompression : std::uint8_t { none, bf16, fp16, int8 };
+enum class GradCompression : std::uint8_t { none, bf16, fp16, int8, powersgd };
 inline constexpr GradCompression kGradCompressions[] = {GradCompression::none, GradCompression::bf16,
-                                                        GradCompression::fp16, GradCompression::int8};
+                                                        GradCompression::fp16, GradCompression::int8,
+                                                        GradCompression::powersgd};
 std::string_view name_of(GradCompression c);
 std::optional<GradCompression> parse_grad_compression(std::string_view name);
-// "none, bf16, fp16, int8"
+// "none, bf16, fp16, int8, powersgd"
 std::string_view grad_compression_names();
 
 struct StrategyOptions {
@@ -190,6 +197,11 @@ struct StrategyOptions {
   // bf16/f16 the optimizer keeps fp32 master weights (of its shard).
   DType param_dtype = DType::f32;
   GradCompression grad_compression = GradCompression::none;
+  // PowerSGD: the approximation's rank (at least 1) and the steps reduced
+  // uncompressed first (torch's matrix_approximation_rank and
+  // start_powerSGD_iter, with their defaults).
+  int powersgd_rank = 1;
+  std::size_t powersgd_warmup = 10;
   GossipOptions gossip;
 };
 
@@ -402,14 +414,21 @@ class Strategy {
   virtual std::vector<float> mean_over_ranks(std::span<const float> values) {
     return {values.begin(), values.end()};
   }
-  // Compressed gradients' error feedback (int8; docs/formats.md, "Error
-  // feedback"): what this rank's quantization still owes, in the padded
+  // Compressed gradients' error feedback (int8, powersgd; docs/formats.md,
+  // "Error feedback"): what this rank's compression still owes, in the padded
   // layout, and where the strategy packs its sums a second time (ddp),
   // what its owners' packing owes, in the shard layout; empty where there
   // is none. Checkpoints keep both; a resume at another world or strategy
   // keeps what they owe in total.
   struct Feedback {
     std::span<float> residual, sums;
+    // PowerSGD's warm start: each compressed parameter's Q (its columns x
+    // the rank, row-major), the same on every rank.
+    struct Factor {
+      std::size_t param, rank;
+      std::span<float> q;
+    };
+    std::vector<Factor> factors;
   };
   virtual Feedback feedback() { return {}; }
   // Gossip strategies: this rank's LocalState, between two steps

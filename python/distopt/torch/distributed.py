@@ -108,7 +108,10 @@ class ShardedOptimizer(DistoptOptimizer):
     not with the uncompressed run. "int8" sends blocks of 256 codes with a
     scale each and carries what they lose into the next step (error
     feedback): zero1 and zero2 agree bit for bit, ddp (which packs its sums
-    again) has its own. Muon's 1-D parameters take AdamW, as
+    again) has its own. "powersgd" sends each matrix's gradient at rank
+    ``powersgd_rank`` (torch's powerSGD_hook: warm start, error feedback,
+    vectors sent whole) after ``powersgd_warmup`` uncompressed steps; every
+    strategy agrees bit for bit. Muon's 1-D parameters take AdamW, as
     distopt's command line does.
     """
 
@@ -118,11 +121,21 @@ class ShardedOptimizer(DistoptOptimizer):
     _stage_cpu = False  # stage CPU parameters too (tests: the staged path on a machine without a GPU)
 
     _strategies = STRATEGIES
+
+    @staticmethod
+    def _compression_options(compression, rank, warmup):
+        if compression != "powersgd":
+            if (rank, warmup) != (1, 10):
+                raise ValueError(f"powersgd_rank and powersgd_warmup apply to compression='powersgd' "
+                                 f"(not '{compression}')")
+            return {} if compression == "none" else {"grad_compression": compression}
+        return {"grad_compression": compression, "powersgd_rank": int(rank), "powersgd_warmup": int(warmup)}
     _what = "the sharded optimizer"
     _load_hint = "load values with p.copy_(...)"
 
     def __init__(self, params, optimizer="adamw", strategy="zero1", *, comm=None, bucket_elements=1 << 15,
-                 max_grad_norm=None, norm_type=2.0, compression="none", _gossip=None, _units=(),
+                 max_grad_norm=None, norm_type=2.0, compression="none", powersgd_rank=1, powersgd_warmup=10,
+                 _gossip=None, _units=(),
                  _strategy_options=None, _param_names=None, **options):
         name = type(self).__name__
         params = list(params)
@@ -169,8 +182,8 @@ class ShardedOptimizer(DistoptOptimizer):
         self._core = _core.Sharded(self.comm._c, strategy, optimizer,
                                    [(n, list(p.shape)) for n, p in zip(names, ps)], initial,
                                    dict(self._synced), int(bucket_elements), dict(_gossip or {}), list(_units),
-                                   dict(_strategy_options or {}, **({} if compression == "none" else
-                                                                    {"grad_compression": compression})))
+                                   dict(_strategy_options or {}, **self._compression_options(
+                                       compression, powersgd_rank, powersgd_warmup)))
         _retire_at_exit()
         self._attach()
         self._sync = True  # no_sync() turns the hooks' deliveries off
