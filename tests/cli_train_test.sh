@@ -226,6 +226,13 @@ none, low = (json.loads(open(f"{tmp}/gc_{c}").read().strip().splitlines()[-1]) f
 assert low["grad_compression"] == "powersgd", low
 assert 0.25 < low["bytes_sent_per_rank"] / none["bytes_sent_per_rank"] < 0.3, (none, low)
 PY
+expect_error 2 "--gather-compression: unknown scheme 'int4' (known: none, int8)" -- train --gather-compression int4 \
+  --data synthetic
+expect_error 2 "--gather-compression int8 applies to zero3, which gathers its parameters before use; strategy ddp holds" \
+  -- train --gather-compression int8 --data synthetic
+"$bin" train --data synthetic --train-size 512 --test-size 64 --world 2 --strategy zero3 --gather-compression int8 \
+  --json --progress none >"$tmp/gather" 2>"$tmp/err" || fail "--gather-compression int8 exited $?: $(cat "$tmp/err")"
+grep -q '"gather_compression": "int8"' "$tmp/gather" || fail "the summary lacks gather_compression: $(cat "$tmp/gather")"
 expect_error 2 "--powersgd-rank and --powersgd-warmup apply to --grad-compression powersgd (this run has none)" \
   -- train --powersgd-rank 4 --data synthetic
 expect_error 2 "--powersgd-rank must be in \[1, 65535\] (got 0)" -- train --grad-compression powersgd --powersgd-rank 0 \

@@ -53,6 +53,16 @@ for np in $(worlds 3); do
     done
   done
 done
+# zero3's int8 parameter gathers with int8 gradients: under mpirun the
+# threads backend's bits.
+for np in $(worlds 3); do
+  qargs=(--strategy zero3 --gather-compression int8 --grad-compression int8 --bucket-cap-mb 0.01)
+  "$bin" "${args[@]}" --world $np "${qargs[@]}" >"$tmp/threads" 2>"$tmp/err" || fail "threads zero3 int8 gathers: $(cat "$tmp/err")"
+  timeout "$(scaled 120)" "$mpiexec" -n $np --oversubscribe "$bin" "${args[@]}" --backend mpi "${qargs[@]}" \
+    >"$tmp/mpi" 2>"$tmp/err" || fail "mpi zero3 int8 gathers np $np exited $?: $(tail -n 3 "$tmp/err")"
+  [ -n "$(hash_of "$tmp/mpi")" ] && [ "$(hash_of "$tmp/threads")" = "$(hash_of "$tmp/mpi")" ] ||
+    fail "np $np int8 gathers: threads $(hash_of "$tmp/threads") vs mpi $(hash_of "$tmp/mpi")"
+done
 # Tiles: zero3 gathers a tiled layer a row block at a time (all_gather_v
 # from the ranks that hold it) and reduce-scatters its gradient the same
 # way; under mpirun, at even and uneven shards, ddp's bits on threads.

@@ -128,6 +128,10 @@ void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
       o.grad_compression = *c;
       continue;
     }
+    if (key == "int8_gather") {
+      o.int8_gather = v.cast<bool>();
+      continue;
+    }
     const long long n = v.cast<long long>();
     if (key == "powersgd_rank" && n >= 1 && n <= 65535) o.powersgd_rank = static_cast<int>(n);
     else if (key == "powersgd_warmup" && n >= 0) o.powersgd_warmup = static_cast<std::size_t>(n);
@@ -142,7 +146,7 @@ void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
     else
       throw InvalidInput(str("unknown strategy option ", key,
                              " (prefetch_units, max_live_params, "
-                             "max_buckets_in_flight, grad_compression, powersgd_rank, powersgd_warmup)"));
+                             "max_buckets_in_flight, grad_compression, powersgd_rank, powersgd_warmup, int8_gather)"));
   }
 }
 

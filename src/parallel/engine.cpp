@@ -110,6 +110,14 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
     throw InvalidInput(str("--grad-compression ", name_of(a.options.grad_compression), " with --param-dtype ",
                            name_of(dtype_), ": the gradients are ", name_of(dtype_),
                            " on the wire already (compression is for f32 parameters)"));
+  if (a.options.int8_gather && !holding.params)
+    throw InvalidInput(
+        str("--gather-compression int8 applies to zero3, which gathers its parameters before use; "
+            "strategy ",
+            info_.name, " holds them whole"));
+  if (a.options.int8_gather && dtype_ != DType::f32)
+    throw InvalidInput(str("--gather-compression int8 with --param-dtype ", name_of(dtype_),
+                           ": the packets are made from fp32 shards (compression is for f32 parameters)"));
   const FlatLayout& flat = a.layout;
   const InitialParams& initial = a.initial;
   const OptimizerSpec& spec = a.optimizer;

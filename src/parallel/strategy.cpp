@@ -106,6 +106,7 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   if (options.grad_compression == GradCompression::powersgd)
     mine[kCompression] |= static_cast<std::uint64_t>(options.powersgd_rank) << 8 |
                           std::min<std::uint64_t>(options.powersgd_warmup, std::uint64_t{1} << 32) << 24;
+  if (options.int8_gather) mine[kCompression] |= std::uint64_t{1} << 63;
   mine[kBucket] = options.bucket_elements;
   // Prefetching and buckets in flight change the order in which a rank
   // starts its collectives, where they apply.
@@ -135,8 +136,9 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
         if (k == kCompression) {
           auto scheme = [](std::uint64_t v) {
             const auto c = static_cast<GradCompression>(v & 0xff);
-            if (c != GradCompression::powersgd) return std::string(name_of(c));
-            return str("powersgd rank ", (v >> 8) & 0xffff, " warm-up ", v >> 24);
+            const std::string gathers = v >> 63 ? " and int8 gathers" : "";
+            if (c != GradCompression::powersgd) return str(name_of(c), gathers);
+            return str("powersgd rank ", (v >> 8) & 0xffff, " warm-up ", (v >> 24) & 0xffffffffff, gathers);
           };
           detail = str(" (", scheme(all[r * kItems + k]), " vs ", scheme(all[k]), ")");
         }

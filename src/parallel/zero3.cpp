@@ -3,14 +3,16 @@
 // (the next StrategyOptions::prefetch_units units prefetched, while they fit
 // under max_live_params) and freed after use; gradients as zero2
 // (engine.hpp; docs/sharding.md). The last unit is kept from forward into
-// backward, as FSDP does, which saves its second gather.
+// backward, as FSDP does, which saves its second gather. With
+// StrategyOptions::int8_gather the gathers move int8 packets of the fp32
+// shards (int8_wire.hpp), unpacked when the model asks for the unit.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
 #include "distopt/core/error.hpp"
-
 #include "engine.hpp"
+#include "int8_wire.hpp"
 
 namespace distopt::parallel::detail {
 
@@ -21,7 +23,8 @@ class Zero3 final : public Zero2 {
   explicit Zero3(const StrategyArgs& a)
       : Zero2(a, {true, true, true}),
         prefetch_(static_cast<std::size_t>(a.options.prefetch_units)),
-        max_live_bytes_(a.options.max_live_params * es_) {
+        max_live_bytes_(a.options.max_live_params * es_),
+        int8_gather_(a.options.int8_gather) {
     const auto& units = layout_.units();
     // A tiled unit's gradient is reduced a range at a time, uncompressed.
     const auto tiled = std::find_if(units.begin(), units.end(), [](const auto& u) { return u.tile > 0; });
@@ -29,6 +32,10 @@ class Zero3 final : public Zero2 {
       throw InvalidInput(str("--grad-compression ", name_of(compression_), " with zero3's tiled unit ", tiled->name,
                              ": a tiled unit's gradient is reduced a range at a time, uncompressed (drop --tile-rows "
                              "or the compression)"));
+    if (int8_gather_ && tiled != units.end())
+      throw InvalidInput(str("--gather-compression int8 with zero3's tiled unit ", tiled->name,
+                             ": a tiled unit is gathered a range at a time, uncompressed (drop --tile-rows or the "
+                             "compression)"));
     if (a.options.max_live_params == 0) return;
     // What is gathered at once: a unit, or one range of a tiled unit.
     auto at_once = [](const ShardLayout::Unit& u) { return u.tile > 0 ? u.tile : u.padded; };
@@ -54,6 +61,14 @@ class Zero3 final : public Zero2 {
     own_.assign(layout_.shard_elements(), 0.0f);
     to_f32(dtype_, params_.bytes(), own_.data(), own_.size());
     return own_;
+  }
+
+  // int8 gathers: evaluation gathers the exact fp32 shards (the training
+  // passes compute with the unpacked ones).
+  models::UnitAccess& eval_access() override {
+    if (!int8_gather_) return access();
+    exact_ = access_to(own_params());
+    return *exact_;
   }
 
   void release(std::size_t u, models::Pass pass) override {
@@ -124,6 +139,7 @@ class Zero3 final : public Zero2 {
   struct Gathered {
     Held buffer;
     std::unique_ptr<Request> request;
+    Held packets;  // int8 gathers: the ranks' packets (and the own one to send), unpacked once in
   };
   static constexpr std::size_t kNone = SIZE_MAX;
 
@@ -131,6 +147,14 @@ class Zero3 final : public Zero2 {
     if (!gathered_.contains(u)) start_gather(u);
     Gathered& g = gathered_.at(u);
     blocked([&] { finish(g.request); });
+    if (!g.packets.empty()) {  // every rank's shard from its packet, the own one's too
+      const auto& unit = layout_.units()[u];
+      const std::size_t packet = int8_packet_bytes(unit.shard);
+      for (std::size_t s = 0; s < static_cast<std::size_t>(comm_.size()); ++s)
+        int8_unpack(g.packets.bytes() + s * packet, unit.shard,
+                    reinterpret_cast<float*>(g.buffer.bytes()) + s * unit.shard, false);
+      g.packets = Held();
+    }
     // The next units of the pass, while they fit under the limit.
     for (std::size_t k = 0, v = next_unit(u, pass); k < prefetch_ && v != kNone && prefetch(v); ++k)
       v = next_unit(v, pass);
@@ -155,7 +179,15 @@ class Zero3 final : public Zero2 {
     const auto& unit = layout_.units()[u];
     Gathered g;  // entered once the gather has started (a failure leaves no half-made entry)
     g.buffer = Held(param_pool_, unit.padded * es_, 2 + static_cast<int>(u % 2));
-    g.request = comm_.iall_gather(params_.bytes() + unit.shard_offset * es_, g.buffer.bytes(), unit.shard, type_);
+    if (int8_gather_) {
+      const std::size_t n = static_cast<std::size_t>(comm_.size()), packet = int8_packet_bytes(unit.shard);
+      g.packets = Held(param_pool_, (n + 1) * packet, 12);
+      char* own = g.packets.bytes() + n * packet;
+      int8_pack(reinterpret_cast<const float*>(params_.bytes()) + unit.shard_offset, nullptr, unit.shard, own);
+      g.request = comm_.iall_gather(own, g.packets.bytes(), packet, ElemType::u8);
+    } else {
+      g.request = comm_.iall_gather(params_.bytes() + unit.shard_offset * es_, g.buffer.bytes(), unit.shard, type_);
+    }
     gathered_.emplace(u, std::move(g));
   }
   // Starts gathering unit u unless it is gathered already; false when that
@@ -166,8 +198,11 @@ class Zero3 final : public Zero2 {
     if (gathered_.contains(u)) return true;
     if (layout_.units()[u].tile > 0) return false;  // gathered a range at a time, when used
     if (max_live_bytes_ > 0) {
-      std::size_t live = param_pool_.fit(layout_.units()[u].padded * es_) + range_.size_bytes();
-      for (const auto& [v, g] : gathered_) live += g.buffer.size_bytes();
+      const auto& unit = layout_.units()[u];
+      std::size_t live = param_pool_.fit(unit.padded * es_) + range_.size_bytes();
+      if (int8_gather_)
+        live += param_pool_.fit((static_cast<std::size_t>(comm_.size()) + 1) * int8_packet_bytes(unit.shard));
+      for (const auto& [v, g] : gathered_) live += g.buffer.size_bytes() + g.packets.size_bytes();
       if (live > max_live_bytes_) return false;
     }
     start_gather(u);
@@ -176,6 +211,8 @@ class Zero3 final : public Zero2 {
 
   std::size_t prefetch_;        // units gathered ahead of the one in use
   std::size_t max_live_bytes_;  // 0: no limit
+  bool int8_gather_;            // StrategyOptions::int8_gather
+  std::unique_ptr<models::UnitAccess> exact_;  // int8 gathers: evaluation's access to the fp32 shards
   std::map<std::size_t, Gathered> gathered_;  // units gathered or being gathered
   Held range_, range_compute_, range_grad_;   // a tiled unit's range in use, and its gradient
 };

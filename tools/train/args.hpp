@@ -39,7 +39,7 @@ struct TrainArgs {
   std::vector<std::string> scheduler_options;  // KEY=VALUE
   std::string clip_norm_type = "2", loss_scale = "none", export_averaged;
   std::string param_dtype = "f32";
-  std::string grad_compression = "none";
+  std::string grad_compression = "none", gather_compression = "none";
   long long powersgd_rank = 1, powersgd_warmup = 10;  // checked in prepare()
   std::string device = "cpu";
   std::string matmul_precision = "f32";

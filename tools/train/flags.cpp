@@ -123,6 +123,9 @@ Runner add_train(CLI::App& app) {
                   "gradients on the wire: none (default), bf16 or fp16 (half the bytes; ddp and zero1-3 still give "
                   "each other's bits, not uncompressed ddp's), or int8 (blocks of 256 with a scale, error feedback; "
                   "about a quarter of the bytes), or powersgd (matrices at a low rank, error feedback)");
+  sub->add_option("--gather-compression", a->gather_compression,
+                  "zero3's parameter gathers: none (default) or int8 (blocks of 256 with a scale: about a quarter of "
+                  "the bytes; the model computes with the unpacked values, the optimizer steps the exact shard)");
   sub->add_option("--powersgd-rank", a->powersgd_rank,
                   "PowerSGD's approximation rank (default 1, torch's matrix_approximation_rank)");
   sub->add_option("--powersgd-warmup", a->powersgd_warmup,

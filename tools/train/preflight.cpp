@@ -288,6 +288,9 @@ void prepare(TrainArgs& a) {
     throw InvalidInput(str("--powersgd-rank must be in [1, 65535] (got ", a.powersgd_rank, ")"));
   if (a.powersgd_warmup < 0)
     throw InvalidInput(str("--powersgd-warmup must be 0 or more steps (got ", a.powersgd_warmup, ")"));
+  if (a.gather_compression != "none" && a.gather_compression != "int8")
+    throw InvalidInput(str("--gather-compression: unknown scheme '", a.gather_compression, "' (known: none, int8)"));
+  a.config.parallel.int8_gather = a.gather_compression == "int8";
   a.config.parallel.powersgd_rank = static_cast<int>(a.powersgd_rank);
   a.config.parallel.powersgd_warmup = static_cast<std::size_t>(a.powersgd_warmup);
   if (!(a.bucket_cap_mb > 0) || !std::isfinite(a.bucket_cap_mb))

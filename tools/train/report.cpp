@@ -41,6 +41,7 @@ std::string summary_json(const train::TrainResult& r, const TrainArgs& a, int wo
                 r.interrupted ? "true" : "false");
   std::string out = b;
   out.pop_back();  // the closing brace; optional members follow
+  if (a.config.parallel.int8_gather) out += ", \"gather_compression\": \"int8\"";
   if (a.config.on_nonfinite != train::TrainConfig::OnNonFinite::error)
     out += str(", \"nonfinite_steps\": ", r.nonfinite_steps);
   if (!std::isnan(r.consensus_distance)) out += str(", \"consensus_distance\": ", jnum(r.consensus_distance));

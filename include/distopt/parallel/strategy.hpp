@@ -202,6 +202,13 @@ struct StrategyOptions {
   // start_powerSGD_iter, with their defaults).
   int powersgd_rank = 1;
   std::size_t powersgd_warmup = 10;
+  // zero3: the parameters' all-gathers as int8 packets (ZeRO++'s qwZ;
+  // docs/sharding.md, "int8 parameter gathers"; --gather-compression int8):
+  // each rank packs its fp32 shard of a unit (blocks of 256, an fp32 scale
+  // each) and every rank computes with the unpacked values, its own shard's
+  // too. The shard the optimizer steps stays fp32 and exact; evaluation,
+  // checkpoints and exports read it.
+  bool int8_gather = false;
   GossipOptions gossip;
 };
 

@@ -21,6 +21,9 @@ void check_gossip_options(std::string_view strategy, const StrategyOptions& o) {
   if (o.grad_compression != GradCompression::none)
     throw InvalidInput(str("--grad-compression ", name_of(o.grad_compression), ": strategy ", strategy,
                            " sends no gradients (compression is for ddp and zero1-3; diloco has --outer-dtype)"));
+  if (o.int8_gather)
+    throw InvalidInput(
+        str("--gather-compression int8: strategy ", strategy, " gathers no parameters (it is for zero3)"));
   const GossipOptions& g = o.gossip;
   if (g.synch_freq < 0) throw InvalidInput(str("--synch-freq must be at least 0 (got ", g.synch_freq, ")"));
   if (g.localsgd_frequency < 1)
