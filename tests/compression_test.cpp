@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -71,8 +72,9 @@ TEST(Compression, EveryStrategyGivesTheSameBitsWithCompressedGradients) {
 
 // int8 packets (src/parallel/int8_wire.hpp): what arrives and what stays
 // behind add up to g + e bit for bit, every block's scale is its max |v| /
-// 127, codes stay in [-127, 127], a block with a non-finite value arrives
-// as NaN and leaves no residual, and an all-zero block sends zeros.
+// 127, codes stay in [-127, 127], a non-finite value arrives as NaN and
+// leaves no residual while the rest of its block arrives as it would have,
+// and an all-zero block sends zeros.
 TEST(Compression, Int8PacketsKeepWhatTheyLoseExactly) {
   using parallel::detail::int8_pack;
   using parallel::detail::int8_packet_bytes;
@@ -119,15 +121,35 @@ TEST(Compression, Int8PacketsKeepWhatTheyLoseExactly) {
     int8_unpack(packet.data(), n, twice.data(), true);
     for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(twice[i], got[i] + got[i]);
   }
-  // A non-finite value: its block arrives as NaN and keeps no residual; the others are untouched.
-  std::vector<float> g(2 * kInt8Block, 1.0f), e(2 * kInt8Block, 0.5f);
+  // Non-finite values arrive as NaN and keep no residual; their blocks'
+  // other values (the scale is the finite ones') arrive as without them,
+  // and an all-non-finite block sends NaN alone.
+  std::vector<float> g(3 * kInt8Block, 1.0f), e(3 * kInt8Block, 0.5f);
   g[3] = std::numeric_limits<float>::infinity();
+  g[kInt8Block + 9] = std::numeric_limits<float>::quiet_NaN();
+  g[kInt8Block + 10] = -std::numeric_limits<float>::infinity();
+  std::fill(g.begin() + 2 * kInt8Block, g.end(), std::numeric_limits<float>::quiet_NaN());
   std::vector<char> packet(int8_packet_bytes(g.size()));
   int8_pack(g.data(), e.data(), g.size(), packet.data());
-  std::vector<float> got(g.size());
+  std::vector<float> got(g.size(), 7.0f);
   int8_unpack(packet.data(), g.size(), got.data(), false);
-  for (std::size_t i = 0; i < kInt8Block; ++i) EXPECT_TRUE(std::isnan(got[i]) && e[i] == 0.0f) << i;
-  for (std::size_t i = kInt8Block; i < g.size(); ++i) EXPECT_EQ(got[i], 1.5f) << i;  // 127 * (1.5 / 127)
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    const bool bad = !std::isfinite(g[i]);
+    EXPECT_EQ(std::isnan(got[i]), bad) << i;
+    EXPECT_EQ(e[i], 0.0f) << i;  // 1.5 sent exactly (127 * (1.5 / 127)), or dropped
+    if (!bad) {
+      EXPECT_EQ(got[i], 1.5f) << i;
+    }
+  }
+  std::vector<float> sum(g.size(), 1.0f);  // added: NaN where one was sent, the sum elsewhere
+  int8_unpack(packet.data(), g.size(), sum.data(), true);
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    if (std::isfinite(g[i])) {
+      EXPECT_EQ(sum[i], 2.5f) << i;
+    } else {
+      EXPECT_TRUE(std::isnan(sum[i])) << i;
+    }
+  }
   // Without feedback nothing is written back.
   std::vector<float> h(10, 0.25f);
   int8_pack(h.data(), nullptr, h.size(), packet.data());
@@ -254,6 +276,18 @@ TEST(Compression, Int8AndPowerSgdResumeWithTheirErrorFeedback) {
       bare.files = nullptr;
       again.resume = std::make_shared<const checkpoint::Loaded>(bare);
       EXPECT_NE(test_support::run_ranks(3, d, again).param_hash, straight);
+      // One rank's feedback missing, before the last rank's: refused, not dropped.
+      checkpoint::Loaded holed = *saved;
+      for (const std::string& name : t.names())
+        if (name.rfind("feedback.1.", 0) != 0) holed.wholes[name] = {*t.shape(name), t.whole(name)};
+      holed.files = nullptr;
+      again.resume = std::make_shared<const checkpoint::Loaded>(holed);
+      try {
+        (void)test_support::run_ranks(3, d, again);
+        ADD_FAILURE() << "a checkpoint without rank 1's error feedback was resumed";
+      } catch (const InvalidInput& e) {
+        EXPECT_STREQ(e.what(), "the checkpoint has error feedback for rank 2 but none for rank 1");
+      }
       // Loaded at 2 ranks under the other strategy and saved again at once: the same total.
       std::vector<checkpoint::Piece> pieces;
       std::mutex m;
@@ -308,6 +342,69 @@ TEST(Compression, Int8GathersSendAQuarterOfZero3sParameterBytes) {
   }
 }
 
+// A non-finite gradient (a step that cannot be taken) stays in its step:
+// with int8 and PowerSGD, under ddp, zero1 and zero2, the steps after it
+// reduce finite gradients again -- no NaN stays in the padding that
+// backward never writes, in a residual or in PowerSGD's warm start. The
+// NaN sits at the end of a unit, in the block that holds its padding.
+TEST(Compression, ANonFiniteGradientStaysInItsStep) {
+  auto model = models::make_model("mlp", 20, 5, {24, 40, 8});
+  const parallel::FlatLayout flat = parallel::flat_layout(*model);
+  const std::vector<float> initial(flat.elements, 0.25f);
+  for (const GradCompression c : {GradCompression::int8, GradCompression::powersgd})
+    for (const char* strategy : {"ddp", "zero1", "zero2"}) {
+      SCOPED_TRACE(testing::Message() << strategy << " " << parallel::name_of(c));
+      parallel::StrategyOptions o;
+      o.bucket_elements = 300;
+      o.grad_compression = c;
+      o.powersgd_warmup = 0;
+      std::vector<int> bad_steps[2], bad_feedback[2];  // per rank: the steps with a non-finite gradient, feedback
+      spawn(2, [&](Communicator& comm) {
+        auto s = parallel::make_strategy(strategy, comm, flat, initial, {"sgd", {{"lr", 0.01}}}, o);
+        const auto& layout = s->layout();
+        std::mt19937 gen(static_cast<unsigned>(comm.rank()));
+        std::normal_distribution<float> normal;
+        for (int step = 0; step < 4; ++step) {
+          for (std::size_t u = layout.units().size(); u-- > 0;) {  // backward's order
+            std::span<float> g = s->access().grads(u);
+            std::fill(g.begin(), g.end(), 0.0f);
+            std::size_t first = g.size(), last = 0;
+            for (std::size_t p = 0; p < layout.params().size(); ++p) {
+              if (layout.unit_of(p) != u) continue;
+              const std::size_t at = layout.padded_offset(p) - layout.units()[u].padded_offset;
+              for (std::size_t i = 0; i < layout.params()[p].numel(); ++i) g[at + i] = normal(gen);
+              first = std::min(first, at);
+              last = at + layout.params()[p].numel() - 1;
+            }
+            if (step == 1 && comm.rank() == 1)  // in a weight (PowerSGD's factors) and in a bias
+              g[first] = g[last] = std::numeric_limits<float>::quiet_NaN();
+            s->access().grads_done(u);
+          }
+          bool bad = false;
+          s->step([&](Optimizer& opt, const parallel::GradShard&) {
+            for (std::size_t i = 0; i < opt.num_params(); ++i) {
+              const TensorView& t = opt.param(i).grad;
+              for (std::int64_t k = 0; k < t.numel(); ++k) bad = bad || !std::isfinite(t.as<float>()[k]);
+            }
+          });
+          if (bad) bad_steps[comm.rank()].push_back(step);
+          const parallel::Strategy::Feedback f = s->feedback();
+          auto finite = [](std::span<const float> v) {
+            return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+          };
+          bool fed = finite(f.residual) && finite(f.sums);
+          for (const auto& q : f.factors) fed = fed && finite(q.q);
+          if (!fed) bad_feedback[comm.rank()].push_back(step);
+        }
+      });
+      // Each rank owns a NaN (the first elements are rank 0's, the last rank 1's).
+      for (int r : {0, 1}) {
+        EXPECT_EQ(bad_steps[r], std::vector<int>{1}) << "rank " << r;
+        EXPECT_EQ(bad_feedback[r], std::vector<int>{}) << "rank " << r;
+      }
+    }
+}
+
 TEST(Compression, WhatCannotBeCompressedIsRefusedInOneLine) {
   const data::Split d = data::make_synthetic_classification(20, 5, 64, 16, 3);
   auto refusal = [&](train::TrainConfig c) -> std::string {
@@ -348,6 +445,13 @@ TEST(Compression, WhatCannotBeCompressedIsRefusedInOneLine) {
                        "compression)"),
             std::string::npos)
       << tiled;
+  for (const GradCompression fed : {GradCompression::int8, GradCompression::powersgd}) {
+    c = config("adamw", "ddp", fed);
+    c.loss_scale = GradScalerOptions{};
+    EXPECT_EQ(refusal(c), std::string("--loss-scale with --grad-compression ") + parallel::name_of(fed).data() +
+                              ": its error feedback is kept in the gradient's units, which a loss scale changes; "
+                              "compressed gradients are f32 and need no loss scale");
+  }
   EXPECT_EQ(parallel::parse_grad_compression("int2"), std::nullopt);
   EXPECT_EQ(parallel::grad_compression_names(), "none, bf16, fp16, int8, powersgd");
 }

@@ -246,12 +246,14 @@ TEST(PowerSgd, TheReductionsBytesAreTheTheorys) {
 TEST(PowerSgd, BadOptionsAreOneLine) {
   const data::Split d = data::make_synthetic_classification(20, 5, 64, 16, 3);
   train::TrainConfig c = config("zero1", GradCompression::powersgd, 0);
-  c.parallel.powersgd_rank = 0;
-  try {
-    test_support::run_ranks(2, d, c);
-    ADD_FAILURE() << "rank 0 accepted";
-  } catch (const InvalidInput& e) {
-    EXPECT_STREQ(e.what(), "--powersgd-rank must be at least 1 (got 0)");
+  for (const int rank : {0, -3, 65536}) {  // 65536: past the 16 bits the ranks compare
+    c.parallel.powersgd_rank = rank;
+    try {
+      test_support::run_ranks(2, d, c);
+      ADD_FAILURE() << "rank " << rank << " accepted";
+    } catch (const InvalidInput& e) {
+      EXPECT_EQ(e.what(), "--powersgd-rank must be in [1, 65535] (got " + std::to_string(rank) + ")");
+    }
   }
   EXPECT_EQ(parallel::parse_grad_compression("powersgd"), GradCompression::powersgd);
 }

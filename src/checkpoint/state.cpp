@@ -150,6 +150,7 @@ std::string load_feedback(parallel::Strategy& s, const TensorSource& source, int
   const auto& params = layout.params();
   const std::vector<std::string> names = source.names_under("feedback.");
   const auto index = slot_index(layout);
+  int saved_world = 0;  // 1 + the highest rank with feedback saved
   for (const std::string& name : names) {
     const std::string rest = name.substr(std::string_view("feedback.").size());
     const std::size_t dot = rest.find('.');
@@ -161,6 +162,7 @@ std::string load_feedback(parallel::Strategy& s, const TensorSource& source, int
       throw InvalidInput(str("the checkpoint's ", name,
                              " is no parameter's error feedback (feedback.<rank>.<param>, feedback.sums.<param> or "
                              "feedback.q.<param>)"));
+    if (who != "sums" && who != "q") saved_world = std::max(saved_world, std::stoi(who) + 1);
   }
   const parallel::Strategy::Feedback f = s.feedback();
   std::fill(f.residual.begin(), f.residual.end(), 0.0f);
@@ -189,8 +191,9 @@ std::string load_feedback(parallel::Strategy& s, const TensorSource& source, int
     }
     return any;
   };
-  int saved_world = 0;
-  while (saved(str("feedback.", saved_world, "."))) ++saved_world;
+  for (int r = 0; r < saved_world; ++r)  // every rank's, or what the ranks owe in total is lost
+    if (!saved(str("feedback.", r, ".")))
+      throw InvalidInput(str("the checkpoint has error feedback for rank ", saved_world - 1, " but none for rank ", r));
   std::vector<float> values;
   auto add_whole = [&](const std::string& prefix) {  // every parameter whole, added to the residual
     for (std::size_t p = 0; p < params.size(); ++p) {

@@ -3,7 +3,9 @@
 #include "engine.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "distopt/core/error.hpp"
 #include "int8_wire.hpp"
@@ -154,8 +156,8 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
   std::vector<float>().swap(values);
   grads_ = Held(meter_, Meter::grads, (holding.grads ? shard : padded) * es_, 1);
   if (compression_ == GradCompression::powersgd) {
-    if (a.options.powersgd_rank < 1)
-      throw InvalidInput(str("--powersgd-rank must be at least 1 (got ", a.options.powersgd_rank, ")"));
+    if (a.options.powersgd_rank < 1 || a.options.powersgd_rank > 65535)  // 16 bits in the agreement check
+      throw InvalidInput(str("--powersgd-rank must be in [1, 65535] (got ", a.options.powersgd_rank, ")"));
     powersgd_ = std::make_unique<PowerSgd>(layout_, a.options.powersgd_rank);
     powersgd_warmup_ = a.options.powersgd_warmup;
   }
@@ -409,9 +411,8 @@ void Engine::reduce_scatter_on_wire(InFlight& f, std::size_t b, const char* g) {
     const auto& bk = layout_.buckets()[b];
     for (std::size_t u = bk.first; u < bk.last; ++u) {
       const auto& unit = layout_.units()[u];
-      const std::size_t to = info_.sharded_grads ? unit.shard_offset : unit.padded_offset + rank_ * unit.shard;
       to_f32(wire_dtype_, w + (unit.padded_offset - bk.padded_offset + rank_ * unit.shard) * wire_es_,
-             reinterpret_cast<float*>(grads_.bytes() + to * es_), unit.shard);
+             reinterpret_cast<float*>(grads_.bytes() + own_grad_offset(unit) * es_), unit.shard);
     }
   };
 }
@@ -447,7 +448,7 @@ void Engine::land_int8(std::size_t b, const char* received) {
   for (std::size_t u = bucket.first; u < bucket.last; ++u) {
     const auto& unit = layout_.units()[u];
     const std::size_t packet = int8_packet_bytes(unit.shard);
-    float* sum = grads + (info_.sharded_grads ? unit.shard_offset : unit.padded_offset + rank_ * unit.shard);
+    float* sum = grads + own_grad_offset(unit);
     for (std::size_t s = 0; s < n; ++s) int8_unpack(received + at + s * packet, unit.shard, sum, s > 0);
     at += n * packet;
   }
@@ -541,9 +542,19 @@ void Engine::land_powersgd(std::size_t b, float* reduced) {
       continue;
     }
     outer(p, qk, to, m.rows, m.cols, m.rank);
+    // What this rank still owes, and the next step's warm start. A
+    // non-finite gradient (the step will not be taken) must not stay in
+    // either: its residual is dropped, and Q -- the ranks' sum, so every
+    // rank decides alike -- keeps its last finite value.
     float* mat = residual + at;
-    for (std::size_t i = 0; i < count; ++i) mat[i] = mat[i] - to[i] / n;  // what this rank still owes
-    std::copy_n(qk, m.cols * m.rank, q + m.q_at);                         // the next step's warm start
+    bool finite = true;
+    for (std::size_t i = 0; i < count; ++i) {
+      mat[i] = mat[i] - to[i] / n;
+      finite = finite && std::fabs(mat[i]) <= std::numeric_limits<float>::max();
+    }
+    if (!finite) std::fill_n(mat, count, 0.0f);
+    const std::size_t qn = m.cols * m.rank;
+    if (std::all_of(qk, qk + qn, [](float x) { return std::isfinite(x); })) std::copy_n(qk, qn, q + m.q_at);
     p += m.rows * m.rank;
     qk += m.cols * m.rank;
   }

@@ -211,6 +211,11 @@ class Engine : public StrategyCore {
   // Bucket b's reduced fp32 gradient (padded bucket layout) into the
   // rank's gradients: all of it, or its shard of each unit (zero2, zero3).
   void deliver(std::size_t b, const float* reduced);
+  // Where the rank's shard of unit u's gradient lives in grads_: the shard
+  // buffer (zero2, zero3) or its region of the padded buffer.
+  std::size_t own_grad_offset(const ShardLayout::Unit& unit) const {
+    return info_.sharded_grads ? unit.shard_offset : unit.padded_offset + rank_ * unit.shard;
+  }
 
   DType dtype_;
   ElemType type_;

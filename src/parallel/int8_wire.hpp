@@ -6,11 +6,12 @@
 // A piece of n gradient elements travels as a packet: one fp32 scale per
 // block of kInt8Block elements, then the codes, one int8 each, padded to a
 // multiple of four bytes so that packets laid end to end keep their scales
-// aligned. A block's scale is max |v| / 127 over its values v; a value's
-// code is v / scale rounded to the nearest integer (ties to even), its
-// value on arrival code * scale. A block with a non-finite value gets a NaN
-// scale, so the sum it reaches is NaN (the loss scaler's overflow check
-// sees it) and its residual is dropped.
+// aligned. A block's scale is max |v| / 127 over its finite values v; a
+// value's code is v / scale rounded to the nearest integer (ties to even),
+// its value on arrival code * scale. A non-finite value travels as the
+// code -128 and arrives as NaN, so the sum it reaches is NaN (the loss
+// scaler's overflow check sees it) while its block's other values arrive
+// as they would have (padding stays zero); it leaves no residual.
 //
 // Error feedback: v = g + e, where e is what quantizing the last step's v
 // lost, and the new e = v - code * scale. The subtraction is exact (the

@@ -68,6 +68,15 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
       throw InvalidInput(str("--growth-factor must be finite (got ", c.loss_scale->growth_factor, ")"));
     if (!(c.loss_scale->backoff_factor > 0))
       throw InvalidInput(str("--backoff-factor must be in (0, 1) (got ", c.loss_scale->backoff_factor, ")"));
+    // int8 and PowerSGD carry what they could not send into the next step,
+    // in the units of the gradient they saw: a scale that changes (or a
+    // skipped step, whose sum is discarded) would leave the residual in
+    // the wrong units. They compress f32 gradients, which need no scale.
+    const parallel::GradCompression gc = c.parallel.grad_compression;
+    if (gc == parallel::GradCompression::int8 || gc == parallel::GradCompression::powersgd)
+      throw InvalidInput(str("--loss-scale with --grad-compression ", parallel::name_of(gc),
+                             ": its error feedback is kept in the gradient's units, which a loss scale changes; "
+                             "compressed gradients are f32 and need no loss scale"));
   }
 }
 
