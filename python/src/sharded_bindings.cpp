@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../src/parallel/int8_wire.hpp"  // the engine's packets, for the DDP hook
 #include "bindings.hpp"
 #include "distopt/comm/communicator.hpp"
 #include "distopt/comm/launch_env.hpp"
@@ -192,6 +193,26 @@ void bind_sharded(py::module_& m) {
         py::gil_scoped_release release;
         c.barrier();
       });
+  // int8 packets with error feedback (src/parallel/int8_wire.hpp), for
+  // distopt.torch.ddp_comm_hooks: pointers to contiguous CPU tensors the
+  // caller has checked (fp32 values, uint8 packets of int8_packet_bytes(n)).
+  m.def("int8_packet_bytes", &parallel::detail::int8_packet_bytes, py::arg("n"));
+  m.def(
+      "int8_pack",
+      [](std::uintptr_t g, std::uintptr_t e, std::size_t n, std::uintptr_t out) {
+        py::gil_scoped_release release;
+        parallel::detail::int8_pack(static_cast<const float*>(at(g)), static_cast<float*>(at(e)), n,
+                                    static_cast<char*>(at(out)));
+      },
+      py::arg("values"), py::arg("residual"), py::arg("n"), py::arg("packet"),
+      "n values (+ the residual, 0: none) into a packet; the residual becomes what it lost");
+  m.def(
+      "int8_unpack",
+      [](std::uintptr_t in, std::size_t n, std::uintptr_t acc, bool add) {
+        py::gil_scoped_release release;
+        parallel::detail::int8_unpack(static_cast<const char*>(at(in)), n, static_cast<float*>(at(acc)), add);
+      },
+      py::arg("packet"), py::arg("n"), py::arg("to"), py::arg("add"));
   m.def("mpi_world", &mpi_world, "distopt's MPI communicator over MPI_COMM_WORLD (under mpirun)");
   m.def("mpi_finalize", &mpi_finalize, "finalizes MPI (atexit)");
   m.def("mpi_built", [] {
