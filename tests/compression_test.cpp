@@ -157,6 +157,83 @@ TEST(Compression, Int8PacketsKeepWhatTheyLoseExactly) {
   EXPECT_EQ(got[0], 0.25f);
 }
 
+// The packer, vectorized, gives bit for bit the packets and residuals of
+// the format written out the plain way (docs/sharding.md): a scale of max
+// |v| / 127 over the finite values, std::nearbyint's codes clamped to
+// [-127, 127], -128 for a non-finite value, e = v - code * scale -- on
+// values that probe the corners: exact halves (ties to even), ±0,
+// subnormal blocks, quotients just past 127, tails of every length.
+TEST(Compression, Int8PackingIsThePlainFormatBitForBit) {
+  using parallel::detail::int8_pack;
+  using parallel::detail::int8_packet_bytes;
+  using parallel::detail::kInt8Block;
+  auto plain = [](const std::vector<float>& g, std::vector<float>& e, std::vector<char>& out) {
+    const std::size_t n = g.size(), blocks = (n + kInt8Block - 1) / kInt8Block;
+    out.assign(int8_packet_bytes(n), 0);
+    for (std::size_t b = 0; b < blocks; ++b) {
+      const std::size_t at = b * kInt8Block, m = std::min(kInt8Block, n - at);
+      std::vector<float> v(m);
+      float amax = 0.0f;
+      for (std::size_t i = 0; i < m; ++i) {
+        v[i] = g[at + i] + e[at + i];
+        if (std::isfinite(v[i])) amax = std::max(amax, std::fabs(v[i]));
+      }
+      const float scale = amax / 127.0f;
+      std::memcpy(out.data() + b * 4, &scale, 4);
+      for (std::size_t i = 0; i < m; ++i) {
+        auto& code = reinterpret_cast<std::int8_t&>(out[blocks * 4 + at + i]);
+        if (!std::isfinite(v[i])) {
+          code = -128;
+          e[at + i] = 0.0f;
+        } else if (scale > 0.0f) {
+          const float q = std::clamp(std::nearbyint(v[i] / scale), -127.0f, 127.0f);
+          code = static_cast<std::int8_t>(q);
+          e[at + i] = v[i] - q * scale;
+        } else {
+          code = 0;
+          e[at + i] = v[i];
+        }
+      }
+    }
+  };
+  std::mt19937 gen(9);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> kind(0, 9);
+  for (int round = 0; round < 40; ++round) {
+    const std::size_t n = 1 + static_cast<std::size_t>(gen() % 1100);
+    std::vector<float> g(n), e(n);
+    const float unit = round % 5 == 0 ? 1e-41f : std::exp2(static_cast<float>(round % 30) - 15.0f);
+    for (std::size_t i = 0; i < n; ++i) {
+      switch (kind(gen)) {
+        case 0:
+          g[i] = 0.0f, e[i] = 0.0f;
+          break;
+        case 1:
+          g[i] = -0.0f, e[i] = -0.0f;
+          break;
+        case 2:
+          g[i] = unit * (static_cast<float>(gen() % 255) - 127.0f) / 2.0f, e[i] = 0.0f;
+          break;  // halves
+        case 3:
+          g[i] = unit * 127.0f * (gen() % 2 ? 1.0f : -1.0f), e[i] = 0.0f;
+          break;  // the block's max
+        case 4:
+          g[i] = std::nextafter(unit * 127.0f, 0.0f), e[i] = 0.0f;
+          break;
+        default:
+          g[i] = unit * normal(gen), e[i] = unit * 1e-3f * normal(gen);
+      }
+    }
+    if (round % 7 == 3) g[n / 2] = std::numeric_limits<float>::infinity();
+    std::vector<float> e_plain = e;
+    std::vector<char> want, got(int8_packet_bytes(n));
+    plain(g, e_plain, want);
+    int8_pack(g.data(), e.data(), n, got.data());
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0) << "round " << round << ", n " << n;
+    ASSERT_EQ(std::memcmp(e.data(), e_plain.data(), n * sizeof(float)), 0) << "round " << round << ", n " << n;
+  }
+}
+
 // int8: zero1, zero2 and zero3 send the same packets and sum them in the
 // same order, so they give each other's bits at every world size; ddp
 // packs its sums once more, so it differs from them beyond world 1 (at

@@ -20,11 +20,26 @@ from distopt.torch import ddp_comm_hooks
 torch.set_num_threads(1)
 
 
+class WithUnused(torch.nn.Module):
+    """The model and a layer its forward never uses."""
+
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+        self.unused = torch.nn.Linear(5, 5)
+
+    def forward(self, x):
+        return self.body(x)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--gloo", action="store_true")
+    ap.add_argument("--gloo", action="store_true", help="what the tests' launcher passes (the group is gloo's)")
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--find-unused", action="store_true",
+                    help="DDP's find_unused_parameters, with a layer forward never uses (DDP then all-reduces its "
+                    "map of used parameters during backward, beside the hook's collectives)")
     a = ap.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -33,7 +48,9 @@ def main():
                                 torch.nn.Linear(1001, 77), torch.nn.ReLU(), torch.nn.Linear(77, 5))
     # Buckets of about 64K elements once DDP rebuilds them (its first holds
     # 1 MB): several, of uneven sizes.
-    ddp = DDP(model, bucket_cap_mb=0.25)
+    if a.find_unused:
+        model = WithUnused(model)
+    ddp = DDP(model, bucket_cap_mb=0.25, find_unused_parameters=a.find_unused)
     state = ddp_comm_hooks.Int8State()
     records = []
 

@@ -35,9 +35,11 @@ def same_bits(a, b):
     return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_int8_hook_is_the_two_phase_int8_reduction(tmp_path, world):
-    out = run_worker(WORKER, str(tmp_path), "gloo", world)
+@pytest.mark.parametrize("world,find_unused", [(2, False), (3, False), (2, True)])
+def test_int8_hook_is_the_two_phase_int8_reduction(tmp_path, world, find_unused):
+    """find_unused: DDP all-reduces its map of used parameters during
+    backward, on its group, while the hook's phases run on the state's own."""
+    out = run_worker(WORKER, str(tmp_path), "gloo", world, *(["--find-unused"] if find_unused else []))
     ranks = [torch.load(f"{out}.{r}") for r in range(world)]
     for r in range(1, world):
         for p, q in zip(ranks[0]["params"], ranks[r]["params"]):

@@ -156,7 +156,7 @@ std::string load_feedback(parallel::Strategy& s, const TensorSource& source, int
     const std::size_t dot = rest.find('.');
     const std::string who = rest.substr(0, dot);
     const bool known_kind = who == "sums" || who == "q" ||
-                            (!who.empty() && who.size() < 10 &&
+                            (!who.empty() && who.size() < 10 && (who.size() == 1 || who[0] != '0') &&
                              std::all_of(who.begin(), who.end(), [](char c) { return c >= '0' && c <= '9'; }));
     if (dot == std::string::npos || !known_kind || !index.contains(rest.substr(dot + 1)))
       throw InvalidInput(str("the checkpoint's ", name,

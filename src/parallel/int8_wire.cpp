@@ -18,13 +18,14 @@ constexpr std::int8_t kNonFinite = -128;  // a code no finite value gets
 
 // x rounded to the nearest integer, ties to even, for |x| < 2^22: adding
 // 1.5 * 2^23 leaves no fraction bits, so the sum is rounded in the current
-// (round-to-nearest-even) mode, and the subtraction is exact. The same
-// value as std::nearbyint, in a form the compiler vectorizes (this file
-// is built without floating-point contraction, so the pair stays two
+// (round-to-nearest-even) mode, and the subtraction is exact; x's sign
+// goes back on (a zero comes out +0). The same value as std::nearbyint,
+// sign of zero included, in a form the compiler vectorizes (this file is
+// built without floating-point contraction, so the pair stays two
 // operations).
 inline float round_even(float x) {
   constexpr float magic = 12582912.0f;
-  return (x + magic) - magic;
+  return std::copysign((x + magic) - magic, x);
 }
 }  // namespace
 

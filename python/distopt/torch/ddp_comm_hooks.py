@@ -28,6 +28,7 @@ torch's ``powerSGD_hook`` does before ``start_powerSGD_iter``.
 
 import queue
 import threading
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -40,8 +41,16 @@ __all__ = ["Int8State", "int8_hook"]
 class Int8State:
     """What ``int8_hook`` keeps between iterations: the process group
     (None: the default group), the residuals of every bucket (each rank's
-    of its packets, the owners' of their sums) and the iteration count.
-    Pass it to ``register_comm_hook`` with the hook."""
+    of its packets, the owners' of their sums, with the bucket's parameter
+    shapes) and the iteration count. Pass it to ``register_comm_hook`` with
+    the hook.
+
+    The compressed phases run on a group of their own, made here over the
+    group's ranks (``dist.new_group``: every process of the job constructs
+    its state, in the same order as its other groups), so that they cannot
+    interleave with DDP's own collectives on the group (with
+    ``find_unused_parameters=True`` DDP all-reduces its map of used
+    parameters during backward)."""
 
     def __init__(self, process_group=None, start_iter=2):
         if isinstance(start_iter, bool) or not isinstance(start_iter, int) or start_iter < 2:
@@ -50,20 +59,32 @@ class Int8State:
         self.process_group = process_group
         self.start_iter = start_iter
         self.iter = 0
-        self.residuals = {}  # bucket index -> (this rank's residual [n * shard], the owner's of its sums [shard])
+        self.residuals = {}  # bucket index -> (parameter shapes, this rank's residual [n * shard], the owner's [shard])
+        self._private = _private_group(process_group)
         self._jobs = None  # the buckets for the state's thread, started with the first compressed one
+        self._failed = None  # the first bucket's failure: the state communicates no more
 
-    def __getstate__(self):  # the group and the thread cannot travel
-        return {k: v for k, v in self.__dict__.items() if k not in ("process_group", "_jobs")}
+    def __getstate__(self):  # the groups, the thread and a failure do not travel
+        return {k: v for k, v in self.__dict__.items() if k not in ("process_group", "_private", "_jobs", "_failed")}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        warnings.warn("Int8State restored: it runs on the default process group (a group cannot be pickled)")
         self.process_group = None
+        self._private = _private_group(None)
         self._jobs = None
+        self._failed = None
 
     def __del__(self):
         if getattr(self, "_jobs", None) is not None:
             self._jobs.put(None)
+
+
+def _private_group(group):
+    if not dist.is_initialized():
+        raise RuntimeError("Int8State needs torch.distributed initialized (init_process_group) before it is made")
+    ranks = None if group is None else dist.get_process_group_ranks(group)
+    return dist.new_group(ranks=ranks, backend=dist.get_backend(group))
 
 
 def _pack(values, residual, shard, out):
@@ -74,29 +95,44 @@ def _unpack(packet, shard, to, add):
     _core.int8_unpack(packet.data_ptr(), shard, to.data_ptr(), add)
 
 
-def _serve(jobs):
+def _serve(state, jobs):
     """The state's thread: each bucket's two phases, in the order DDP
-    handed the buckets over (the same on every rank)."""
+    handed the buckets over (the same on every rank). After a failure the
+    buckets still queued fail without communicating (the other ranks may
+    not come), and so does every later one."""
     while True:
         job = jobs.get()
         if job is None:
             return
         fut, work = job
         try:
-            fut.set_result(work())
+            if state._failed is not None:
+                raise RuntimeError(f"int8_hook: an earlier bucket failed ({state._failed}); the state communicates no "
+                                   "more")
+            result = work()
         except BaseException as e:  # noqa: B902 -- DDP's backward raises it
-            fut.set_exception(e)
+            if state._failed is None:
+                state._failed = e
+            try:
+                fut.set_exception(e)
+            except Exception:  # noqa: BLE001 -- a future already done: the thread must go on
+                pass
+            continue
+        try:
+            fut.set_result(result)
+        except Exception:  # noqa: BLE001
+            pass
 
 
-def _reduce(state, group, n, g, index):
+def _reduce(state, group, n, g, index, shapes):
     """Bucket `index`'s gradient g, in place: the two int8 phases."""
     size = g.numel()
     shard = -(-size // n)
     packet = _core.int8_packet_bytes(shard)
-    mine, sums = state.residuals.get(index, (None, None))
-    if mine is None or mine.numel() != n * shard:
+    kept, mine, sums = state.residuals.get(index, (None, None, None))
+    if kept != shapes:  # a new bucket (or one rebuilt with other parameters): nothing owed yet
         mine, sums = torch.zeros(n * shard), torch.zeros(shard)
-        state.residuals[index] = (mine, sums)
+        state.residuals[index] = (shapes, mine, sums)
     v = torch.zeros(n * shard)
     torch.div(g, n, out=v[:size])
     out = torch.empty(n * packet, dtype=torch.uint8)
@@ -138,10 +174,12 @@ def int8_hook(state, bucket):
     # they would reach the ranks in different orders. One thread per state
     # runs the buckets one after another, in DDP's order, while backward
     # goes on.
+    if state._failed is not None:
+        raise RuntimeError(f"int8_hook: an earlier bucket failed ({state._failed}); the state communicates no more")
     if state._jobs is None:
         state._jobs = queue.SimpleQueue()
-        threading.Thread(target=_serve, args=(state._jobs,), daemon=True, name="distopt-int8-hook").start()
+        threading.Thread(target=_serve, args=(state, state._jobs), daemon=True, name="distopt-int8-hook").start()
     fut = torch.futures.Future()
-    index = bucket.index()
-    state._jobs.put((fut, lambda: _reduce(state, group, n, g, index)))
+    index, shapes = bucket.index(), [tuple(p.shape) for p in bucket.parameters()]
+    state._jobs.put((fut, lambda: _reduce(state, state._private, n, g, index, shapes)))
     return fut
