@@ -11,28 +11,16 @@ import pytest
 import torch
 
 from distopt.torch import ddp_comm_hooks
-from test_sharded import run_worker
+from test_sharded import int8_packets, run_worker, same_bits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "ddp_hook_worker.py")
 
 
 def packets(v):
-    """What an int8 packet delivers of v (a shard): blocks of 256 scaled by
-    max |v| / 127, codes rounded half to even (docs/sharding.md); and what
-    it lost."""
-    got = torch.zeros_like(v)
-    for b in range(0, v.numel(), 256):
-        block = v[b:b + 256]
-        scale = block.abs().max() / 127
-        if scale > 0:
-            code = torch.clamp(torch.round(block / scale), -127, 127) + 0.0  # an int8 code has no -0
-            got[b:b + 256] = code * scale
+    """What an int8 packet delivers of v (a shard), and what it lost."""
+    got = int8_packets(v)
     return got, v - got
-
-
-def same_bits(a, b):
-    return a.shape == b.shape and torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
 @pytest.mark.parametrize("world,find_unused", [(2, False), (3, False), (2, True)])

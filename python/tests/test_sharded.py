@@ -320,7 +320,8 @@ def int8_packets(v):
         block = v[b:b + 256]
         scale = block.abs().max() / 127
         if scale > 0:
-            out[b:b + 256] = torch.clamp(torch.round(block / scale), -127, 127) * scale
+            code = torch.clamp(torch.round(block / scale), -127, 127) + 0.0  # an int8 code has no -0
+            out[b:b + 256] = code * scale
     return out
 
 

@@ -44,20 +44,16 @@ void int8_pack(const float* g, float* e, std::size_t n, char* out) {
     // max |v| over the finite values, in eight lanes (max is exact, so the
     // lanes' order does not matter), and whether any value is not finite.
     float lane[8] = {}, bad[8] = {};
+    auto see = [&](float x, std::size_t j) {
+      const float a = std::fabs(x);
+      const bool ok = a <= kMax;  // false for inf and NaN
+      lane[j] = std::max(lane[j], ok ? a : 0.0f);
+      bad[j] = ok ? bad[j] : 1.0f;
+    };
     std::size_t i = 0;
     for (; i + 8 <= m; i += 8)
-      for (std::size_t j = 0; j < 8; ++j) {
-        const float a = std::fabs(v[i + j]);
-        const bool ok = a <= kMax;  // false for inf and NaN
-        lane[j] = std::max(lane[j], ok ? a : 0.0f);
-        bad[j] = ok ? bad[j] : 1.0f;
-      }
-    for (; i < m; ++i) {
-      const float a = std::fabs(v[i]);
-      const bool ok = a <= kMax;
-      lane[0] = std::max(lane[0], ok ? a : 0.0f);
-      bad[0] = ok ? bad[0] : 1.0f;
-    }
+      for (std::size_t j = 0; j < 8; ++j) see(v[i + j], j);
+    for (; i < m; ++i) see(v[i], 0);  // the tail, in lane 0
     const bool finite = std::max({bad[0], bad[1], bad[2], bad[3], bad[4], bad[5], bad[6], bad[7]}) == 0.0f;
     const float amax = std::max({lane[0], lane[1], lane[2], lane[3], lane[4], lane[5], lane[6], lane[7]});
     const float scale = amax / 127.0f;

@@ -95,6 +95,10 @@ def _unpack(packet, shard, to, add):
     _core.int8_unpack(packet.data_ptr(), shard, to.data_ptr(), add)
 
 
+def _failed(state):
+    return RuntimeError(f"int8_hook: an earlier bucket failed ({state._failed}); the state communicates no more")
+
+
 def _serve(state, jobs):
     """The state's thread: each bucket's two phases, in the order DDP
     handed the buckets over (the same on every rank). After a failure the
@@ -107,8 +111,7 @@ def _serve(state, jobs):
         fut, work = job
         try:
             if state._failed is not None:
-                raise RuntimeError(f"int8_hook: an earlier bucket failed ({state._failed}); the state communicates no "
-                                   "more")
+                raise _failed(state)
             result = work()
         except BaseException as e:  # noqa: B902 -- DDP's backward raises it
             if state._failed is None:
@@ -124,8 +127,10 @@ def _serve(state, jobs):
             pass
 
 
-def _reduce(state, group, n, g, index, shapes):
-    """Bucket `index`'s gradient g, in place: the two int8 phases."""
+def _reduce(state, n, g, index, shapes):
+    """Bucket `index`'s gradient g, in place: the two int8 phases, on the
+    state's own group."""
+    group = state._private
     size = g.numel()
     shard = -(-size // n)
     packet = _core.int8_packet_bytes(shard)
@@ -175,11 +180,11 @@ def int8_hook(state, bucket):
     # runs the buckets one after another, in DDP's order, while backward
     # goes on.
     if state._failed is not None:
-        raise RuntimeError(f"int8_hook: an earlier bucket failed ({state._failed}); the state communicates no more")
+        raise _failed(state)
     if state._jobs is None:
         state._jobs = queue.SimpleQueue()
         threading.Thread(target=_serve, args=(state, state._jobs), daemon=True, name="distopt-int8-hook").start()
     fut = torch.futures.Future()
     index, shapes = bucket.index(), [tuple(p.shape) for p in bucket.parameters()]
-    state._jobs.put((fut, lambda: _reduce(state, state._private, n, g, index, shapes)))
+    state._jobs.put((fut, lambda: _reduce(state, n, g, index, shapes)))
     return fut
