@@ -13,7 +13,9 @@
 //                    zero1-3's reduce-scatter) at 2 bytes an element (bf16,
 //                    fp16) or 1 + 4/256 (int8: a code each, a scale per 256);
 //                    powersgd (rank 1, from the first step): two all-reduces
-//                    of the factors and the tensors it sends whole
+//                    of the factors and the tensors it sends whole;
+//                    onebit (1-bit Adam after one step): the moment's signs
+//                    and a scale per 1024 to the owners and back (no zero3)
 //   hidden_fraction  1 - (time the rank thread waited for communication)
 //                    / (time the collectives ran)
 //   peak_bytes       params + grads + master + optimizer state at the peak
@@ -97,6 +99,7 @@ Sample measure(Communicator& comm, const std::string& strategy, const std::strin
   so.bucket_elements = std::max<std::size_t>(1, static_cast<std::size_t>(o.bucket_cap_mb * 1048576.0 / 4));
   so.grad_compression = *parallel::parse_grad_compression(compression);
   so.powersgd_warmup = 0;  // PowerSGD from the first step (its rank: the default)
+  so.onebit_warmup = 1;    // 1-bit Adam frozen after the first (untimed) step
   auto s = parallel::make_strategy(strategy, comm, layout, init, {"adam", {{"lr", 1e-4}}}, so);
   const Piece piece = piece_of(o.batch_size, comm.size(), comm.rank());
   std::vector<float> x(piece.count * 784), y(piece.count);
@@ -145,7 +148,9 @@ std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) 
     // Every (strategy, compression), in rounds.
     std::vector<std::pair<std::string, std::string>> runs;
     for (const auto& c : o.compressions)
-      for (const auto& s : o.strategies) runs.emplace_back(s, c);
+      for (const auto& s : o.strategies)
+        if (c != "onebit" || !parallel::strategy_or_throw(s).sharded_params)  // 1-bit Adam: not zero3
+          runs.emplace_back(s, c);
     std::vector<std::vector<Sample>> samples(runs.size());
     for (int round = 0; round < o.rounds; ++round)
       for (std::size_t k = 0; k < runs.size(); ++k) {
@@ -163,6 +168,8 @@ std::vector<Row> run_world(Communicator& comm, const StrategiesBenchOptions& o) 
       const double grad_psi = info.replicated_params ? info.volume_psi : 1.0;
       const double wire = runs[k].second == "none" ? 4.0 : runs[k].second == "int8" ? 1.0 + 4.0 / 256 : 2.0;
       double volume = (grad_psi * wire + (info.volume_psi - grad_psi) * 4.0) * double(psi) * (n - 1) / n;
+      if (runs[k].second == "onebit")  // signs and a scale per 1024 to the owners and back, every strategy
+        volume = (2 * (1.0 / 8 + 4.0 / 1024) + (info.volume_psi - grad_psi) * 4.0) * double(psi) * (n - 1) / n;
       if (runs[k].second == "powersgd")  // two all-reduces of the factors and the whole tensors, every strategy
         volume = (2 * powersgd_elements(*model, parallel::StrategyOptions{}.powersgd_rank) * 4.0 +
                   (info.volume_psi - grad_psi) * 4.0 * double(psi)) *

@@ -96,6 +96,14 @@ want=$("$bin" "${sv[@]}" --world 3 "${pargs[@]}" --strategy ddp 2>"$tmp/err" | t
 gloo_run powersgd 3 -- "${sv[@]}" "${pargs[@]}" --strategy zero2
 [ "$(statuses powersgd)" = "0 0 0" ] || fail "powersgd: exits $(statuses powersgd): $(cat "$tmp/powersgd"/err.*)"
 [ "$(hash_of "$tmp/powersgd/out.0")" = "$want" ] || fail "powersgd zero2: not the threads backend's powersgd ddp bits"
+# 1-bit Adam (signs to the owners, their sums' signs gathered back; Adam
+# for 2 steps first): zero1 at 3 processes, the threads backend's ddp bits.
+oargs=(--max-steps 12 --optimizer adam --grad-compression onebit --onebit-warmup 2)
+want=$("$bin" "${sv[@]}" --world 3 "${oargs[@]}" --strategy ddp 2>"$tmp/err" | tail -n 1 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["param_hash"])')
+gloo_run onebit 3 -- "${sv[@]}" "${oargs[@]}" --strategy zero1
+[ "$(statuses onebit)" = "0 0 0" ] || fail "onebit: exits $(statuses onebit): $(cat "$tmp/onebit"/err.*)"
+[ "$(hash_of "$tmp/onebit/out.0")" = "$want" ] || fail "onebit zero1: not the threads backend's onebit ddp bits"
 
 # 2. Survivors, ddp: rank 2 of 4 killed (SIGKILL, DISTOPT_FAULT=kill) or
 # stopped (SIGSTOP, stall) after step 5. The three others finish at world 3

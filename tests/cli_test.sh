@@ -90,7 +90,7 @@ fi
   fail "bench strategies: $(tail -n 1 "$tmp/err")"
 expect_error 2 "unknown benchmark model 'resnet'" -- bench strategies --models resnet
 expect_error 2 "unknown strategy 'zero4'" -- bench strategies --strategies zero4
-expect_error 2 "--grad-compression: unknown scheme 'int2' (known: none, bf16, fp16, int8, powersgd)" -- bench strategies \
+expect_error 2 "--grad-compression: unknown scheme 'int2' (known: none, bf16, fp16, int8, powersgd, onebit)" -- bench strategies \
   --grad-compression int2
 
 # bench memory: under one cap on the training process's resident memory,

@@ -191,7 +191,7 @@ assert min(f32[k] for k in (4, 8)) > 100000, f32
 assert all(6 * int4[k] < f32[k] for k in (4, 8)), (int4, f32)
 PY
 expect_error 2 "--param-dtype: unknown dtype 'fp8' (known: f32, bf16, f16)" -- train --param-dtype fp8 --data synthetic
-expect_error 2 "--grad-compression: unknown scheme 'int2' (known: none, bf16, fp16, int8, powersgd)" -- train --grad-compression int2 \
+expect_error 2 "--grad-compression: unknown scheme 'int2' (known: none, bf16, fp16, int8, powersgd, onebit)" -- train --grad-compression int2 \
   --data synthetic
 expect_error 2 "\-\-grad-compression bf16: strategy dpsgd sends no gradients (compression is for ddp and zero1-3" \
   -- train --data synthetic --strategy dpsgd --grad-compression bf16

@@ -530,7 +530,7 @@ TEST(Compression, WhatCannotBeCompressedIsRefusedInOneLine) {
                               "compressed gradients are f32 and need no loss scale");
   }
   EXPECT_EQ(parallel::parse_grad_compression("int2"), std::nullopt);
-  EXPECT_EQ(parallel::grad_compression_names(), "none, bf16, fp16, int8, powersgd");
+  EXPECT_EQ(parallel::grad_compression_names(), "none, bf16, fp16, int8, powersgd, onebit");
 }
 
 }  // namespace

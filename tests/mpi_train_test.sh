@@ -35,11 +35,13 @@ for np in $(worlds 2 4); do
 done
 # Compressed gradients (--grad-compression): under mpirun every strategy
 # gives the threads backend's compressed ddp bits (int8: ddp its own, zero2
-# zero1's on threads; powersgd compressed after 2 steps).
+# zero1's on threads; powersgd compressed after 2 steps, onebit's 1-bit
+# Adam after 2 steps of Adam).
 for np in $(worlds 3); do
-  for c in bf16 fp16 int8 powersgd; do
+  for c in bf16 fp16 int8 powersgd onebit; do
     cargs=(--grad-compression $c --bucket-cap-mb 0.01)
     [ $c = powersgd ] && cargs+=(--powersgd-rank 2 --powersgd-warmup 2)
+    [ $c = onebit ] && cargs+=(--onebit-warmup 2)
     for s in ddp zero2; do
       ref=ddp
       [ $c = int8 ] && [ $s = zero2 ] && ref=zero1

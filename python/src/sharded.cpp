@@ -138,15 +138,19 @@ void set_strategy_options(parallel::StrategyOptions& o, const py::dict& given) {
     else if (key == "powersgd_rank" || key == "powersgd_warmup")
       throw InvalidInput(
           str(key, key == "powersgd_rank" ? " must be in [1, 65535]" : " must be 0 or more", " (got ", n, ")"));
+    else if (key == "onebit_warmup" && n >= 1) o.onebit_warmup = static_cast<std::size_t>(n);
+    else if (key == "onebit_warmup")
+      throw InvalidInput(str("onebit_warmup must be at least 1 step: the variance is frozen after it (got ", n, ")"));
     else if (key == "prefetch_units" && n >= 0) o.prefetch_units = static_cast<int>(n);
     else if (key == "max_live_params" && n >= 0) o.max_live_params = static_cast<std::size_t>(n);
     else if (key == "max_buckets_in_flight" && n >= 1) o.max_buckets_in_flight = static_cast<int>(n);
     else if (key == "prefetch_units" || key == "max_live_params" || key == "max_buckets_in_flight")
       throw InvalidInput(str(key, " must be at least ", key == "max_buckets_in_flight" ? 1 : 0, " (got ", n, ")"));
     else
-      throw InvalidInput(str("unknown strategy option ", key,
-                             " (prefetch_units, max_live_params, "
-                             "max_buckets_in_flight, grad_compression, powersgd_rank, powersgd_warmup, int8_gather)"));
+      throw InvalidInput(
+          str("unknown strategy option ", key,
+              " (prefetch_units, max_live_params, "
+              "max_buckets_in_flight, grad_compression, powersgd_rank, powersgd_warmup, onebit_warmup, int8_gather)"));
   }
 }
 

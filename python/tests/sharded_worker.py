@@ -51,6 +51,7 @@ def main():
                     help="the optimizer's state_dtype; not f32: a model whose first weight keeps quantized state")
     ap.add_argument("--compression", default="none", help="ShardedOptimizer's compression=")
     ap.add_argument("--powersgd-warmup", type=int, default=10, help="ShardedOptimizer's powersgd_warmup=")
+    ap.add_argument("--onebit-warmup", type=int, default=100, help="ShardedOptimizer's onebit_warmup=")
     a = ap.parse_args()
     make = Staged if a.staged else ShardedOptimizer
     if a.gloo:
@@ -66,7 +67,8 @@ def main():
             quantized = a.state_dtype != "f32"
             model = (large(seed=3) if quantized else mlp(seed=3)).to(a.device)
             options = dict(OPTIONS[rule], state_dtype=a.state_dtype) if quantized else OPTIONS[rule]
-            low = {"powersgd_warmup": a.powersgd_warmup} if a.compression == "powersgd" else {}
+            low = {"powersgd_warmup": a.powersgd_warmup} if a.compression == "powersgd" else \
+                {"onebit_warmup": a.onebit_warmup} if a.compression == "onebit" else {}
             opt = make(model.parameters(), rule, strategy, comm=comm, bucket_elements=64,
                        compression=a.compression, **low, **options)
             run = {}

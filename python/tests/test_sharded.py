@@ -7,6 +7,7 @@ torch transport. Each launch (sharded_worker.py) trains adamw, lamb and
 muon under ddp, zero1 and zero2; the tests compare what rank 0 wrote.
 """
 
+import math
 import os
 import shutil
 import socket
@@ -301,6 +302,105 @@ def test_powersgd_gives_every_strategy_the_same_bits_over_gloo(runs, tmp_path):
     for s in ("zero1", "zero2"):
         assert_same_run(low["runs"][f"adamw/{s}"], low["runs"]["adamw/ddp"], f"powersgd {s} vs ddp")
     assert not same_bits(low["runs"]["adamw/ddp"]["params"][0], plain["runs"]["adamw/ddp"]["params"][0])
+
+
+def test_onebit_adam_gives_ddp_zero1_and_zero2_the_same_bits_over_gloo(runs, tmp_path):
+    """compression="onebit" (1-bit Adam): two steps of Adam, then the
+    moments averaged as signs; ddp, zero1 and zero2 agree bit for bit, and
+    differ from the uncompressed run."""
+    plain = runs[("mpi", 2)]
+    low = launch_gloo(str(tmp_path), 2, "--rules", "adamw", "--strategies", "ddp,zero1,zero2", "--compression",
+                      "onebit", "--onebit-warmup", "2")
+    for s in ("zero1", "zero2"):
+        assert_same_run(low["runs"][f"adamw/{s}"], low["runs"]["adamw/ddp"], f"onebit {s} vs ddp")
+    assert not same_bits(low["runs"]["adamw/ddp"]["params"][0], plain["runs"]["adamw/ddp"]["params"][0])
+
+
+def onebit_signs(v):
+    """What 1-bit Adam's packets deliver of the values v (flat), and what
+    they leave behind: blocks of 1024, each value +- the block's scale, 0
+    and -0 going up; the scale the root mean square of the block's finite
+    nonzero magnitudes clipped at 3 times their median (docs/sharding.md)."""
+    out = torch.empty_like(v)
+    for b in range(0, v.numel(), 1024):
+        block = v[b:b + 1024]
+        mags = [abs(x) for x in block.tolist() if x != 0 and math.isfinite(x)]  # float32 values, exactly
+        scale = 0.0
+        if mags:
+            clip = float(torch.tensor(sorted(mags)[len(mags) // 2], dtype=torch.float32) * 3)
+            squares = 0.0
+            for a in mags:  # in index order, as the packer sums
+                squares += min(a, clip) ** 2
+            scale = math.sqrt(squares / len(mags))
+        scale = torch.tensor(scale, dtype=torch.float64).float()
+        out[b:b + 1024] = torch.where(block < 0, -scale, scale)
+    return out, v - out
+
+
+def test_onebit_at_world_one_is_adamw_then_its_frozen_sign_steps():
+    """At one rank 1-bit Adam is distopt's AdamW drop-in for its warm-up,
+    bit for bit; after it, the step a reference written in torch takes from
+    the same gradients: the moment advanced with the gradient, over the
+    frozen step's denominator d, packed with the rank's residual, packed
+    again with the owner's, times d taken as the moment, and the step with
+    the variance and its bias correction of the warm-up's last step;
+    elements whose gradient was 0 through the warm-up held."""
+    torch.manual_seed(0)
+    shapes = [(40, 30), (30,), (1500,)]
+    lr, wd, b1, b2, eps, warm = 1e-2, 1e-2, 0.9, 0.999, 1e-8, 2
+    ps = [torch.randn(s, requires_grad=True) for s in shapes]
+    qs = [p.detach().clone().requires_grad_(True) for p in ps]
+    opt = ShardedOptimizer(ps, "adamw", "ddp", comm=dcomm.single(), compression="onebit", onebit_warmup=warm,
+                           lr=lr, weight_decay=wd)
+    ref = dopt.AdamW(qs, lr=lr, weight_decay=wd)  # torch 1.13's AdamW, bit for bit (test_optim)
+    worker = [torch.zeros(q.numel()) for q in qs]
+    server = [torch.zeros(q.numel()) for q in qs]
+    bc2_sqrt = float(torch.tensor(math.sqrt(1 - b2 ** warm), dtype=torch.float64).float())
+    for step in range(1, 8):
+        grads = [torch.randn(s) for s in shapes]
+        grads[2][:100] = 0  # held after the warm-up: no gradient in it
+        if step > warm:
+            grads[2][:50] = torch.randn(50)  # ... and one after it, which moves nothing
+        opt.zero_grad()
+        sum((p * g).sum() for p, g in zip(ps, grads)).backward()  # each gradient g exactly
+        opt.step()
+        if step <= warm:
+            for q, g in zip(qs, grads):
+                q.grad = g.clone()
+            ref.step()
+        else:
+            with torch.no_grad():
+                for i, (q, g) in enumerate(zip(qs, grads)):
+                    st = ref.state[q]
+                    m, v = st["exp_avg"], st["exp_avg_sq"]
+                    held = (v == 0).flatten()
+                    d = (v.sqrt() / bc2_sqrt + eps).flatten().masked_fill(held, math.inf)
+                    u = (m * b1 + (1 - b1) * g).flatten() / d
+                    sent, worker[i] = onebit_signs(u + worker[i])
+                    worker[i][held] = 0
+                    sent[held] = 0
+                    moment, server[i] = onebit_signs(sent + server[i])
+                    server[i][held] = 0
+                    m.copy_(torch.where(held, torch.zeros(()), moment * d).view_as(m))
+                    st["step"] += 1
+                    t = float(st["step"])
+                    q.mul_(1 - lr * wd)
+                    denom = (v.sqrt() / math.sqrt(1 - b2 ** warm)).add_(eps)
+                    q.addcdiv_(m, denom, value=-(lr / (1 - b1 ** t)))
+        for k, (p, q) in enumerate(zip(ps, qs)):
+            assert same_bits(p.detach(), q.detach()), f"step {step}: parameter {k} differs"
+
+
+def test_onebit_refuses_what_it_cannot_run():
+    p = [torch.zeros(4, 4, requires_grad=True)]
+    with pytest.raises(ValueError, match=r"^onebit_warmup applies to compression='onebit' \(not 'int8'\)$"):
+        ShardedOptimizer(p, "adamw", "ddp", comm=dcomm.single(), compression="int8", onebit_warmup=4)
+    with pytest.raises(ValueError, match=r"^max_grad_norm with compression='onebit'"):
+        ShardedOptimizer(p, "adamw", "ddp", comm=dcomm.single(), compression="onebit", max_grad_norm=1.0)
+    with pytest.raises(ValueError, match=r"1-bit LAMB is not built"):
+        ShardedOptimizer(p, "lamb", "ddp", comm=dcomm.single(), compression="onebit")
+    with pytest.raises(ValueError, match=r"onebit_warmup must be at least 1 step"):
+        ShardedOptimizer(p, "adamw", "zero1", comm=dcomm.single(), compression="onebit", onebit_warmup=0)
 
 
 def test_powersgd_options_apply_to_powersgd_alone():

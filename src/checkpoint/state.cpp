@@ -168,9 +168,10 @@ std::string load_feedback(parallel::Strategy& s, const TensorSource& source, int
   std::fill(f.residual.begin(), f.residual.end(), 0.0f);
   std::fill(f.sums.begin(), f.sums.end(), 0.0f);
   if (f.residual.empty())
-    return names.empty() ? ""
-                         : "resuming without --grad-compression int8 or powersgd: the checkpoint's error feedback is "
-                           "dropped";
+    return names.empty()
+               ? ""
+               : "resuming without --grad-compression int8, powersgd or onebit: the checkpoint's error feedback is "
+                 "dropped";
   // PowerSGD's warm start, where the checkpoint's has this run's rank (else
   // the run's own first draw).
   for (const auto& q : f.factors) {

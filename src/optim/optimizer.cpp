@@ -471,6 +471,11 @@ void Optimizer::step() {
         synchronize_stream(*cuda_stream_);
         break;
       }
+  if (frozen_at_)
+    for (const RuleInfo* rule : group_rules_)
+      if (rule->moment == nullptr)
+        throw PreconditionError(
+            str("a frozen-variance (1-bit) step with rule ", rule->name, ", which has no 1-bit form"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const RuleInfo& rule = *group_rules_[g];
     rule.parse(groups_[g].options, parsed_[g]);
@@ -487,7 +492,11 @@ void Optimizer::step() {
       }
       // The rule advances "step" once: from the group's count before this step.
       if (rule.group_step) state_[i]->scalars[0] = static_cast<float>(group_steps_[g] - 1);
-      rule.prepare(parsed_[g], state_[i]->scalars, fresh, coeffs_[i]);
+      if (frozen_at_) {
+        rule.moment->prepare_frozen(parsed_[g], state_[i]->scalars, *frozen_at_, coeffs_[i]);
+      } else {
+        rule.prepare(parsed_[g], state_[i]->scalars, fresh, coeffs_[i]);
+      }
       active_.push_back(i);
       if (device_ != Device::cpu) continue;  // the device steps whole tensors (step_on_device)
       const auto n = static_cast<std::size_t>(params_[i].value.numel());

@@ -327,6 +327,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
 }
 
 void Optimizer::state_written() {
+  ++state_loads_;
   // Group-counted steps (LAMB) continue from the largest saved step.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     group_steps_[g] = 0;

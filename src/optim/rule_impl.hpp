@@ -291,6 +291,24 @@ RuleInfo make_rule_info() {
   if constexpr (requires { R::kEagerState; }) info.eager_state = R::kEagerState;
   if constexpr (requires { R::kQuantized; })
     std::copy(std::begin(R::kQuantized), std::end(R::kQuantized), info.quantized.begin());
+  if constexpr (requires { R::kMomentState; }) {
+    // R::local_moment(options, m, g, p, out, n), R::variance_state(options),
+    // R::frozen_denominator(options, v, frozen_at, out, n) and
+    // R::prepare_frozen(options, scalars, frozen_at) -> Coeffs.
+    static constexpr MomentForm kForm{
+        R::kMomentState,
+        [](const RuleBlob& parsed, const float* m, const float* g, const float* p, float* out, std::size_t n) {
+          R::local_moment(parsed.as<typename R::Options>(), m, g, p, out, n);
+        },
+        [](const RuleBlob& parsed) { return R::variance_state(parsed.as<typename R::Options>()); },
+        [](const RuleBlob& parsed, const float* v, std::uint64_t frozen_at, float* out, std::size_t n) {
+          R::frozen_denominator(parsed.as<typename R::Options>(), v, frozen_at, out, n);
+        },
+        [](const RuleBlob& parsed, float* scalars, std::uint64_t frozen_at, RuleBlob& coeffs) {
+          coeffs.as<typename R::Coeffs>() = R::prepare_frozen(parsed.as<typename R::Options>(), scalars, frozen_at);
+        }};
+    info.moment = &kForm;
+  }
   info.validate = [](const OptionMap& m) { R::validate(parse_of<R>(m)); };
   info.layout = [](const OptionMap& m) { return R::layout(parse_of<R>(m)); };
   info.init = [](const OptionMap& m, float* fill, float* scalars) {

@@ -35,6 +35,8 @@ class Ddp final : public Engine {
     InFlight f{b, {}, {}};
     if (w == Wire::int8) {
       reduce_int8(f, b, g);
+    } else if (w == Wire::onebit) {
+      reduce_onebit(f, b, g);
     } else if (w == Wire::powersgd) {
       reduce_powersgd(f, b, g);
     } else if (w == Wire::rounded) {  // reduced on the wire's dtype, then back

@@ -9,6 +9,7 @@
 
 #include "distopt/core/error.hpp"
 #include "int8_wire.hpp"
+#include "onebit_wire.hpp"
 
 namespace distopt::parallel::detail {
 
@@ -161,6 +162,34 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
     powersgd_ = std::make_unique<PowerSgd>(layout_, a.options.powersgd_rank);
     powersgd_warmup_ = a.options.powersgd_warmup;
   }
+  if (compression_ == GradCompression::onebit) {
+    if (holding.params)
+      throw InvalidInput(
+          str("--grad-compression onebit runs with ddp, zero1 and zero2: each rank advances the "
+              "whole first moment with its own gradient, which needs the parameters whole (strategy ",
+              info_.name, " shards them)"));
+    if (a.options.onebit_warmup < 1)
+      throw InvalidInput("--onebit-warmup must be at least 1 step: the variance is frozen after the warm-up");
+    onebit_warmup_ = a.options.onebit_warmup;
+    residual_ = Held(meter_, Meter::grads, padded * sizeof(float), 10);
+    sum_residual_ = Held(meter_, Meter::grads, shard * sizeof(float), 11);
+    moment_ = Held(meter_, Meter::grads, padded * sizeof(float), 12);
+    denominator_ = Held(meter_, Meter::grads, padded * sizeof(float), 13);
+    std::memset(residual_.bytes(), 0, residual_.size_bytes());
+    std::memset(sum_residual_.bytes(), 0, sum_residual_.size_bytes());
+    const auto& params = layout_.params();
+    gaps_.resize(layout_.units().size());
+    for (std::size_t u = 0, p = 0; u < layout_.units().size(); ++u) {
+      const auto& unit = layout_.units()[u];
+      std::size_t at = 0;  // unit-local
+      for (; p < params.size() && layout_.unit_of(p) == u; ++p) {
+        const std::size_t begin = layout_.padded_offset(p) - unit.padded_offset;
+        if (begin > at) gaps_[u].emplace_back(at, begin);
+        at = begin + params[p].numel();
+      }
+      if (at < unit.padded) gaps_[u].emplace_back(at, unit.padded);
+    }
+  }
   if (compression_ == GradCompression::int8 || powersgd_) {
     residual_ = Held(meter_, Meter::grads, padded * sizeof(float), 10);
     std::memset(residual_.bytes(), 0, residual_.size_bytes());
@@ -193,6 +222,19 @@ Engine::Engine(const StrategyArgs& a, Holding holding)
     owned_.push_back(views.back().grad);
   }
   optimizer_ = std::make_unique<Optimizer>(spec.name, optimizer_groups(spec, std::move(views)), spec.options);
+  param_group_.resize(optimizer_->num_params());
+  for (std::size_t g = 0; g < optimizer_->num_groups(); ++g) {
+    for (std::size_t i : optimizer_->group(g).params) param_group_[i] = g;
+    const RuleInfo& rule = optimizer_->rule_of_group(g);
+    if (compression_ == GradCompression::onebit && rule.moment == nullptr)
+      throw InvalidInput(str("--grad-compression onebit is 1-bit Adam: it runs with --optimizer adam or adamw (",
+                             rule.name, " has no 1-bit form; 1-bit LAMB is not built)"));
+    if (compression_ == GradCompression::onebit &&
+        state_dtype_of(optimizer_->group(g).options) != quant::StateDType::f32)
+      throw InvalidInput(
+          "--grad-compression onebit keeps the optimizer state in f32 (its moments are averaged "
+          "compressed already): drop the quantized state dtype");
+  }
   // tensor_stats rules: each rank's partial statistics of its pieces,
   // summed over the ranks in rank order -- the same numbers in the same
   // order under every strategy (docs/sharding.md, "Non-pointwise rules").
@@ -350,6 +392,8 @@ void Engine::step(const UpdateFn& update) {
     while (!in_flight_.empty()) finish_oldest();
   });
   for (std::size_t i = 0; i < optimizer_->num_params(); ++i) optimizer_->param(i).has_grad = true;
+  // 1-bit Adam past its warm-up: the gradients are the averaged moments.
+  optimizer_->set_frozen_since(wire() == Wire::onebit ? std::optional<std::uint64_t>(onebit_warmup_) : std::nullopt);
   const GradShard shard{owned_, [this](double& v, bool max) {
                           blocked([&] {
                             comm_.all_reduce(&v, &v, 1, ElemType::f64, max ? ReduceOp::max : ReduceOp::sum);
@@ -386,6 +430,8 @@ Engine::Wire Engine::wire() const {
       return Wire::int8;
     case GradCompression::powersgd:
       return steps_ < powersgd_warmup_ ? Wire::plain : Wire::powersgd;
+    case GradCompression::onebit:
+      return steps_ < onebit_warmup_ ? Wire::plain : Wire::onebit;
   }
   return Wire::plain;
 }
@@ -559,6 +605,161 @@ void Engine::land_powersgd(std::size_t b, float* reduced) {
     qk += m.cols * m.rank;
   }
   deliver(b, sum);
+}
+
+void Engine::zero_gaps(std::size_t u, std::size_t lo, std::size_t hi, float* at) const {
+  for (const auto& [begin, end] : gaps_[u]) {
+    const std::size_t from = std::max(begin, lo), to = std::min(end, hi);
+    if (from < to) std::fill(at + (from - lo), at + (to - lo), 0.0f);
+  }
+}
+
+namespace {
+// Zeroes what 1-bit Adam holds (denominator inf) among n values.
+void zero_held(float* at, const float* denominator, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i)
+    if (std::isinf(denominator[i])) at[i] = 0.0f;
+}
+}  // namespace
+
+void Engine::gather_moment() {
+  auto* m = reinterpret_cast<float*>(moment_.bytes());
+  auto* d = reinterpret_cast<float*>(denominator_.bytes());
+  std::fill_n(m, layout_.padded_elements(), 0.0f);
+  std::fill_n(d, layout_.padded_elements(), 1.0f);
+  const std::vector<ShardLayout::Piece> pieces = layout_.pieces(comm_.rank());
+  RuleBlob parsed;
+  for (std::size_t i = 0; i < optimizer_->num_params(); ++i) {
+    if (!optimizer_->has_state(i)) continue;
+    const std::size_t g = param_group_[i];
+    const MomentForm& form = *optimizer_->rule_of_group(g).moment;
+    optimizer_->rule_of_group(g).parse(optimizer_->group(g).options, parsed);
+    const std::size_t at = info_.replicated_params ? layout_.padded_offset(i) : pieces[i].padded_offset;
+    const std::span<const float> moment = optimizer_->state_tensor(i, form.state);
+    const std::span<const float> variance = optimizer_->state_tensor(i, form.variance(parsed));
+    std::copy(moment.begin(), moment.end(), m + at);
+    form.denominator(parsed, variance.data(), onebit_warmup_, d + at, variance.size());
+    // Elements whose gradient was 0 all through the warm-up are held
+    // (DeepSpeed's momentum mask, found from v): inf, so their share is 0.
+    for (std::size_t k = 0; k < variance.size(); ++k)
+      if (variance[k] == 0.0f) d[at + k] = std::numeric_limits<float>::infinity();
+  }
+  if (!info_.replicated_params)
+    for (const auto& unit : layout_.units()) {
+      float* at = m + unit.padded_offset;
+      comm_.all_gather(at + rank_ * unit.shard, at, unit.shard, ElemType::f32);
+      at = d + unit.padded_offset;
+      comm_.all_gather(at + rank_ * unit.shard, at, unit.shard, ElemType::f32);
+    }
+  moment_known_ = true;
+  moment_loads_ = optimizer_->state_loads();
+}
+
+void Engine::reduce_onebit(InFlight& f, std::size_t b, const char* g) {
+  blocked([&] {
+    finish_param_reads();  // L2 decay reads the parameters
+    if (!moment_known_ || moment_loads_ != optimizer_->state_loads()) gather_moment();
+  });
+  const auto& bucket = layout_.buckets()[b];
+  const auto& params = layout_.params();
+  const std::size_t n = static_cast<std::size_t>(comm_.size());
+  const auto world = static_cast<float>(n);
+  // Each rank's share of the averaged moment: the rule's moment advanced
+  // with the rank's own gradient (n times its part of the mean), over n.
+  Held shares(grad_pool_, bucket.padded * sizeof(float), 12);
+  auto* x = reinterpret_cast<float*>(shares.bytes());
+  std::fill_n(x, bucket.padded, 0.0f);
+  const auto* grad = reinterpret_cast<const float*>(g);
+  const auto* values = reinterpret_cast<const float*>(params_.bytes());
+  const auto* moment = reinterpret_cast<const float*>(moment_.bytes());
+  RuleBlob parsed;
+  for (std::size_t p = 0; p < params.size(); ++p) {
+    const std::size_t u = layout_.unit_of(p);
+    if (u < bucket.first || u >= bucket.last) continue;
+    const std::size_t at = layout_.padded_offset(p), count = params[p].numel();
+    float* share = x + (at - bucket.padded_offset);
+    const float* mine = grad + (at - bucket.padded_offset);
+    for (std::size_t i = 0; i < count; ++i) share[i] = mine[i] * world;
+    const std::size_t group = param_group_[p];
+    const RuleInfo& rule = optimizer_->rule_of_group(group);
+    rule.parse(optimizer_->group(group).options, parsed);
+    rule.moment->local(parsed, moment + at, share, values + at, share, count);
+    const float* d = reinterpret_cast<const float*>(denominator_.bytes()) + at;
+    for (std::size_t i = 0; i < count; ++i) share[i] = share[i] / d[i] / world;
+  }
+  std::size_t bytes = 0;
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) bytes += n * onebit_packet_bytes(layout_.units()[u].shard);
+  Held out(grad_pool_, bytes, 8), in(grad_pool_, bytes, 9);
+  auto* residual = reinterpret_cast<float*>(residual_.bytes());
+  const auto* denominator = reinterpret_cast<const float*>(denominator_.bytes());
+  std::size_t at = 0;
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+    const auto& unit = layout_.units()[u];
+    const std::size_t packet = onebit_packet_bytes(unit.shard), local = unit.padded_offset - bucket.padded_offset;
+    for (std::size_t d = 0; d < n; ++d)
+      onebit_pack(x + local + d * unit.shard, residual + unit.padded_offset + d * unit.shard, unit.shard,
+                  out.bytes() + at + d * packet);
+    zero_gaps(u, 0, unit.padded, residual + unit.padded_offset);  // no parameter there owes anything
+    zero_held(residual + unit.padded_offset, denominator + unit.padded_offset, unit.padded);
+    f.requests.push_back(comm_.iall_to_all(out.bytes() + at, in.bytes() + at, packet, ElemType::u8));
+    at += n * packet;
+  }
+  f.scratch = std::move(out);  // zero2: its fp32 scratch goes back to the pool
+  f.received = std::move(in);
+  f.then = [this, b, received = f.received.bytes()] { land_onebit(b, received); };
+}
+
+void Engine::land_onebit(std::size_t b, const char* received) {
+  const auto& bucket = layout_.buckets()[b];
+  const std::size_t n = static_cast<std::size_t>(comm_.size());
+  std::size_t bytes = 0, elements = 0;
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+    bytes += onebit_packet_bytes(layout_.units()[u].shard);
+    elements += layout_.units()[u].shard;
+  }
+  Held sums(grad_pool_, elements * sizeof(float), 12), out(grad_pool_, bytes, 8), in(grad_pool_, n * bytes, 9);
+  auto* server = reinterpret_cast<float*>(sum_residual_.bytes());
+  const auto* denominator = reinterpret_cast<const float*>(denominator_.bytes());
+  std::vector<std::unique_ptr<Request>> gathers;
+  // The owners: the shares summed in rank order, packed again with their
+  // own residual, and gathered by every rank.
+  std::size_t at = 0, o = 0;
+  auto* acc = reinterpret_cast<float*>(sums.bytes());
+  for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+    const auto& unit = layout_.units()[u];
+    const std::size_t packet = onebit_packet_bytes(unit.shard), lo = rank_ * unit.shard, hi = lo + unit.shard;
+    for (std::size_t s = 0; s < n; ++s) onebit_unpack(received + at + s * packet, unit.shard, acc, s > 0);
+    const float* held = denominator + unit.padded_offset + lo;
+    zero_gaps(u, lo, hi, acc);
+    zero_held(acc, held, unit.shard);
+    onebit_pack(acc, server + unit.shard_offset, unit.shard, out.bytes() + o);
+    zero_gaps(u, lo, hi, server + unit.shard_offset);
+    zero_held(server + unit.shard_offset, held, unit.shard);
+    gathers.push_back(comm_.iall_gather(out.bytes() + o, in.bytes() + at, packet, ElemType::u8));
+    acc += unit.shard;
+    at += n * packet;
+    o += packet;
+  }
+  auto* moment = reinterpret_cast<float*>(moment_.bytes());
+  try {
+    at = 0;
+    for (std::size_t u = bucket.first; u < bucket.last; ++u) {
+      finish(gathers[u - bucket.first]);
+      const auto& unit = layout_.units()[u];
+      const std::size_t packet = onebit_packet_bytes(unit.shard);
+      float* m = moment + unit.padded_offset;
+      for (std::size_t s = 0; s < n; ++s)
+        onebit_unpack(in.bytes() + at + s * packet, unit.shard, m + s * unit.shard, false);
+      zero_gaps(u, 0, unit.padded, m);
+      const float* d = denominator + unit.padded_offset;
+      for (std::size_t i = 0; i < unit.padded; ++i) m[i] = std::isinf(d[i]) ? 0.0f : m[i] * d[i];  // the moment again
+      at += n * packet;
+    }
+  } catch (...) {
+    for (auto& r : gathers) finish_quietly(r);  // before their buffers go
+    throw;
+  }
+  deliver(b, moment + bucket.padded_offset);
 }
 
 void Engine::deliver(std::size_t b, const float* reduced) {

@@ -156,7 +156,10 @@ class Engine : public StrategyCore {
   void step(const UpdateFn& update) override;
   Feedback feedback() override;
   // The steps taken so far (PowerSGD's warm-up counts them).
-  void resume(std::uint64_t steps, const LocalState*) override { steps_ = steps; }
+  void resume(std::uint64_t steps, const LocalState*) override {
+    steps_ = steps;
+    moment_known_ = false;
+  }
 
  protected:
   struct InFlight {
@@ -185,7 +188,7 @@ class Engine : public StrategyCore {
   bool compressing() const { return compression_ != GradCompression::none; }
   // What this step's gradients travel as: plain (uncompressed, PowerSGD's
   // warm-up included), rounded (bf16, fp16), int8 packets or PowerSGD.
-  enum class Wire { plain, rounded, int8, powersgd };
+  enum class Wire { plain, rounded, int8, powersgd, onebit };
   Wire wire() const;
   Held to_wire(const char* g, std::size_t n);
   // zero1-3's compressed reduction of bucket b, whose gradients are at g:
@@ -208,6 +211,23 @@ class Engine : public StrategyCore {
   // approximation delivered and the residual left.
   void reduce_powersgd(InFlight& f, std::size_t b, const char* g);
   void land_powersgd(std::size_t b, float* reduced);
+  // 1-bit Adam (onebit_wire.hpp) on bucket b, whose gradients are at g:
+  // each rank's moment share (the rule's moment advanced with the rank's
+  // own gradient, over the world), plus its residual, packed per shard
+  // and sent to the owners (all-to-all); once in, the owners sum the
+  // shares in rank order, pack the sum with their own residual and
+  // all-gather it; every rank multiplies it by the denominators into its
+  // whole moment, which the optimizer then takes as the gradient
+  // (Optimizer::set_frozen_since).
+  void reduce_onebit(InFlight& f, std::size_t b, const char* g);
+  void land_onebit(std::size_t b, const char* received);
+  // The optimizer's first moments and the frozen step's denominators,
+  // whole on every rank (gathered from the pieces where the state is
+  // sharded): at the first compressed step and after a load or resume.
+  void gather_moment();
+  // Zeroes the positions of unit u's range [lo, hi) (unit-local) that hold
+  // no parameter (padding and the gaps between parameters), `at` being lo.
+  void zero_gaps(std::size_t u, std::size_t lo, std::size_t hi, float* at) const;
   // Bucket b's reduced fp32 gradient (padded bucket layout) into the
   // rank's gradients: all of it, or its shard of each unit (zero2, zero3).
   void deliver(std::size_t b, const float* reduced);
@@ -231,6 +251,16 @@ class Engine : public StrategyCore {
   // PowerSGD), in the padded layout (`residual_`), and int8 ddp's owners'
   // of their sums, in the shard layout (`sum_residual_`).
   Held residual_, sum_residual_;
+  // 1-bit Adam: every rank's copy of the averaged first moment (padded)
+  // and of the frozen step's denominators,
+  // whether it is current, the warm-up, and each unit's parameter-free
+  // ranges (unit-local [begin, end): padding, alignment gaps).
+  Held moment_, denominator_;  // the frozen step's divisor, whole (1 where no parameter is)
+  bool moment_known_ = false;
+  std::uint64_t moment_loads_ = 0;  // the optimizer's state_loads() it was read at
+  std::size_t onebit_warmup_ = 0;
+  std::vector<std::vector<std::pair<std::size_t, std::size_t>>> gaps_;
+  std::vector<std::size_t> param_group_;  // each parameter's optimizer group
   std::unique_ptr<PowerSgd> powersgd_;
   std::size_t powersgd_warmup_ = 0;
   std::uint64_t steps_ = 0;

@@ -106,6 +106,8 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
   if (options.grad_compression == GradCompression::powersgd)
     mine[kCompression] |= static_cast<std::uint64_t>(options.powersgd_rank) << 8 |
                           std::min<std::uint64_t>(options.powersgd_warmup, std::uint64_t{1} << 32) << 24;
+  if (options.grad_compression == GradCompression::onebit)
+    mine[kCompression] |= std::min<std::uint64_t>(options.onebit_warmup, std::uint64_t{1} << 32) << 24;
   if (options.int8_gather) mine[kCompression] |= std::uint64_t{1} << 63;
   mine[kBucket] = options.bucket_elements;
   // Prefetching and buckets in flight change the order in which a rank
@@ -137,6 +139,7 @@ void check_agreement(Communicator& comm, std::string_view strategy, const ShardL
           auto scheme = [](std::uint64_t v) {
             const auto c = static_cast<GradCompression>(v & 0xff);
             const std::string gathers = v >> 63 ? " and int8 gathers" : "";
+            if (c == GradCompression::onebit) return str("onebit warm-up ", (v >> 24) & 0xffffffffff, gathers);
             if (c != GradCompression::powersgd) return str(name_of(c), gathers);
             return str("powersgd rank ", (v >> 8) & 0xffff, " warm-up ", (v >> 24) & 0xffffffffff, gathers);
           };
@@ -161,6 +164,8 @@ std::string_view name_of(GradCompression c) {
       return "int8";
     case GradCompression::powersgd:
       return "powersgd";
+    case GradCompression::onebit:
+      return "onebit";
   }
   return "?";
 }
@@ -172,7 +177,7 @@ std::optional<GradCompression> parse_grad_compression(std::string_view name) {
 }
 
 std::string_view grad_compression_names() {
-  return "none, bf16, fp16, int8, powersgd";
+  return "none, bf16, fp16, int8, powersgd, onebit";
 }
 
 FlatLayout flat_layout(const models::Model& model) {

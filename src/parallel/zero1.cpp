@@ -57,6 +57,8 @@ void Zero1::reduce_bucket(std::size_t b) {
   const Wire w = wire();
   if (w == Wire::int8) {
     reduce_int8(f, b, grads_.bytes() + bucket.padded_offset * es_);
+  } else if (w == Wire::onebit) {
+    reduce_onebit(f, b, grads_.bytes() + bucket.padded_offset * es_);
   } else if (w == Wire::powersgd) {
     reduce_powersgd(f, b, grads_.bytes() + bucket.padded_offset * es_);
   } else if (w == Wire::rounded) {

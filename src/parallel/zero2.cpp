@@ -39,6 +39,7 @@ void Zero2::reduce_bucket(std::size_t b) {
   DISTOPT_CHECK(f.bucket == b, "bucket ", b, " finished out of order");
   const Wire w = wire();
   if (w == Wire::int8) return reduce_int8(f, b, f.scratch.bytes());
+  if (w == Wire::onebit) return reduce_onebit(f, b, f.scratch.bytes());
   if (w == Wire::powersgd) return reduce_powersgd(f, b, f.scratch.bytes());
   if (w == Wire::rounded) return reduce_scatter_on_wire(f, b, f.scratch.bytes());
   for (std::size_t u = bucket.first; u < bucket.last; ++u) {

@@ -29,6 +29,10 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
   if (!(c.clip_norm_type > 0)) throw InvalidInput(str("--clip-norm-type must be positive or inf (got ", c.clip_norm_type, ")"));
   if (c.clip_grad_value && !(*c.clip_grad_value > 0 && std::isfinite(*c.clip_grad_value)))
     throw InvalidInput(str("--clip-grad-value must be a positive number (got ", *c.clip_grad_value, ")"));
+  if (c.parallel.grad_compression == parallel::GradCompression::onebit && (c.clip_grad_norm || c.clip_grad_value))
+    throw InvalidInput(
+        "--clip-grad-norm/--clip-grad-value with --grad-compression onebit: after its warm-up the step takes the "
+        "ranks' averaged moment, not a gradient that could be clipped");
   if (c.swa_start < 0) throw InvalidInput(str("--swa-start must be an epoch number, 1 or more (got ", c.swa_start, ")"));
   if (c.swa_start > c.epochs)
     throw InvalidInput(str("--swa-start ", c.swa_start, " is after the last epoch (", c.epochs, "): nothing would be averaged"));
@@ -73,7 +77,8 @@ void validate(const Communicator& comm, const data::Split& data, const TrainConf
     // skipped step, whose sum is discarded) would leave the residual in
     // the wrong units. They compress f32 gradients, which need no scale.
     const parallel::GradCompression gc = c.parallel.grad_compression;
-    if (gc == parallel::GradCompression::int8 || gc == parallel::GradCompression::powersgd)
+    if (gc == parallel::GradCompression::int8 || gc == parallel::GradCompression::powersgd ||
+        gc == parallel::GradCompression::onebit)
       throw InvalidInput(str("--loss-scale with --grad-compression ", parallel::name_of(gc),
                              ": its error feedback is kept in the gradient's units, which a loss scale changes; "
                              "compressed gradients are f32 and need no loss scale"));

@@ -41,6 +41,7 @@ struct TrainArgs {
   std::string param_dtype = "f32";
   std::string grad_compression = "none", gather_compression = "none";
   long long powersgd_rank = 1, powersgd_warmup = 10;  // checked in prepare()
+  long long onebit_warmup = 100;                      // checked in prepare()
   std::string device = "cpu";
   std::string matmul_precision = "f32";
   std::string on_nonfinite = "error", comm_timeout;

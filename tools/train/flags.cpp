@@ -119,10 +119,13 @@ Runner add_train(CLI::App& app) {
   sub->add_option("--device", a->device, "cpu (default) or cuda (docs/gpu.md: training on the GPU is not built yet)");
   sub->add_option("--param-dtype", a->param_dtype,
                   "parameters and gradients in f32 (default), bf16 or f16, with fp32 master weights and state");
-  sub->add_option("--grad-compression", a->grad_compression,
-                  "gradients on the wire: none (default), bf16 or fp16 (half the bytes; ddp and zero1-3 still give "
-                  "each other's bits, not uncompressed ddp's), or int8 (blocks of 256 with a scale, error feedback; "
-                  "about a quarter of the bytes), or powersgd (matrices at a low rank, error feedback)");
+  sub->add_option(
+      "--grad-compression", a->grad_compression,
+      "gradients on the wire: none (default), bf16 or fp16 (half the bytes; ddp and zero1-3 still give "
+      "each other's bits, not uncompressed ddp's), or int8 (blocks of 256 with a scale, error feedback; "
+      "about a quarter of the bytes), or powersgd (matrices at a low rank, error feedback), or onebit (1-bit "
+      "Adam with adam/adamw: after --onebit-warmup steps the variance frozen and the moments averaged as "
+      "signs, error feedback; ddp, zero1, zero2)");
   sub->add_option("--gather-compression", a->gather_compression,
                   "zero3's parameter gathers: none (default) or int8 (blocks of 256 with a scale: about a quarter of "
                   "the bytes; the model computes with the unpacked values, the optimizer steps the exact shard)");
@@ -130,6 +133,8 @@ Runner add_train(CLI::App& app) {
                   "PowerSGD's approximation rank (default 1, torch's matrix_approximation_rank)");
   sub->add_option("--powersgd-warmup", a->powersgd_warmup,
                   "steps reduced uncompressed before PowerSGD starts (default 10, torch's start_powerSGD_iter)");
+  sub->add_option("--onebit-warmup", a->onebit_warmup,
+                  "steps of plain Adam before 1-bit Adam freezes the variance (default 100; DeepSpeed's freeze_step)");
   sub->add_option("--bucket-cap-mb", a->bucket_cap_mb,
                   "gradient bucket size in MiB (default 0.125): buckets of whole layers reduced while backward runs");
   auto live_flag = [&](const std::string& name, auto& field, const std::string& help) {

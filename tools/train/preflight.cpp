@@ -162,6 +162,7 @@ void check_memory(const TrainArgs& a, int world) {
   // int8 ddp's of its sums.
   const double feedback = a.grad_compression == "int8"       ? 1 + (info.replicated_params ? 1.0 / world : 0.0)
                           : a.grad_compression == "powersgd" ? 1
+                          : a.grad_compression == "onebit"   ? 2 + 1.0 / world
                                                              : 0.0;
   if (a.config.model == "gpt") {
     // Parameters, gradients and optimizer state on every rank, and the
@@ -284,6 +285,13 @@ void prepare(TrainArgs& a) {
   if (*compression != parallel::GradCompression::powersgd && (a.powersgd_rank != 1 || a.powersgd_warmup != 10))
     throw InvalidInput(str("--powersgd-rank and --powersgd-warmup apply to --grad-compression powersgd (this run has ",
                            a.grad_compression, ")"));
+  if (*compression != parallel::GradCompression::onebit && a.onebit_warmup != 100)
+    throw InvalidInput(
+        str("--onebit-warmup applies to --grad-compression onebit (this run has ", a.grad_compression, ")"));
+  if (a.onebit_warmup < 1)
+    throw InvalidInput(
+        str("--onebit-warmup must be at least 1 step: the variance is frozen after it (got ", a.onebit_warmup, ")"));
+  a.config.parallel.onebit_warmup = static_cast<std::size_t>(a.onebit_warmup);
   if (a.powersgd_rank < 1 || a.powersgd_rank > 65535)
     throw InvalidInput(str("--powersgd-rank must be in [1, 65535] (got ", a.powersgd_rank, ")"));
   if (a.powersgd_warmup < 0)

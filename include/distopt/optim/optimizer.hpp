@@ -163,6 +163,12 @@ class Optimizer {
   // caller's other work there; only a step that creates state first waits
   // for that stream (the state's first values are read from the parameters).
   void set_cuda_stream(std::optional<std::uintptr_t> stream) { cuda_stream_ = stream; }
+  // 1-bit Adam (RuleInfo::moment): while set, step() takes each gradient as
+  // the rule's averaged first moment and keeps the variance as it was after
+  // step `frozen_at` (a parallel engine sets it once the warm-up is over).
+  // A rule without a 1-bit form is refused (PreconditionError) at the step.
+  void set_frozen_since(std::optional<std::uint64_t> frozen_at) { frozen_at_ = frozen_at; }
+  std::optional<std::uint64_t> frozen_since() const { return frozen_at_; }
   std::optional<std::uintptr_t> cuda_stream() const { return cuda_stream_; }
   // GradScaler's protocol on the device: the next step's kernels read
   // `*device_flag` (a float in device memory: torch's found_inf) and, when it
@@ -258,6 +264,10 @@ class Optimizer {
   // recomputes what the optimizer keeps beside the state from it -- the
   // step count of group-counted rules (LAMB) -- as load_state_dict does.
   void state_written();
+  // How many times state was loaded or reset (load_state_dict,
+  // reset_state, state_written): a parallel engine that keeps a copy of
+  // some state (1-bit Adam's whole moment) knows when to read it again.
+  std::uint64_t state_loads() const { return state_loads_; }
 
   StateDict state_dict() const;
   // Validates the dict against this optimizer (group count and sizes, state
@@ -312,6 +322,8 @@ class Optimizer {
 
   const RuleInfo* rule_;
   Device device_ = Device::cpu;  // of every parameter (add_param_group checks)
+  std::optional<std::uint64_t> frozen_at_;
+  std::uint64_t state_loads_ = 0;
   std::optional<std::uintptr_t> cuda_stream_;  // set_cuda_stream
   int cuda_device_ = 0;                        // the device ordinal of device parameters
   const float* skip_flag_ = nullptr;           // skip_next_step_if, for the next step

@@ -100,6 +100,30 @@ struct AuxPart {
 // The most statistics a rule gathers per tensor in one pass.
 inline constexpr int kMaxStats = 4;
 
+// 1-bit Adam's view of a rule (--grad-compression onebit; docs/sharding.md,
+// "1-bit Adam"): after a warm-up of ordinary steps, the variance is frozen
+// and each rank advances the first moment with its own gradient; the
+// strategy averages those moments compressed to signs and hands the average
+// to the rule in the gradient's place. The rule communicates nothing.
+struct MomentForm {
+  std::string_view state;  // the first moment's state tensor ("exp_avg")
+  // out[i] = m[i]*b1 + (1-b1)*g'[i] for n elements, g' the gradient after the
+  // rule's prologue (maximize; L2 decay with the parameter p), in the
+  // rule's own rounding. out may be g.
+  void (*local)(const RuleBlob& parsed, const float* m, const float* g, const float* p, float* out, std::size_t n);
+  // The state tensor the frozen step divides by (Adam: exp_avg_sq, with
+  // amsgrad max_exp_avg_sq), and that division's denominator for n
+  // elements of it, out[i] = sqrt(v[i]) / sqrt(bc2(frozen_at)) + eps, in the
+  // kernel's rounding: the strategy averages m / denominator, whose sign
+  // errors are the size of the step's (docs/sharding.md, "1-bit Adam").
+  std::string_view (*variance)(const RuleBlob& parsed);
+  void (*denominator)(const RuleBlob& parsed, const float* v, std::uint64_t frozen_at, float* out, std::size_t n);
+  // The coefficients of a step whose gradient is the averaged first moment
+  // (it replaces the state's) and whose variance stays as it was after
+  // step `frozen_at` (its bias correction too); advances the scalars.
+  void (*prepare_frozen)(const RuleBlob& parsed, float* scalars, std::uint64_t frozen_at, RuleBlob& coeffs);
+};
+
 struct RuleInfo {
   std::string_view name;
   Locality locality;
@@ -167,6 +191,8 @@ struct RuleInfo {
   // under the group option state_dtype (include/distopt/optim/quant.hpp),
   // and with which code book; all none: the rule keeps fp32 state only.
   std::array<QuantSign, kMaxStateTensors> quantized{};
+  // Its 1-bit form (Adam, AdamW); null: none.
+  const MomentForm* moment = nullptr;
   bool quantizable() const {
     for (QuantSign q : quantized)
       if (q != QuantSign::none) return true;

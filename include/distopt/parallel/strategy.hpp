@@ -166,15 +166,23 @@ struct GossipOptions {
 //    whole; uncompressed for the first powersgd_warmup steps (torch's
 //    powerSGD_hook). Every strategy computes the same approximation, so
 //    all four give each other's bits.
+//  - onebit: 1-bit Adam (Tang et al. 2021) with Adam or AdamW: the first
+//    onebit_warmup steps plain (the rule's own Adam), then the variance
+//    frozen and each rank's first moment, advanced with its own gradient,
+//    averaged in a two-phase compressed all-reduce of signs (one scale per
+//    1024 values) with error feedback on the ranks and on the owners of
+//    the shards (RuleInfo::moment). Every rank keeps the whole averaged
+//    moment; ddp, zero1 and zero2 give each other's bits. About a 32nd of
+//    the gradient's bytes (zero1/2 still gather the parameters).
 // None is ddp's uncompressed bits. Not for the gossip strategies, nor
 // with --param-dtype bf16/f16 (already on the wire).
-enum class GradCompression : std::uint8_t { none, bf16, fp16, int8, powersgd };
-inline constexpr GradCompression kGradCompressions[] = {GradCompression::none, GradCompression::bf16,
-                                                        GradCompression::fp16, GradCompression::int8,
-                                                        GradCompression::powersgd};
+enum class GradCompression : std::uint8_t { none, bf16, fp16, int8, powersgd, onebit };
+inline constexpr GradCompression kGradCompressions[] = {GradCompression::none,     GradCompression::bf16,
+                                                        GradCompression::fp16,     GradCompression::int8,
+                                                        GradCompression::powersgd, GradCompression::onebit};
 std::string_view name_of(GradCompression c);
 std::optional<GradCompression> parse_grad_compression(std::string_view name);
-// "none, bf16, fp16, int8, powersgd"
+// "none, bf16, fp16, int8, powersgd, onebit"
 std::string_view grad_compression_names();
 
 struct StrategyOptions {
@@ -202,6 +210,9 @@ struct StrategyOptions {
   // start_powerSGD_iter, with their defaults).
   int powersgd_rank = 1;
   std::size_t powersgd_warmup = 10;
+  // 1-bit Adam: the steps of plain Adam before the variance is frozen (at
+  // least 1; DeepSpeed's freeze_step).
+  std::size_t onebit_warmup = 100;
   // zero3: the parameters' all-gathers as int8 packets (ZeRO++'s qwZ;
   // docs/sharding.md, "int8 parameter gathers"; --gather-compression int8):
   // each rank packs its fp32 shard of a unit (blocks of 256, an fp32 scale

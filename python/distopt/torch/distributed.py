@@ -111,7 +111,11 @@ class ShardedOptimizer(DistoptOptimizer):
     again) has its own. "powersgd" sends each matrix's gradient at rank
     ``powersgd_rank`` (torch's powerSGD_hook: warm start, error feedback,
     vectors sent whole) after ``powersgd_warmup`` uncompressed steps; every
-    strategy agrees bit for bit. Muon's 1-D parameters take AdamW, as
+    strategy agrees bit for bit. "onebit" is 1-bit Adam (optimizer "adam" or
+    "adamw"; strategies ddp, zero1, zero2): ``onebit_warmup`` (default 100) steps of Adam,
+    then the variance frozen and each rank's first moment averaged as signs
+    with error feedback; the strategies agree bit for bit, and no
+    ``max_grad_norm``. Muon's 1-D parameters take AdamW, as
     distopt's command line does.
     """
 
@@ -123,7 +127,14 @@ class ShardedOptimizer(DistoptOptimizer):
     _strategies = STRATEGIES
 
     @staticmethod
-    def _compression_options(compression, rank, warmup):
+    def _compression_options(compression, rank, warmup, onebit_warmup=None):
+        if compression != "onebit" and onebit_warmup is not None:
+            raise ValueError(f"onebit_warmup applies to compression='onebit' (not '{compression}')")
+        if compression == "onebit":
+            if (rank, warmup) != (1, 10):
+                raise ValueError("powersgd_rank and powersgd_warmup apply to compression='powersgd' (not 'onebit')")
+            return {"grad_compression": compression,
+                    "onebit_warmup": 100 if onebit_warmup is None else int(onebit_warmup)}
         if compression != "powersgd":
             if (rank, warmup) != (1, 10):
                 raise ValueError(f"powersgd_rank and powersgd_warmup apply to compression='powersgd' "
@@ -135,7 +146,7 @@ class ShardedOptimizer(DistoptOptimizer):
 
     def __init__(self, params, optimizer="adamw", strategy="zero1", *, comm=None, bucket_elements=1 << 15,
                  max_grad_norm=None, norm_type=2.0, compression="none", powersgd_rank=1, powersgd_warmup=10,
-                 _gossip=None, _units=(),
+                 onebit_warmup=None, _gossip=None, _units=(),
                  _strategy_options=None, _param_names=None, **options):
         name = type(self).__name__
         params = list(params)
@@ -158,6 +169,9 @@ class ShardedOptimizer(DistoptOptimizer):
                              f"{', '.join(_core.grad_compressions())}")
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError(f"max_grad_norm must be a positive number (got {max_grad_norm})")
+        if compression == "onebit" and max_grad_norm is not None:
+            raise ValueError("max_grad_norm with compression='onebit': after its warm-up the step takes the ranks' "
+                             "averaged moment, not a gradient that could be clipped")
         defaults = dict(known)
         defaults.update(options)
         super().__init__(params, defaults)
@@ -183,7 +197,7 @@ class ShardedOptimizer(DistoptOptimizer):
                                    [(n, list(p.shape)) for n, p in zip(names, ps)], initial,
                                    dict(self._synced), int(bucket_elements), dict(_gossip or {}), list(_units),
                                    dict(_strategy_options or {}, **self._compression_options(
-                                       compression, powersgd_rank, powersgd_warmup)))
+                                       compression, powersgd_rank, powersgd_warmup, onebit_warmup)))
         _retire_at_exit()
         self._attach()
         self._sync = True  # no_sync() turns the hooks' deliveries off

@@ -40,6 +40,35 @@ struct AdamRule : AdamMath {
     if (o.amsgrad) l.tensors.push_back("max_exp_avg_sq");
     return l;
   }
+  // 1-bit Adam (RuleInfo::moment): the rank's own moment, and the step that
+  // takes the ranks' averaged moment in the gradient's place, the variance
+  // (and its bias correction) as after the warm-up's `frozen_at` steps.
+  static constexpr std::string_view kMomentState = "exp_avg";
+  static void local_moment(const Options& o, const float* m, const float* g, const float* p, float* out,
+                           std::size_t n) {
+    const GradPrologue pro = GradPrologue::l2_or_decoupled(o.maximize, o.weight_decay, kAdamW || o.decoupled, o.lr);
+    const Moments mom = Moments::of(o.beta1, o.beta2);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float gi = pro.l2 ? pro.grad(std::true_type{}, g[i], p[i]) : pro.grad(g[i]);
+      out[i] = m[i] * mom.beta1 + mom.one_minus_beta1 * gi;
+    }
+  }
+  static std::string_view variance_state(const Options& o) { return o.amsgrad ? "max_exp_avg_sq" : "exp_avg_sq"; }
+  static float frozen_bc2_sqrt(const Options& o, std::uint64_t frozen_at) {
+    return static_cast<float>(std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(frozen_at))));
+  }
+  static void frozen_denominator(const Options& o, const float* v, std::uint64_t frozen_at, float* out, std::size_t n) {
+    const float bc2_sqrt = frozen_bc2_sqrt(o, frozen_at), eps = static_cast<float>(o.eps);
+    for (std::size_t i = 0; i < n; ++i) out[i] = std::sqrt(v[i]) / bc2_sqrt + eps;
+  }
+  static Coeffs prepare_frozen(const Options& o, float* scalars, std::uint64_t frozen_at) {
+    Coeffs c = prepare(o, scalars, false);
+    c.pro = GradPrologue::l2_or_decoupled(false, o.weight_decay, kAdamW || o.decoupled, o.lr);
+    c.pro.l2 = false;                  // the local moments took the L2 term
+    c.mom = {0.0f, 1.0f, 1.0f, 0.0f};  // m <- 0*m + 1*average; v <- 1*v + 0*g*g
+    c.bc2_sqrt = frozen_bc2_sqrt(o, frozen_at);
+    return c;
+  }
   static Coeffs prepare(const Options& o, float* scalars, bool) {
     const double t = scalars[0] += 1.0f;
     const double bc1 = 1.0 - std::pow(o.beta1, t);
