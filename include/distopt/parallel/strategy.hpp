@@ -168,10 +168,11 @@ struct GossipOptions {
 //    all four give each other's bits.
 //  - onebit: 1-bit Adam (Tang et al. 2021) with Adam or AdamW: the first
 //    onebit_warmup steps plain (the rule's own Adam), then the variance
-//    frozen and each rank's first moment, advanced with its own gradient,
-//    averaged in a two-phase compressed all-reduce of signs (one scale per
-//    1024 values) with error feedback on the ranks and on the owners of
-//    the shards (RuleInfo::moment). Every rank keeps the whole averaged
+//    frozen and each rank's first moment, advanced with its own gradient
+//    and divided by the frozen step's denominator, averaged in a two-phase
+//    compressed all-reduce of signs (one scale per 1024 values) with error
+//    feedback on the ranks and on the owners of the shards
+//    (RuleInfo::moment; docs/sharding.md, "1-bit Adam"). Every rank keeps the whole averaged
 //    moment; ddp, zero1 and zero2 give each other's bits. About a 32nd of
 //    the gradient's bytes (zero1/2 still gather the parameters).
 // None is ddp's uncompressed bits. Not for the gossip strategies, nor
