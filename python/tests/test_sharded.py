@@ -459,7 +459,7 @@ def test_compression_at_world_one_is_the_drop_in_on_rounded_gradients():
 def test_an_unknown_compression_is_refused():
     p = [torch.zeros(4, requires_grad=True)]
     with pytest.raises(ValueError, match=r"^compression 'int2': the sharded optimizer sends gradients as none, "
-                                         r"bf16, fp16, int8, powersgd$"):
+                                         r"bf16, fp16, int8, powersgd, onebit$"):
         ShardedOptimizer(p, "adamw", "ddp", comm=dcomm.single(), compression="int2")
 
 
