@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -115,6 +117,47 @@ TEST(OneBit, PacketsAreSignsTimesTheirBlocksClippedRootMeanSquare) {
     const float scale = i < 2 * kOnebitBlock ? 1.5f : 0.0f;
     EXPECT_EQ(got[i], x[i] == -INFINITY ? -scale : scale) << i;
     EXPECT_EQ(e[i], 0.0f) << i;
+  }
+}
+
+// The median that clips a block is found by a selection on the magnitudes'
+// bits, not a sort: on blocks where that selection is hardest (magnitudes
+// that differ only in their last bits, all equal, two values, subnormals,
+// spread over every exponent), with outliers above three times the median
+// so that the clip decides the scale, the scale is bit for bit the one a
+// sort gives (the same float clip, the same index-order double sum).
+TEST(OneBit, TheClippingMedianIsTheSortedBlocksMiddle) {
+  using parallel::detail::kOnebitBlock;
+  std::mt19937 gen(11);
+  std::uniform_int_distribution<std::uint32_t> low(0, 127), any(1, 0x7F7FFFFFu);
+  std::vector<std::vector<float>> blocks(6, std::vector<float>(kOnebitBlock));
+  for (std::size_t i = 0; i < kOnebitBlock; ++i) {
+    const float sign = i % 3 == 0 ? -1.0f : 1.0f;
+    blocks[0][i] = sign * std::bit_cast<float>(0x3F800000u + low(gen));  // 1 + a few ulps
+    blocks[1][i] = sign * 0.25f;
+    blocks[2][i] = sign * (i % 2 == 0 ? 0.5f : 0.5000001f);
+    blocks[3][i] = sign * std::bit_cast<float>(1u + low(gen) * 1000u);  // subnormals
+    blocks[4][i] = sign * std::bit_cast<float>(any(gen));
+    blocks[5][i] = i < 700 ? sign * std::bit_cast<float>(0x3F800000u + (low(gen) << 8)) : 0.0f;
+    if (i % 7 == 0) blocks[i % 5][i] *= 1e3f;  // outliers, clipped
+    if (i % 11 == 0) blocks[5][i] *= 1e3f;     // 700 nonzero values among zeros
+  }
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    const std::vector<float>& v = blocks[k];
+    std::vector<float> mags;
+    for (float x : v)
+      if (x != 0.0f) mags.push_back(std::fabs(x));
+    std::vector<float> sorted = mags;
+    std::sort(sorted.begin(), sorted.end());
+    const float clip = 3.0f * sorted[sorted.size() / 2];
+    double squares = 0;
+    for (float a : mags) squares += double(std::min(a, clip)) * double(std::min(a, clip));
+    const float want = static_cast<float>(std::sqrt(squares / double(mags.size())));
+    std::vector<char> packet(parallel::detail::onebit_packet_bytes(v.size()));
+    parallel::detail::onebit_pack(v.data(), nullptr, v.size(), packet.data());
+    float scale;
+    std::memcpy(&scale, packet.data(), sizeof scale);
+    EXPECT_EQ(scale, want) << "block " << k;
   }
 }
 
