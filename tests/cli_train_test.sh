@@ -378,6 +378,20 @@ grep -q "resuming with --max-steps 0 (the checkpoint's run had 10)" "$tmp/err" |
   || fail "from one checkpoint: zero3@3 $(hash_of "$tmp/r3") vs ddp@3 $(hash_of "$tmp/rd")"
 expect_error 2 "the checkpoint in .* is of --optimizer \"adam\"; --optimizer \"sgd\" would make it meaningless" \
   -- train --resume --checkpoint-dir "$tmp/ck" --optimizer sgd
+# A checkpoint's error feedback belongs to its scheme, and 1-bit Adam's
+# variance to its warm-up: another scheme with feedback, or another warm-up,
+# is refused; --grad-compression none drops the feedback with a warning and
+# leaves the saved scheme's options behind.
+"$bin" train --data synthetic --train-size 256 --test-size 32 --world 2 --optimizer adam --grad-compression onebit \
+  --onebit-warmup 2 --max-steps 4 --checkpoint-dir "$tmp/ck1" --checkpoint-every 4 --progress none >/dev/null 2>"$tmp/err" \
+  || fail "checkpointed onebit run exited $?: $(cat "$tmp/err")"
+expect_error 2 "holds --grad-compression onebit's error feedback; --grad-compression int8 would read it as its own" \
+  -- train --resume --checkpoint-dir "$tmp/ck1" --grad-compression int8
+expect_error 2 "is of --onebit-warmup 2, where 1-bit Adam freezes its variance; --onebit-warmup 3 would make it meaningless" \
+  -- train --resume --checkpoint-dir "$tmp/ck1" --onebit-warmup 3
+"$bin" train --resume --checkpoint-dir "$tmp/ck1" --grad-compression none --max-steps 6 --progress none >/dev/null \
+  2>"$tmp/err" || fail "resuming onebit as none exited $?: $(cat "$tmp/err")"
+grep -q "error feedback is dropped" "$tmp/err" || fail "dropped feedback not reported: $(cat "$tmp/err")"
 mkdir -p "$tmp/empty_ck"
 # checkpoint export and inspect: the whole parameters with the run's
 # param_hash, the optimizer state in torch's layout, a verified listing.

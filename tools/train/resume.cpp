@@ -8,6 +8,8 @@
 #include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 
 #include "../run_config.hpp"
 #include "args.hpp"
@@ -23,6 +25,29 @@ void load_resume(CLI::App& command, TrainArgs& a) {
   const std::filesystem::path* latest = &loaded->dir;
   const nlohmann::json saved = nlohmann::json::parse(loaded->config);
   const nlohmann::json given = nlohmann::json::parse(effective_config(command));
+  // Error feedback belongs to its scheme (int8's residuals would be read
+  // as 1-bit Adam's), and 1-bit Adam's variance was frozen where its
+  // warm-up ended: another scheme with feedback, or another warm-up, would
+  // make the run meaningless. (--grad-compression none drops the feedback
+  // with a warning: checkpoint::resume.)
+  const auto flag = [&](const char* key) -> const nlohmann::json* {
+    const CLI::Option* opt = command.get_option_no_throw(std::string("--") + key);
+    return opt != nullptr && opt->count() > 0 && given.contains(key) ? &given[key] : nullptr;
+  };
+  static const std::set<std::string> kFeedback = {"int8", "powersgd", "onebit"};
+  const std::string scheme = saved.value("grad-compression", std::string("none"));
+  if (const nlohmann::json* now = flag("grad-compression"); now != nullptr && now->is_string() &&
+                                                            kFeedback.count(scheme) &&
+                                                            kFeedback.count(now->get<std::string>()) && *now != scheme)
+    throw InvalidInput(str("--resume: the checkpoint in ", latest->string(), " holds --grad-compression ", scheme,
+                           "'s error feedback; --grad-compression ", now->get<std::string>(),
+                           " would read it as its own (resume with ", scheme, ", or none to drop it)"));
+  if (const nlohmann::json* now = flag("onebit-warmup");
+      now != nullptr && scheme == "onebit" && *now != saved.value("onebit-warmup", nlohmann::json(100)))
+    throw InvalidInput(str("--resume: the checkpoint in ", latest->string(), " is of --onebit-warmup ",
+                           saved.value("onebit-warmup", nlohmann::json(100)).dump(),
+                           ", where 1-bit Adam freezes its variance; --onebit-warmup ", now->dump(),
+                           " would make it meaningless"));
   for (const auto& [key, value] : given.items()) {
     const CLI::Option* opt = command.get_option_no_throw("--" + key);
     if (opt == nullptr || opt->count() == 0 || (saved.contains(key) && saved[key] == value)) continue;
@@ -44,6 +69,9 @@ void load_resume(CLI::App& command, TrainArgs& a) {
   // Checkpoints of gpt runs up to 0.3.0 recorded the default --data
   // (fashion-mnist) for the fortunes they read: gpt's own default again.
   if (saved.value("model", "") == "gpt" && saved.value("data", "") == "fashion-mnist") carried.erase("data");
+  // Resumed with another scheme: the saved scheme's own options stay behind.
+  if (const nlohmann::json* now = flag("grad-compression"); now != nullptr && *now != scheme)
+    for (const char* key : {"powersgd-rank", "powersgd-warmup", "onebit-warmup"}) carried.erase(key);
   const CLI::Option* strategy = command.get_option_no_throw("--strategy");
   if (strategy != nullptr && strategy->count() > 0) {
     parallel::GossipOptions options;
